@@ -1,0 +1,1 @@
+## attn/local.mk - sources of attn/ (filled in by its issue)

@@ -1,0 +1,292 @@
+/* dev.c - the device context: CPU, or one CUDA device with its stream and cuBLASLt handle. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "config.h"
+#include "tier/base.h"
+#ifdef TIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <cublasLt.h>
+#endif
+#ifdef TIER_HAVE_HWLOC
+#include <hwloc.h>
+#endif
+
+#define BLASLT_WORKSPACE (32u << 20)
+
+struct tier_dev {
+	tier_dev_kind kind;
+	int ordinal;
+	int numa_node;
+	char name[256];
+#ifdef TIER_HAVE_CUDA
+	cudaStream_t stream;
+	cublasLtHandle_t blaslt;
+	void *workspace;
+#endif
+};
+
+#ifdef TIER_HAVE_CUDA
+#define CUDA_TRY(call, code)                                                                      \
+	do {                                                                                       \
+		cudaError_t e_ = (call);                                                           \
+		if (e_ != cudaSuccess)                                                             \
+			return tier_fail(code, "%s:%d: %s: %s", __FILE__, __LINE__, #call,         \
+					 cudaGetErrorString(e_));                                  \
+	} while (0)
+#endif
+
+int tier_cuda_available(void)
+{
+#ifdef TIER_HAVE_CUDA
+	int n = 0;
+	return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+	return 0;
+#endif
+}
+
+/* The NUMA node of a PCI device, from hwloc's I/O topology; -1 when it cannot be told. */
+static int numa_of_pci(const char *busid)
+{
+#ifdef TIER_HAVE_HWLOC
+	hwloc_topology_t topo;
+	int node = -1;
+	if (hwloc_topology_init(&topo))
+		return -1;
+	hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+	if (hwloc_topology_load(topo) == 0) {
+		unsigned dom, bus, dev, fn;
+		if (sscanf(busid, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) == 4) {
+			hwloc_obj_t pci = hwloc_get_pcidev_by_busid(topo, dom, bus, dev, fn);
+			hwloc_obj_t anc = pci ? hwloc_get_non_io_ancestor_obj(topo, pci) : NULL;
+			if (anc && anc->nodeset && !hwloc_bitmap_iszero(anc->nodeset) &&
+			    hwloc_bitmap_weight(anc->nodeset) == 1)
+				node = hwloc_bitmap_first(anc->nodeset);
+		}
+	}
+	hwloc_topology_destroy(topo);
+	return node;
+#else
+	(void)busid;
+	return -1;
+#endif
+}
+
+#ifdef TIER_HAVE_CUDA
+static int cuda_open(tier_dev *d, int ordinal)
+{
+	struct cudaDeviceProp prop;
+	char busid[32];
+	int n = 0;
+	if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
+		return tier_fail(-ENODEV, "no CUDA device is visible; run with --device cpu");
+	if (ordinal < 0 || ordinal >= n)
+		return tier_fail(-ENODEV, "CUDA device %d does not exist (%d visible)", ordinal, n);
+	CUDA_TRY(cudaSetDevice(ordinal), -ENODEV);
+	CUDA_TRY(cudaGetDeviceProperties(&prop, ordinal), -ENODEV);
+	snprintf(d->name, sizeof d->name, "%s", prop.name);
+	if (cudaDeviceGetPCIBusId(busid, sizeof busid, ordinal) == cudaSuccess)
+		d->numa_node = numa_of_pci(busid);
+	CUDA_TRY(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking), -EIO);
+	if (cublasLtCreate(&d->blaslt) != CUBLAS_STATUS_SUCCESS)
+		return tier_fail(-EIO, "cublasLtCreate failed on device %d", ordinal);
+	CUDA_TRY(cudaMalloc(&d->workspace, BLASLT_WORKSPACE), -ENOMEM);
+	return 0;
+}
+#endif
+
+int tier_dev_open(tier_dev **out, tier_dev_kind kind, int ordinal)
+{
+	tier_dev *d;
+	*out = NULL;
+	if (kind != TIER_DEV_CPU && kind != TIER_DEV_CUDA)
+		return tier_fail(-EINVAL, "unknown device kind %d (cpu or cuda)", (int)kind);
+	d = calloc(1, sizeof *d);
+	if (!d)
+		return tier_fail(-ENOMEM, "out of host memory for a device context");
+	d->kind = kind;
+	d->ordinal = ordinal;
+	d->numa_node = -1;
+	snprintf(d->name, sizeof d->name, "cpu");
+	if (kind == TIER_DEV_CUDA) {
+#ifdef TIER_HAVE_CUDA
+		int rc = cuda_open(d, ordinal);
+		if (rc) {
+			tier_dev_close(d);
+			return rc;
+		}
+#else
+		free(d);
+		return tier_fail(-ENODEV, "this build of tier has no CUDA support (configure --with-cuda); run with --device cpu");
+#endif
+	}
+	*out = d;
+	return 0;
+}
+
+void tier_dev_close(tier_dev *d)
+{
+	if (!d)
+		return;
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		if (d->workspace)
+			cudaFree(d->workspace);
+		if (d->blaslt)
+			cublasLtDestroy(d->blaslt);
+		if (d->stream)
+			cudaStreamDestroy(d->stream);
+	}
+#endif
+	free(d);
+}
+
+tier_dev_kind tier_dev_kind_of(const tier_dev *d) { return d->kind; }
+int tier_dev_ordinal(const tier_dev *d) { return d->ordinal; }
+const char *tier_dev_name(const tier_dev *d) { return d->name; }
+int tier_dev_numa_node(const tier_dev *d) { return d->kind == TIER_DEV_CPU && d->numa_node < 0 ? 0 : d->numa_node; }
+
+void *tier_dev_stream(const tier_dev *d)
+{
+#ifdef TIER_HAVE_CUDA
+	return d->kind == TIER_DEV_CUDA ? (void *)d->stream : NULL;
+#else
+	(void)d;
+	return NULL;
+#endif
+}
+
+void *tier_dev_blaslt(const tier_dev *d)
+{
+#ifdef TIER_HAVE_CUDA
+	return d->kind == TIER_DEV_CUDA ? (void *)d->blaslt : NULL;
+#else
+	(void)d;
+	return NULL;
+#endif
+}
+
+void *tier_dev_blaslt_workspace(const tier_dev *d, size_t *bytes)
+{
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		if (bytes)
+			*bytes = BLASLT_WORKSPACE;
+		return d->workspace;
+	}
+#endif
+	if (bytes)
+		*bytes = 0;
+	return NULL;
+}
+
+int tier_dev_sync(tier_dev *d)
+{
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA)
+		CUDA_TRY(cudaStreamSynchronize(d->stream), -EIO);
+#endif
+	(void)d;
+	return 0;
+}
+
+int tier_dev_malloc(tier_dev *d, size_t bytes, void **out)
+{
+	*out = NULL;
+	if (bytes == 0)
+		return tier_fail(-EINVAL, "device allocation of 0 bytes");
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		if (cudaMalloc(out, bytes) != cudaSuccess) {
+			cudaGetLastError();
+			*out = NULL;
+			return tier_fail(-ENOMEM, "cudaMalloc of %zu bytes failed on %s: lower the HBM budget", bytes, d->name);
+		}
+		return 0;
+	}
+#endif
+	if (posix_memalign(out, 4096, bytes)) {
+		*out = NULL;
+		return tier_fail(-ENOMEM, "out of host memory for %zu bytes of emulated HBM: lower --hbm", bytes);
+	}
+	return 0;
+}
+
+void tier_dev_free(tier_dev *d, void *p)
+{
+	if (!p)
+		return;
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		cudaFree(p);
+		return;
+	}
+#endif
+	free(p);
+}
+
+int tier_host_malloc(size_t bytes, int pinned, void **out)
+{
+	*out = NULL;
+	if (bytes == 0)
+		return tier_fail(-EINVAL, "host allocation of 0 bytes");
+#ifdef TIER_HAVE_CUDA
+	if (pinned && tier_cuda_available()) {
+		if (cudaHostAlloc(out, bytes, cudaHostAllocPortable) != cudaSuccess) {
+			cudaGetLastError();
+			*out = NULL;
+			return tier_fail(-ENOMEM, "cudaHostAlloc of %zu pinned bytes failed: lower --ddr or raise the memlock limit", bytes);
+		}
+		return 0;
+	}
+#endif
+	(void)pinned;
+	if (posix_memalign(out, 4096, bytes)) {
+		*out = NULL;
+		return tier_fail(-ENOMEM, "out of host memory for %zu bytes: lower --ddr", bytes);
+	}
+	return 0;
+}
+
+void tier_host_free(void *p, int pinned)
+{
+	if (!p)
+		return;
+#ifdef TIER_HAVE_CUDA
+	if (pinned && tier_cuda_available()) {
+		cudaFreeHost(p);
+		return;
+	}
+#endif
+	(void)pinned;
+	free(p);
+}
+
+int tier_dev_memcpy_h2d(tier_dev *d, void *dst, const void *src, size_t n)
+{
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, d->stream), -EIO);
+		CUDA_TRY(cudaStreamSynchronize(d->stream), -EIO);
+		return 0;
+	}
+#endif
+	memcpy(dst, src, n);
+	return 0;
+}
+
+int tier_dev_memcpy_d2h(tier_dev *d, void *dst, const void *src, size_t n)
+{
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, d->stream), -EIO);
+		CUDA_TRY(cudaStreamSynchronize(d->stream), -EIO);
+		return 0;
+	}
+#endif
+	memcpy(dst, src, n);
+	return 0;
+}

@@ -1,0 +1,1 @@
+## cache/local.mk - sources of cache/ (filled in by its issue)

@@ -1,0 +1,1 @@
+## core/local.mk - sources of core/ (filled in by its issue)

@@ -1,0 +1,157 @@
+/* store.h - the tiered store: objects whose copies live in HBM, DDR and NVMe within budgets.
+ *
+ * An object is a fixed-size blob with a class and flags. It has up to one copy per tier, each
+ * ABSENT, LOADING, VALID or DIRTY (newer than the copies below it). acquire() pins a valid copy in
+ * a tier (fetching it from the nearest valid copy on a miss, evicting unpinned victims chosen by
+ * the policy when the tier is full) and returns its address and a fence; release() unpins and
+ * says whether the caller wrote it. Eviction drops a copy when that loses nothing (a frozen
+ * object with a valid copy below, a clean copy with a valid copy below, or a discardable object),
+ * and otherwise demotes it to the next tier down first.
+ *
+ * Thread-safety: every function taking a tier_store may be called from any thread concurrently
+ * (one lock per store); an address returned by acquire stays valid until the matching release. */
+#ifndef TIER_STORE_H
+#define TIER_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tier/base.h"
+#include "tier/offload.h"
+#include "tier/stats.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { TIER_HBM = 0, TIER_DDR = 1, TIER_NVME = 2, TIER_NTIERS = 3 } tier_id;
+const char *tier_name(tier_id t); /* "hbm", "ddr", "nvme" */
+
+typedef enum {
+	TIER_CLASS_EXPERT = 0, /* routed expert weights (frozen base) */
+	TIER_CLASS_DENSE,      /* dense weights: attention, norms, embeddings (frozen base) */
+	TIER_CLASS_LORA,       /* LoRA parameters and their gradients */
+	TIER_CLASS_OPTIM,      /* optimizer state */
+	TIER_CLASS_OPCACHE,    /* operator-cache entries (discardable) */
+	TIER_CLASS_ACT,        /* activations and scratch */
+	TIER_NCLASSES
+} tier_class;
+const char *tier_class_name(tier_class c);
+
+enum {
+	TIER_OBJ_FROZEN = 1u << 0,      /* contents never change after the first fill: never written back */
+	TIER_OBJ_DISCARDABLE = 1u << 1, /* may be dropped on eviction; acquire then reports -ENODATA */
+};
+
+typedef enum { TIER_COPY_ABSENT = 0, TIER_COPY_LOADING, TIER_COPY_VALID, TIER_COPY_DIRTY } tier_copy_state;
+
+typedef enum {
+	TIER_POLICY_LRU = 0,  /* least recently used */
+	TIER_POLICY_LFU,      /* least decayed access count (half-life in steps) */
+	TIER_POLICY_COST,     /* least benefit per byte: decayed count x refetch cost / size */
+	TIER_POLICY_SCHEDULE, /* furthest next use in the step schedule (Belady on a known schedule) */
+	TIER_NPOLICIES
+} tier_policy_kind;
+const char *tier_policy_name(tier_policy_kind p);
+/* "lru", "lfu", "cost", "schedule" -> kind. 0 or -EINVAL with a message listing the names. */
+int tier_policy_parse(const char *name, tier_policy_kind *out);
+
+typedef struct tier_store tier_store;
+typedef struct tier_object tier_object;
+
+typedef struct {
+	tier_dev *dev;               /* CUDA context: HBM is device memory; CPU (or NULL): emulated HBM */
+	uint64_t capacity[TIER_NTIERS]; /* budgets in bytes; 0 disables a tier (HBM and DDR must be > 0) */
+	const char *const *nvme_dirs;/* directories for NVMe files (striped); required when NVMe > 0 */
+	unsigned n_nvme_dirs;
+	tier_policy_kind policy;
+	double half_life_steps;      /* decay of access counts (0: 4 steps) */
+	int nvme_checksum;           /* 1: crc32c every NVMe copy, verified on read */
+	int clamp_budgets;           /* 1: clamp budgets above what the machine has (with a warning);
+	                                0: fail with -E2BIG naming the budget */
+	int publish_stats;           /* 1: publish the shared-memory stats segment for tier-stat */
+	tier_offload *offload;       /* the movers to use; NULL: the store creates one (CPU or dev) */
+	const tier_offload_config *offload_config; /* for the store-created engine; NULL: defaults */
+} tier_store_config;
+
+/* Create a store. Reserves HBM (one device allocation) and DDR (one host reservation, pinned with
+ * CUDA, bound to the GPU's NUMA node) up front, checks the NVMe directories (exist, writable,
+ * O_DIRECT; falls back to buffered I/O with a warning where O_DIRECT is refused). Returns 0, or
+ * -EINVAL (bad config), -E2BIG (budget larger than the machine), -ENOENT/-EACCES/-ENOTDIR (NVMe
+ * directory), -ENOMEM, each with a message; nothing is left allocated on failure. */
+int tier_store_create(tier_store **out, const tier_store_config *cfg);
+/* Destroy: waits for transfers, frees every object and reservation, removes NVMe files and the
+ * stats segment. Objects still pinned are freed too (their addresses die). NULL is fine. */
+void tier_store_destroy(tier_store *s);
+
+/* Create an object of `size` bytes with no data yet; its first acquire must pass TIER_ACQ_INIT.
+ * Returns 0 and the object, or -EINVAL (size 0, bad class or flags), -E2BIG (size larger than
+ * every tier: message names the sizes), with nothing changed. */
+int tier_obj_create(tier_store *s, uint64_t size, tier_class cls, unsigned flags, tier_object **out);
+/* Destroy an object and all its copies. -EBUSY (nothing changed) when a copy is pinned. */
+int tier_obj_destroy(tier_store *s, tier_object *o);
+uint64_t tier_obj_size(const tier_object *o);
+tier_class tier_obj_class(const tier_object *o);
+unsigned tier_obj_flags(const tier_object *o);
+uint64_t tier_obj_id(const tier_object *o);        /* unique, stable, for traces and schedules */
+tier_copy_state tier_obj_state(tier_store *s, const tier_object *o, tier_id t);
+unsigned tier_obj_pins(tier_store *s, const tier_object *o, tier_id t);
+/* Cost to recreate the object if dropped (ns); used by the cost-aware policy and the op cache. */
+void tier_obj_set_cost(tier_store *s, tier_object *o, double recompute_ns);
+
+enum {
+	TIER_ACQ_INIT = 1u << 0,    /* no data is fetched: the caller fills the copy (first use, or a
+	                               discardable object being recomputed) and must release it dirty */
+	TIER_ACQ_NOEVICT = 1u << 1, /* fail with -ENOSPC instead of evicting */
+};
+
+/* Pin a valid copy of `o` in tier `t`. On a miss the copy is fetched from the nearest valid copy;
+ * when `t` is full, unpinned victims are evicted by the policy. *addr is a device pointer (HBM) or
+ * a host pointer (DDR); NVMe copies cannot be acquired (-EINVAL). *fence (may be NULL to wait here)
+ * is a reference the caller puts after its stream waited on it.
+ * Returns 0; -ENOSPC when the tier cannot make room (everything pinned: message says how much is
+ * pinned), -ENODATA when a discardable object was dropped (acquire with TIER_ACQ_INIT to refill),
+ * -EIO/-EBADMSG when fetching failed. On failure nothing is pinned and the object is as before. */
+int tier_acquire(tier_store *s, tier_object *o, tier_id t, unsigned flags, void **addr, tier_fence **fence);
+/* Unpin. dirty=1: the caller wrote the copy, which becomes DIRTY (copies below become stale and are
+ * freed); for a frozen object this is only allowed after TIER_ACQ_INIT (-EPERM otherwise).
+ * Returns 0, or -EINVAL when the copy is not pinned. */
+int tier_release(tier_store *s, tier_object *o, tier_id t, int dirty);
+/* Hint: start bringing a copy into `t` if it is not there and room can be made without evicting
+ * anything needed sooner. Never fails the caller: returns 0 (started or already there) or 1
+ * (declined: no room, no source, already loading). */
+int tier_prefetch(tier_store *s, tier_object *o, tier_id t);
+/* Move the object so that its copy lives in `t` (valid), dropping copies in the other tiers
+ * (dirty data is carried along). Returns 0, -ENOSPC, -EBUSY (pinned elsewhere), -EIO. Waits. */
+int tier_migrate(tier_store *s, tier_object *o, tier_id t);
+
+/* ---- Hotness and schedule -------------------------------------------------------------------- */
+/* Advance the step counter (access counts decay by the half-life per step). */
+void tier_store_step(tier_store *s);
+/* Hand the store a step schedule: ops[i] lists the object ids the i-th operation needs, in order.
+ * The schedule-aware policy and the prefetcher read it; the array is copied. 0, -EINVAL, -ENOMEM. */
+typedef struct {
+	const uint64_t *objects; /* ids of the objects this operation needs */
+	unsigned n_objects;
+	tier_id tier;            /* where it needs them (HBM for compute) */
+} tier_sched_op;
+int tier_store_set_schedule(tier_store *s, const tier_sched_op *ops, size_t n_ops, int cyclic);
+/* The operation about to run (index into the schedule). Drives the prefetcher's window. */
+void tier_store_at_op(tier_store *s, size_t op);
+/* How many operations ahead the prefetcher looks (default 2). */
+void tier_store_set_prefetch_window(tier_store *s, unsigned ops);
+
+/* ---- Stats ------------------------------------------------------------------------------------ */
+/* Fill a snapshot of the store's statistics (layout in stats.h). Thread-safe. */
+void tier_store_stats(tier_store *s, tier_stats *out);
+/* Label the job in the published stats ("tier-run", "store demo"). */
+void tier_store_set_job(tier_store *s, const char *job);
+/* Check every invariant (budgets, accounting, pin counts, copy states); 0 or -EPROTO with a message
+ * naming the broken one. For tests; takes the lock. */
+int tier_store_check(tier_store *s);
+/* The offload engine the store uses. */
+tier_offload *tier_store_offload(tier_store *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1 @@
+## loss/local.mk - sources of loss/ (filled in by its issue)

@@ -1,0 +1,1 @@
+## moe/local.mk - sources of moe/ (filled in by its issue)

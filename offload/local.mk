@@ -1,0 +1,1 @@
+## offload/local.mk - sources of offload/ (filled in by its issue)

@@ -1,0 +1,1 @@
+## tier/local.mk - sources of tier/ (filled in by its issue)

@@ -1,0 +1,1 @@
+## tools/local.mk - sources of tools/ (filled in by its issue)
