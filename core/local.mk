@@ -1,1 +1,29 @@
-## core/local.mk - sources of core/ (filled in by its issue)
+## core/local.mk - sources of core/: Hugging Face formats (safetensors, config.json, PEFT), atomic files
+libtier_la_SOURCES += core/dtype.c core/atomic_file.c core/safetensors.c core/safetensors_write.c \
+	core/safetensors_int.h core/hf_checkpoint.c core/hf_config.c core/peft.c
+nobase_include_HEADERS += include/tier/formats.h
+
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_dtype tests/test_safetensors tests/test_hf_config tests/test_peft
+TESTS += tests/test_dtype tests/test_safetensors tests/test_hf_config tests/test_peft
+tests_test_dtype_SOURCES = tests/test_dtype.c
+tests_test_dtype_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_dtype_LDFLAGS = $(TESTLD)
+tests_test_safetensors_SOURCES = tests/test_safetensors.c
+tests_test_safetensors_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_safetensors_LDFLAGS = $(TESTLD)
+tests_test_hf_config_SOURCES = tests/test_hf_config.c
+tests_test_hf_config_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_hf_config_LDFLAGS = $(TESTLD)
+tests_test_peft_SOURCES = tests/test_peft.c
+tests_test_peft_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_peft_LDFLAGS = $(TESTLD)
+endif
+
+## The fuzz target's standalone driver replays the seed corpus as an ordinary test.
+check_PROGRAMS += tests/fuzz/fuzz_safetensors
+TESTS += tests/fuzz/fuzz_safetensors
+tests_fuzz_fuzz_safetensors_SOURCES = tests/fuzz/fuzz_safetensors.c tests/fuzz/fuzz_main.c
+tests_fuzz_fuzz_safetensors_LDADD = $(TEST_LIBS)
+tests_fuzz_fuzz_safetensors_LDFLAGS = $(TESTLD)
+EXTRA_DIST += tests/fuzz/corpus_safetensors tests/golden/check_safetensors.py

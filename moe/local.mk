@@ -1,1 +1,30 @@
-## moe/local.mk - sources of moe/ (filled in by its issue)
+## moe/local.mk - the MoE block: router, permute, grouped SwiGLU experts, combine (CPU fp32 reference)
+libtier_la_SOURCES += moe/gemm.c moe/router.c moe/permute.c moe/experts.c moe/combine.c moe/layer.c \
+	moe/moe_internal.h moe/moe_cuda.h
+nobase_include_HEADERS += include/tier/moe.h
+if HAVE_CUDA
+libtier_la_SOURCES += moe/moe.cu
+endif
+EXTRA_DIST += moe/moe.cu
+
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_moe_router tests/test_moe_permute tests/test_moe_experts tests/test_moe_layer \
+	tests/test_moe_cuda
+TESTS += tests/test_moe_router tests/test_moe_permute tests/test_moe_experts tests/test_moe_layer \
+	tests/test_moe_cuda
+tests_test_moe_router_SOURCES = tests/test_moe_router.c tests/moe_ref.h
+tests_test_moe_router_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_moe_router_LDFLAGS = $(TESTLD)
+tests_test_moe_permute_SOURCES = tests/test_moe_permute.c tests/moe_ref.h
+tests_test_moe_permute_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_moe_permute_LDFLAGS = $(TESTLD)
+tests_test_moe_experts_SOURCES = tests/test_moe_experts.c tests/moe_ref.h
+tests_test_moe_experts_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_moe_experts_LDFLAGS = $(TESTLD)
+tests_test_moe_layer_SOURCES = tests/test_moe_layer.c tests/moe_ref.h
+tests_test_moe_layer_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_moe_layer_LDFLAGS = $(TESTLD)
+tests_test_moe_cuda_SOURCES = tests/test_moe_cuda.c tests/moe_ref.h
+tests_test_moe_cuda_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_moe_cuda_LDFLAGS = $(TESTLD)
+endif

@@ -1,1 +1,17 @@
-## tools/local.mk - sources of tools/ (filled in by its issue)
+## tools/local.mk - the programs: tier-stat (watch a job's store), tier-run (the store
+## demonstration until the trainer issue), tier-bench (benchmarks, one subcommand per part).
+bin_PROGRAMS += tier-stat tier-run tier-bench
+tier_stat_SOURCES = tools/tier-stat.c
+tier_stat_LDADD = libtier.la $(TIER_DEP_LIBS)
+tier_run_SOURCES = tools/tier-run.c
+tier_run_LDADD = libtier.la $(TIER_DEP_LIBS)
+## tier-bench: one file per subcommand (add its function to the table in tools/tier-bench.c).
+tier_bench_SOURCES = tools/tier-bench.c tools/bench.h tools/bench_util.c
+tier_bench_SOURCES += tools/bench_store.c
+tier_bench_SOURCES += tools/bench_loss.c
+tier_bench_LDADD = libtier.la $(TIER_DEP_LIBS)
+dist_man1_MANS += man/tier-stat.1
+
+## End to end: a demo job watched by tier-stat, exit codes, tier-bench store. A script: no LDADD.
+TESTS += tests/test_tools.sh
+EXTRA_DIST += tests/test_tools.sh

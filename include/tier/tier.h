@@ -2,4 +2,10 @@
 #ifndef TIER_TIER_H
 #define TIER_TIER_H
 #include "tier/base.h"
+#include "tier/offload.h"
+#include "tier/store.h"
+#include "tier/stats.h"
+#include "tier/moe.h"
+#include "tier/loss.h"
+#include "tier/formats.h"
 #endif

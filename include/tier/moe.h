@@ -1,0 +1,191 @@
+/* moe.h - the Mixture-of-Experts block: router, permute, grouped SwiGLU experts, combine, backward.
+ *
+ * Pure compute: raw pointers, shapes and a device context in; nothing allocated, no I/O. The CPU
+ * path is the fp32 reference (OpenBLAS for the products when built with it); a CUDA context gets
+ * -ENOTSUP until the CUDA kernels exist. Layouts are Hugging Face's, row-major, so checkpoints load
+ * as they are: router weight W_r [E, H] (logits = x W_r^T); per expert gate_proj [I, H], up_proj
+ * [I, H], down_proj [H, I] (y = x W^T), or a fused gate_up [2I, H]; LoRA A [r, in], B [out, r]
+ * (PEFT), y += scale (x A^T) B^T, never forming B A. docs/moe.md has the formulas.
+ *
+ * Every function returns 0 or a negative errno (-EINVAL for bad shapes, configs or NULL pointers,
+ * -ENOTSUP for a CUDA context) with a message (tier_last_error). A failed call has written nothing
+ * (all checks come first). Thread-safety: the functions keep no state; concurrent calls are fine
+ * when their output buffers do not overlap. Gradient outputs named "accumulated" are added to
+ * (the caller zeroes them once); the others are written. */
+#ifndef TIER_MOE_H
+#define TIER_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tier/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TIER_MOE_MAX_EXPERTS 1024
+#define TIER_MOE_MAX_TOPK 16
+
+/* ---- Router ---------------------------------------------------------------------------------- */
+typedef enum {
+	/* softmax over all E (fp32), top-k, optional renormalisation of the k (Qwen3-MoE, Qwen2-MoE) */
+	TIER_MOE_ROUTER_SOFTMAX_TOPK = 0,
+	/* top-k of the logits, softmax over the k chosen (Mixtral) */
+	TIER_MOE_ROUTER_TOPK_SOFTMAX = 1,
+	/* sigmoid scores, selection by scores + bias, group-limited top-k, the un-biased scores of the
+	 * chosen normalised (norm_topk_prob) and scaled by routed_scaling_factor (DeepSeek-V3) */
+	TIER_MOE_ROUTER_SIGMOID_GROUP = 2,
+} tier_moe_router_kind;
+
+typedef struct {
+	tier_moe_router_kind kind;
+	int n_experts;               /* E: 1..1024 */
+	int top_k;                   /* k: 1..16, <= E */
+	int norm_topk_prob;          /* SOFTMAX_TOPK and SIGMOID_GROUP: renormalise the k weights */
+	int n_group;                 /* SIGMOID_GROUP: groups (divides E); 0 or 1: no group limit */
+	int topk_group;              /* SIGMOID_GROUP: groups kept, 1..n_group (ignored when n_group <= 1) */
+	float routed_scaling_factor; /* SIGMOID_GROUP: weights multiplied by it (0 is read as 1) */
+} tier_moe_router_cfg;
+
+/* Check a router config; 0 or -EINVAL naming the bad field. */
+int tier_moe_router_check(const tier_moe_router_cfg *cfg);
+
+/* Forward: logits [T, E] = x [T, H] W_r^T in fp32; the k chosen experts per token, topk_idx [T, k]
+ * (best first, ties to the lower index), and their weights topk_w [T, k]. bias [E] is DeepSeek's
+ * e_score_correction_bias (selection only; NULL = zeros; only SIGMOID_GROUP reads it). */
+int tier_moe_router_fwd(tier_dev *dev, const tier_moe_router_cfg *cfg, int T, int H, const float *x,
+			const float *w_r, const float *bias, float *logits, int32_t *topk_idx, float *topk_w);
+
+/* Backward through the weights: d_logits [T, E] (written) from d_topk_w [T, k], with the selection
+ * held fixed (top-k is piecewise constant). */
+int tier_moe_router_weights_bwd(tier_dev *dev, const tier_moe_router_cfg *cfg, int T, const float *logits,
+				const int32_t *topk_idx, const float *d_topk_w, float *d_logits);
+
+/* Backward through logits = x W_r^T: dx [T, H] and dw_r [E, H] accumulated (either may be NULL). */
+int tier_moe_router_linear_bwd(tier_dev *dev, int T, int H, int E, const float *x, const float *w_r,
+			       const float *d_logits, float *dx, float *dw_r);
+
+/* ---- Auxiliary losses and counts ---------------------------------------------------------------
+ * aux = aux_coef * E * sum_e f_e P_e, f_e = (token-slots routed to e) / T (so sum_e f_e = k, as in
+ * HF's load_balancing_loss_func), P_e = mean_t softmax(logits_t)_e; z = z_coef * mean_t
+ * logsumexp(logits_t)^2 (Switch / ST-MoE router z-loss). counts [E] (may be NULL): token-slots
+ * routed to each expert before any capacity drop, the demand the store's hotness wants. */
+int tier_moe_aux_fwd(tier_dev *dev, int T, int E, int k, float aux_coef, float z_coef, const float *logits,
+		     const int32_t *topk_idx, float *aux, float *z, int32_t *counts);
+/* d_logits [T, E] accumulated with d_loss * d(aux + z)/d logits (f_e held constant, as in HF). */
+int tier_moe_aux_bwd(tier_dev *dev, int T, int E, int k, float aux_coef, float z_coef, const float *logits,
+		     const int32_t *topk_idx, float d_loss, float *d_logits);
+
+/* ---- Permute ---------------------------------------------------------------------------------
+ * Token-expert pairs p = t*k + j sorted by expert with a histogram and a prefix sum, stable, so
+ * that within an expert the pairs keep token order. capacity > 0 keeps only the first `capacity`
+ * pairs of each expert (by token order, as Switch does); the rest are dropped. capacity <= 0:
+ * dropless. Outputs: offsets [E+1] (rows of expert e are offsets[e] .. offsets[e+1]-1, n_rows =
+ * offsets[E]), row_pair [T*k] (pair of each row; entries past n_rows set to -1), pair_row [T*k]
+ * (row of each pair, -1 when dropped), counts [E] (may be NULL; routed before drops). When x is
+ * not NULL, xg [T*k, H] gets row r = x[row_pair[r] / k] (rows past n_rows untouched). */
+int tier_moe_capacity(int T, int k, int E, float capacity_factor); /* ceil(cf*T*k/E); 0 if cf <= 0 */
+int tier_moe_permute(tier_dev *dev, int T, int k, int E, int H, int capacity, const int32_t *topk_idx,
+		     const float *x, int32_t *offsets, int32_t *row_pair, int32_t *pair_row, int32_t *counts,
+		     float *xg);
+/* Backward of the gather: dx [T, H] accumulated with dxg rows scattered back to their tokens. */
+int tier_moe_permute_bwd(tier_dev *dev, int T, int k, int H, const int32_t *offsets, int E,
+			 const int32_t *row_pair, const float *dxg, float *dx);
+
+/* ---- Experts (SwiGLU, grouped over the permuted rows) ------------------------------------------ */
+typedef enum { TIER_MOE_GATE_FIRST = 0, TIER_MOE_UP_FIRST = 1 } tier_moe_gate_up_order;
+
+/* Per-expert weight pointers ([E] arrays). Either gate and up, or gate_up ([2I, H]: rows 0..I-1
+ * gate then up with TIER_MOE_GATE_FIRST, the HF fused layout; up first with TIER_MOE_UP_FIRST).
+ * An expert with no rows may have NULL pointers (a cold expert the store did not bring in). */
+typedef struct {
+	const float *const *gate;    /* [E] -> [I, H] */
+	const float *const *up;      /* [E] -> [I, H] */
+	const float *const *gate_up; /* [E] -> [2I, H], or NULL when gate and up are given */
+	const float *const *down;    /* [E] -> [H, I] */
+	tier_moe_gate_up_order order;
+} tier_moe_experts;
+
+/* LoRA on one projection of every expert: y += scale (x A_e^T) B_e^T. a, b NULL: no adapter.
+ * da, db (accumulated in backward) may be NULL (frozen adapter). scale = alpha / r (or alpha /
+ * sqrt(r), rsLoRA), chosen by the caller. */
+typedef struct {
+	const float *const *a; /* [E] -> [r, in] */
+	const float *const *b; /* [E] -> [out, r] */
+	float *const *da;      /* [E] -> [r, in] */
+	float *const *db;      /* [E] -> [out, r] */
+	int rank;
+	float scale;
+} tier_moe_lora;
+typedef struct { tier_moe_lora gate, up, down; } tier_moe_loras;
+
+/* Scratch for tier_moe_experts_fwd and _bwd over `rows` permuted rows (offsets[E]). */
+size_t tier_moe_experts_ws_bytes(int I, int rows, const tier_moe_loras *lora);
+/* Forward over rows 0..offsets[E]-1 of xg [*, H]: g, u [*, I] (pre-activation, saved for
+ * backward), y [*, H] = (silu(g) * u) down^T (+ LoRA). lora may be NULL. ws: scratch above. */
+int tier_moe_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
+			 const tier_moe_loras *lora, const float *xg, float *g, float *u, float *y, void *ws);
+/* Backward: dxg [*, H] written from dy [*, H]; LoRA da, db accumulated (skipped where NULL);
+ * frozen expert weights get no gradient. ws: scratch above. */
+int tier_moe_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
+			 const tier_moe_loras *lora, const float *xg, const float *g, const float *u,
+			 const float *dy, float *dxg, void *ws);
+
+/* ---- Combine -----------------------------------------------------------------------------------
+ * out [T, H] (written) = sum_j topk_w[t, j] * y[pair_row[t*k + j]], dropped pairs adding nothing. */
+int tier_moe_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
+			 const float *y, float *out);
+/* dy [rows, H] (written for every kept row) = w * d_out[t]; d_topk_w [T, k] (written) =
+ * d_out[t] . y[row], 0 for dropped pairs. */
+int tier_moe_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
+			 const float *y, const float *d_out, float *dy, float *d_topk_w);
+
+/* ---- The whole block ---------------------------------------------------------------------------- */
+typedef struct {
+	tier_moe_router_cfg router;
+	int hidden;            /* H */
+	int inter;             /* I: the experts' intermediate size (moe_intermediate_size) */
+	float capacity_factor; /* <= 0: dropless */
+	float aux_coef;        /* router_aux_loss_coef; 0: no aux loss */
+	float z_coef;          /* router z-loss coefficient; 0: none */
+} tier_moe_cfg;
+
+/* What backward needs from forward, carved by tier_moe_saved_bind from one caller buffer of
+ * tier_moe_saved_bytes bytes (T tokens). Read-only for the caller after forward, except counts,
+ * aux and z, which are the results core/ and the store read. */
+typedef struct {
+	int T;
+	float *logits;     /* [T, E] */
+	int32_t *topk_idx; /* [T, k] */
+	float *topk_w;     /* [T, k] */
+	int32_t *counts;   /* [E] routed token-slots per expert (before drops) */
+	int32_t *offsets;  /* [E + 1] */
+	int32_t *row_pair; /* [T*k] */
+	int32_t *pair_row; /* [T*k] */
+	float *g, *u;      /* [T*k, I] */
+	float *y;          /* [T*k, H] expert outputs */
+	float aux, z;      /* the losses of this forward (already times their coefficients) */
+} tier_moe_saved;
+
+/* Bytes of the saved buffer and of the workspace for T tokens; 0 when the config is bad. */
+size_t tier_moe_saved_bytes(const tier_moe_cfg *cfg, int T);
+size_t tier_moe_workspace_bytes(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora);
+/* Point s's arrays into buf (tier_moe_saved_bytes long, 64-byte aligned pieces). */
+int tier_moe_saved_bind(const tier_moe_cfg *cfg, int T, void *buf, size_t bytes, tier_moe_saved *s);
+
+/* Forward: out [T, H] from x [T, H]; router weight w_r [E, H]; bias [E] or NULL (DeepSeek);
+ * experts and optional LoRA; fills *saved. ws: tier_moe_workspace_bytes. */
+int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x, const float *w_r,
+		       const float *bias, const tier_moe_experts *w, const tier_moe_loras *lora, float *out,
+		       tier_moe_saved *saved, void *ws, size_t ws_bytes);
+/* Backward: dx [T, H] written; dw_r [E, H] accumulated (NULL: frozen router); LoRA grads
+ * accumulated; d_aux = d(total loss)/d(aux + z) (1 when the losses are added to the total, 0 to
+ * leave them out). x, weights and saved as given to the forward. */
+int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x, const float *w_r,
+		       const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *saved,
+		       const float *d_out, float d_aux, float *dx, float *dw_r, void *ws, size_t ws_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,73 @@
+/* combine.c - unpermute and combine: scatter expert rows back to token order weighted by the router
+ * weights (one fused pass), and its backward. Dropped pairs (pair_row -1) add nothing. */
+#include <errno.h>
+#include <string.h>
+#include "moe/moe_internal.h"
+
+static int combine_check(const char *fn, tier_dev *dev, int T, int k, int H, const int32_t *pair_row,
+			 const float *topk_w, const float *y)
+{
+	int rc = moe_check_dev(dev, fn);
+	if (rc || (rc = moe_check_tk(fn, T, k, k)) || (rc = moe_check_dim(fn, "H", H)))
+		return rc;
+	MOE_NONNULL(pair_row, fn);
+	MOE_NONNULL(topk_w, fn);
+	MOE_NONNULL(y, fn);
+	for (int p = 0; p < T * k; p++)
+		if (pair_row[p] < -1 || pair_row[p] >= T * k)
+			return tier_fail(-EINVAL, "%s: pair_row[%d] = %d is outside -1..T*k-1", fn, p, pair_row[p]);
+	return 0;
+}
+
+int tier_moe_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
+			 const float *y, float *out)
+{
+	const char *fn = "tier_moe_combine_fwd";
+	int rc = combine_check(fn, dev, T, k, H, pair_row, topk_w, y);
+	if (rc)
+		return rc;
+	MOE_NONNULL(out, fn);
+	for (int t = 0; t < T; t++) {
+		float *o = out + (size_t)t * H;
+		memset(o, 0, sizeof(float) * (size_t)H);
+		for (int j = 0; j < k; j++) {
+			int r = pair_row[t * k + j];
+			float w = topk_w[t * k + j];
+			if (r < 0)
+				continue;
+			const float *s = y + (size_t)r * H;
+			for (int h = 0; h < H; h++)
+				o[h] += w * s[h];
+		}
+	}
+	return 0;
+}
+
+int tier_moe_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
+			 const float *y, const float *d_out, float *dy, float *d_topk_w)
+{
+	const char *fn = "tier_moe_combine_bwd";
+	int rc = combine_check(fn, dev, T, k, H, pair_row, topk_w, y);
+	if (rc)
+		return rc;
+	MOE_NONNULL(d_out, fn);
+	MOE_NONNULL(dy, fn);
+	MOE_NONNULL(d_topk_w, fn);
+	for (int t = 0; t < T; t++) {
+		const float *g = d_out + (size_t)t * H;
+		for (int j = 0; j < k; j++) {
+			int p = t * k + j, r = pair_row[p];
+			double dot = 0.0;
+			if (r >= 0) {
+				const float *s = y + (size_t)r * H;
+				float *d = dy + (size_t)r * H;
+				for (int h = 0; h < H; h++) {
+					dot += (double)g[h] * s[h];
+					d[h] = topk_w[p] * g[h];
+				}
+			}
+			d_topk_w[p] = (float)dot;
+		}
+	}
+	return 0;
+}

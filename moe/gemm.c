@@ -1,0 +1,61 @@
+/* gemm.c - the matrix product behind moe/ (OpenBLAS when built with it) and shared argument checks. */
+#include "config.h"
+#include <errno.h>
+#include "moe/moe_internal.h"
+#ifdef TIER_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+void moe_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+	      int ldb, float beta, float *C, int ldc)
+{
+	if (M <= 0 || N <= 0)
+		return;
+#ifdef TIER_HAVE_OPENBLAS
+	if (K > 0) {
+		cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
+			    alpha, A, lda, B, ldb, beta, C, ldc);
+		return;
+	}
+#endif
+	/* Plain loops (also K == 0, where BLAS would still need beta applied). */
+	for (int i = 0; i < M; i++)
+		for (int j = 0; j < N; j++) {
+			float s = 0.0f;
+			for (int l = 0; l < K; l++)
+				s += (ta ? A[(size_t)l * lda + i] : A[(size_t)i * lda + l]) *
+				     (tb ? B[(size_t)j * ldb + l] : B[(size_t)l * ldb + j]);
+			float *c = &C[(size_t)i * ldc + j];
+			*c = alpha * s + (beta == 0.0f ? 0.0f : beta * *c);
+		}
+}
+
+int moe_check_dev(tier_dev *dev, const char *fn)
+{
+	if (!dev)
+		return tier_fail(-EINVAL, "%s: device context is NULL; open one with tier_dev_open", fn);
+	if (tier_dev_kind_of(dev) != TIER_DEV_CPU)
+		return tier_fail(-ENOTSUP, "%s: the MoE kernels run on the CPU only in this build (no CUDA MoE "
+				 "kernels yet); use a CPU context (tier_dev_open(..., TIER_DEV_CPU, 0))", fn);
+	return 0;
+}
+
+int moe_check_tk(const char *fn, int T, int k, int E)
+{
+	if (E < 1 || E > TIER_MOE_MAX_EXPERTS)
+		return tier_fail(-EINVAL, "%s: %d experts; E must be 1..%d", fn, E, TIER_MOE_MAX_EXPERTS);
+	if (k < 1 || k > TIER_MOE_MAX_TOPK)
+		return tier_fail(-EINVAL, "%s: top_k %d; k must be 1..%d", fn, k, TIER_MOE_MAX_TOPK);
+	if (k > E)
+		return tier_fail(-EINVAL, "%s: top_k %d exceeds the %d experts; use k <= E", fn, k, E);
+	if (T < 1 || (long long)T * k > INT32_MAX / 2)
+		return tier_fail(-EINVAL, "%s: %d tokens; T must be 1..%d / k", fn, T, INT32_MAX / 2);
+	return 0;
+}
+
+int moe_check_dim(const char *fn, const char *name, int v)
+{
+	if (v < 1 || v > (1 << 20))
+		return tier_fail(-EINVAL, "%s: %s = %d; it must be 1..%d", fn, name, v, 1 << 20);
+	return 0;
+}

@@ -1,0 +1,159 @@
+/* layer.c - the whole MoE block, forward and backward, from the steps of router.c, permute.c,
+ * experts.c and combine.c, in caller-provided saved and workspace buffers (nothing allocated). */
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include "moe/moe_internal.h"
+
+#define ALIGN 64
+
+static size_t al(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+static int cfg_check(const char *fn, const tier_moe_cfg *c, int T)
+{
+	int rc;
+	if (!c)
+		return tier_fail(-EINVAL, "%s: config is NULL", fn);
+	if ((rc = tier_moe_router_check(&c->router)) || (rc = moe_check_tk(fn, T, c->router.top_k, c->router.n_experts)) ||
+	    (rc = moe_check_dim(fn, "hidden", c->hidden)) || (rc = moe_check_dim(fn, "inter", c->inter)))
+		return rc;
+	if (!isfinite(c->capacity_factor) || !isfinite(c->aux_coef) || !isfinite(c->z_coef) || c->aux_coef < 0 ||
+	    c->z_coef < 0)
+		return tier_fail(-EINVAL, "%s: capacity_factor, aux_coef and z_coef must be finite (coefficients >= 0)", fn);
+	return 0;
+}
+
+size_t tier_moe_saved_bytes(const tier_moe_cfg *c, int T)
+{
+	if (cfg_check("tier_moe_saved_bytes", c, T))
+		return 0;
+	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k;
+	return al(4 * (size_t)T * E) + 2 * al(4 * n) + al(4 * E) + al(4 * (E + 1)) + 2 * al(4 * n) +
+	       2 * al(4 * n * c->inter) + al(4 * n * c->hidden);
+}
+
+size_t tier_moe_workspace_bytes(const tier_moe_cfg *c, int T, const tier_moe_loras *lora)
+{
+	if (cfg_check("tier_moe_workspace_bytes", c, T))
+		return 0;
+	size_t n = (size_t)T * c->router.top_k, H = c->hidden;
+	/* backward's: xg, dy, dxg [n, H], d_topk_w [n], d_logits [T, E], expert scratch (forward uses less) */
+	return 3 * al(4 * n * H) + al(4 * n) + al(4 * (size_t)T * c->router.n_experts) +
+	       al(tier_moe_experts_ws_bytes(c->inter, (int)n, lora));
+}
+
+/* Hands out consecutive aligned pieces of a buffer. */
+static void *take(char **p, size_t bytes)
+{
+	void *r = *p;
+	*p += al(bytes);
+	return r;
+}
+
+int tier_moe_saved_bind(const tier_moe_cfg *c, int T, void *buf, size_t bytes, tier_moe_saved *s)
+{
+	const char *fn = "tier_moe_saved_bind";
+	int rc = cfg_check(fn, c, T);
+	if (rc)
+		return rc;
+	MOE_NONNULL(buf, fn);
+	MOE_NONNULL(s, fn);
+	if (bytes < tier_moe_saved_bytes(c, T))
+		return tier_fail(-EINVAL, "%s: %zu bytes given, tier_moe_saved_bytes says %zu", fn, bytes,
+				 tier_moe_saved_bytes(c, T));
+	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k;
+	char *p = buf;
+	memset(s, 0, sizeof *s);
+	s->T = T;
+	s->logits = take(&p, 4 * (size_t)T * E);
+	s->topk_idx = take(&p, 4 * n);
+	s->topk_w = take(&p, 4 * n);
+	s->counts = take(&p, 4 * E);
+	s->offsets = take(&p, 4 * (E + 1));
+	s->row_pair = take(&p, 4 * n);
+	s->pair_row = take(&p, 4 * n);
+	s->g = take(&p, 4 * n * c->inter);
+	s->u = take(&p, 4 * n * c->inter);
+	s->y = take(&p, 4 * n * c->hidden);
+	return 0;
+}
+
+static int ws_check(const char *fn, const tier_moe_cfg *c, int T, const tier_moe_loras *lora, void *ws, size_t bytes)
+{
+	MOE_NONNULL(ws, fn);
+	size_t need = tier_moe_workspace_bytes(c, T, lora);
+	if (bytes < need)
+		return tier_fail(-EINVAL, "%s: workspace of %zu bytes; tier_moe_workspace_bytes says %zu", fn, bytes, need);
+	return 0;
+}
+
+static int saved_check(const char *fn, const tier_moe_saved *s, int T)
+{
+	MOE_NONNULL(s, fn);
+	if (!s->logits || !s->topk_idx || !s->topk_w || !s->counts || !s->offsets || !s->row_pair || !s->pair_row ||
+	    !s->g || !s->u || !s->y)
+		return tier_fail(-EINVAL, "%s: saved has NULL arrays; bind it with tier_moe_saved_bind", fn);
+	if (s->T != T)
+		return tier_fail(-EINVAL, "%s: saved was bound for %d tokens, not %d", fn, s->T, T);
+	return 0;
+}
+
+int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
+		       const float *bias, const tier_moe_experts *w, const tier_moe_loras *lora, float *out,
+		       tier_moe_saved *s, void *ws, size_t ws_bytes)
+{
+	const char *fn = "tier_moe_layer_fwd";
+	int rc = moe_check_dev(dev, fn);
+	if (rc || (rc = cfg_check(fn, c, T)) || (rc = saved_check(fn, s, T)) || (rc = ws_check(fn, c, T, lora, ws, ws_bytes)))
+		return rc;
+	MOE_NONNULL(x, fn);
+	MOE_NONNULL(w_r, fn);
+	MOE_NONNULL(w, fn);
+	MOE_NONNULL(out, fn);
+	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k;
+	char *p = ws;
+	float *xg = take(&p, 4 * (size_t)n * H);
+	if ((rc = tier_moe_router_fwd(dev, &c->router, T, H, x, w_r, bias, s->logits, s->topk_idx, s->topk_w)) ||
+	    (rc = tier_moe_aux_fwd(dev, T, E, k, c->aux_coef, c->z_coef, s->logits, s->topk_idx, &s->aux, &s->z, NULL)))
+		return rc;
+	int cap = tier_moe_capacity(T, k, E, c->capacity_factor);
+	if ((rc = tier_moe_permute(dev, T, k, E, H, cap, s->topk_idx, x, s->offsets, s->row_pair, s->pair_row,
+				   s->counts, xg)) ||
+	    (rc = tier_moe_experts_fwd(dev, E, H, c->inter, s->offsets, w, lora, xg, s->g, s->u, s->y, p)))
+		return rc;
+	return tier_moe_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, out);
+}
+
+int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
+		       const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *s,
+		       const float *d_out, float d_aux, float *dx, float *dw_r, void *ws, size_t ws_bytes)
+{
+	const char *fn = "tier_moe_layer_bwd";
+	int rc = moe_check_dev(dev, fn);
+	if (rc || (rc = cfg_check(fn, c, T)) || (rc = saved_check(fn, s, T)) || (rc = ws_check(fn, c, T, lora, ws, ws_bytes)))
+		return rc;
+	MOE_NONNULL(x, fn);
+	MOE_NONNULL(w_r, fn);
+	MOE_NONNULL(w, fn);
+	MOE_NONNULL(d_out, fn);
+	MOE_NONNULL(dx, fn);
+	if (!isfinite(d_aux))
+		return tier_fail(-EINVAL, "%s: d_aux is not finite", fn);
+	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k;
+	char *p = ws;
+	float *xg = take(&p, 4 * (size_t)n * H), *dy = take(&p, 4 * (size_t)n * H), *dxg = take(&p, 4 * (size_t)n * H);
+	float *dtw = take(&p, 4 * (size_t)n), *dl = take(&p, 4 * (size_t)T * E);
+	int rows = s->offsets[E];
+	for (int r = 0; r < rows; r++) /* gather again rather than keep xg: a copy, cheaper than storing */
+		memcpy(xg + (size_t)r * H, x + (size_t)(s->row_pair[r] / k) * H, sizeof(float) * (size_t)H);
+	memset(dx, 0, sizeof(float) * (size_t)T * H);
+	if ((rc = tier_moe_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, d_out, dy, dtw)) ||
+	    (rc = tier_moe_experts_bwd(dev, E, H, c->inter, s->offsets, w, lora, xg, s->g, s->u, dy, dxg, p)) ||
+	    (rc = tier_moe_permute_bwd(dev, T, k, H, s->offsets, E, s->row_pair, dxg, dx)) ||
+	    (rc = tier_moe_router_weights_bwd(dev, &c->router, T, s->logits, s->topk_idx, dtw, dl)))
+		return rc;
+	if (d_aux != 0.0f && (c->aux_coef > 0 || c->z_coef > 0) &&
+	    (rc = tier_moe_aux_bwd(dev, T, E, k, c->aux_coef, c->z_coef, s->logits, s->topk_idx, d_aux, dl)))
+		return rc;
+	return tier_moe_router_linear_bwd(dev, T, H, E, x, w_r, dl, dx, dw_r);
+}

@@ -1,0 +1,287 @@
+/* uring.c - DDR<->NVMe on io_uring: one ring driven by a dedicated thread, fixed file slots,
+ * up to queue_depth requests in flight, short transfers resubmitted for their remainder. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "offload_impl.h"
+
+#ifdef TIER_HAVE_LIBURING
+#include <liburing.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+
+#define URING_SLOTS 1024u   /* fixed-file table size; file ids beyond it use plain descriptors */
+
+/* Synchronization: mu guards head, tail and stopping (submitters push, the ring thread takes the
+ * whole list). Everything else belongs to the ring thread. */
+struct off_uring {
+	struct io_uring ring;
+	pthread_t thread;
+	pthread_mutex_t mu;
+	chunk *head, *tail;
+	int stopping;
+	int efd;        /* eventfd that wakes the ring thread, polled through the ring */
+	int fixed;      /* the fixed-file table is registered */
+	unsigned depth;
+};
+
+static void wake(off_uring *u)
+{
+	uint64_t one = 1;
+	while (write(u->efd, &one, sizeof one) < 0 && errno == EINTR)
+		;
+}
+
+void uring_submit(tier_offload *off, chunk *c)
+{
+	off_uring *u = off->uring;
+	int was_empty;
+	c->next = NULL;
+	pthread_mutex_lock(&u->mu);
+	was_empty = !u->head;
+	if (u->tail)
+		u->tail->next = c;
+	else
+		u->head = c;
+	u->tail = c;
+	pthread_mutex_unlock(&u->mu);
+	if (was_empty)
+		wake(u);
+}
+
+void uring_file_slot(tier_offload *off, int id, int fd)
+{
+	off_uring *u = off->uring;
+	if (!u || !u->fixed || id < 0 || (unsigned)id >= URING_SLOTS)
+		return;
+	int r = io_uring_register_files_update(&u->ring, (unsigned)id, &fd, 1);
+	if (r < 0)
+		tier_log(TIER_LOG_WARN, "offload: io_uring cannot update fixed file slot %d: %s", id, strerror(-r));
+}
+
+static void arm_poll(off_uring *u)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+	if (!sqe) {
+		io_uring_submit(&u->ring);
+		sqe = io_uring_get_sqe(&u->ring);
+	}
+	io_uring_prep_poll_add(sqe, u->efd, POLLIN);
+	io_uring_sqe_set_data(sqe, NULL);
+}
+
+/* Prepare the next request of a chunk. Returns 0, or an injected error (the chunk is finished). */
+static int prep_chunk(tier_offload *off, off_uring *u, chunk *c, struct io_uring_sqe *sqe)
+{
+	job *j = c->job;
+	int fd, is_read;
+	uint64_t foff;
+	char *mem;
+	chunk_ends(c, &fd, &foff, &mem, &is_read);
+	int slot = is_read ? j->slot_src : j->slot_dst;
+	uint64_t n = c->len - c->done;
+	int rc = fault_io(off, !is_read, &n, j->direct, &c->corrupt);
+	if (rc)
+		return rc;
+	c->io_len = n;
+	int use_slot = u->fixed && slot >= 0 && (unsigned)slot < URING_SLOTS;
+	if (is_read)
+		io_uring_prep_read(sqe, use_slot ? slot : fd, mem + c->done, (unsigned)n, foff + c->done);
+	else
+		io_uring_prep_write(sqe, use_slot ? slot : fd, mem + c->done, (unsigned)n, foff + c->done);
+	if (use_slot)
+		sqe->flags |= IOSQE_FIXED_FILE;
+	io_uring_sqe_set_data(sqe, c);
+	return 0;
+}
+
+/* A request completed: 1 when the chunk needs another request, 0 when it is finished. */
+static int complete_chunk(tier_offload *off, chunk *c, int res)
+{
+	job *j = c->job;
+	int is_read = j->x.src.kind == TIER_MEM_FILE;
+	uint64_t foff = (is_read ? j->x.src.offset : j->x.dst.offset) + c->off + c->done;
+	if (res == -EINTR || res == -EAGAIN)
+		return 1;
+	if (res < 0) {
+		job_chunk_done(j, res, "file %s of %llu bytes at offset %llu failed: %s", is_read ? "read" : "write",
+			       (unsigned long long)c->io_len, (unsigned long long)foff, strerror(-res));
+		return 0;
+	}
+	if (res == 0) {
+		job_chunk_done(j, is_read ? -EIO : -ENOSPC, "file %s at offset %llu moved 0 bytes: %s",
+			       is_read ? "read" : "write", (unsigned long long)foff,
+			       is_read ? "the file ends before the extent; was it truncated?" : "device full?");
+		return 0;
+	}
+	if (c->corrupt)
+		fault_corrupt((char *)j->x.dst.ptr + c->off + c->done, (uint64_t)res);
+	c->done += (uint64_t)res;
+	if (c->done < c->len) {
+		atomic_fetch_add(&off->resubmits, 1);
+		return 1;
+	}
+	job_chunk_done(j, 0, "%s", "");
+	return 0;
+}
+
+static void *ring_main(void *arg)
+{
+	tier_offload *off = arg;
+	off_uring *u = off->uring;
+	chunk *wait_head = NULL, *wait_tail = NULL; /* taken from the queue, not yet in the ring */
+	unsigned inflight = 0;
+	int stop = 0;
+	arm_poll(u);
+	io_uring_submit(&u->ring);
+	for (;;) {
+		pthread_mutex_lock(&u->mu);
+		chunk *got = u->head, *got_tail = u->tail;
+		u->head = u->tail = NULL;
+		stop = u->stopping;
+		pthread_mutex_unlock(&u->mu);
+		if (got) {
+			if (wait_tail)
+				wait_tail->next = got;
+			else
+				wait_head = got;
+			wait_tail = got_tail;
+		}
+		if (stop) { /* queued requests are cancelled; those in the ring are waited for */
+			chunk *keep = NULL, **kt = &keep;
+			wait_tail = NULL;
+			while (wait_head) {
+				chunk *c = wait_head;
+				wait_head = c->next;
+				if (c->done) { /* the remainder of a running request finishes */
+					*kt = c;
+					kt = &c->next;
+					wait_tail = c;
+					continue;
+				}
+				job_chunk_done(c->job, -ECANCELED, "%s transfer cancelled: the offload engine was destroyed before it ran",
+					       tier_link_name(c->job->link));
+			}
+			*kt = NULL;
+			wait_head = keep;
+			if (!inflight && !wait_head)
+				break;
+		}
+		while (wait_head && inflight < u->depth) {
+			struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+			if (!sqe)
+				break;
+			chunk *c = wait_head;
+			wait_head = c->next;
+			if (!wait_head)
+				wait_tail = NULL;
+			job_chunk_start(c->job);
+			int rc = prep_chunk(off, u, c, sqe);
+			if (rc) {
+				io_uring_prep_nop(sqe);
+				io_uring_sqe_set_data(sqe, (void *)1); /* a spent slot, ignored on completion */
+				job_chunk_done(c->job, rc, "injected fault: file %s fails with %s",
+					       c->job->x.src.kind == TIER_MEM_FILE ? "read" : "write", tier_strerror(rc));
+				continue;
+			}
+			inflight++;
+		}
+		io_uring_submit(&u->ring);
+		struct io_uring_cqe *cqe;
+		int r = io_uring_wait_cqe(&u->ring, &cqe);
+		if (r == -EINTR)
+			continue;
+		if (r < 0) {
+			tier_log(TIER_LOG_ERROR, "offload: io_uring wait failed: %s", strerror(-r));
+			continue;
+		}
+		unsigned head, seen = 0;
+		io_uring_for_each_cqe(&u->ring, head, cqe) {
+			void *data = io_uring_cqe_get_data(cqe);
+			int res = cqe->res;
+			seen++;
+			if (!data) {
+				uint64_t v;
+				while (read(u->efd, &v, sizeof v) < 0 && errno == EINTR)
+					;
+				if (!stop)
+					arm_poll(u);
+			} else if (data != (void *)1) {
+				chunk *c = data;
+				inflight--;
+				if (complete_chunk(off, c, res)) { /* the remainder goes first */
+					c->next = wait_head;
+					wait_head = c;
+					if (!wait_tail)
+						wait_tail = c;
+				}
+			}
+		}
+		io_uring_cq_advance(&u->ring, seen);
+	}
+	return NULL;
+}
+
+int uring_create(tier_offload *off)
+{
+	off_uring *u = calloc(1, sizeof *u);
+	int r;
+	if (!u)
+		return tier_fail(-ENOMEM, "offload: out of memory for the io_uring state");
+	u->depth = off->cfg.queue_depth;
+	if ((u->efd = eventfd(0, EFD_CLOEXEC)) < 0) {
+		free(u);
+		return tier_fail(-errno, "offload: eventfd: %s", strerror(errno));
+	}
+	/* one extra entry for the eventfd poll */
+	if ((r = io_uring_queue_init(u->depth + 1, &u->ring, 0)) < 0) {
+		tier_log(TIER_LOG_INFO, "offload: io_uring unavailable (%s); file I/O runs on worker threads", strerror(-r));
+		close(u->efd);
+		free(u);
+		return 0;
+	}
+	u->fixed = io_uring_register_files_sparse(&u->ring, URING_SLOTS) == 0;
+	pthread_mutex_init(&u->mu, NULL);
+	off->uring = u;
+	if ((r = pthread_create(&u->thread, NULL, ring_main, off))) {
+		off->uring = NULL;
+		io_uring_queue_exit(&u->ring);
+		close(u->efd);
+		pthread_mutex_destroy(&u->mu);
+		free(u);
+		return tier_fail(-r, "offload: cannot start the io_uring thread: %s", strerror(r));
+	}
+	return 0;
+}
+
+void uring_destroy(tier_offload *off)
+{
+	off_uring *u = off->uring;
+	if (!u)
+		return;
+	pthread_mutex_lock(&u->mu);
+	u->stopping = 1;
+	pthread_mutex_unlock(&u->mu);
+	wake(u);
+	pthread_join(u->thread, NULL);
+	io_uring_queue_exit(&u->ring);
+	close(u->efd);
+	pthread_mutex_destroy(&u->mu);
+	free(u);
+	off->uring = NULL;
+}
+
+#else /* !TIER_HAVE_LIBURING: file I/O runs on the worker threads */
+
+int uring_create(tier_offload *off)
+{
+	off->uring = NULL;
+	return 0;
+}
+void uring_destroy(tier_offload *off) { (void)off; }
+void uring_submit(tier_offload *off, chunk *c) { c->next = NULL; queue_push(off, c, c); }
+void uring_file_slot(tier_offload *off, int id, int fd) { (void)off; (void)id; (void)fd; }
+
+#endif

@@ -1,0 +1,203 @@
+/* moe_ref.h - naive fp64 references of the MoE steps and test helpers, shared by tests/test_moe_*.c.
+ * Written independently of moe/ (full sorts instead of insertion top-k, plain loops, doubles). */
+#ifndef TIER_TEST_MOE_REF_H
+#define TIER_TEST_MOE_REF_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tier/tier.h"
+
+/* Test tolerance of the fp32 kernels against fp64: max |a - b| / max |b| over the array. */
+#define REF_TOL 1e-5
+
+static inline uint64_t ref_seed(const char *what)
+{
+	uint64_t s = tier_now_ns() ^ (uint64_t)(uintptr_t)what;
+	if (getenv("TIER_TEST_SEED"))
+		s = strtoull(getenv("TIER_TEST_SEED"), NULL, 0);
+	fprintf(stderr, "# %s: seed %llu (TIER_TEST_SEED to repeat)\n", what, (unsigned long long)s);
+	return s;
+}
+
+static inline void ref_fill(tier_rng *r, float *a, size_t n, float scale)
+{
+	for (size_t i = 0; i < n; i++)
+		a[i] = scale * tier_rng_normal(r);
+}
+
+static inline void ref_poison(void *p, size_t bytes) { memset(p, 0xff, bytes); } /* NaN / -1 */
+
+static inline double *ref_dup(const float *a, size_t n)
+{
+	double *d = malloc(sizeof(double) * (n ? n : 1));
+	for (size_t i = 0; i < n; i++)
+		d[i] = a[i];
+	return d;
+}
+
+static inline double ref_relerr(const float *a, const double *b, size_t n)
+{
+	double num = 0.0, den = 0.0;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)a[i] - b[i]);
+		if (!(d <= num)) /* NaN in a propagates as a failure */
+			num = d;
+		den = fabs(b[i]) > den ? fabs(b[i]) : den;
+	}
+	return den > 0 ? num / den : num;
+}
+
+/* ---- router ---- */
+typedef struct { double v; int i; } ref_vi;
+static int ref_vi_cmp(const void *a, const void *b)
+{
+	const ref_vi *x = a, *y = b;
+	if (x->v != y->v)
+		return x->v > y->v ? -1 : 1;
+	return x->i - y->i;
+}
+/* Indices of the n largest of v (ties to the lower index), best first. */
+static inline void ref_topn(const double *v, int m, int n, int *out)
+{
+	ref_vi *s = malloc(sizeof(ref_vi) * (size_t)m);
+	for (int i = 0; i < m; i++)
+		s[i] = (ref_vi){ v[i], i };
+	qsort(s, (size_t)m, sizeof *s, ref_vi_cmp);
+	for (int i = 0; i < n; i++)
+		out[i] = s[i].i;
+	free(s);
+}
+static inline double ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* The value each expert is selected by: logits, or for DeepSeek the group-masked scores + bias. */
+static inline void ref_criterion(const tier_moe_router_cfg *c, const double *l, const double *bias, double *crit)
+{
+	int E = c->n_experts;
+	if (c->kind != TIER_MOE_ROUTER_SIGMOID_GROUP) {
+		memcpy(crit, l, sizeof(double) * (size_t)E);
+		return;
+	}
+	for (int e = 0; e < E; e++)
+		crit[e] = ref_sigmoid(l[e]) + (bias ? bias[e] : 0.0);
+	if (c->n_group <= 1)
+		return;
+	int G = c->n_group, gs = E / G, top2[2], keep[TIER_MOE_MAX_EXPERTS];
+	double gsc[TIER_MOE_MAX_EXPERTS];
+	for (int g = 0; g < G; g++) {
+		int nt = gs < 2 ? 1 : 2;
+		ref_topn(crit + g * gs, gs, nt, top2);
+		gsc[g] = 0;
+		for (int i = 0; i < nt; i++)
+			gsc[g] += crit[g * gs + top2[i]];
+	}
+	ref_topn(gsc, G, c->topk_group, keep);
+	char kept[TIER_MOE_MAX_EXPERTS] = { 0 };
+	for (int i = 0; i < c->topk_group; i++)
+		kept[keep[i]] = 1;
+	for (int e = 0; e < E; e++)
+		if (!kept[e / gs])
+			crit[e] = 0.0; /* HF: masked_fill(~score_mask, 0.0) */
+}
+
+static inline void ref_select(const tier_moe_router_cfg *c, const double *l, const double *bias, int *idx)
+{
+	double crit[TIER_MOE_MAX_EXPERTS];
+	ref_criterion(c, l, bias, crit);
+	ref_topn(crit, c->n_experts, c->top_k, idx);
+}
+
+/* Router weights of a fixed selection. */
+static inline void ref_weights(const tier_moe_router_cfg *c, const double *l, const int *idx, double *w)
+{
+	int E = c->n_experts, k = c->top_k;
+	double s = 0.0;
+	if (c->kind == TIER_MOE_ROUTER_SIGMOID_GROUP) {
+		for (int j = 0; j < k; j++)
+			s += (w[j] = ref_sigmoid(l[idx[j]]));
+		double rsf = c->routed_scaling_factor == 0.0f ? 1.0 : c->routed_scaling_factor;
+		for (int j = 0; j < k; j++)
+			w[j] = w[j] / (c->norm_topk_prob ? s + 1e-20 : 1.0) * rsf;
+		return;
+	}
+	if (c->kind == TIER_MOE_ROUTER_TOPK_SOFTMAX) {
+		for (int j = 0; j < k; j++)
+			s += (w[j] = exp(l[idx[j]]));
+		for (int j = 0; j < k; j++)
+			w[j] /= s;
+		return;
+	}
+	for (int e = 0; e < E; e++)
+		s += exp(l[e]);
+	double sk = 0.0;
+	for (int j = 0; j < k; j++)
+		sk += (w[j] = exp(l[idx[j]]) / s);
+	if (c->norm_topk_prob)
+		for (int j = 0; j < k; j++)
+			w[j] /= sk;
+}
+
+/* aux + z of logits [T, E] with a fixed selection idx [T, k]; counts [E] out (may be NULL). */
+static inline double ref_aux(int T, int E, int k, double ac, double zc, const double *l, const int *idx,
+			     int *counts, double *aux_out, double *z_out)
+{
+	double *P = calloc((size_t)E, sizeof(double)), z = 0.0, a = 0.0;
+	int *cnt = calloc((size_t)E, sizeof(int));
+	for (int t = 0; t < T; t++) {
+		double s = 0.0;
+		for (int e = 0; e < E; e++)
+			s += exp(l[t * E + e]);
+		for (int e = 0; e < E; e++)
+			P[e] += exp(l[t * E + e]) / s / T;
+		z += log(s) * log(s) / T;
+		for (int j = 0; j < k; j++)
+			cnt[idx[t * k + j]]++;
+	}
+	for (int e = 0; e < E; e++)
+		a += (double)cnt[e] / T * P[e];
+	if (counts)
+		memcpy(counts, cnt, sizeof(int) * (size_t)E);
+	if (aux_out)
+		*aux_out = ac * E * a;
+	if (z_out)
+		*z_out = zc * z;
+	free(P);
+	free(cnt);
+	return ac * E * a + zc * z;
+}
+
+/* ---- experts ---- */
+/* One expert on one row x [H]: y [H] = down(silu(gate x) * up x) with optional LoRA (NULL a = none). */
+typedef struct { const double *a, *b; int r; double s; } ref_lora;
+static inline void ref_proj(int in, int out, const double *x, const double *W, ref_lora l, double *y)
+{
+	for (int o = 0; o < out; o++) {
+		double s = 0.0;
+		for (int i = 0; i < in; i++)
+			s += W[(size_t)o * in + i] * x[i];
+		y[o] = s;
+	}
+	if (!l.a)
+		return;
+	for (int q = 0; q < l.r; q++) {
+		double z = 0.0;
+		for (int i = 0; i < in; i++)
+			z += l.a[(size_t)q * in + i] * x[i];
+		for (int o = 0; o < out; o++)
+			y[o] += l.s * l.b[(size_t)o * l.r + q] * z;
+	}
+}
+static inline void ref_swiglu(int H, int I, const double *x, const double *gate, const double *up, const double *down,
+			      ref_lora lg, ref_lora lu, ref_lora ld, double *y)
+{
+	double *g = malloc(sizeof(double) * 3 * (size_t)I), *u = g + I, *h = u + I;
+	ref_proj(H, I, x, gate, lg, g);
+	ref_proj(H, I, x, up, lu, u);
+	for (int i = 0; i < I; i++)
+		h[i] = g[i] * ref_sigmoid(g[i]) * u[i];
+	ref_proj(I, H, h, down, ld, y);
+	free(g);
+}
+
+#endif

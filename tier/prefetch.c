@@ -1,0 +1,88 @@
+/* prefetch.c - the store's prefetcher: non-binding hints, and the schedule window ahead of the
+ * operation about to run. Timeliness (on time, late, missed, wasted) is counted in access.c and
+ * evict.c, where the copies are used or dropped. */
+#include <errno.h>
+#include "tier/store_internal.h"
+
+/* With a schedule, a prefetch may evict only copies needed later than the object it brings. */
+static int later_use(tier_store *s, store_copy *c, void *arg)
+{
+	return hot_next_use(s, c->obj) > *(const uint64_t *)arg;
+}
+
+/* 0: started or already there; 1: declined. Lock held. */
+int store_prefetch_locked(tier_store *s, tier_object *o, tier_id t)
+{
+	if ((t != TIER_HBM && t != TIER_DDR) || !s->be[t] || !o->has_data)
+		return 1;
+	for (int u = 0; u < TIER_NTIERS; u++)
+		if (o->copy[u].filling)
+			return 1;
+	store_copy *c = &o->copy[t];
+	store_copy_gc(s, c);
+	if (store_copy_current(c))
+		return 0;
+	if (c->state != TIER_COPY_ABSENT)
+		return 1; /* loading already, or a stale copy still pinned */
+	uint64_t next = hot_next_use(s, o);
+	int have_sched = s->n_ops > 0 && next != UINT64_MAX;
+	int rc = store_copy_alloc(s, c, !have_sched, o, have_sched ? later_use : NULL, &next);
+	if (rc)
+		return 1; /* no room (a failed writeback leaves its victim in place) */
+	store_copy *src = store_pick_source(s, o, t);
+	if (!src || store_start_fetch(s, c, src, 1) < 0) {
+		store_copy_free(s, c);
+		return 1;
+	}
+	s->pf.issued++;
+	return 0;
+}
+
+int tier_prefetch(tier_store *s, tier_object *o, tier_id t)
+{
+	if (!s || !o || (unsigned)t >= TIER_NTIERS)
+		return 1;
+	store_lock(s);
+	store_reap(s);
+	int rc = store_prefetch_locked(s, o, t);
+	store_maybe_publish(s, 0);
+	store_unlock(s);
+	return rc;
+}
+
+void tier_store_at_op(tier_store *s, size_t op)
+{
+	if (!s)
+		return;
+	store_lock(s);
+	store_reap(s);
+	if (s->n_ops) {
+		s->cur_op = s->cyclic ? op % s->n_ops : op;
+		s->have_cur = 1;
+		for (unsigned i = 1; i <= s->window; i++) {
+			size_t j = s->cur_op + i;
+			if (j >= s->n_ops) {
+				if (!s->cyclic)
+					break;
+				j %= s->n_ops;
+			}
+			const tier_sched_op *p = &s->ops[j];
+			for (unsigned k = 0; k < p->n_objects; k++) {
+				tier_object *o = store_obj_find(s, p->objects[k]);
+				if (o)
+					store_prefetch_locked(s, o, p->tier);
+			}
+		}
+	}
+	store_maybe_publish(s, 0);
+	store_unlock(s);
+}
+
+void tier_store_set_prefetch_window(tier_store *s, unsigned ops)
+{
+	if (!s)
+		return;
+	store_lock(s);
+	s->window = ops;
+	store_unlock(s);
+}
