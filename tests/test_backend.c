@@ -215,6 +215,66 @@ static void test_ddr(void **state)
 	tier_dev_close(dev);
 }
 
+/* On a CUDA device: HBM is device memory with 256-byte extents, DDR is pinned. Skipped without. */
+static void test_cuda_tiers(void **state)
+{
+	tier_dev *dev;
+	tier_backend *b;
+	tier_backend_config cfg = { .tier = TIER_HBM, .capacity = (32ull << 20) + 1000 };
+	tier_extent e[3];
+	unsigned char *host, *back;
+	(void)state;
+	if (!tier_cuda_available()) {
+		printf("# no CUDA device: device tiers not tested\n");
+		skip();
+	}
+	assert_int_equal(tier_dev_open(&dev, TIER_DEV_CUDA, 0), 0);
+	cfg.dev = dev;
+	assert_int_equal(backend_create(&b, &cfg), 0);
+	assert_int_equal(backend_emulated(b), 0);
+	assert_true(backend_capacity(b) == (32ull << 20) + 768);  /* rounded down to 256 */
+	host = malloc(1 << 20);
+	back = malloc(1 << 20);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(backend_alloc(b, 1000 + i, &e[i]), 0);
+		assert_int_equal(e[i].loc.kind, TIER_MEM_DEVICE);
+		assert_true(e[i].bytes == 1024 && (uintptr_t)e[i].loc.ptr % 256 == 0);
+		tier_pattern_fill(host, e[i].bytes, 50 + i, 0);
+		assert_int_equal(tier_dev_memcpy_h2d(dev, e[i].loc.ptr, host, e[i].bytes), 0);
+	}
+	for (int i = 0; i < 3; i++) {
+		memset(back, 0xEE, e[i].bytes);
+		assert_int_equal(tier_dev_memcpy_d2h(dev, back, e[i].loc.ptr, e[i].bytes), 0);
+		assert_int_equal(tier_pattern_check(back, e[i].bytes, 50 + i, 0), e[i].bytes);
+		backend_free(b, &e[i]);
+	}
+	backend_destroy(b);
+	cfg.capacity = 1ull << 50;
+	assert_int_equal(backend_create(&b, &cfg), -E2BIG);
+	assert_non_null(strstr(tier_last_error(), "free device memory"));
+	/* DDR serving the device: page-locked, on the device's NUMA node when it is known. */
+	cfg = (tier_backend_config){ .tier = TIER_DDR, .capacity = 16ull << 20, .dev = dev };
+	assert_int_equal(backend_create(&b, &cfg), 0);
+	assert_int_equal(backend_pinned(b), 1);
+	printf("# ddr on NUMA node %d (device's: %d)\n", backend_numa_node(b), tier_dev_numa_node(dev));
+	assert_int_equal(backend_alloc(b, 1 << 20, &e[0]), 0);
+	tier_pattern_fill(e[0].loc.ptr, 1 << 20, 7, 0);
+	{
+		void *d;
+		assert_int_equal(tier_dev_malloc(dev, 1 << 20, &d), 0);
+		assert_int_equal(tier_dev_memcpy_h2d(dev, d, e[0].loc.ptr, 1 << 20), 0);
+		memset(back, 0xEE, 1 << 20);
+		assert_int_equal(tier_dev_memcpy_d2h(dev, back, d, 1 << 20), 0);
+		assert_int_equal(tier_pattern_check(back, 1 << 20, 7, 0), 1 << 20);
+		tier_dev_free(dev, d);
+	}
+	backend_free(b, &e[0]);
+	backend_destroy(b);
+	free(host);
+	free(back);
+	tier_dev_close(dev);
+}
+
 static void test_exhaustion_and_bad_alloc(void **state)
 {
 	tier_backend *b;
@@ -605,7 +665,7 @@ static int setup(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_hbm_emulated), cmocka_unit_test(test_ddr),
+		cmocka_unit_test(test_hbm_emulated), cmocka_unit_test(test_ddr), cmocka_unit_test(test_cuda_tiers),
 		cmocka_unit_test(test_exhaustion_and_bad_alloc), cmocka_unit_test(test_budget_above_machine),
 		cmocka_unit_test(test_bad_config), cmocka_unit_test(test_nvme_striped),
 		cmocka_unit_test(test_nvme_fills_every_file), cmocka_unit_test(test_nvme_bad_directories),

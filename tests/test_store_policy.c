@@ -264,6 +264,56 @@ static void test_dirty_written_back(void **state)
 	test_store_close(&ts);
 }
 
+/* The statistics agree with a hand-counted sequence, and the published segment carries them. */
+static void test_stats(void **state)
+{
+	test_store ts;
+	tier_store_config cfg = { .capacity = { 2 * OBJ, 16 * OBJ, 0 }, .policy = TIER_POLICY_LRU, .publish_stats = 1 };
+	tier_stats st, pub;
+	(void)state;
+	ts.dir[0] = 0;
+	assert_int_equal(tier_store_create(&ts.s, &cfg), 0);
+	tier_store_set_job(ts.s, "policy test");
+	tier_object *a = mk(ts.s, OBJ, 0), *b = mk(ts.s, OBJ - 1000, 0), *c = mk(ts.s, 3000, 0);
+	fill(ts.s, a, TIER_DDR, 1);          /* DDR miss (INIT) */
+	fill(ts.s, b, TIER_DDR, 2);          /* DDR miss (INIT) */
+	touch(ts.s, a, TIER_HBM, 1);         /* HBM miss, demand */
+	touch(ts.s, a, TIER_HBM, 1);         /* HBM hit */
+	assert_int_equal(tier_prefetch(ts.s, b, TIER_HBM), 0);
+	assert_int_equal(tier_prefetch(ts.s, b, TIER_HBM), 1); /* loading or there already */
+	touch(ts.s, b, TIER_HBM, 2);         /* on time or late: a hit either way */
+	fill(ts.s, c, TIER_HBM, 3);          /* HBM miss (INIT), evicts a (VALID: a drop) */
+	assert_int_equal(tier_prefetch(ts.s, a, TIER_NVME), 1);
+	tier_store_step(ts.s);
+	tier_store_stats(ts.s, &st);
+	const tier_stats_class *h = &st.cls[TIER_HBM][TIER_CLASS_LORA], *d = &st.cls[TIER_DDR][TIER_CLASS_LORA];
+	assert_int_equal(h->hits, 2);
+	assert_int_equal(h->misses, 2);
+	assert_int_equal(d->misses, 2);
+	assert_int_equal(h->evictions, 1);
+	assert_int_equal(h->drops, 1);
+	assert_int_equal(st.prefetch.issued, 1);
+	assert_int_equal(st.prefetch.on_time + st.prefetch.late, 1);
+	assert_int_equal(st.prefetch.missed, 1);
+	assert_int_equal(st.tier[TIER_HBM].copies, 2);
+	assert_int_equal(st.tier[TIER_HBM].payload, OBJ - 1000 + 3000);
+	assert_int_equal(st.tier[TIER_HBM].used, OBJ + 4096);
+	assert_int_equal(st.tier[TIER_HBM].peak, 2 * OBJ);
+	assert_int_equal(st.tier[TIER_DDR].copies, 2);
+	assert_int_equal(st.objects, 3);
+	assert_int_equal(st.step, 1);
+	assert_true(st.link[TIER_LINK_H2D].bytes >= 2 * OBJ - 1000);
+	assert_string_equal(st.tier_name[TIER_HBM], "hbm (emulated)");
+	assert_string_equal(st.class_name[TIER_CLASS_LORA], "lora");
+	assert_int_equal(tier_stats_read(getpid(), &pub), 0); /* published at the step */
+	assert_string_equal(pub.job, "policy test");
+	assert_int_equal(pub.step, 1);
+	assert_memory_equal(&pub.cls, &st.cls, sizeof st.cls);
+	assert_memory_equal(&pub.tier, &st.tier, sizeof st.tier);
+	tier_store_destroy(ts.s);
+	assert_int_equal(tier_stats_read(getpid(), &pub), -ESRCH); /* removed at destroy */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -273,6 +323,7 @@ int main(void)
 		cmocka_unit_test(test_schedule),
 		cmocka_unit_test(test_frozen_never_written_back),
 		cmocka_unit_test(test_dirty_written_back),
+		cmocka_unit_test(test_stats),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -174,7 +174,9 @@ static int hbm_create(tier_backend *b, uint64_t cap, int clamp)
 		rc = tier_host_malloc(b->capacity, 0, &b->base);
 	if (rc)
 		return rc;
-	if (!b->cuda)
+	if (b->cuda)
+		tier_log(TIER_LOG_INFO, "hbm tier: %s on %s", fmt(b->capacity, a), tier_dev_name(b->dev));
+	else
 		tier_log(TIER_LOG_INFO, "hbm tier: %s of host memory (emulated, no CUDA device)", fmt(b->capacity, a));
 	return range_create(&b->range, b->capacity, align);
 }
@@ -238,6 +240,8 @@ static int ddr_create(tier_backend *b, uint64_t cap, int clamp)
 		b->pinned = 1;
 	}
 #endif
+	tier_log(TIER_LOG_INFO, "ddr tier: %s of host memory, %s, NUMA node %d%s", fmt(b->capacity, a),
+		 b->pinned ? "pinned" : "pageable", b->numa_node, b->numa_node < 0 ? " (kernel's choice)" : "");
 	return range_create(&b->range, b->capacity, HOST_ALIGN);
 }
 

@@ -196,8 +196,8 @@ static int file_setup(tier_nvme *n, nvme_file *f, const char *dir)
 		rc = file_open(f, dir);
 	if (!rc)
 		rc = file_reserve(f);
-	if (!rc)
-		rc = tier_offload_register_file(n->offload, f->fd, &f->id);
+	if (!rc && (rc = tier_offload_register_file(n->offload, f->fd, &f->id)))
+		f->id = -1;
 	return rc;
 }
 
@@ -248,6 +248,9 @@ int nvme_create(tier_nvme **out, uint64_t capacity, const char *const *dirs, uns
 		nvme_destroy(n);
 		return rc;
 	}
+	for (unsigned i = 0; i < n_dirs; i++)
+		tier_log(TIER_LOG_INFO, "nvme tier: %s in %s (%s)", fmt(n->f[i].size, a), dirs[i],
+			 n->f[i].direct ? "O_DIRECT" : "buffered");
 	*out = n;
 	return 0;
 }

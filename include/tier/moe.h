@@ -2,16 +2,19 @@
  *
  * Pure compute: raw pointers, shapes and a device context in; nothing allocated, no I/O. The CPU
  * path is the fp32 reference (OpenBLAS for the products when built with it); a CUDA context gets
- * -ENOTSUP until the CUDA kernels exist. Layouts are Hugging Face's, row-major, so checkpoints load
- * as they are: router weight W_r [E, H] (logits = x W_r^T); per expert gate_proj [I, H], up_proj
- * [I, H], down_proj [H, I] (y = x W^T), or a fused gate_up [2I, H]; LoRA A [r, in], B [out, r]
- * (PEFT), y += scale (x A^T) B^T, never forming B A. docs/moe.md has the formulas.
+ * -ENOTSUP until the CUDA path is complete (moe/moe.cu holds its first forward kernels).
+ * Layouts are Hugging Face's, row-major, so checkpoints load as they are: router weight W_r [E, H]
+ * (logits = x W_r^T); per expert gate_proj [I, H], up_proj [I, H], down_proj [H, I] (y = x W^T),
+ * or a fused gate_up [2I, H]; LoRA A [r, in], B [out, r] (PEFT), y += scale (x A^T) B^T, never
+ * forming B A. docs/moe.md has the formulas.
  *
  * Every function returns 0 or a negative errno (-EINVAL for bad shapes, configs or NULL pointers,
- * -ENOTSUP for a CUDA context) with a message (tier_last_error). A failed call has written nothing
- * (all checks come first). Thread-safety: the functions keep no state; concurrent calls are fine
- * when their output buffers do not overlap. Gradient outputs named "accumulated" are added to
- * (the caller zeroes them once); the others are written. */
+ * -ENOTSUP for a CUDA context) with a message (tier_last_error). A failed step function has
+ * written nothing (all checks come first); a failed layer call may have written parts of saved,
+ * ws and dx when an expert that received rows has a NULL weight (known only once routing ran).
+ * Thread-safety: the functions keep no state; concurrent calls are fine when their output buffers
+ * do not overlap. Gradient outputs named "accumulated" are added to (the caller zeroes them
+ * once); the others are written. */
 #ifndef TIER_MOE_H
 #define TIER_MOE_H
 

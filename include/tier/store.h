@@ -87,7 +87,8 @@ void tier_store_destroy(tier_store *s);
  * Returns 0 and the object, or -EINVAL (size 0, bad class or flags), -E2BIG (size larger than
  * every tier: message names the sizes), with nothing changed. */
 int tier_obj_create(tier_store *s, uint64_t size, tier_class cls, unsigned flags, tier_object **out);
-/* Destroy an object and all its copies. -EBUSY (nothing changed) when a copy is pinned. */
+/* Destroy an object and all its copies, after waiting (under the store lock) for its transfers in
+ * flight. -EBUSY (nothing changed) when a copy is pinned. Thread-safe. */
 int tier_obj_destroy(tier_store *s, tier_object *o);
 uint64_t tier_obj_size(const tier_object *o);
 tier_class tier_obj_class(const tier_object *o);
@@ -104,38 +105,54 @@ enum {
 	TIER_ACQ_NOEVICT = 1u << 1, /* fail with -ENOSPC instead of evicting */
 };
 
-/* Pin a valid copy of `o` in tier `t`. On a miss the copy is fetched from the nearest valid copy;
- * when `t` is full, unpinned victims are evicted by the policy. *addr is a device pointer (HBM) or
- * a host pointer (DDR); NVMe copies cannot be acquired (-EINVAL). *fence (may be NULL to wait here)
- * is a reference the caller puts after its stream waited on it.
- * Returns 0; -ENOSPC when the tier cannot make room (everything pinned: message says how much is
- * pinned), -ENODATA when a discardable object was dropped (acquire with TIER_ACQ_INIT to refill),
- * -EIO/-EBADMSG when fetching failed. On failure nothing is pinned and the object is as before. */
+/* Pin a valid copy of `o` in tier `t`. On a miss the copy is fetched from the nearest valid copy
+ * (the tiers below first); when `t` is full, unpinned victims are evicted by the policy (dropped,
+ * or written back first when DIRTY). *addr is a device pointer (HBM) or a host pointer (DDR);
+ * NVMe copies cannot be acquired (-EINVAL).
+ * fence == NULL: waits here for the data (without holding the store lock) and reports a failed
+ * fetch itself. fence != NULL: returns at once with the copy pinned and LOADING; *fence (or NULL
+ * when the data is already there) is a reference the caller puts after its stream waited on it;
+ * if that transfer fails, its fence reports the error and tier_release returns it.
+ * Returns 0; -ENOSPC when the tier cannot make room (message: bytes pinned, used, the budget),
+ * -ENODATA when the object has no data (new, or discardable and dropped: acquire with
+ * TIER_ACQ_INIT to fill it), -EBUSY (TIER_ACQ_INIT outstanding on the object, or INIT while it is
+ * pinned), -EIO/-EBADMSG/... when fetching failed, or the error of a writeback that eviction
+ * needed. On failure nothing is pinned and the object's data is as before. Thread-safe. */
 int tier_acquire(tier_store *s, tier_object *o, tier_id t, unsigned flags, void **addr, tier_fence **fence);
-/* Unpin. dirty=1: the caller wrote the copy, which becomes DIRTY (copies below become stale and are
- * freed); for a frozen object this is only allowed after TIER_ACQ_INIT (-EPERM otherwise).
- * Returns 0, or -EINVAL when the copy is not pinned. */
+/* Unpin. dirty=1: the caller wrote the copy, which becomes the newest (DIRTY); the copies in the
+ * other tiers are stale and freed (once unpinned); the last dirty release wins. For a frozen
+ * object this is only allowed after TIER_ACQ_INIT (-EPERM, nothing changed). Returns 0; -EINVAL
+ * when the copy is not pinned (nothing changed), or when released clean after TIER_ACQ_INIT (the
+ * copy, never filled, is unpinned and dropped); the fetch's error (-EIO, -EBADMSG) when an
+ * acquire with a fence out had a failed fetch (the copy is unpinned and dropped). Thread-safe. */
 int tier_release(tier_store *s, tier_object *o, tier_id t, int dirty);
-/* Hint: start bringing a copy into `t` if it is not there and room can be made without evicting
- * anything needed sooner. Never fails the caller: returns 0 (started or already there) or 1
- * (declined: no room, no source, already loading). */
+/* Hint: start bringing a copy into `t` if it is not there and room can be made by evicting only
+ * copies needed later than `o` in the schedule (without a schedule: without evicting). Never fails
+ * the caller: returns 0 (started or already there) or 1 (declined: no room, no data, NVMe, already
+ * loading). A prefetch that fails later is dropped with a warning. Thread-safe; does not wait for the
+ * fetch (a writeback that the room needs is synchronous). */
 int tier_prefetch(tier_store *s, tier_object *o, tier_id t);
-/* Move the object so that its copy lives in `t` (valid), dropping copies in the other tiers
- * (dirty data is carried along). Returns 0, -ENOSPC, -EBUSY (pinned elsewhere), -EIO. Waits. */
+/* Move the object so that its copy lives in `t` (valid; NVMe allowed), dropping copies in the other
+ * tiers (dirty data is carried along). Returns 0, -ENOSPC, -EBUSY (pinned), -ENODATA, -EIO...;
+ * on failure the object's data is where it was. Waits, holding the store lock. Thread-safe. */
 int tier_migrate(tier_store *s, tier_object *o, tier_id t);
 
 /* ---- Hotness and schedule -------------------------------------------------------------------- */
-/* Advance the step counter (access counts decay by the half-life per step). */
+/* Advance the step counter (access counts decay by the half-life per step); publishes the stats
+ * segment. Thread-safe. */
 void tier_store_step(tier_store *s);
 /* Hand the store a step schedule: ops[i] lists the object ids the i-th operation needs, in order.
- * The schedule-aware policy and the prefetcher read it; the array is copied. 0, -EINVAL, -ENOMEM. */
+ * The schedule-aware policy and the prefetcher read it; the array is copied (ids of objects not
+ * created yet are fine). 0, -EINVAL (nothing changed), -ENOMEM (the store then has no schedule).
+ * cyclic: the schedule repeats (next uses wrap around). Thread-safe. */
 typedef struct {
 	const uint64_t *objects; /* ids of the objects this operation needs */
 	unsigned n_objects;
 	tier_id tier;            /* where it needs them (HBM for compute) */
 } tier_sched_op;
 int tier_store_set_schedule(tier_store *s, const tier_sched_op *ops, size_t n_ops, int cyclic);
-/* The operation about to run (index into the schedule). Drives the prefetcher's window. */
+/* The operation about to run (index into the schedule; taken modulo its length when cyclic).
+ * Prefetches the objects of the next `window` ops into their tiers (as tier_prefetch). Thread-safe. */
 void tier_store_at_op(tier_store *s, size_t op);
 /* How many operations ahead the prefetcher looks (default 2). */
 void tier_store_set_prefetch_window(tier_store *s, unsigned ops);
