@@ -1,1 +1,18 @@
-## attn/local.mk - sources of attn/ (filled in by its issue)
+## attn/local.mk - causal attention with GQA and RoPE: CPU reference, CUDA kernels, tests
+libtier_la_SOURCES += attn/attn.c attn/attn_cpu.c attn/attn_impl.h
+nobase_include_HEADERS += include/tier/attn.h
+if HAVE_CUDA
+libtier_la_SOURCES += attn/attn_cuda.cu
+endif
+EXTRA_DIST += attn/attn_cuda.cu
+
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_attn tests/test_attn_cuda
+TESTS += tests/test_attn tests/test_attn_cuda
+tests_test_attn_SOURCES = tests/test_attn.c
+tests_test_attn_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_attn_LDFLAGS = $(TESTLD)
+tests_test_attn_cuda_SOURCES = tests/test_attn_cuda.c
+tests_test_attn_cuda_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_attn_cuda_LDFLAGS = $(TESTLD)
+endif

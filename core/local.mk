@@ -27,3 +27,18 @@ tests_fuzz_fuzz_safetensors_SOURCES = tests/fuzz/fuzz_safetensors.c tests/fuzz/f
 tests_fuzz_fuzz_safetensors_LDADD = $(TEST_LIBS)
 tests_fuzz_fuzz_safetensors_LDFLAGS = $(TESTLD)
 EXTRA_DIST += tests/fuzz/corpus_safetensors tests/golden/check_safetensors.py
+
+## the trainer: layers, the qwen3_moe model in the store, the step, data
+libtier_la_SOURCES += core/core_internal.h core/layers.c core/model.c core/model_io.c core/decoder.h \
+	core/decoder.c core/train.c core/data.c
+nobase_include_HEADERS += include/tier/model.h
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_layers tests/test_train
+TESTS += tests/test_layers tests/test_train
+tests_test_layers_SOURCES = tests/test_layers.c
+tests_test_layers_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_layers_LDFLAGS = $(TESTLD)
+tests_test_train_SOURCES = tests/test_train.c
+tests_test_train_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_train_LDFLAGS = $(TESTLD)
+endif

@@ -10,3 +10,11 @@ tests_test_offload_SOURCES = tests/test_offload.c
 tests_test_offload_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_offload_LDFLAGS = $(TESTLD)
 endif
+
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_offload_cuda
+TESTS += tests/test_offload_cuda
+tests_test_offload_cuda_SOURCES = tests/test_offload_cuda.c
+tests_test_offload_cuda_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_offload_cuda_LDFLAGS = $(TESTLD)
+endif

@@ -104,6 +104,11 @@ int tier_offload_submit(tier_offload *off, const tier_xfer *x, tier_fence **fenc
 #endif
 	uint64_t cb = off->cfg.chunk_bytes;
 	uint64_t n = probe.staged ? 1 : (x->len + cb - 1) / cb;
+	if (n > (1u << 24)) {
+		tier_fence_put(f);
+		return tier_fail(-EINVAL, "offload: a transfer of %llu bytes makes %llu chunks; raise chunk_bytes or split it",
+				 (unsigned long long)x->len, (unsigned long long)n);
+	}
 	job *j = calloc(1, sizeof *j + n * sizeof(chunk));
 	if (!j) {
 		tier_fence_put(f);

@@ -9,30 +9,23 @@
 
 #ifdef TIER_HAVE_LIBURING
 #include <liburing.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 
 #define URING_SLOTS 1024u   /* fixed-file table size; file ids beyond it use plain descriptors */
 
 /* Synchronization: mu guards head, tail and stopping (submitters push, the ring thread takes the
- * whole list). Everything else belongs to the ring thread. */
+ * whole list). Everything else belongs to the ring thread. The thread sleeps on cv when the ring is
+ * empty and blocks in the ring only while requests are in flight (they complete by themselves), so
+ * no eventfd poll is needed and valgrind, which cannot see into a blocked io_uring_enter, works. */
 struct off_uring {
 	struct io_uring ring;
 	pthread_t thread;
 	pthread_mutex_t mu;
 	chunk *head, *tail;
+	pthread_cond_t cv;  /* the ring thread sleeps on it when nothing is in flight */
 	int stopping;
-	int efd;        /* eventfd that wakes the ring thread, polled through the ring */
 	int fixed;      /* the fixed-file table is registered */
 	unsigned depth;
 };
-
-static void wake(off_uring *u)
-{
-	uint64_t one = 1;
-	while (write(u->efd, &one, sizeof one) < 0 && errno == EINTR)
-		;
-}
 
 void uring_submit(tier_offload *off, chunk *c)
 {
@@ -46,9 +39,9 @@ void uring_submit(tier_offload *off, chunk *c)
 	else
 		u->head = c;
 	u->tail = c;
-	pthread_mutex_unlock(&u->mu);
 	if (was_empty)
-		wake(u);
+		pthread_cond_signal(&u->cv);
+	pthread_mutex_unlock(&u->mu);
 }
 
 void uring_file_slot(tier_offload *off, int id, int fd)
@@ -59,17 +52,6 @@ void uring_file_slot(tier_offload *off, int id, int fd)
 	int r = io_uring_register_files_update(&u->ring, (unsigned)id, &fd, 1);
 	if (r < 0)
 		tier_log(TIER_LOG_WARN, "offload: io_uring cannot update fixed file slot %d: %s", id, strerror(-r));
-}
-
-static void arm_poll(off_uring *u)
-{
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
-	if (!sqe) {
-		io_uring_submit(&u->ring);
-		sqe = io_uring_get_sqe(&u->ring);
-	}
-	io_uring_prep_poll_add(sqe, u->efd, POLLIN);
-	io_uring_sqe_set_data(sqe, NULL);
 }
 
 /* Prepare the next request of a chunk. Returns 0, or an injected error (the chunk is finished). */
@@ -134,10 +116,10 @@ static void *ring_main(void *arg)
 	chunk *wait_head = NULL, *wait_tail = NULL; /* taken from the queue, not yet in the ring */
 	unsigned inflight = 0;
 	int stop = 0;
-	arm_poll(u);
-	io_uring_submit(&u->ring);
 	for (;;) {
 		pthread_mutex_lock(&u->mu);
+		while (!u->head && !u->stopping && !inflight && !wait_head)
+			pthread_cond_wait(&u->cv, &u->mu);
 		chunk *got = u->head, *got_tail = u->tail;
 		u->head = u->tail = NULL;
 		stop = u->stopping;
@@ -189,6 +171,8 @@ static void *ring_main(void *arg)
 			inflight++;
 		}
 		io_uring_submit(&u->ring);
+		if (!inflight)
+			continue;
 		struct io_uring_cqe *cqe;
 		int r = io_uring_wait_cqe(&u->ring, &cqe);
 		if (r == -EINTR)
@@ -202,13 +186,7 @@ static void *ring_main(void *arg)
 			void *data = io_uring_cqe_get_data(cqe);
 			int res = cqe->res;
 			seen++;
-			if (!data) {
-				uint64_t v;
-				while (read(u->efd, &v, sizeof v) < 0 && errno == EINTR)
-					;
-				if (!stop)
-					arm_poll(u);
-			} else if (data != (void *)1) {
+			if (data && data != (void *)1) {
 				chunk *c = data;
 				inflight--;
 				if (complete_chunk(off, c, res)) { /* the remainder goes first */
@@ -231,25 +209,20 @@ int uring_create(tier_offload *off)
 	if (!u)
 		return tier_fail(-ENOMEM, "offload: out of memory for the io_uring state");
 	u->depth = off->cfg.queue_depth;
-	if ((u->efd = eventfd(0, EFD_CLOEXEC)) < 0) {
-		free(u);
-		return tier_fail(-errno, "offload: eventfd: %s", strerror(errno));
-	}
-	/* one extra entry for the eventfd poll */
-	if ((r = io_uring_queue_init(u->depth + 1, &u->ring, 0)) < 0) {
+	if ((r = io_uring_queue_init(u->depth, &u->ring, 0)) < 0) {
 		tier_log(TIER_LOG_INFO, "offload: io_uring unavailable (%s); file I/O runs on worker threads", strerror(-r));
-		close(u->efd);
 		free(u);
 		return 0;
 	}
 	u->fixed = io_uring_register_files_sparse(&u->ring, URING_SLOTS) == 0;
 	pthread_mutex_init(&u->mu, NULL);
+	pthread_cond_init(&u->cv, NULL);
 	off->uring = u;
 	if ((r = pthread_create(&u->thread, NULL, ring_main, off))) {
 		off->uring = NULL;
 		io_uring_queue_exit(&u->ring);
-		close(u->efd);
 		pthread_mutex_destroy(&u->mu);
+		pthread_cond_destroy(&u->cv);
 		free(u);
 		return tier_fail(-r, "offload: cannot start the io_uring thread: %s", strerror(r));
 	}
@@ -263,12 +236,12 @@ void uring_destroy(tier_offload *off)
 		return;
 	pthread_mutex_lock(&u->mu);
 	u->stopping = 1;
+	pthread_cond_signal(&u->cv);
 	pthread_mutex_unlock(&u->mu);
-	wake(u);
 	pthread_join(u->thread, NULL);
 	io_uring_queue_exit(&u->ring);
-	close(u->efd);
 	pthread_mutex_destroy(&u->mu);
+	pthread_cond_destroy(&u->cv);
 	free(u);
 	off->uring = NULL;
 }

@@ -16,7 +16,7 @@
 uint32_t offload_crc32c_sw(uint32_t crc, const void *buf, size_t len); /* internal: the table version */
 uint64_t offload_resubmits(const tier_offload *off);                  /* internal: short I/O retries */
 
-#define FILE_BYTES (16u << 20)
+#define FILE_BYTES (4u << 20)
 static tier_rng rng;
 static char dir[512];
 static char path[600];
@@ -89,7 +89,7 @@ static void test_link_names(void **state)
 /* Random memory copies (host <-> emulated device, h2h, d2d) in flight together. */
 static void test_memory_copies(void **state)
 {
-	enum { N = 40, BUF = 3u << 20 };
+	enum { N = 16, BUF = 1u << 20 };
 	tier_offload *off = engine(0, 64u << 10, 3);
 	char *a = xalloc(BUF), *b[N];
 	tier_fence *f[N];
@@ -138,9 +138,9 @@ static void test_memory_copies(void **state)
 /* host -> file -> device, random extents (4 KiB-aligned when O_DIRECT), many in flight. */
 static void files_round_trip(int no_uring, int want_direct)
 {
-	enum { N = 24 };
+	enum { N = 12 };
 	int direct, id, fd = open_file(want_direct, &direct);
-	tier_offload *off = engine(no_uring, 256u << 10, 2);
+	tier_offload *off = engine(no_uring, 64u << 10, 2);
 	uint64_t al = direct ? 4096 : 1, seg = FILE_BYTES / N / al * al, seed = tier_rng_next(&rng);
 	uint64_t len[N], fo[N], dof[N];
 	char *src[N], *dst[N];
@@ -197,8 +197,8 @@ static void test_files_buffered_unaligned(void **state) { (void)state; files_rou
 static void test_device_to_file(void **state)
 {
 	int direct, id, fd = open_file(1, &direct);
-	tier_offload *off = engine(0, 1u << 20, 2);
-	uint64_t n = 5u << 20, seed = tier_rng_next(&rng);
+	tier_offload *off = engine(0, 256u << 10, 2);
+	uint64_t n = (1u << 20) + 3 * 4096, seed = tier_rng_next(&rng);
 	char *d = xalloc(n), *back = xalloc(n);
 	(void)state;
 	tier_pattern_fill(d, n, seed, 0);
@@ -221,7 +221,7 @@ static void crc_checks(int no_uring)
 {
 	int direct, id, fd = open_file(1, &direct);
 	tier_offload *off = engine(no_uring, 128u << 10, 2);
-	uint64_t n = (3u << 20) + 4096 * 3, seed = tier_rng_next(&rng);
+	uint64_t n = (1u << 20) + 4096 * 3, seed = tier_rng_next(&rng);
 	char *a = xalloc(n), *b = xalloc(n);
 	tier_fence *f;
 	tier_pattern_fill(a, n, seed, 0);
@@ -261,8 +261,8 @@ static void test_crc_workers(void **state) { (void)state; crc_checks(1); }
 static void faults(int no_uring)
 {
 	int direct, id, fd = open_file(1, &direct);
-	tier_offload *off = engine(no_uring, 1u << 20, 2);
-	uint64_t n = 4u << 20, seed = tier_rng_next(&rng);
+	tier_offload *off = engine(no_uring, 256u << 10, 2);
+	uint64_t n = 1u << 20, seed = tier_rng_next(&rng);
 	char *a = xalloc(n), *b = xalloc(n);
 	tier_pattern_fill(a, n, seed, 0);
 	assert_int_equal(tier_offload_register_file(off, fd, &id), 0);
@@ -413,9 +413,9 @@ static void test_bad_input(void **state)
  * or -ECANCELED; fences outlive the engine. */
 static void destroy_in_flight(int no_uring)
 {
-	enum { N = 1000, LEN = 64u << 10 };
+	enum { N = 1000, LEN = 8u << 10 };
 	int direct, id, fd = open_file(1, &direct);
-	tier_offload *off = engine(no_uring, 16u << 10, 1);
+	tier_offload *off = engine(no_uring, 4u << 10, 1);
 	char *a = xalloc(LEN), *b = xalloc((size_t)N * LEN);
 	tier_fence *f[N];
 	uint64_t seed = tier_rng_next(&rng);
@@ -450,39 +450,51 @@ static void destroy_in_flight(int no_uring)
 static void test_destroy_in_flight_uring(void **state) { (void)state; destroy_in_flight(0); }
 static void test_destroy_in_flight_workers(void **state) { (void)state; destroy_in_flight(1); }
 
+/* Move 40 x 1 MB host -> emulated device on a link capped at `cap` GB/s (0: none); returns GB/s. */
+static double h2d_rate(double cap, char *a, char *b, int n, uint64_t len)
+{
+	tier_offload_config cfg = { .threads = 2, .chunk_bytes = 256u << 10 };
+	tier_offload *off;
+	tier_fence *f[64];
+	cfg.link_gbps[TIER_LINK_H2D] = cap;
+	assert_int_equal(tier_offload_create(&off, &cfg), 0);
+	memset(b, 0xA5, n * len);
+	uint64_t t0 = tier_now_ns();
+	for (int i = 0; i < n; i++) {
+		tier_xfer x = { .dst = tier_loc_device(b + i * len), .src = tier_loc_host(a), .len = len };
+		assert_int_equal(tier_offload_submit(off, &x, &f[i]), 0);
+	}
+	for (int i = 0; i < n; i++) {
+		assert_int_equal(tier_fence_wait(f[i]), 0);
+		tier_fence_put(f[i]);
+	}
+	uint64_t dt = tier_now_ns() - t0;
+	tier_link_stats st;
+	tier_offload_link_stats(off, TIER_LINK_H2D, &st);
+	assert_true(st.bytes == n * len && st.transfers == (uint64_t)n && st.errors == 0);
+	assert_true(st.busy_ns > 0.8 * dt && st.busy_ns <= tier_now_ns() - t0);
+	assert_int_equal(tier_pattern_check(b + (n - 1) * len, len, 5, 0), len);
+	tier_offload_destroy(off);
+	return (double)n * len / dt;
+}
+
 /* A capped link moves at the cap (within 20%), and its stats count bytes and busy time. */
 static void test_throttle(void **state)
 {
 	enum { N = 40 };
 	const uint64_t len = 1000000;
-	tier_offload_config cfg = { .threads = 2, .chunk_bytes = 256u << 10 };
-	tier_offload *off;
 	char *a = xalloc(len), *b = xalloc(len * N);
-	tier_fence *f[N];
 	(void)state;
-	cfg.link_gbps[TIER_LINK_H2D] = 0.2;
-	assert_int_equal(tier_offload_create(&off, &cfg), 0);
 	tier_pattern_fill(a, len, 5, 0);
-	uint64_t t0 = tier_now_ns();
-	for (int i = 0; i < N; i++) {
-		tier_xfer x = { .dst = tier_loc_device(b + i * len), .src = tier_loc_host(a), .len = len };
-		assert_int_equal(tier_offload_submit(off, &x, &f[i]), 0);
-	}
-	for (int i = 0; i < N; i++) {
-		assert_int_equal(tier_fence_wait(f[i]), 0);
-		tier_fence_put(f[i]);
-	}
-	double s = (tier_now_ns() - t0) * 1e-9, gbps = N * len / s * 1e-9;
-	print_message("throttle: 40 MB on a 0.2 GB/s link in %.3f s = %.3f GB/s\n", s, gbps);
-	assert_true(gbps > 0.16 && gbps < 0.24);
-	tier_link_stats st;
-	tier_offload_link_stats(off, TIER_LINK_H2D, &st);
-	assert_true(st.bytes == N * len && st.transfers == N && st.errors == 0);
-	assert_true(st.busy_ns > 0.8 * s * 1e9 && st.busy_ns <= (tier_now_ns() - t0));
-	assert_int_equal(tier_pattern_check(b + (N - 1) * len, len, 5, 0), len);
+	double free_rate = h2d_rate(0, a, b, N, len), capped = h2d_rate(0.2, a, b, N, len);
+	print_message("throttle: 40 MB uncapped %.3f GB/s, capped at 0.2 GB/s: %.3f GB/s\n", free_rate, capped);
+	assert_true(capped < 0.24);
+	if (free_rate > 0.4) /* the lower bound holds only where copies outrun the cap (not under valgrind) */
+		assert_true(capped > 0.16);
+	else
+		print_message("throttle: copies too slow here (%.3f GB/s) to check the lower bound\n", free_rate);
 	free(a);
 	free(b);
-	tier_offload_destroy(off);
 }
 
 int main(void)

@@ -156,6 +156,48 @@ static void test_random_against_model(void **state)
 	run_random(seed + 2, 64 * 5003, 64, 10000, 1);        /* many live objects: deep trees */
 }
 
+/* Scale: a hundred thousand live objects, half freed at random (many runs), then refilled. */
+static void test_many_objects(void **state)
+{
+	enum { N = 100000 };
+	tier_range *r;
+	tier_rng rng;
+	uint64_t *off = malloc(N * sizeof *off), *size = malloc(N * sizeof *size), used = 0, seed = tier_now_ns();
+	uint64_t t0 = tier_now_ns();
+	(void)state;
+	printf("# seed %llu\n", (unsigned long long)seed);
+	tier_rng_seed(&rng, seed);
+	assert_int_equal(range_create(&r, (uint64_t)N * 8 * 4096, 4096), 0);
+	for (int i = 0; i < N; i++) {
+		size[i] = 1 + tier_rng_below(&rng, 6 * 4096);
+		assert_int_equal(range_alloc(r, size[i], &off[i]), 0);
+		used += tier_align_up(size[i], 4096);
+	}
+	for (int i = 0; i < N; i += 1 + (int)tier_rng_below(&rng, 2)) {
+		range_free(r, off[i], size[i]);
+		used -= tier_align_up(size[i], 4096);
+		size[i] = 0;
+	}
+	assert_true(range_runs(r) > N / 4);
+	assert_range_ok(r);
+	for (int i = 0; i < N; i++) {
+		if (size[i])
+			continue;
+		size[i] = 1 + tier_rng_below(&rng, 6 * 4096);
+		assert_int_equal(range_alloc(r, size[i], &off[i]), 0);
+		used += tier_align_up(size[i], 4096);
+	}
+	assert_true(range_used(r) == used);
+	assert_range_ok(r);
+	for (int i = 0; i < N; i++)
+		range_free(r, off[i], size[i]);
+	assert_true(range_runs(r) == 1 && range_used(r) == 0);
+	printf("# %d objects: %.0f ns per operation\n", N, (double)(tier_now_ns() - t0) / (3.0 * N));
+	free(off);
+	free(size);
+	range_destroy(r);
+}
+
 static void test_exhaustion_leaves_off(void **state)
 {
 	tier_range *r;
@@ -257,7 +299,8 @@ static void test_bad_arguments(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_random_against_model), cmocka_unit_test(test_exhaustion_leaves_off),
+		cmocka_unit_test(test_random_against_model), cmocka_unit_test(test_many_objects),
+		cmocka_unit_test(test_exhaustion_leaves_off),
 		cmocka_unit_test(test_coalesces_both_neighbours), cmocka_unit_test(test_best_fit_prefers_smallest),
 		cmocka_unit_test(test_bad_arguments),
 	};

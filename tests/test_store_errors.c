@@ -57,7 +57,8 @@ static void test_bad_config(void **state)
 	cfg = (tier_store_config){ .capacity = { 1 << 20, 1 << 20, 0 }, .policy = (tier_policy_kind)9 };
 	assert_int_equal(tier_store_create(&s, &cfg), -EINVAL);
 	const char *bad[1] = { "no-such-dir-for-tier-tests/x" };
-	cfg = (tier_store_config){ .capacity = { 1 << 20, 1 << 20, 1 << 20 }, .nvme_dirs = bad, .n_nvme_dirs = 1 };
+	cfg = (tier_store_config){ .capacity = { 1 << 20, 1 << 20, 1 << 20 }, .nvme_dirs = bad, .n_nvme_dirs = 1,
+				   .offload_config = test_offload_config() };
 	assert_int_equal(tier_store_create(&s, &cfg), -ENOENT); /* the backend names the directory */
 	assert_null(s);
 	assert_non_null(strstr(tier_last_error(), "no-such-dir-for-tier-tests"));

@@ -90,7 +90,8 @@ static void test_lfu_decay(void **state)
 	(void)state;
 	tier_store_config cfg;
 	assert_int_equal(test_tmpdir(ts.dir, sizeof ts.dir), 0);
-	cfg = (tier_store_config){ .capacity = { 3 * OBJ, 16 * OBJ, 0 }, .policy = TIER_POLICY_LFU, .half_life_steps = 1 };
+	cfg = (tier_store_config){ .capacity = { 3 * OBJ, 16 * OBJ, 0 }, .policy = TIER_POLICY_LFU, .half_life_steps = 1,
+				   .offload_config = test_offload_config() };
 	assert_int_equal(tier_store_create(&ts.s, &cfg), 0);
 	for (int i = 0; i < 3; i++)
 		fill(ts.s, o[i] = mk(ts.s, OBJ, 0), TIER_HBM, 20 + i);
@@ -268,7 +269,8 @@ static void test_dirty_written_back(void **state)
 static void test_stats(void **state)
 {
 	test_store ts;
-	tier_store_config cfg = { .capacity = { 2 * OBJ, 16 * OBJ, 0 }, .policy = TIER_POLICY_LRU, .publish_stats = 1 };
+	tier_store_config cfg = { .capacity = { 2 * OBJ, 16 * OBJ, 0 }, .policy = TIER_POLICY_LRU, .publish_stats = 1,
+				  .offload_config = test_offload_config() };
 	tier_stats st, pub;
 	(void)state;
 	ts.dir[0] = 0;
@@ -280,7 +282,8 @@ static void test_stats(void **state)
 	touch(ts.s, a, TIER_HBM, 1);         /* HBM miss, demand */
 	touch(ts.s, a, TIER_HBM, 1);         /* HBM hit */
 	assert_int_equal(tier_prefetch(ts.s, b, TIER_HBM), 0);
-	assert_int_equal(tier_prefetch(ts.s, b, TIER_HBM), 1); /* loading or there already */
+	int again = tier_prefetch(ts.s, b, TIER_HBM); /* there already (0) or still loading (1) */
+	assert_true(again == 0 || again == 1);
 	touch(ts.s, b, TIER_HBM, 2);         /* on time or late: a hit either way */
 	fill(ts.s, c, TIER_HBM, 3);          /* HBM miss (INIT), evicts a (VALID: a drop) */
 	assert_int_equal(tier_prefetch(ts.s, a, TIER_NVME), 1);

@@ -16,19 +16,17 @@ TESTS += tests/test_range
 tests_test_range_SOURCES = tests/test_range.c
 tests_test_range_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_range_LDFLAGS = $(TESTLD)
-endif
-## the store core: objects, copies, eviction, policies, hotness, prefetch (store)
-libtier_la_SOURCES += tier/store.c tier/object.c tier/access.c tier/evict.c tier/hotness.c \
-	tier/prefetch.c tier/policy.c tier/policy_recency.c tier/policy_cost.c tier/policy_schedule.c \
-	tier/store_internal.h tier/policy.h
-nobase_include_HEADERS += include/tier/store.h include/tier/stats.h
-if HAVE_CMOCKA
 check_PROGRAMS += tests/test_backend
 TESTS += tests/test_backend
 tests_test_backend_SOURCES = tests/test_backend.c
 tests_test_backend_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_backend_LDFLAGS = $(TESTLD)
 endif
+## the store core: objects, copies, eviction, policies, hotness, prefetch (store)
+libtier_la_SOURCES += tier/store.c tier/object.c tier/access.c tier/evict.c tier/hotness.c \
+	tier/prefetch.c tier/policy.c tier/policy_recency.c tier/policy_cost.c tier/policy_schedule.c \
+	tier/store_internal.h tier/policy.h
+nobase_include_HEADERS += include/tier/store.h include/tier/stats.h
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_store_random tests/test_store_policy tests/test_store_errors tests/test_store_threads
 TESTS += tests/test_store_random tests/test_store_policy tests/test_store_errors tests/test_store_threads

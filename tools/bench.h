@@ -13,6 +13,13 @@
 /* ---- Subcommands (one line each; add the function to the table in tier-bench.c) ---- */
 int bench_store(int argc, char **argv);
 int bench_loss(int argc, char **argv);
+int bench_attn(int argc, char **argv);
+int bench_h2d(int argc, char **argv);         /* tools/bench_offload.c: offload engine links */
+int bench_d2h(int argc, char **argv);
+int bench_nvme_read(int argc, char **argv);
+int bench_nvme_write(int argc, char **argv);
+int bench_nvme_to_hbm(int argc, char **argv);
+int bench_opcache(int argc, char **argv);     /* tools/bench_opcache.c: the selective op cache */
 
 /* ---- Table helpers ---- */
 typedef struct {

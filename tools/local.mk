@@ -9,6 +9,9 @@ tier_run_LDADD = libtier.la $(TIER_DEP_LIBS)
 tier_bench_SOURCES = tools/tier-bench.c tools/bench.h tools/bench_util.c
 tier_bench_SOURCES += tools/bench_store.c
 tier_bench_SOURCES += tools/bench_loss.c
+tier_bench_SOURCES += tools/bench_attn.c
+tier_bench_SOURCES += tools/bench_offload.c
+tier_bench_SOURCES += tools/bench_opcache.c tools/bench_opcache.h tools/bench_opcache_dev.c
 tier_bench_LDADD = libtier.la $(TIER_DEP_LIBS)
 dist_man1_MANS += man/tier-stat.1
 

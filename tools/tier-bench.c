@@ -14,6 +14,13 @@ static const struct {
 } subcommands[] = {
 	{ "store", "acquire+release cost of hits per tier and misses per source->target, vs memcpy", bench_store },
 	{ "loss", "chunked cross-entropy: fwd, bwd, fused fwd+bwd time and extra memory (peers: bench/loss_torch.py)", bench_loss },
+	{ "attn", "causal flash attention with GQA: fwd, bwd, fwd+bwd time and TFLOP/s (peer: bench/attn_torch.py)", bench_attn },
+	{ "h2d", "offload engine DDR->HBM copies vs pinned cudaMemcpyAsync (memcpy without a GPU)", bench_h2d },
+	{ "d2h", "offload engine HBM->DDR copies vs pinned cudaMemcpyAsync (memcpy without a GPU)", bench_d2h },
+	{ "nvme-read", "offload engine NVMe->DDR reads (O_DIRECT, io_uring) vs fio (or dd)", bench_nvme_read },
+	{ "nvme-write", "offload engine DDR->NVMe writes (O_DIRECT, io_uring) vs fio (or dd)", bench_nvme_write },
+	{ "nvme-to-hbm", "offload engine NVMe->HBM through the staging ring vs fio reads", bench_nvme_to_hbm },
+	{ "opcache", "op cache: step time of full recompute vs keep-what-fits vs the selective cache", bench_opcache },
 };
 
 #define NSUB (sizeof subcommands / sizeof subcommands[0])

@@ -451,6 +451,8 @@ int main(int argc, char **argv)
 		       o.experts, o.topk, o.steps, tier_format_size(o.hbm, a, sizeof a),
 		       tier_format_size(o.ddr, b, sizeof b), tier_format_size(o.nvme, c, sizeof c));
 		print_table_header();
+	} else {
+		fprintf(stderr, "%s\n", DEMO_LINE); /* stdout stays pure JSON */
 	}
 	fflush(stdout);
 	for (int p = 0; p < TIER_NPOLICIES && rc == 0 && !stop_sig; p++)

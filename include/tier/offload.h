@@ -48,9 +48,11 @@ const char *tier_link_name(tier_link link); /* "h2d", "d2h", "nvme-read", ... */
 typedef struct tier_offload tier_offload;
 typedef struct tier_fence tier_fence;
 
-/* Fault injection, for tests: the n-th (1-based, counted per engine) file read or write fails
- * with `error` (-EIO, -ENOSPC), or returns short (`short_io`), or the data is corrupted after a
- * checksummed read. 0 = off. Thread-safe to set while transfers run. */
+/* Fault injection, for tests: the n-th (1-based, counted per engine from the last
+ * tier_offload_set_faults; each read or write request counts, resubmissions included) file read or
+ * write fails with `error` (-EIO, -ENOSPC; 0 means -EIO), or moves only half its bytes (the engine
+ * resubmits the rest, so the transfer still succeeds), or has its data corrupted after it lands (a
+ * TIER_XFER_CRC_VERIFY read then fails with -EBADMSG). 0 = off. Thread-safe to set while transfers run. */
 typedef struct {
 	uint64_t fail_read_nth, fail_write_nth;
 	int error;
@@ -97,8 +99,9 @@ typedef struct {
 
 /* Queue a transfer. File ends need 4 KiB-aligned offsets, lengths and host addresses when the file
  * is O_DIRECT (the engine does not bounce). Returns 0 and a fence (one reference, owned by the
- * caller), or a negative errno with a message when the request is malformed; nothing is queued then.
- * Thread-safe. */
+ * caller), or a negative errno with a message when the request is malformed (-EINVAL: misaligned
+ * O_DIRECT end, unregistered file, file-to-file, checksum flags on a CUDA h2d/d2h/d2d copy, ...);
+ * nothing is queued then and *fence is NULL. Thread-safe. */
 int tier_offload_submit(tier_offload *off, const tier_xfer *x, tier_fence **fence);
 /* Convenience: submit and wait. */
 int tier_offload_copy(tier_offload *off, const tier_xfer *x);

@@ -4,8 +4,11 @@
 #include "tier/base.h"
 #include "tier/offload.h"
 #include "tier/store.h"
+#include "tier/cache.h"
 #include "tier/stats.h"
 #include "tier/moe.h"
 #include "tier/loss.h"
+#include "tier/attn.h"
 #include "tier/formats.h"
+#include "tier/model.h"
 #endif

@@ -1,0 +1,44 @@
+/* attn_impl.h - (internal) what attn.c hands the CPU and CUDA backends: checked parameters and
+ * the workspace layout. */
+#ifndef TIER_ATTN_IMPL_H
+#define TIER_ATTN_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tier/attn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* CPU tile sizes: a block of query rows against a block of keys. */
+#define ATTN_CPU_BQ 64
+#define ATTN_CPU_BK 64
+
+/* Workspace of the CPU path in floats: scores and probabilities [BQ x BK], their gradients
+ * [BQ x BK], output accumulator [BQ x D], running max and sum [2 x BQ], dk and dv accumulators
+ * [2 x BK x D], and D = rowsum(dout * o) [T x n_heads]. */
+size_t attn_cpu_ws_floats(const tier_attn_params *p);
+
+int attn_cpu_fwd(const tier_attn_params *p, const float *q, const float *k, const float *v,
+		 float *o, float *lse, float *ws);
+int attn_cpu_bwd(const tier_attn_params *p, const float *q, const float *k, const float *v,
+		 const float *o, const float *lse, const float *dout, float *dq, float *dk, float *dv,
+		 float *ws);
+void attn_cpu_rope(const tier_rope_params *r, const int32_t *pos, float *x, int inverse);
+
+#ifdef TIER_HAVE_CUDA
+/* CUDA: workspace of the backward (D = rowsum(dout * o), fp32 [T x n_heads]); the forward needs none. */
+size_t attn_cuda_ws_bytes(const tier_attn_params *p);
+int attn_cuda_fwd(tier_dev *dev, const tier_attn_params *p, const void *q, const void *k,
+		  const void *v, void *o, float *lse);
+int attn_cuda_bwd(tier_dev *dev, const tier_attn_params *p, const void *q, const void *k,
+		  const void *v, const void *o, const float *lse, const void *dout, float *dq, float *dk,
+		  float *dv, void *ws);
+int attn_cuda_rope(tier_dev *dev, const tier_rope_params *r, const int32_t *pos, void *x, int inverse);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,91 @@
+/* core_internal.h - (internal) what the trainer's sources share: the model's objects and LoRA
+ * groups, the gemm wrapper, and the pinning helper around the store. */
+#ifndef TIER_CORE_INTERNAL_H
+#define TIER_CORE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tier/model.h"
+#include "tier/moe.h"
+
+/* C[M,N] = alpha op(A) op(B) + beta C, row-major with row strides as stored (OpenBLAS or loops). */
+void core_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+	       float beta, float *C, int ldc);
+int core_check_dev(tier_dev *dev, const char *fn);
+
+/* The dense tensors of a decoder layer, one store object each (NULL where the layer has none). */
+enum { W_LN1, W_Q, W_K, W_V, W_O, W_QN, W_KN, W_LN2, W_ROUTER, W_GATE, W_UP, W_DOWN, W_NSLOTS };
+/* Projections a LoRA group may hold: attention q, k, v, o; MLP or expert gate, up, down. */
+enum { P_Q = 0, P_K, P_V, P_O, P_GATE = 0, P_UP, P_DOWN };
+enum { LG_ATTN, LG_MLP, LG_EXPERT };
+
+typedef struct {
+	char name[64];  /* PEFT module path under the layer: "self_attn.q_proj", "mlp.experts.3.up_proj" */
+	int proj;       /* P_* */
+	int in, out;
+	size_t a, b;    /* float offsets of A [r, in] and B [out, r] in the group */
+} lora_mod;
+
+/* One group of LoRA modules with its three objects: parameters, gradients, AdamW moments (m, v). */
+typedef struct {
+	int layer, kind, expert;
+	lora_mod mods[4];
+	int n_mods;
+	int idx[4];           /* proj -> index in mods, -1 when not a target */
+	size_t n;             /* floats of parameters */
+	tier_object *param, *grad, *optim;
+	int64_t t;            /* AdamW steps this group took (bias correction) */
+	int touched;          /* gradients written since they were last zeroed */
+} lora_group;
+
+typedef struct {
+	int moe;
+	tier_object *w[W_NSLOTS];
+	tier_object **experts;  /* [E], gate [I, H], up [I, H], down [H, I] back to back */
+	lora_group *attn, *mlp; /* NULL when no target */
+	lora_group **exp;       /* [E] or NULL */
+} model_layer;
+
+struct tier_model {
+	tier_store *s;
+	tier_dev *dev;
+	tier_hf_config cfg;
+	tier_lora_cfg lora;
+	float scale, eps, theta;
+	int L, H, nh, nkv, hd, I, Ie, E, k, V;
+	tier_object *embed, *norm, *lm_head; /* lm_head == embed when tied */
+	model_layer *layers;
+	lora_group *groups;
+	size_t n_groups;
+	uint64_t base_bytes, lora_n;
+	int have_data;
+};
+
+/* Shape of a dense slot of layer l: rows x cols (cols 0 for a vector); 0 when the layer has none. */
+int model_slot_shape(const tier_model *m, int l, int slot, int *rows, int *cols);
+/* HF tensor name of a slot ("model.layers.3.self_attn.q_proj.weight"). */
+void model_slot_name(int l, int slot, char *buf, size_t len);
+/* LoRA reference of projection `proj` of a group, pointers into its parameter and gradient
+ * copies (grad NULL: no gradients). rank 0 / NULL pointers when the projection is no target. */
+void model_lora_ref(const tier_model *m, const lora_group *g, int proj, const float *param, float *grad,
+		    tier_lora_ref *out);
+
+/* Fill every frozen object through fn (name: its HF tensor name; an expert object is named
+ * "model.layers.L.mlp.experts.E" and holds gate, up, down). Sets have_data on success. */
+typedef int (*fill_fn)(tier_model *m, float *dst, size_t n, const char *name, void *arg);
+int model_fill_all(tier_model *m, fill_fn fn, void *arg);
+
+/* Objects pinned during one operation, released together (dirty as recorded). */
+#define PIN_MAX 4096
+typedef struct {
+	tier_store *s;
+	int n;
+	tier_object *obj[PIN_MAX];
+	unsigned char dirty[PIN_MAX];
+} pinset;
+/* Pin o in HBM (flags: TIER_ACQ_INIT for a fresh fill); *p its address. dirty: release dirty. */
+int pin(pinset *ps, tier_object *o, unsigned flags, int dirty, float **p);
+/* Release everything; returns the first error. */
+int pin_release_all(pinset *ps);
+
+#endif

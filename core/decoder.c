@@ -1,0 +1,197 @@
+/* decoder.c - one qwen3_moe decoder layer as HF's Qwen3MoeDecoderLayer computes it:
+ *   a = norm1(x); q, k, v = a Wq^T, a Wk^T, a Wv^T (+LoRA); q, k = q_norm, k_norm per head;
+ *   RoPE; o = attention; h1 = x + o Wo^T (+LoRA); b = norm2(h1); out = h1 + MoE(b) or MLP(b)
+ * and its explicit backward, over buffers that the forward fills and the backward reads. */
+#include "config.h"
+#include <errno.h>
+#include <string.h>
+#include "core/decoder.h"
+
+#define AL 64
+static size_t al(size_t n) { return (n + AL - 1) / AL * AL; }
+
+int dec_shape_init(const tier_model *m, int batch, int seq, dec_shape *sh)
+{
+	memset(sh, 0, sizeof *sh);
+	if (batch < 1 || seq < 1 || (int64_t)batch * seq > (1 << 24))
+		return tier_fail(-EINVAL, "batch %d x seq %d: both must be >= 1 and the product at most 2^24", batch, seq);
+	sh->T = batch * seq, sh->batch = batch, sh->seq = seq;
+	sh->moe.router.kind = TIER_MOE_ROUTER_SOFTMAX_TOPK;
+	sh->moe.router.n_experts = m->E > 0 ? m->E : 1;
+	sh->moe.router.top_k = m->k > 0 ? m->k : 1;
+	sh->moe.router.norm_topk_prob = m->cfg.norm_topk_prob;
+	sh->moe.hidden = m->H;
+	sh->moe.inter = m->Ie > 0 ? m->Ie : 1;
+	sh->moe.aux_coef = m->cfg.output_router_logits ? (float)m->cfg.router_aux_loss_coef : 0.0f;
+	tier_attn_params_init(&sh->ap, batch, seq, m->nh, m->nkv, m->hd);
+	sh->rq = (tier_rope_params){ .tokens = sh->T, .seq = seq, .n_heads = m->nh, .head_dim = m->hd, .theta = m->theta };
+	sh->rk = sh->rq;
+	sh->rk.n_heads = m->nkv;
+	return 0;
+}
+
+static int any_moe(const tier_model *m)
+{
+	for (int l = 0; l < m->L; l++)
+		if (m->layers[l].moe)
+			return 1;
+	return 0;
+}
+
+static int any_dense(const tier_model *m)
+{
+	for (int l = 0; l < m->L; l++)
+		if (!m->layers[l].moe)
+			return 1;
+	return 0;
+}
+
+/* The sizes of every buffer, in the order dec_bufs_bind hands them out; `bind` NULL only counts. */
+static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bufs *b)
+{
+	size_t T = (size_t)sh->T, H = m->H, qd = (size_t)m->nh * m->hd, kvd = (size_t)m->nkv * m->hd;
+	size_t I = any_dense(m) ? (size_t)m->I : 0, off = 0;
+	struct { float **p; size_t n; } f[] = {
+		{ &b->a, T * H }, { &b->r1, T }, { &b->qp, T * qd }, { &b->kp, T * kvd }, { &b->v, T * kvd },
+		{ &b->rq, T * m->nh }, { &b->rk, T * m->nkv }, { &b->q, T * qd }, { &b->k, T * kvd }, { &b->o, T * qd },
+		{ &b->lse, T * m->nh }, { &b->h1, T * H }, { &b->b, T * H }, { &b->r2, T }, { &b->g, T * I },
+		{ &b->u, T * I }, { &b->act, T * I }, { &b->mo, T * H }, { &b->dh1, T * H }, { &b->dtmp, T * H },
+		{ &b->db, T * H }, { &b->dq, T * qd }, { &b->dk, T * kvd }, { &b->dv, T * kvd }, { &b->dO, T * qd },
+		{ &b->dkp, T * kvd }, { &b->dact, T * I }, { &b->dg, T * I }, { &b->du, T * I },
+	};
+	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+		if (buf)
+			*f[i].p = (float *)(buf + off);
+		off += al(sizeof(float) * f[i].n);
+	}
+	size_t saved = any_moe(m) ? tier_moe_saved_bytes(&sh->moe, sh->T) : 0;
+	if (buf && saved)
+		tier_moe_saved_bind(&sh->moe, sh->T, buf + off, saved, &b->ms);
+	off += al(saved);
+	/* one workspace for the largest user: the MoE block, attention, a LoRA linear */
+	size_t ws = 0, aw = 0, lw = sizeof(float) * 2 * T * (size_t)m->lora.r;
+	tier_moe_loras lo;
+	memset(&lo, 0, sizeof lo);
+	const float *dummy[1] = { NULL }; /* only the rank is read: LoRA "on" needs non-NULL arrays */
+	lo.gate = (tier_moe_lora){ .a = dummy, .b = dummy, .rank = m->lora.r };
+	lo.up = lo.down = lo.gate;
+	if (any_moe(m))
+		ws = tier_moe_workspace_bytes(&sh->moe, sh->T, &lo);
+	tier_attn_workspace_bytes(m->dev, &sh->ap, &aw);
+	ws = ws > aw ? ws : aw;
+	ws = ws > lw ? ws : lw;
+	if (buf) {
+		b->ws = buf + off;
+		b->ws_bytes = ws;
+	}
+	return off + al(ws);
+}
+
+size_t dec_bufs_bytes(const tier_model *m, const dec_shape *sh)
+{
+	dec_bufs b;
+	return layout(m, sh, NULL, &b);
+}
+
+void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs *b)
+{
+	memset(b, 0, sizeof *b);
+	layout(m, sh, buf, b);
+}
+
+int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
+{
+	tier_dev *d = m->dev;
+	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
+	float *ws = b->ws;
+	if ((rc = tier_rmsnorm_fwd(d, T, H, m->eps, x, w->w[W_LN1], b->a, b->r1)) ||
+	    (rc = tier_linear_fwd(d, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->qp, ws)) ||
+	    (rc = tier_linear_fwd(d, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->kp, ws)) ||
+	    (rc = tier_linear_fwd(d, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], b->v, ws)) ||
+	    (rc = tier_rmsnorm_fwd(d, T * m->nh, m->hd, m->eps, b->qp, w->w[W_QN], b->q, b->rq)) ||
+	    (rc = tier_rmsnorm_fwd(d, T * m->nkv, m->hd, m->eps, b->kp, w->w[W_KN], b->k, b->rk)) ||
+	    (rc = tier_attn_rope_fwd(d, &sh->rq, NULL, b->q)) || (rc = tier_attn_rope_fwd(d, &sh->rk, NULL, b->k)) ||
+	    (rc = tier_attn_fwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, b->ws, b->ws_bytes)) ||
+	    (rc = tier_linear_fwd(d, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->h1, ws)))
+		return rc;
+	size_t n = (size_t)T * H;
+	for (size_t i = 0; i < n; i++)
+		b->h1[i] += x[i];
+	return tier_rmsnorm_fwd(d, T, H, m->eps, b->h1, w->w[W_LN2], b->b, b->r2);
+}
+
+int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int32_t *counts)
+{
+	int rc = tier_moe_router_fwd(m->dev, &sh->moe.router, sh->T, m->H, b->b, w->w[W_ROUTER], NULL, b->ms.logits,
+				     b->ms.topk_idx, b->ms.topk_w);
+	if (rc)
+		return rc;
+	memset(counts, 0, sizeof(int32_t) * (size_t)m->E);
+	for (int i = 0; i < sh->T * m->k; i++)
+		counts[b->ms.topk_idx[i]]++;
+	return 0;
+}
+
+int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b, float *out)
+{
+	tier_dev *d = m->dev;
+	int T = sh->T, H = m->H, I = m->I, rc;
+	if (moe)
+		rc = tier_moe_layer_fwd(d, &sh->moe, T, b->b, w->w[W_ROUTER], NULL, &w->ex,
+					w->has_elora ? &w->elora : NULL, b->mo, &b->ms, b->ws, b->ws_bytes);
+	else if (!(rc = tier_linear_fwd(d, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->g, b->ws)) &&
+		 !(rc = tier_linear_fwd(d, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->u, b->ws)) &&
+		 !(rc = tier_swiglu_fwd(d, (size_t)T * I, b->g, b->u, b->act)))
+		rc = tier_linear_fwd(d, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], b->mo, b->ws);
+	if (rc)
+		return rc;
+	size_t n = (size_t)T * H;
+	for (size_t i = 0; i < n; i++)
+		out[i] = b->h1[i] + b->mo[i];
+	return 0;
+}
+
+/* Backward of the MLP half: b->db = d mlp / d b from dout. */
+static int mlp_bwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b,
+		   const float *dout, float d_aux)
+{
+	tier_dev *d = m->dev;
+	int T = sh->T, H = m->H, I = m->I, rc;
+	if (moe)
+		return tier_moe_layer_bwd(d, &sh->moe, T, b->b, w->w[W_ROUTER], &w->ex, w->has_elora ? &w->elora : NULL,
+					  &b->ms, dout, d_aux, b->db, NULL, b->ws, b->ws_bytes);
+	if ((rc = tier_linear_bwd(d, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], dout, b->dact, 0, b->ws)) ||
+	    (rc = tier_swiglu_bwd(d, (size_t)T * I, b->g, b->u, b->dact, b->dg, b->du)) ||
+	    (rc = tier_linear_bwd(d, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->dg, b->db, 0, b->ws)))
+		return rc;
+	return tier_linear_bwd(d, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->du, b->db, 1, b->ws);
+}
+
+int dec_bwd(const tier_model *m, const dec_shape *sh, int moe, const float *x, const dec_weights *w, dec_bufs *b,
+	    const float *dout, float d_aux, float *dx)
+{
+	tier_dev *d = m->dev;
+	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
+	size_t n = (size_t)T * H;
+	float *ws = b->ws;
+	if ((rc = mlp_bwd(m, sh, moe, w, b, dout, d_aux)) ||
+	    (rc = tier_rmsnorm_bwd(d, T, H, b->h1, w->w[W_LN2], b->r2, b->db, b->dtmp, NULL)))
+		return rc;
+	for (size_t i = 0; i < n; i++)
+		b->dh1[i] = dout[i] + b->dtmp[i];
+	if ((rc = tier_linear_bwd(d, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->dh1, b->dO, 0, ws)) ||
+	    (rc = tier_attn_bwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, b->dO, b->dq, b->dk, b->dv, b->ws,
+				b->ws_bytes)) ||
+	    (rc = tier_attn_rope_bwd(d, &sh->rq, NULL, b->dq)) || (rc = tier_attn_rope_bwd(d, &sh->rk, NULL, b->dk)) ||
+	    /* dO is free again: it takes d qp; dkp takes d kp */
+	    (rc = tier_rmsnorm_bwd(d, T * m->nh, m->hd, b->qp, w->w[W_QN], b->rq, b->dq, b->dO, NULL)) ||
+	    (rc = tier_rmsnorm_bwd(d, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->rk, b->dk, b->dkp, NULL)) ||
+	    (rc = tier_linear_bwd(d, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->dO, b->db, 0, ws)) ||
+	    (rc = tier_linear_bwd(d, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->dkp, b->db, 1, ws)) ||
+	    (rc = tier_linear_bwd(d, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], b->dv, b->db, 1, ws)) ||
+	    (rc = tier_rmsnorm_bwd(d, T, H, x, w->w[W_LN1], b->r1, b->db, b->dtmp, NULL)))
+		return rc;
+	for (size_t i = 0; i < n; i++)
+		dx[i] = b->dh1[i] + b->dtmp[i];
+	return 0;
+}

@@ -1,0 +1,50 @@
+/* decoder.h - (internal) one qwen3_moe decoder layer, forward and explicit backward, over buffers
+ * carved from the trainer's scratch object. */
+#ifndef TIER_CORE_DECODER_H
+#define TIER_CORE_DECODER_H
+
+#include "core/core_internal.h"
+#include "tier/attn.h"
+
+/* The addresses of one layer's weights and LoRA for one operation (pinned by the trainer). */
+typedef struct {
+	const float *w[W_NSLOTS];
+	tier_lora_ref lora[4];      /* q, k, v, o */
+	tier_lora_ref mlp[3];       /* dense MLP gate, up, down */
+	tier_moe_experts ex;        /* expert pointers ([E] arrays; NULL for experts not pinned) */
+	tier_moe_loras elora;       /* expert LoRA ([E] arrays), or all NULL */
+	int has_elora;
+} dec_weights;
+
+/* Per-layer activations the backward reads (recomputed from the layer input) and its scratch. */
+typedef struct {
+	float *a, *r1, *qp, *kp, *v, *rq, *rk, *q, *k, *o, *lse, *h1, *b, *r2, *g, *u, *act, *mo;
+	tier_moe_saved ms;
+	float *dh1, *dtmp, *db, *dq, *dk, *dv, *dO, *dkp, *dact, *dg, *du;
+	void *ws;
+	size_t ws_bytes;
+} dec_bufs;
+
+typedef struct {
+	int T, batch, seq;
+	tier_moe_cfg moe;
+	tier_attn_params ap;
+	tier_rope_params rq, rk;
+} dec_shape;
+
+/* Fill the shape of a micro-batch; the byte count of the buffers (carve with dec_bufs_bind). */
+int dec_shape_init(const tier_model *m, int batch, int seq, dec_shape *sh);
+size_t dec_bufs_bytes(const tier_model *m, const dec_shape *sh);
+void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs *b);
+
+/* Attention half: x -> h1 = x + attn(norm1(x)), b = norm2(h1). */
+int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b);
+/* MLP half (moe: the router must have run into b->ms by dec_route): out = h1 + mlp(b). */
+int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int32_t *counts);
+int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b, float *out);
+/* Backward after the forward ran into b: dx [T, H] written from dout; LoRA grads accumulated;
+ * d_aux as in tier_moe_layer_bwd. */
+int dec_bwd(const tier_model *m, const dec_shape *sh, int moe, const float *x, const dec_weights *w, dec_bufs *b,
+	    const float *dout, float d_aux, float *dx);
+
+#endif

@@ -1,0 +1,248 @@
+/* layers.c - the trainer's small layers on the CPU, forward and explicit backward: RMSNorm, linear
+ * with LoRA, embedding, SwiGLU. fp32, as HF computes them (RMSNorm statistics in fp32). */
+#include "config.h"
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include "tier/model.h"
+#include "core/core_internal.h"
+#ifdef TIER_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+void core_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+	       float beta, float *C, int ldc)
+{
+	if (M <= 0 || N <= 0)
+		return;
+#ifdef TIER_HAVE_OPENBLAS
+	if (K > 0) {
+		cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
+			    alpha, A, lda, B, ldb, beta, C, ldc);
+		return;
+	}
+#endif
+	for (int i = 0; i < M; i++)
+		for (int j = 0; j < N; j++) {
+			float s = 0.0f;
+			for (int l = 0; l < K; l++)
+				s += (ta ? A[(size_t)l * lda + i] : A[(size_t)i * lda + l]) *
+				     (tb ? B[(size_t)j * ldb + l] : B[(size_t)l * ldb + j]);
+			float *c = &C[(size_t)i * ldc + j];
+			*c = alpha * s + (beta == 0.0f ? 0.0f : beta * *c);
+		}
+}
+
+int core_check_dev(tier_dev *dev, const char *fn)
+{
+	if (!dev)
+		return tier_fail(-EINVAL, "%s: device context is NULL; open one with tier_dev_open", fn);
+	if (tier_dev_kind_of(dev) != TIER_DEV_CPU)
+		return tier_fail(-ENOTSUP, "%s: the trainer runs on the CPU only so far (no CUDA path yet); "
+				 "use a CPU context (--device cpu)", fn);
+	return 0;
+}
+
+#define NONNULL(p, fn) do { if (!(p)) return tier_fail(-EINVAL, "%s: %s is NULL", fn, #p); } while (0)
+
+static int dims(const char *fn, int a, int b)
+{
+	if (a < 1 || b < 1 || (int64_t)a * b > (int64_t)1 << 40)
+		return tier_fail(-EINVAL, "%s: bad sizes %d x %d; both must be >= 1", fn, a, b);
+	return 0;
+}
+
+int tier_rmsnorm_fwd(tier_dev *dev, int rows, int dim, float eps, const float *x, const float *w, float *y,
+		     float *rstd)
+{
+	const char *fn = "tier_rmsnorm_fwd";
+	int rc = core_check_dev(dev, fn);
+	if (rc || (rc = dims(fn, rows, dim)))
+		return rc;
+	NONNULL(x, fn);
+	NONNULL(w, fn);
+	NONNULL(y, fn);
+	if (!(eps >= 0.0f) || !isfinite(eps))
+		return tier_fail(-EINVAL, "%s: eps %g must be finite and >= 0", fn, eps);
+	for (int i = 0; i < rows; i++) {
+		const float *xi = x + (size_t)i * dim;
+		float *yi = y + (size_t)i * dim, ss = 0.0f;
+		for (int j = 0; j < dim; j++)
+			ss += xi[j] * xi[j];
+		float r = 1.0f / sqrtf(ss / (float)dim + eps);
+		for (int j = 0; j < dim; j++)
+			yi[j] = w[j] * (xi[j] * r);
+		if (rstd)
+			rstd[i] = r;
+	}
+	return 0;
+}
+
+/* y = w * x * r with r = (mean(x^2) + eps)^-1/2: dx = r (w dy) - x r^3 / dim * sum(w dy x). */
+int tier_rmsnorm_bwd(tier_dev *dev, int rows, int dim, const float *x, const float *w, const float *rstd,
+		     const float *dy, float *dx, float *dw)
+{
+	const char *fn = "tier_rmsnorm_bwd";
+	int rc = core_check_dev(dev, fn);
+	if (rc || (rc = dims(fn, rows, dim)))
+		return rc;
+	NONNULL(x, fn);
+	NONNULL(w, fn);
+	NONNULL(rstd, fn);
+	NONNULL(dy, fn);
+	NONNULL(dx, fn);
+	for (int i = 0; i < rows; i++) {
+		const float *xi = x + (size_t)i * dim, *gi = dy + (size_t)i * dim;
+		float *di = dx + (size_t)i * dim, r = rstd[i], s = 0.0f;
+		for (int j = 0; j < dim; j++)
+			s += w[j] * gi[j] * xi[j];
+		float c = s * r * r * r / (float)dim;
+		for (int j = 0; j < dim; j++) {
+			if (dw)
+				dw[j] += gi[j] * xi[j] * r;
+			di[j] = r * w[j] * gi[j] - c * xi[j];
+		}
+	}
+	return 0;
+}
+
+static int has_lora(const tier_lora_ref *l) { return l && l->a && l->b; }
+
+size_t tier_linear_ws_floats(int T, const tier_lora_ref *lora)
+{
+	return has_lora(lora) && T > 0 && lora->rank > 0 ? 2 * (size_t)T * lora->rank : 0;
+}
+
+static int lora_check(const char *fn, const tier_lora_ref *l, float *ws)
+{
+	if (!l || (!l->a && !l->b))
+		return 0;
+	if (!l->a || !l->b)
+		return tier_fail(-EINVAL, "%s: LoRA needs both A and B (one is NULL)", fn);
+	if (l->rank < 1 || !isfinite(l->scale))
+		return tier_fail(-EINVAL, "%s: LoRA rank %d must be >= 1 and the scale finite", fn, l->rank);
+	if (!ws)
+		return tier_fail(-EINVAL, "%s: ws is NULL; LoRA needs tier_linear_ws_floats floats of scratch", fn);
+	return 0;
+}
+
+int tier_linear_fwd(tier_dev *dev, int T, int in, int out, const float *x, const float *w, const tier_lora_ref *lora,
+		    float *y, float *ws)
+{
+	const char *fn = "tier_linear_fwd";
+	int rc = core_check_dev(dev, fn);
+	if (rc || (rc = dims(fn, T, in)) || (rc = dims(fn, T, out)) || (rc = lora_check(fn, lora, ws)))
+		return rc;
+	NONNULL(x, fn);
+	NONNULL(w, fn);
+	NONNULL(y, fn);
+	core_gemm(0, 1, T, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+	if (has_lora(lora)) {
+		int r = lora->rank;
+		core_gemm(0, 1, T, r, in, 1.0f, x, in, lora->a, in, 0.0f, ws, r);            /* xa = x A^T */
+		core_gemm(0, 1, T, out, r, lora->scale, ws, r, lora->b, r, 1.0f, y, out);   /* y += s xa B^T */
+	}
+	return 0;
+}
+
+int tier_linear_bwd(tier_dev *dev, int T, int in, int out, const float *x, const float *w, const tier_lora_ref *lora,
+		    const float *dy, float *dx, int accumulate, float *ws)
+{
+	const char *fn = "tier_linear_bwd";
+	int rc = core_check_dev(dev, fn);
+	if (rc || (rc = dims(fn, T, in)) || (rc = dims(fn, T, out)) || (rc = lora_check(fn, lora, ws)))
+		return rc;
+	NONNULL(x, fn);
+	NONNULL(w, fn);
+	NONNULL(dy, fn);
+	if (dx)
+		core_gemm(0, 0, T, in, out, 1.0f, dy, out, w, in, accumulate ? 1.0f : 0.0f, dx, in);
+	if (!has_lora(lora))
+		return 0;
+	int r = lora->rank;
+	float s = lora->scale, *xa = ws, *dyb = ws + (size_t)T * r;
+	core_gemm(0, 0, T, r, out, 1.0f, dy, out, lora->b, r, 0.0f, dyb, r); /* dyb = dy B [T, r] */
+	if (lora->db) {
+		core_gemm(0, 1, T, r, in, 1.0f, x, in, lora->a, in, 0.0f, xa, r); /* recomputed, not kept */
+		core_gemm(1, 0, out, r, T, s, dy, out, xa, r, 1.0f, lora->db, r);
+	}
+	if (lora->da)
+		core_gemm(1, 0, r, in, T, s, dyb, r, x, in, 1.0f, lora->da, in);
+	if (dx)
+		core_gemm(0, 0, T, in, r, s, dyb, r, lora->a, in, 1.0f, dx, in);
+	return 0;
+}
+
+int tier_embed_fwd(tier_dev *dev, int T, int vocab, int dim, const int32_t *tokens, const float *table, float *out)
+{
+	const char *fn = "tier_embed_fwd";
+	int rc = core_check_dev(dev, fn);
+	if (rc || (rc = dims(fn, T, dim)) || (rc = dims(fn, vocab, dim)))
+		return rc;
+	NONNULL(tokens, fn);
+	NONNULL(table, fn);
+	NONNULL(out, fn);
+	for (int t = 0; t < T; t++)
+		if (tokens[t] < 0 || tokens[t] >= vocab)
+			return tier_fail(-EINVAL, "%s: token %d at position %d is outside the vocabulary 0..%d", fn,
+					 tokens[t], t, vocab - 1);
+	for (int t = 0; t < T; t++)
+		memcpy(out + (size_t)t * dim, table + (size_t)tokens[t] * dim, sizeof(float) * (size_t)dim);
+	return 0;
+}
+
+int tier_embed_bwd(tier_dev *dev, int T, int vocab, int dim, const int32_t *tokens, const float *dout, float *dtable)
+{
+	const char *fn = "tier_embed_bwd";
+	int rc = core_check_dev(dev, fn);
+	if (rc || (rc = dims(fn, T, dim)) || (rc = dims(fn, vocab, dim)))
+		return rc;
+	NONNULL(tokens, fn);
+	NONNULL(dout, fn);
+	NONNULL(dtable, fn);
+	for (int t = 0; t < T; t++)
+		if (tokens[t] < 0 || tokens[t] >= vocab)
+			return tier_fail(-EINVAL, "%s: token %d at position %d is outside the vocabulary 0..%d", fn,
+					 tokens[t], t, vocab - 1);
+	for (int t = 0; t < T; t++) {
+		float *row = dtable + (size_t)tokens[t] * dim;
+		const float *g = dout + (size_t)t * dim;
+		for (int j = 0; j < dim; j++)
+			row[j] += g[j];
+	}
+	return 0;
+}
+
+int tier_swiglu_fwd(tier_dev *dev, size_t n, const float *g, const float *u, float *h)
+{
+	const char *fn = "tier_swiglu_fwd";
+	int rc = core_check_dev(dev, fn);
+	if (rc)
+		return rc;
+	NONNULL(g, fn);
+	NONNULL(u, fn);
+	NONNULL(h, fn);
+	for (size_t i = 0; i < n; i++)
+		h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+	return 0;
+}
+
+/* silu'(g) = sig(g) (1 + g (1 - sig(g))). */
+int tier_swiglu_bwd(tier_dev *dev, size_t n, const float *g, const float *u, const float *dh, float *dg, float *du)
+{
+	const char *fn = "tier_swiglu_bwd";
+	int rc = core_check_dev(dev, fn);
+	if (rc)
+		return rc;
+	NONNULL(g, fn);
+	NONNULL(u, fn);
+	NONNULL(dh, fn);
+	NONNULL(dg, fn);
+	NONNULL(du, fn);
+	for (size_t i = 0; i < n; i++) {
+		float sg = 1.0f / (1.0f + expf(-g[i])), silu = g[i] * sg;
+		dg[i] = dh[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+		du[i] = dh[i] * silu;
+	}
+	return 0;
+}

@@ -1,0 +1,199 @@
+/* model.h - the trainer (core/): layers with explicit backward, the qwen3_moe model graph with its
+ * weights in the tiered store, LoRA, AdamW, the training step, and the token data it reads.
+ *
+ * Everything here runs on a CPU device context (the fp32 reference). The layouts are Hugging
+ * Face's, row-major: a linear weight W [out, in] (y = x W^T); LoRA A [r, in] and B [out, r] as PEFT
+ * stores them, y += scale (x A^T) B^T, never forming B A. docs/trainer.md describes the step.
+ *
+ * Every function returns 0 or a negative errno with a message (tier_last_error). Thread-safety:
+ * the layer functions keep no state (concurrent calls on distinct outputs are fine); a tier_model,
+ * a tier_trainer and a tier_data serve one thread at a time. */
+#ifndef TIER_MODEL_H
+#define TIER_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tier/base.h"
+#include "tier/store.h"
+#include "tier/formats.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Layers (CPU, fp32). Failed calls have written nothing (all checks come first). --------- */
+
+/* RMSNorm as HF computes it in fp32: y = x * rsqrt(mean(x^2) + eps) * w over rows of `dim`;
+ * rstd [rows] (may be NULL) keeps rsqrt(...) for the backward. */
+int tier_rmsnorm_fwd(tier_dev *dev, int rows, int dim, float eps, const float *x, const float *w, float *y,
+		     float *rstd);
+/* dx [rows, dim] written; dw [dim] accumulated (NULL: frozen weight, the usual case). */
+int tier_rmsnorm_bwd(tier_dev *dev, int rows, int dim, const float *x, const float *w, const float *rstd,
+		     const float *dy, float *dx, float *dw);
+
+/* LoRA on one linear layer. a, b NULL: no adapter. da, db (accumulated) NULL: frozen adapter. */
+typedef struct {
+	const float *a; /* [r, in] */
+	const float *b; /* [out, r] */
+	float *da, *db;
+	int rank;
+	float scale;    /* lora_alpha / r (or / sqrt(r), rsLoRA) */
+} tier_lora_ref;
+
+/* Floats of scratch that tier_linear_fwd and _bwd need: 2 * T * rank (0 without LoRA). */
+size_t tier_linear_ws_floats(int T, const tier_lora_ref *lora);
+/* y [T, out] = x W^T + scale (x A^T) B^T. ws: tier_linear_ws_floats floats (NULL when 0). */
+int tier_linear_fwd(tier_dev *dev, int T, int in, int out, const float *x, const float *w,
+		    const tier_lora_ref *lora, float *y, float *ws);
+/* dx [T, in] written (or added to when accumulate is 1; NULL: not wanted) = dy W + scale (dy B) A;
+ * da += scale (dy B)^T x, db += scale dy^T (x A^T). The frozen W gets no gradient. */
+int tier_linear_bwd(tier_dev *dev, int T, int in, int out, const float *x, const float *w,
+		    const tier_lora_ref *lora, const float *dy, float *dx, int accumulate, float *ws);
+
+/* out [T, dim] = table[tokens[t]]; -EINVAL names the first token outside 0..vocab-1. */
+int tier_embed_fwd(tier_dev *dev, int T, int vocab, int dim, const int32_t *tokens, const float *table,
+		   float *out);
+/* dtable [vocab, dim] accumulated with the rows of dout (scatter-add). The trainer's table is
+ * frozen and never calls this: the gradient of the embedding output goes nowhere. */
+int tier_embed_bwd(tier_dev *dev, int T, int vocab, int dim, const int32_t *tokens, const float *dout,
+		   float *dtable);
+
+/* SwiGLU of the dense MLP: h = silu(g) * u; backward dg, du written from dh. */
+int tier_swiglu_fwd(tier_dev *dev, size_t n, const float *g, const float *u, float *h);
+int tier_swiglu_bwd(tier_dev *dev, size_t n, const float *g, const float *u, const float *dh, float *dg,
+		    float *du);
+
+/* ---- LoRA settings -------------------------------------------------------------------------- */
+enum {
+	TIER_LORA_Q = 1u << 0, TIER_LORA_K = 1u << 1, TIER_LORA_V = 1u << 2, TIER_LORA_O = 1u << 3,
+	TIER_LORA_MLP = 1u << 4,     /* gate/up/down of the dense MLP layers (mlp_only_layers) */
+	TIER_LORA_EXPERTS = 1u << 5, /* gate/up/down of every routed expert */
+};
+/* "q,k,v,o,mlp,experts" (any subset, comma separated; "attn" = q,k,v,o; "all" = everything).
+ * 0 or -EINVAL naming the unknown word; *out unchanged on failure. */
+int tier_lora_targets_parse(const char *list, unsigned *out);
+
+typedef struct {
+	int r;              /* rank >= 1 */
+	float alpha;        /* lora_alpha; scale = alpha / r, or alpha / sqrt(r) with use_rslora */
+	int use_rslora;
+	unsigned targets;   /* TIER_LORA_* bits */
+	float dropout;      /* lora_dropout: only 0 is supported (-ENOTSUP otherwise, see docs) */
+	uint64_t seed;      /* A: kaiming-uniform(a=sqrt(5)) as PEFT, i.e. U(-1/sqrt(in), 1/sqrt(in)) */
+	float init_b_std;   /* 0: B = 0 as PEFT; > 0: B ~ N(0, std) (tests, golden fixtures) */
+} tier_lora_cfg;
+void tier_lora_cfg_init(tier_lora_cfg *c); /* r 8, alpha 16, q,k,v,o,experts, dropout 0, seed 0 */
+
+/* ---- Model ------------------------------------------------------------------------------------
+ * A qwen3_moe model whose weights are store objects: one DENSE frozen object per (layer, tensor)
+ * (norms, q/k/v/o, q/k norms, router, dense MLP), one EXPERT frozen object per (layer, expert)
+ * holding gate [I, H], up [I, H], down [H, I] back to back; embed_tokens, model.norm and lm_head
+ * (the embedding itself when tied) DENSE frozen. LoRA: one LORA object of parameters per group
+ * (a layer's attention projections, its dense MLP, or one expert), one LORA object of gradients
+ * and one OPTIM object of AdamW moments (m then v) per group. */
+typedef struct tier_model tier_model;
+
+/* The default job's model: 4 layers, H 128, 4 heads / 2 KV heads of 32, 8 experts of I 64, k 2,
+ * norm_topk_prob, vocab 260 (bytes + 4 specials), tied embeddings, layer 2 a dense MLP of 192. */
+void tier_model_config_default(tier_hf_config *c);
+
+/* Create the model's objects in `s` (no data yet; LoRA A and B initialised). Returns 0, -EINVAL
+ * (bad config or LoRA settings, named), -ENOTSUP (model_type other than qwen3_moe, LoRA dropout,
+ * a non-CPU device), -ENOMEM or the store's error; *out NULL and no object left on failure. */
+int tier_model_create(tier_store *s, tier_dev *dev, const tier_hf_config *cfg, const tier_lora_cfg *lora,
+		      tier_model **out);
+/* Destroy the model's objects (the store stays). NULL is fine. */
+void tier_model_destroy(tier_model *m);
+/* Deterministic synthetic base weights written straight into the store (TIER_ACQ_INIT): linears
+ * and embeddings N(0, init_range) (HF's initializer_range, 0.02), norms 1. Each object's values
+ * depend only on (seed, its name), so a budget or load order never changes them. */
+int tier_model_init_random(tier_model *m, uint64_t seed, double init_range);
+/* Load the base weights from an HF checkpoint directory (tier_ckpt_open; per-expert or fused
+ * experts; F32/BF16/F16 converted to fp32). -ENOENT/-EBADMSG naming the tensor that is missing or
+ * has the wrong shape. A failed load leaves the model without data (load again). */
+int tier_model_load_hf(tier_model *m, const char *dir);
+const tier_hf_config *tier_model_config(const tier_model *m);
+uint64_t tier_model_base_bytes(const tier_model *m);  /* bytes of all frozen weights */
+uint64_t tier_model_lora_params(const tier_model *m); /* trainable parameters */
+
+/* LoRA weights (which = 0) or their gradients of the last step (which = 1) as a PEFT adapter
+ * (modules named as PEFT names them; r, lora_alpha, use_rslora, target_modules filled). Free with
+ * tier_peft_free. -ENOMEM, or the store's error. */
+int tier_model_lora_export(tier_model *m, int which, tier_peft_adapter **out);
+/* Set the LoRA weights from an adapter (tier_peft_load): every module of the model must be in it
+ * with matching shapes and r (-EINVAL naming the first that is not); its scale is the model's. */
+int tier_model_lora_import(tier_model *m, const tier_peft_adapter *a);
+
+/* ---- Training ----------------------------------------------------------------------------------- */
+typedef struct {
+	int batch, seq;         /* a micro-batch is batch sequences of seq tokens */
+	int micro_batches;      /* gradient accumulation (>= 1) */
+	int steps;              /* total steps (for the cosine schedule) */
+	int warmup;             /* linear warmup steps: lr (s + 1) / warmup for s < warmup */
+	float lr, min_lr_ratio; /* cosine from lr down to lr * min_lr_ratio */
+	float beta1, beta2, eps, weight_decay; /* AdamW (PyTorch's form: decoupled decay) */
+	float clip;             /* global gradient-norm clip (0: none) */
+} tier_train_cfg;
+/* batch 4, seq 64, 1 micro-batch, 100 steps, warmup 5, lr 2e-3, min_lr_ratio 0.1, betas 0.9/0.999,
+ * eps 1e-8, weight decay 0, clip 1. */
+void tier_train_cfg_init(tier_train_cfg *c);
+
+typedef struct {
+	float loss;        /* mean cross-entropy over the step's micro-batches */
+	float aux;         /* router aux losses added to it (0 unless output_router_logits) */
+	float grad_norm;   /* global LoRA gradient norm before clipping */
+	float lr;          /* the learning rate applied */
+	int64_t tokens;    /* tokens with a target in the step */
+	uint64_t ns;       /* wall time of the step */
+} tier_step_result;
+
+typedef struct tier_trainer tier_trainer;
+/* Create a trainer for m: hands the step schedule to the store and creates the activation objects
+ * (layer-boundary checkpoints, the scratch workspace). -EINVAL (bad config, named), -ENOSPC when
+ * the HBM budget cannot hold one layer's weights with the workspace (message: bytes needed),
+ * -ENOMEM. *out NULL on failure. */
+int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **out);
+void tier_trainer_destroy(tier_trainer *t); /* NULL is fine */
+/* Bytes of HBM one step needs at least (largest layer's weights and LoRA state, two checkpoints,
+ * the workspace). */
+uint64_t tier_trainer_min_hbm(const tier_trainer *t);
+/* One optimizer step over micro_batches micro-batches: tokens and labels [micro_batches, batch,
+ * seq] (labels: the target of each position, -100 for none). Returns 0 with *r filled, -EINVAL
+ * (token or label out of range), or the store's error (the step is then lost: LoRA weights are
+ * as before unless the failure hit the optimizer update itself). */
+int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *labels, tier_step_result *r);
+
+/* For golden tests against HF transformers: one micro-batch [batch, seq] through the model.
+ * hidden (may be NULL): [(L + 2), batch * seq, H]: 0 the embeddings, l + 1 the output of layer l,
+ * L + 1 after the final norm. *loss: mean cross-entropy over labels (labels as above; the caller
+ * shifts them as HF does). grads = 1 also computes the LoRA gradients of that loss (zeroed
+ * first; read them with tier_model_lora_export(m, 1, ...)); no weights change. */
+int tier_trainer_eval(tier_trainer *t, const int32_t *tokens, const int32_t *labels, int grads, float *loss,
+		      float *hidden);
+
+/* ---- Data ----------------------------------------------------------------------------------------
+ * Token files (docs/data.md): "TIERTOK1", uint32 vocab size, uint32 separator token id, uint64
+ * count, count uint32 tokens, all little-endian. Text: byte-level tokens (0..255) with documents
+ * (paragraphs separated by an empty line) separated by TIER_TOK_SEP; vocab TIER_BYTE_VOCAB. */
+#define TIER_BYTE_VOCAB 260
+#define TIER_TOK_SEP 256
+typedef struct tier_data tier_data;
+/* Open a token file or a text file (by its first bytes). -ENOENT/-EACCES, -EBADMSG (bad header,
+ * token >= vocab, truncated: named with the file), -ENOMEM. *out NULL on failure. */
+int tier_data_open(const char *path, tier_data **out);
+/* Tokens from memory (copied). */
+int tier_data_from_tokens(const uint32_t *tokens, uint64_t count, uint32_t vocab, uint32_t sep, tier_data **out);
+void tier_data_close(tier_data *d);
+uint64_t tier_data_count(const tier_data *d);
+uint32_t tier_data_vocab(const tier_data *d);
+/* Write a token file atomically. 0, -EINVAL (a token >= vocab), -errno of the file system. */
+int tier_data_write(const char *path, const uint32_t *tokens, uint64_t count, uint32_t vocab, uint32_t sep);
+/* Sequence number `index` of the stream drawn by `seed`: tokens [seq] from a window of seq + 1
+ * tokens at a start drawn from (seed, index) alone, labels [seq] the next token of each. -EINVAL
+ * with a message when the data is shorter than seq + 1 tokens. */
+int tier_data_sample(const tier_data *d, uint64_t seed, uint64_t index, int seq, int32_t *tokens, int32_t *labels);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
