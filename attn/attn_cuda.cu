@@ -1,15 +1,17 @@
 /* attn_cuda.cu - flash-attention-2 style kernels on tensor cores (mma.sync m16n8k16, bf16 in,
  * fp32 accumulation) and RoPE on CUDA.
  *
- * Forward: one CTA of 4 warps per (64-query block, head, sequence); each warp owns 16 query rows,
- * keeps its Q fragments, the running max and sum and the output accumulator in registers, and
- * walks the 64-key blocks up to the diagonal (online softmax; the probabilities go from the score
- * accumulators straight into the A operand of P V without touching shared memory).
+ * Forward: one CTA of 4 warps per (128-query block, head, sequence); each warp owns 32 query rows
+ * (two 16-row tiles, so every K and V fragment it loads feeds two products), keeps the running max
+ * and sum and the output accumulator in registers, and walks the 64-key blocks up to the diagonal
+ * (online softmax; the probabilities go from the score accumulators straight into the A operand of
+ * P V without touching shared memory). K and V blocks are double-buffered with cp.async.
  * Backward: one CTA per (64-key block, query head, sequence); each warp owns 16 keys and keeps
  * their dK and dV accumulators in registers while the CTA walks 32-query blocks from the diagonal
  * on: recompute P^T from lse, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q,
  * and dQ += dS K through shared memory, added to fp32 dq with atomics. With GQA the heads that
- * share a kv head add their dK and dV with atomics too; without it they are stored. */
+ * share a kv head add their dK and dV with atomics too; without it they are stored.
+ * Fragments come from shared memory through ldmatrix (padded rows: no bank conflicts). */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <errno.h>
@@ -19,7 +21,9 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define BQ 64      /* forward: query rows per CTA */
+#define MT 2       /* forward: 16-row tiles per warp */
+#define WROWS (16 * MT)
+#define BQ (4 * WROWS)   /* forward: query rows per CTA (4 warps) */
 #define BK 64      /* keys per block (both passes) */
 #define BQB 32     /* backward: query rows per step */
 #define LOG2E 1.4426950408889634f
@@ -162,99 +166,146 @@ __device__ __forceinline__ void add2(float *p, float x, float y)
 template <int D>
 __global__ void __launch_bounds__(128) fwd_kernel(fwd_args a)
 {
-	constexpr int LD = D + 8, KT = D / 16, DT = D / 8;
+	constexpr int LD = D + 8, KT = D / 16, DT = D / 8, NT = BK / 8, BUF = 2 * BK * LD;
 	extern __shared__ __align__(16) unsigned char smem[];
-	bf16 *Qs = reinterpret_cast<bf16 *>(smem), *Ks = Qs + BQ * LD, *Vs = Ks + BK * LD;
+	/* The Q block, then two (K, V) buffers: the next key block loads while this one is used. */
+	bf16 *const Qs = reinterpret_cast<bf16 *>(smem), *const buf = Qs + BQ * LD;
 	/* The heaviest query blocks (most keys under the causal mask) start first. */
 	const int qb = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, kvh = h / a.G;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-	const int64_t t0 = (int64_t)blockIdx.z * a.S;
-	const int i0 = qb * BQ, qi[2] = { i0 + warp * 16 + g, i0 + warp * 16 + g + 8 };
-	const int nkb = a.causal ? qb + 1 : (a.S + BK - 1) / BK;
-	uint32_t qa[KT][4];
-	float o[DT][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.f, 0.f };
+	const int64_t t0 = (int64_t)blockIdx.z * a.S, kstride = (int64_t)a.KH * D;
+	const int i0 = qb * BQ, r0 = i0 + warp * WROWS;
+	const int nkb_all = (a.S + BK - 1) / BK, nkb = a.causal ? min(nkb_all, (i0 + BQ + BK - 1) / BK) : nkb_all;
+	const bf16 *kp = a.k + (int64_t)kvh * D, *vp = a.v + (int64_t)kvh * D;
+	/* Each warp owns WROWS = 16 * MT query rows: every K and V fragment it loads feeds MT products. */
+	float o[MT][DT][4], m[MT][2], l[MT][2];
 
 	load_tile<D>(Qs, a.q + (int64_t)h * D, t0 + i0, BQ, min(BQ, a.S - i0), (int64_t)a.H * D);
-	__syncthreads();
+	load_tile<D>(buf, kp, t0, BK, min(BK, a.S), kstride);
+	load_tile<D>(buf + BK * LD, vp, t0, BK, min(BK, a.S), kstride);
+	cp_async_commit();
 #pragma unroll
-	for (int kt = 0; kt < KT; kt++)
-		frag_a<LD>(qa[kt], Qs, warp * 16, kt * 16, g, t);
-#pragma unroll
-	for (int dt = 0; dt < DT; dt++)
-		o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-
-	for (int kb = 0; kb < nkb; kb++) {
-		const int j0 = kb * BK;
-		float s[BK / 8][4], mx[2] = { m[0], m[1] }, base[2], alpha[2];
-		__syncthreads();
-		load_tile<D>(Ks, a.k + (int64_t)kvh * D, t0 + j0, BK, min(BK, a.S - j0), (int64_t)a.KH * D);
-		load_tile<D>(Vs, a.v + (int64_t)kvh * D, t0 + j0, BK, min(BK, a.S - j0), (int64_t)a.KH * D);
-		__syncthreads();
-#pragma unroll
-		for (int nt = 0; nt < BK / 8; nt++) {
-			s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-			for (int kt = 0; kt < KT; kt++) {
-				uint32_t b[2];
-				frag_bt<LD>(b, Ks, nt * 8, kt * 16, g, t);
-				mma16816(s[nt], qa[kt], b);
-			}
-		}
-#pragma unroll
-		for (int nt = 0; nt < BK / 8; nt++)
-#pragma unroll
-			for (int e = 0; e < 4; e++) {
-				int r = e >> 1, key = j0 + nt * 8 + 2 * t + (e & 1);
-				bool ok = key < a.S && (!a.causal || key <= qi[r]);
-				s[nt][e] = ok ? s[nt][e] * a.sl2 : -INFINITY;
-				mx[r] = fmaxf(mx[r], s[nt][e]);
-			}
-#pragma unroll
-		for (int r = 0; r < 2; r++) {
-			mx[r] = quad_max(mx[r]);
-			base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-			alpha[r] = exp2f(m[r] - base[r]);
-			m[r] = mx[r];
-			l[r] *= alpha[r];
-		}
-#pragma unroll
-		for (int nt = 0; nt < BK / 8; nt++)
-#pragma unroll
-			for (int e = 0; e < 4; e++) {
-				s[nt][e] = exp2f(s[nt][e] - base[e >> 1]);
-				l[e >> 1] += s[nt][e];
-			}
-#pragma unroll
-		for (int dt = 0; dt < DT; dt++) {
-			o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
-			o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
-		}
-		/* The score accumulators of two adjacent 8-key tiles are the A operand of a 16-key step. */
-#pragma unroll
-		for (int kt = 0; kt < BK / 16; kt++) {
-			uint32_t pa[4] = { pack(s[2 * kt][0], s[2 * kt][1]), pack(s[2 * kt][2], s[2 * kt][3]),
-					   pack(s[2 * kt + 1][0], s[2 * kt + 1][1]), pack(s[2 * kt + 1][2], s[2 * kt + 1][3]) };
-#pragma unroll
-			for (int dt = 0; dt < DT; dt++) {
-				uint32_t b[2];
-				frag_b<LD>(b, Vs, kt * 16, dt * 8, g, t);
-				mma16816(o[dt], pa, b);
-			}
-		}
-	}
-#pragma unroll
-	for (int r = 0; r < 2; r++) {
-		float sum = quad_sum(l[r]), inv = 1.f / sum;
-		if (qi[r] >= a.S)
-			continue;
-		bf16 *row = a.o + ((t0 + qi[r]) * a.H + h) * D;
+	for (int mi = 0; mi < MT; mi++) {
+		m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.f;
 #pragma unroll
 		for (int dt = 0; dt < DT; dt++)
-			*reinterpret_cast<__nv_bfloat162 *>(row + dt * 8 + 2 * t) =
-				__floats2bfloat162_rn(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-		if (t == 0)
-			a.lse[(t0 + qi[r]) * a.H + h] = (m[r] + log2f(sum)) * LN2;
+			o[mi][dt][0] = o[mi][dt][1] = o[mi][dt][2] = o[mi][dt][3] = 0.f;
 	}
+
+	for (int kb = 0; kb < nkb; kb++) {
+		const int j0 = kb * BK, cur = kb & 1;
+		const bf16 *Ks = buf + cur * BUF, *Vs = Ks + BK * LD;
+		if (kb + 1 < nkb) {
+			int jn = j0 + BK;
+			load_tile<D>(buf + (cur ^ 1) * BUF, kp, t0 + jn, BK, min(BK, a.S - jn), kstride);
+			load_tile<D>(buf + (cur ^ 1) * BUF + BK * LD, vp, t0 + jn, BK, min(BK, a.S - jn), kstride);
+			cp_async_commit();
+			cp_async_wait<1>();
+		} else {
+			cp_async_wait<0>();
+		}
+		__syncthreads();
+		/* A warp whose rows all precede this key block has nothing to add. */
+		if (!a.causal || j0 <= r0 + WROWS - 1) {
+			float s[MT][NT][4];
+			const bool mask = (a.causal && j0 + BK - 1 > r0) || j0 + BK > a.S;
+#pragma unroll
+			for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+				for (int nt = 0; nt < NT; nt++)
+					s[mi][nt][0] = s[mi][nt][1] = s[mi][nt][2] = s[mi][nt][3] = 0.f;
+#pragma unroll
+			for (int kt = 0; kt < KT; kt++) {
+				uint32_t qa[MT][4];
+#pragma unroll
+				for (int mi = 0; mi < MT; mi++)
+					frag_a<LD>(qa[mi], Qs, warp * WROWS + mi * 16, kt * 16, lane);
+#pragma unroll
+				for (int nt = 0; nt < NT; nt += 2) {
+					uint32_t b[4];
+					frag_bt2<LD>(b, Ks, nt * 8, kt * 16, lane);
+#pragma unroll
+					for (int mi = 0; mi < MT; mi++) {
+						mma16816(s[mi][nt], qa[mi], b);
+						mma16816(s[mi][nt + 1], qa[mi], b + 2);
+					}
+				}
+			}
+#pragma unroll
+			for (int mi = 0; mi < MT; mi++) {
+				float mx[2] = { m[mi][0], m[mi][1] }, base[2], alpha[2];
+#pragma unroll
+				for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						int r = e >> 1, key = j0 + nt * 8 + 2 * t + (e & 1);
+						int qi = r0 + mi * 16 + g + 8 * r;
+						bool ok = !mask || (key < a.S && (!a.causal || key <= qi));
+						s[mi][nt][e] = ok ? s[mi][nt][e] * a.sl2 : -INFINITY;
+						mx[r] = fmaxf(mx[r], s[mi][nt][e]);
+					}
+#pragma unroll
+				for (int r = 0; r < 2; r++) {
+					mx[r] = quad_max(mx[r]);
+					base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+					alpha[r] = exp2f(m[mi][r] - base[r]);
+					m[mi][r] = mx[r];
+					l[mi][r] *= alpha[r];
+				}
+#pragma unroll
+				for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+					for (int e = 0; e < 4; e++) {
+						s[mi][nt][e] = exp2f(s[mi][nt][e] - base[e >> 1]);
+						l[mi][e >> 1] += s[mi][nt][e];
+					}
+#pragma unroll
+				for (int dt = 0; dt < DT; dt++) {
+					o[mi][dt][0] *= alpha[0], o[mi][dt][1] *= alpha[0];
+					o[mi][dt][2] *= alpha[1], o[mi][dt][3] *= alpha[1];
+				}
+			}
+			/* The score accumulators of two adjacent 8-key tiles are the A operand of a 16-key step. */
+#pragma unroll
+			for (int kt = 0; kt < BK / 16; kt++) {
+				uint32_t pa[MT][4];
+#pragma unroll
+				for (int mi = 0; mi < MT; mi++) {
+					pa[mi][0] = pack(s[mi][2 * kt][0], s[mi][2 * kt][1]);
+					pa[mi][1] = pack(s[mi][2 * kt][2], s[mi][2 * kt][3]);
+					pa[mi][2] = pack(s[mi][2 * kt + 1][0], s[mi][2 * kt + 1][1]);
+					pa[mi][3] = pack(s[mi][2 * kt + 1][2], s[mi][2 * kt + 1][3]);
+				}
+#pragma unroll
+				for (int dt = 0; dt < DT; dt += 2) {
+					uint32_t b[4];
+					frag_b2<LD>(b, Vs, kt * 16, dt * 8, lane);
+#pragma unroll
+					for (int mi = 0; mi < MT; mi++) {
+						mma16816(o[mi][dt], pa[mi], b);
+						mma16816(o[mi][dt + 1], pa[mi], b + 2);
+					}
+				}
+			}
+		}
+		__syncthreads();
+	}
+#pragma unroll
+	for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+			float sum = quad_sum(l[mi][r]), inv = 1.f / sum;
+			int qi = r0 + mi * 16 + g + 8 * r;
+			if (qi >= a.S)
+				continue;
+			bf16 *row = a.o + ((t0 + qi) * a.H + h) * D;
+#pragma unroll
+			for (int dt = 0; dt < DT; dt++)
+				*reinterpret_cast<__nv_bfloat162 *>(row + dt * 8 + 2 * t) =
+					__floats2bfloat162_rn(o[mi][dt][2 * r] * inv, o[mi][dt][2 * r + 1] * inv);
+			if (t == 0)
+				a.lse[(t0 + qi) * a.H + h] = (m[mi][r] + log2f(sum)) * LN2;
+		}
 }
 
 /* D_i = rowsum(dout_i * o_i), one warp per row (bf16 pairs, fp32 sum). */
@@ -280,24 +331,24 @@ __global__ void rowdot_kernel(const bf16 *o, const bf16 *dout, float *Di, int64_
  * query rows (w & 1) * 16 and half (w >> 1) of the columns. */
 template <int D>
 __device__ __forceinline__ void bwd_dq(const bwd_args &a, const bf16 *dSs, const bf16 *Ks, int64_t t0, int i0,
-				       int h, int warp, int g, int t)
+				       int h, int warp, int lane)
 {
 	constexpr int LD = D + 8, LDS = BQB + 8, NT = D / 16;
-	const int qr0 = (warp & 1) * 16, dc0 = (warp >> 1) * (D / 2);
+	const int qr0 = (warp & 1) * 16, dc0 = (warp >> 1) * (D / 2), g = (lane & 31) >> 2, t = lane & 3;
 	float acc[NT][4];
 #pragma unroll
 	for (int n = 0; n < NT; n++)
 		acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
 	for (int kt = 0; kt < BK / 16; kt++) {
-		const bf16 *c0 = dSs + (kt * 16 + 2 * t) * LDS + qr0 + g;
-		uint32_t aa[4] = { ld2x16(c0, c0 + LDS), ld2x16(c0 + 8, c0 + LDS + 8),
-				   ld2x16(c0 + 8 * LDS, c0 + 9 * LDS), ld2x16(c0 + 8 * LDS + 8, c0 + 9 * LDS + 8) };
+		uint32_t aa[4];
+		frag_at<LDS>(aa, dSs, kt * 16, qr0, lane);
 #pragma unroll
-		for (int n = 0; n < NT; n++) {
-			uint32_t b[2];
-			frag_b<LD>(b, Ks, kt * 16, dc0 + n * 8, g, t);
+		for (int n = 0; n < NT; n += 2) {
+			uint32_t b[4];
+			frag_b2<LD>(b, Ks, kt * 16, dc0 + n * 8, lane);
 			mma16816(acc[n], aa, b);
+			mma16816(acc[n + 1], aa, b + 2);
 		}
 	}
 #pragma unroll
@@ -312,15 +363,32 @@ __device__ __forceinline__ void bwd_dq(const bwd_args &a, const bf16 *dSs, const
 	}
 }
 
+/* Issue the loads of one query block of the backward: Q and dO rows (asynchronous), lse in base-2
+ * units and D (plain stores). */
+template <int D>
+__device__ __forceinline__ void bwd_stage(const bwd_args &a, bf16 *Qs, bf16 *dOs, float *Ls, float *Ds, int64_t t0,
+					  int i0, int h)
+{
+	load_tile<D>(Qs, a.q + (int64_t)h * D, t0 + i0, BQB, min(BQB, a.S - i0), (int64_t)a.H * D);
+	load_tile<D>(dOs, a.dout + (int64_t)h * D, t0 + i0, BQB, min(BQB, a.S - i0), (int64_t)a.H * D);
+	if (threadIdx.x < BQB) {
+		int i = i0 + threadIdx.x;
+		Ls[threadIdx.x] = i < a.S ? a.lse[(t0 + i) * a.H + h] * LOG2E : 0.f;
+		Ds[threadIdx.x] = i < a.S ? a.Di[(t0 + i) * a.H + h] : 0.f;
+	}
+}
+
 template <int D>
 __global__ void __launch_bounds__(128) bwd_kernel(bwd_args a)
 {
 	constexpr int LD = D + 8, KT = D / 16, DT = D / 8, LDS = BQB + 8, QT = BQB / 8;
 	extern __shared__ __align__(16) unsigned char smem[];
-	bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + BK * LD, *Qs = Vs + BK * LD, *dOs = Qs + BQB * LD;
-	bf16 *dSs = dOs + BQB * LD;
-	float *Ls = reinterpret_cast<float *>(dSs + BK * LDS), *Ds = Ls + BQB;
-	const int kb = blockIdx.x, h = blockIdx.y, kvh = h / a.G, j0 = kb * BK;
+	/* K and V of this block, then two stages of (Q, dO, lse, D) so the next query block loads
+	 * while this one is used, then dS^T for the dQ product. */
+	bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + BK * LD, *Qb = Vs + BK * LD, *dOb = Qb + 2 * BQB * LD;
+	bf16 *dSs = dOb + 2 * BQB * LD;
+	float *Lb = reinterpret_cast<float *>(dSs + BK * LDS), *Db = Lb + 2 * BQB;
+	const int kb = blockIdx.x, h = blockIdx.y, kvh = h / a.G, j0 = kb * BK, ibeg = a.causal ? j0 : 0;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	const int64_t t0 = (int64_t)blockIdx.z * a.S;
 	const int kr[2] = { j0 + warp * 16 + g, j0 + warp * 16 + g + 8 };
@@ -332,16 +400,20 @@ __global__ void __launch_bounds__(128) bwd_kernel(bwd_args a)
 			dk[dt][e] = dv[dt][e] = 0.f;
 	load_tile<D>(Ks, a.k + (int64_t)kvh * D, t0 + j0, BK, min(BK, a.S - j0), (int64_t)a.KH * D);
 	load_tile<D>(Vs, a.v + (int64_t)kvh * D, t0 + j0, BK, min(BK, a.S - j0), (int64_t)a.KH * D);
+	bwd_stage<D>(a, Qb, dOb, Lb, Db, t0, ibeg, h);
+	cp_async_commit();
 
-	for (int i0 = a.causal ? j0 : 0; i0 < a.S; i0 += BQB) {
+	for (int i0 = ibeg, n = 0; i0 < a.S; i0 += BQB, n ^= 1) {
 		float st[QT][4], dpt[QT][4];
-		__syncthreads();
-		load_tile<D>(Qs, a.q + (int64_t)h * D, t0 + i0, BQB, min(BQB, a.S - i0), (int64_t)a.H * D);
-		load_tile<D>(dOs, a.dout + (int64_t)h * D, t0 + i0, BQB, min(BQB, a.S - i0), (int64_t)a.H * D);
-		if (threadIdx.x < BQB) {
-			int i = i0 + threadIdx.x;
-			Ls[threadIdx.x] = i < a.S ? a.lse[(t0 + i) * a.H + h] * LOG2E : 0.f;
-			Ds[threadIdx.x] = i < a.S ? a.Di[(t0 + i) * a.H + h] : 0.f;
+		const bf16 *Qs = Qb + n * BQB * LD, *dOs = dOb + n * BQB * LD;
+		const float *Ls = Lb + n * BQB, *Ds = Db + n * BQB;
+		if (i0 + BQB < a.S) {
+			bwd_stage<D>(a, Qb + (n ^ 1) * BQB * LD, dOb + (n ^ 1) * BQB * LD, Lb + (n ^ 1) * BQB,
+				     Db + (n ^ 1) * BQB, t0, i0 + BQB, h);
+			cp_async_commit();
+			cp_async_wait<1>();
+		} else {
+			cp_async_wait<0>();
 		}
 		__syncthreads();
 #pragma unroll
@@ -351,15 +423,17 @@ __global__ void __launch_bounds__(128) bwd_kernel(bwd_args a)
 #pragma unroll
 		for (int kt = 0; kt < KT; kt++) {
 			uint32_t ka[4], va[4];
-			frag_a<LD>(ka, Ks, warp * 16, kt * 16, g, t);
-			frag_a<LD>(va, Vs, warp * 16, kt * 16, g, t);
+			frag_a<LD>(ka, Ks, warp * 16, kt * 16, lane);
+			frag_a<LD>(va, Vs, warp * 16, kt * 16, lane);
 #pragma unroll
-			for (int nt = 0; nt < QT; nt++) {
-				uint32_t b[2];
-				frag_bt<LD>(b, Qs, nt * 8, kt * 16, g, t);
+			for (int nt = 0; nt < QT; nt += 2) {
+				uint32_t b[4];
+				frag_bt2<LD>(b, Qs, nt * 8, kt * 16, lane);
 				mma16816(st[nt], ka, b);
-				frag_bt<LD>(b, dOs, nt * 8, kt * 16, g, t);
+				mma16816(st[nt + 1], ka, b + 2);
+				frag_bt2<LD>(b, dOs, nt * 8, kt * 16, lane);
 				mma16816(dpt[nt], va, b);
+				mma16816(dpt[nt + 1], va, b + 2);
 			}
 		}
 		/* P^T from the saved lse, then dS^T = P^T (dP^T - D) (the score scale comes at the end). */
@@ -380,12 +454,14 @@ __global__ void __launch_bounds__(128) bwd_kernel(bwd_args a)
 			uint32_t da[4] = { pack(dpt[2 * kt][0], dpt[2 * kt][1]), pack(dpt[2 * kt][2], dpt[2 * kt][3]),
 					   pack(dpt[2 * kt + 1][0], dpt[2 * kt + 1][1]), pack(dpt[2 * kt + 1][2], dpt[2 * kt + 1][3]) };
 #pragma unroll
-			for (int dt = 0; dt < DT; dt++) {
-				uint32_t b[2];
-				frag_b<LD>(b, dOs, kt * 16, dt * 8, g, t);
+			for (int dt = 0; dt < DT; dt += 2) {
+				uint32_t b[4];
+				frag_b2<LD>(b, dOs, kt * 16, dt * 8, lane);
 				mma16816(dv[dt], pa, b);
-				frag_b<LD>(b, Qs, kt * 16, dt * 8, g, t);
+				mma16816(dv[dt + 1], pa, b + 2);
+				frag_b2<LD>(b, Qs, kt * 16, dt * 8, lane);
 				mma16816(dk[dt], da, b);
+				mma16816(dk[dt + 1], da, b + 2);
 			}
 		}
 #pragma unroll
@@ -396,7 +472,7 @@ __global__ void __launch_bounds__(128) bwd_kernel(bwd_args a)
 				__floats2bfloat162_rn(dpt[nt][2], dpt[nt][3]);
 		}
 		__syncthreads();
-		bwd_dq<D>(a, dSs, Ks, t0, i0, h, warp, g, t);
+		bwd_dq<D>(a, dSs, Ks, t0, i0, h, warp, lane);
 	}
 #pragma unroll
 	for (int r = 0; r < 2; r++) {
@@ -473,11 +549,11 @@ int check_grid(const tier_attn_params *p)
 	return 0;
 }
 
-size_t fwd_smem(int D) { return (size_t)(BQ + 2 * BK) * (D + 8) * sizeof(bf16); }
+size_t fwd_smem(int D) { return (size_t)(BQ + 4 * BK) * (D + 8) * sizeof(bf16); }
 size_t bwd_smem(int D)
 {
-	return (size_t)(2 * BK + 2 * BQB) * (D + 8) * sizeof(bf16) + (size_t)BK * (BQB + 8) * sizeof(bf16) +
-	       2 * BQB * sizeof(float);
+	return (size_t)(2 * BK + 4 * BQB) * (D + 8) * sizeof(bf16) + (size_t)BK * (BQB + 8) * sizeof(bf16) +
+	       4 * BQB * sizeof(float);
 }
 
 template <int D>

@@ -141,7 +141,9 @@ tier_id cache_choose(tier_cache *c, cache_entry *e)
 	case TIER_CACHE_VALUE:
 		if (room_for(c, e, TIER_HBM, 1))
 			return TIER_HBM;
-		if (cache_ddr_ns(c, e->bytes) < e->recompute_ns && room_for(c, e, TIER_DDR, 1))
+		/* DDR only for what a get can bring into the HBM budget later */
+		if (e->bytes <= c->cfg.budget[0] && cache_ddr_ns(c, e->bytes) < e->recompute_ns &&
+		    room_for(c, e, TIER_DDR, 1))
 			return TIER_DDR;
 		return TIER_NTIERS;
 	default:

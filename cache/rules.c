@@ -1,5 +1,6 @@
 /* rules.c - which operator outputs may be cached: the job configuration's op-cache rules. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "tier/cache.h"
@@ -108,8 +109,11 @@ static int parse_option(tier_cache_config *cfg, const char *name, const char *va
 	if (!strcmp(name, "hbm") || !strcmp(name, "ddr")) {
 		uint64_t v;
 		int rc = tier_parse_size(val, &v);
-		if (rc)
-			return tier_fail(rc, "op-cache rules: %s=%s: %s", name, val, tier_last_error());
+		if (rc) {
+			char why[160]; /* tier_fail writes the buffer tier_last_error reads */
+			snprintf(why, sizeof why, "%s", tier_last_error());
+			return tier_fail(rc, "op-cache rules: %s=%s: %s", name, val, why);
+		}
 		cfg->budget[name[0] == 'd'] = v;
 		return 0;
 	}

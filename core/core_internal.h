@@ -53,6 +53,7 @@ struct tier_model {
 	tier_lora_cfg lora;
 	float scale, eps, theta;
 	int L, H, nh, nkv, hd, I, Ie, E, k, V;
+	int mixtral;  /* model_type mixtral: no q/k norms, top-k-then-softmax router, block_sparse_moe names */
 	tier_object *embed, *norm, *lm_head; /* lm_head == embed when tied */
 	model_layer *layers;
 	lora_group *groups;
@@ -64,7 +65,7 @@ struct tier_model {
 /* Shape of a dense slot of layer l: rows x cols (cols 0 for a vector); 0 when the layer has none. */
 int model_slot_shape(const tier_model *m, int l, int slot, int *rows, int *cols);
 /* HF tensor name of a slot ("model.layers.3.self_attn.q_proj.weight"). */
-void model_slot_name(int l, int slot, char *buf, size_t len);
+void model_slot_name(const tier_model *m, int l, int slot, char *buf, size_t len);
 /* LoRA reference of projection `proj` of a group, pointers into its parameter and gradient
  * copies (grad NULL: no gradients). rank 0 / NULL pointers when the projection is no target. */
 void model_lora_ref(const tier_model *m, const lora_group *g, int proj, const float *param, float *grad,
@@ -87,5 +88,10 @@ typedef struct {
 int pin(pinset *ps, tier_object *o, unsigned flags, int dirty, float **p);
 /* Release everything; returns the first error. */
 int pin_release_all(pinset *ps);
+
+/* The trainer's model and step counter (for checkpoint.c). */
+tier_model *trainer_model(tier_trainer *t);
+int64_t trainer_step_index(const tier_trainer *t);
+void trainer_set_step(tier_trainer *t, int64_t step);
 
 #endif

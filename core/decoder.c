@@ -16,7 +16,7 @@ int dec_shape_init(const tier_model *m, int batch, int seq, dec_shape *sh)
 	if (batch < 1 || seq < 1 || (int64_t)batch * seq > (1 << 24))
 		return tier_fail(-EINVAL, "batch %d x seq %d: both must be >= 1 and the product at most 2^24", batch, seq);
 	sh->T = batch * seq, sh->batch = batch, sh->seq = seq;
-	sh->moe.router.kind = TIER_MOE_ROUTER_SOFTMAX_TOPK;
+	sh->moe.router.kind = m->mixtral ? TIER_MOE_ROUTER_TOPK_SOFTMAX : TIER_MOE_ROUTER_SOFTMAX_TOPK;
 	sh->moe.router.n_experts = m->E > 0 ? m->E : 1;
 	sh->moe.router.top_k = m->k > 0 ? m->k : 1;
 	sh->moe.router.norm_topk_prob = m->cfg.norm_topk_prob;
@@ -99,6 +99,30 @@ void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs
 	layout(m, sh, buf, b);
 }
 
+/* Qwen3's per-head q/k RMSNorm; Mixtral has none (q, k are the projections). */
+static int qk_norm_fwd(const tier_model *m, int T, dec_bufs *b, const dec_weights *w)
+{
+	if (m->mixtral) {
+		memcpy(b->q, b->qp, sizeof(float) * (size_t)T * m->nh * m->hd);
+		memcpy(b->k, b->kp, sizeof(float) * (size_t)T * m->nkv * m->hd);
+		return 0;
+	}
+	int rc = tier_rmsnorm_fwd(m->dev, T * m->nh, m->hd, m->eps, b->qp, w->w[W_QN], b->q, b->rq);
+	return rc ? rc : tier_rmsnorm_fwd(m->dev, T * m->nkv, m->hd, m->eps, b->kp, w->w[W_KN], b->k, b->rk);
+}
+
+/* Backward of qk_norm_fwd: d qp into b->dO (free by then), d kp into b->dkp. */
+static int qk_norm_bwd(const tier_model *m, int T, dec_bufs *b, const dec_weights *w)
+{
+	if (m->mixtral) {
+		memcpy(b->dO, b->dq, sizeof(float) * (size_t)T * m->nh * m->hd);
+		memcpy(b->dkp, b->dk, sizeof(float) * (size_t)T * m->nkv * m->hd);
+		return 0;
+	}
+	int rc = tier_rmsnorm_bwd(m->dev, T * m->nh, m->hd, b->qp, w->w[W_QN], b->rq, b->dq, b->dO, NULL);
+	return rc ? rc : tier_rmsnorm_bwd(m->dev, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->rk, b->dk, b->dkp, NULL);
+}
+
 int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
 {
 	tier_dev *d = m->dev;
@@ -108,8 +132,7 @@ int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const
 	    (rc = tier_linear_fwd(d, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->qp, ws)) ||
 	    (rc = tier_linear_fwd(d, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->kp, ws)) ||
 	    (rc = tier_linear_fwd(d, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], b->v, ws)) ||
-	    (rc = tier_rmsnorm_fwd(d, T * m->nh, m->hd, m->eps, b->qp, w->w[W_QN], b->q, b->rq)) ||
-	    (rc = tier_rmsnorm_fwd(d, T * m->nkv, m->hd, m->eps, b->kp, w->w[W_KN], b->k, b->rk)) ||
+	    (rc = qk_norm_fwd(m, T, b, w)) ||
 	    (rc = tier_attn_rope_fwd(d, &sh->rq, NULL, b->q)) || (rc = tier_attn_rope_fwd(d, &sh->rk, NULL, b->k)) ||
 	    (rc = tier_attn_fwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, b->ws, b->ws_bytes)) ||
 	    (rc = tier_linear_fwd(d, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->h1, ws)))
@@ -183,9 +206,7 @@ int dec_bwd(const tier_model *m, const dec_shape *sh, int moe, const float *x, c
 	    (rc = tier_attn_bwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, b->dO, b->dq, b->dk, b->dv, b->ws,
 				b->ws_bytes)) ||
 	    (rc = tier_attn_rope_bwd(d, &sh->rq, NULL, b->dq)) || (rc = tier_attn_rope_bwd(d, &sh->rk, NULL, b->dk)) ||
-	    /* dO is free again: it takes d qp; dkp takes d kp */
-	    (rc = tier_rmsnorm_bwd(d, T * m->nh, m->hd, b->qp, w->w[W_QN], b->rq, b->dq, b->dO, NULL)) ||
-	    (rc = tier_rmsnorm_bwd(d, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->rk, b->dk, b->dkp, NULL)) ||
+	    (rc = qk_norm_bwd(m, T, b, w)) ||
 	    (rc = tier_linear_bwd(d, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->dO, b->db, 0, ws)) ||
 	    (rc = tier_linear_bwd(d, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->dkp, b->db, 1, ws)) ||
 	    (rc = tier_linear_bwd(d, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], b->dv, b->db, 1, ws)) ||

@@ -66,6 +66,9 @@ static int load_field(const char *path, json_t *root, const struct field *f, tie
 {
 	json_t *v = json_object_get(root, f->key);
 	char *dst = (char *)c + f->off;
+	/* transformers 5 writes qwen3_moe's num_experts under its attribute name num_local_experts. */
+	if ((!v || json_is_null(v)) && strcmp(f->key, "num_experts") == 0)
+		v = json_object_get(root, "num_local_experts");
 	if (!v || json_is_null(v)) {
 		if (f->required)
 			return tier_fail(-EBADMSG, "%s: required key \"%s\" is missing", path, f->key);

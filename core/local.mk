@@ -30,7 +30,7 @@ EXTRA_DIST += tests/fuzz/corpus_safetensors tests/golden/check_safetensors.py
 
 ## the trainer: layers, the qwen3_moe model in the store, the step, data
 libtier_la_SOURCES += core/core_internal.h core/layers.c core/model.c core/model_io.c core/decoder.h \
-	core/decoder.c core/train.c core/data.c
+	core/decoder.c core/train.c core/checkpoint.c core/data.c
 nobase_include_HEADERS += include/tier/model.h
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_layers tests/test_train
@@ -42,3 +42,6 @@ tests_test_train_SOURCES = tests/test_train.c
 tests_test_train_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_train_LDFLAGS = $(TESTLD)
 endif
+## the default job's corpus (installed for tier-run) and its generator
+dist_pkgdata_DATA = data/corpus.txt
+EXTRA_DIST += data/make_corpus.py docs/trainer.md docs/data.md

@@ -13,9 +13,10 @@ static const char *const slot_names[W_NSLOTS] = {
 	"mlp.up_proj", "mlp.down_proj",
 };
 
-void model_slot_name(int l, int slot, char *buf, size_t len)
+void model_slot_name(const tier_model *m, int l, int slot, char *buf, size_t len)
 {
-	snprintf(buf, len, "model.layers.%d.%s.weight", l, slot_names[slot]);
+	const char *n = m->mixtral && slot == W_ROUTER ? "block_sparse_moe.gate" : slot_names[slot];
+	snprintf(buf, len, "model.layers.%d.%s.weight", l, n);
 }
 
 int model_slot_shape(const tier_model *m, int l, int slot, int *rows, int *cols)
@@ -24,7 +25,7 @@ int model_slot_shape(const tier_model *m, int l, int slot, int *rows, int *cols)
 	int r = 0, c = 0;
 	switch (slot) {
 	case W_LN1: case W_LN2: r = m->H; break;
-	case W_QN: case W_KN: r = m->hd; break;
+	case W_QN: case W_KN: r = m->mixtral ? 0 : m->hd; break;
 	case W_Q: r = q; c = m->H; break;
 	case W_K: case W_V: r = kv; c = m->H; break;
 	case W_O: r = m->H; c = q; break;
@@ -80,14 +81,14 @@ void tier_model_config_default(tier_hf_config *c)
 	strcpy(c->model_type, "qwen3_moe");
 	c->hidden_size = 128;
 	c->intermediate_size = 192;
-	c->moe_intermediate_size = 64;
-	c->num_hidden_layers = 4;
+	c->moe_intermediate_size = 128;
+	c->num_hidden_layers = 6;
 	c->num_attention_heads = 4;
 	c->num_key_value_heads = 2;
 	c->head_dim = 32;
 	c->vocab_size = TIER_BYTE_VOCAB;
 	c->max_position_embeddings = 4096;
-	c->num_experts = 8;
+	c->num_experts = 16;
 	c->num_experts_per_tok = 2;
 	c->decoder_sparse_step = 1;
 	c->rms_norm_eps = 1e-6;
@@ -96,14 +97,14 @@ void tier_model_config_default(tier_hf_config *c)
 	c->norm_topk_prob = 1;
 	c->tie_word_embeddings = 1;
 	c->dtype = TIER_DT_F32;
-	c->mlp_only[0] = 1ull << 2;
+	c->mlp_only[0] = 1ull << 3;
 }
 
 static int check_config(const tier_hf_config *c)
 {
-	if (strcmp(c->model_type, "qwen3_moe"))
-		return tier_fail(-ENOTSUP, "model_type \"%s\" is not supported by the trainer yet; it trains qwen3_moe",
-				 c->model_type);
+	if (strcmp(c->model_type, "qwen3_moe") && strcmp(c->model_type, "mixtral"))
+		return tier_fail(-ENOTSUP, "model_type \"%s\" is not supported by the trainer; it trains qwen3_moe and "
+				 "mixtral", c->model_type);
 	if (c->hidden_size < 1 || c->num_hidden_layers < 1 || c->num_attention_heads < 1 || c->num_key_value_heads < 1 ||
 	    c->head_dim < 2 || c->head_dim % 2 || c->vocab_size < 2 || c->num_attention_heads % c->num_key_value_heads ||
 	    c->num_hidden_layers > TIER_HF_MAX_LAYERS || c->hidden_size > (1 << 20) || c->vocab_size > (1 << 24))
@@ -161,7 +162,7 @@ static void add_mod(tier_model *m, lora_group *g, int proj, const char *name, in
 static int plan_groups(tier_model *m)
 {
 	static const char *const ap[4] = { "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj" };
-	static const char *const mp[3] = { "gate_proj", "up_proj", "down_proj" };
+	static const char *const mp[3] = { "gate_proj", "up_proj", "down_proj" }, *const mx[3] = { "w1", "w3", "w2" };
 	unsigned t = m->lora.targets;
 	size_t cap = (size_t)m->L * (2 + (size_t)m->E), n = 0;
 	if (!(m->groups = calloc(cap, sizeof *m->groups)))
@@ -186,7 +187,9 @@ static int plan_groups(tier_model *m)
 			g->layer = l, g->kind = moe ? LG_EXPERT : LG_MLP, g->expert = moe ? e : -1;
 			for (int p = 0; p < 3; p++) {
 				char name[64];
-				if (moe)
+				if (moe && m->mixtral)
+					snprintf(name, sizeof name, "block_sparse_moe.experts.%d.%s", e, mx[p]);
+				else if (moe)
 					snprintf(name, sizeof name, "mlp.experts.%d.%s", e, mp[p]);
 				else
 					snprintf(name, sizeof name, "mlp.%s", mp[p]);
@@ -312,6 +315,7 @@ int tier_model_create(tier_store *s, tier_dev *dev, const tier_hf_config *cfg, c
 	m->L = (int)cfg->num_hidden_layers, m->H = (int)cfg->hidden_size, m->nh = (int)cfg->num_attention_heads;
 	m->nkv = (int)cfg->num_key_value_heads, m->hd = (int)cfg->head_dim, m->I = (int)cfg->intermediate_size;
 	m->Ie = (int)cfg->moe_intermediate_size, m->E = (int)cfg->num_experts, m->k = (int)cfg->num_experts_per_tok;
+	m->mixtral = !strcmp(cfg->model_type, "mixtral");
 	m->V = (int)cfg->vocab_size, m->eps = (float)cfg->rms_norm_eps, m->theta = (float)cfg->rope_theta;
 	if (!(m->layers = calloc((size_t)m->L, sizeof *m->layers))) {
 		free(m);
@@ -395,7 +399,7 @@ int model_fill_all(tier_model *m, fill_fn fn, void *arg)
 		for (int s = 0; s < W_NSLOTS; s++) {
 			if (!ly->w[s])
 				continue;
-			model_slot_name(l, s, name, sizeof name);
+			model_slot_name(m, l, s, name, sizeof name);
 			if ((rc = fill_obj(m, ly->w[s], name, fn, arg)))
 				return rc;
 		}

@@ -127,17 +127,21 @@ static int set_schedule(tier_trainer *t)
 }
 
 /* ---- Creation ---------------------------------------------------------------------------------- */
+/* Bytes an object takes in the emulated HBM tier: the store rounds extents to 4 KiB on the host
+ * (256 bytes on a GPU, so this is conservative there). */
+static uint64_t rsz(const tier_object *o) { return o ? tier_align_up(tier_obj_size(o), 4096) : 0; }
+
 static uint64_t layer_bytes(const tier_model *m, int l)
 {
 	const model_layer *ly = &m->layers[l];
 	uint64_t n = 0;
 	for (int s = 0; s < W_NSLOTS; s++)
-		n += ly->w[s] ? tier_obj_size(ly->w[s]) : 0;
+		n += rsz(ly->w[s]);
 	const lora_group *gs[2] = { ly->attn, ly->mlp };
 	for (int i = 0; i < 2; i++)
-		n += gs[i] ? 2 * tier_obj_size(gs[i]->param) : 0;
+		n += gs[i] ? 2 * rsz(gs[i]->param) : 0;
 	for (int e = 0; ly->moe && e < m->E; e++)
-		n += tier_obj_size(ly->experts[e]) + (ly->exp && ly->exp[e] ? 2 * tier_obj_size(ly->exp[e]->param) : 0);
+		n += rsz(ly->experts[e]) + (ly->exp && ly->exp[e] ? 2 * rsz(ly->exp[e]->param) : 0);
 	return n;
 }
 
@@ -176,10 +180,13 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	for (int l = 0; l <= m->L; l++)
 		if ((rc = tier_obj_create(m->s, th, TIER_CLASS_ACT, 0, &t->ckpt[l])))
 			goto fail;
-	uint64_t most = tier_obj_size(m->embed) + tier_obj_size(m->lm_head);
+	uint64_t most = rsz(m->embed) + rsz(m->lm_head) + rsz(m->norm), opt = 0;
+	for (size_t g = 0; g < m->n_groups; g++) /* the optimizer pins one group's three objects */
+		opt = 4 * rsz(m->groups[g].param) > opt ? 4 * rsz(m->groups[g].param) : opt;
+	most = opt > most ? opt : most;
 	for (int l = 0; l < m->L; l++)
 		most = layer_bytes(m, l) > most ? layer_bytes(m, l) : most;
-	t->min_hbm = sbytes + 2 * th + most;
+	t->min_hbm = tier_align_up(sbytes, 4096) + 2 * tier_align_up(th, 4096) + most;
 	tier_stats st;
 	tier_store_stats(m->s, &st);
 	if (st.tier[TIER_HBM].capacity < t->min_hbm) {
@@ -217,6 +224,10 @@ void tier_trainer_destroy(tier_trainer *t)
 }
 
 uint64_t tier_trainer_min_hbm(const tier_trainer *t) { return t->min_hbm; }
+int64_t tier_trainer_steps_done(const tier_trainer *t) { return t->step; }
+tier_model *trainer_model(tier_trainer *t) { return t->m; }
+int64_t trainer_step_index(const tier_trainer *t) { return t->step; }
+void trainer_set_step(tier_trainer *t, int64_t step) { t->step = step; }
 
 /* ---- Operations -------------------------------------------------------------------------------- */
 /* Pin the scratch object for the step and carve it. */

@@ -6,3 +6,14 @@ tests_test_base_SOURCES = tests/test_base.c
 tests_test_base_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_base_LDFLAGS = $(TESTLD)
 endif
+
+## Golden alignment with HF transformers + PEFT (fixtures: tests/golden/make_fixtures.py).
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_golden
+TESTS += tests/test_golden
+tests_test_golden_SOURCES = tests/test_golden.c
+tests_test_golden_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_golden_LDFLAGS = $(TESTLD)
+endif
+EXTRA_DIST += tests/golden/data tests/golden/make_fixtures.py tests/golden/check_peft_adapter.py \
+	tests/golden/README.md

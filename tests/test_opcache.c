@@ -162,7 +162,8 @@ static void test_hit_equals_recompute(void **state)
 		tier_op_cost cost = layer_cost(&l), dense_cost = { TIER_OP_MATMUL, 1e12, 0 };
 		tier_id got;
 		if (where) {
-			assert_int_equal(tier_cache_offer(c, dense, l.X, 6000, &dense_cost, NULL, &got), 0);
+			static unsigned char other[6000];
+			assert_int_equal(tier_cache_offer(c, dense, other, sizeof other, &dense_cost, NULL, &got), 0);
 			assert_int_equal(got, TIER_HBM);
 		}
 		layer_forward(&l, Z);
@@ -281,6 +282,12 @@ static void test_evict_low_density(void **state)
 	assert_int_equal(st.used[1], E);     /* C's DDR copy */
 	assert_int_equal(get_pattern(c, 'A'), 0);
 	assert_int_equal(get_pattern(c, 'F'), 1);
+	close_cache(&ts, c);
+
+	/* An entry larger than the HBM budget is not kept in DDR either: a get could not bring it in. */
+	open_cache(&ts, &c, 1 << 20, 1 << 20, "matmul:hbm=2K:ddr=64K", &rates);
+	offer_pattern(c, 'A', 1e9, TIER_NTIERS);
+	assert_int_equal(get_pattern(c, 'A'), 1);
 	close_cache(&ts, c);
 
 	/* First come, first served: the third is dropped whatever its value. */

@@ -91,6 +91,7 @@ static void test_bad_objects(void **state)
 	/* Larger than HBM but not than NVMe: created, and acquiring it in HBM says why not. */
 	o = mk(ts.s, 6 * OBJ, 0);
 	assert_int_equal(tier_acquire(ts.s, o, TIER_HBM, TIER_ACQ_INIT, &addr, NULL), -ENOSPC);
+	assert_non_null(strstr(tier_last_error(), "does not fit in the hbm budget"));
 	assert_int_equal(tier_acquire(ts.s, o, TIER_NVME, 0, &addr, NULL), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "nvme"));
 	assert_int_equal(tier_acquire(ts.s, o, TIER_DDR, 0, &addr, NULL), -ENODATA);

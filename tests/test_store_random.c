@@ -46,12 +46,22 @@ static uint64_t seed_of(const mobj *m) { return m->id * 1000003ull + m->version;
 
 static uint64_t random_size(tier_rng *r)
 {
-	uint64_t p = tier_rng_below(r, 100);
-	if (p < 80)
+	uint64_t p = tier_rng_below(r, 1000);
+	if (p < 850)
 		return 1 + tier_rng_below(r, 16384);
-	if (p < 98)
+	if (p < 990)
 		return 16384 + tier_rng_below(r, 256 << 10);
 	return (512 << 10) + tier_rng_below(r, 2560 << 10); /* up to 3 MiB */
+}
+
+/* A random live object's slot (or an empty one when few live), so most operations do something. */
+static int pick_live(world *w)
+{
+	int slot = 0;
+	for (int k = 0; k < 8; k++)
+		if (w->obj[slot = (int)tier_rng_below(&w->rng, MAX_OBJS)].o)
+			break;
+	return slot;
 }
 
 static int is_held(const world *w, int slot)
@@ -106,10 +116,12 @@ static void do_release(world *w, int i, int want_dirty)
 
 static void op_acquire(world *w)
 {
-	int slot = (int)tier_rng_below(&w->rng, MAX_OBJS);
+	int slot = pick_live(w);
 	mobj *m = &w->obj[slot];
-	if (!m->o || is_held(w, slot) || w->nheld == MAX_HELD)
+	if (!m->o || is_held(w, slot))
 		return;
+	if (w->nheld == MAX_HELD) /* make a pin free first */
+		do_release(w, (int)tier_rng_below(&w->rng, MAX_HELD), (int)tier_rng_below(&w->rng, 2));
 	tier_id t = tier_rng_below(&w->rng, 2) ? TIER_DDR : TIER_HBM;
 	int use_fence = (int)tier_rng_below(&w->rng, 2);
 	void *addr = NULL;
@@ -153,7 +165,7 @@ static void op_acquire(world *w)
 
 static void op_destroy(world *w)
 {
-	int slot = (int)tier_rng_below(&w->rng, MAX_OBJS);
+	int slot = pick_live(w);
 	mobj *m = &w->obj[slot];
 	if (!m->o)
 		return;
@@ -168,7 +180,7 @@ static void op_destroy(world *w)
 
 static void op_migrate(world *w)
 {
-	int slot = (int)tier_rng_below(&w->rng, MAX_OBJS);
+	int slot = pick_live(w);
 	mobj *m = &w->obj[slot];
 	if (!m->o)
 		return;
@@ -192,14 +204,14 @@ static void op_migrate(world *w)
 static void one_op(world *w, uint64_t i)
 {
 	uint64_t p = tier_rng_below(&w->rng, 100);
-	if (p < 8)
+	if (p < 10)
 		op_create(w);
 	else if (p < 60)
 		op_acquire(w);
 	else if (p < 68 && w->nheld)
 		do_release(w, (int)tier_rng_below(&w->rng, (uint64_t)w->nheld), (int)tier_rng_below(&w->rng, 2));
 	else if (p < 78) {
-		int slot = (int)tier_rng_below(&w->rng, MAX_OBJS);
+		int slot = pick_live(w);
 		if (w->obj[slot].o) {
 			int rc = tier_prefetch(w->s, w->obj[slot].o, tier_rng_below(&w->rng, 2) ? TIER_DDR : TIER_HBM);
 			assert_true(rc == 0 || rc == 1);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "tier/store_internal.h"
+#include "tier/meta_alloc.h"
 
 int store_start_fetch(tier_store *s, store_copy *c, store_copy *src, int prefetch)
 {
@@ -29,14 +30,14 @@ int store_start_fetch(tier_store *s, store_copy *c, store_copy *src, int prefetc
 		x.flags |= TIER_XFER_CRC_VERIFY;
 		x.crc = src->crc;
 	}
-	store_xfer *sx = calloc(1, sizeof *sx);
+	store_xfer *sx = tier_meta_calloc(1, sizeof *sx);
 	if (!sx) {
 		store_copy_free(s, c);
 		return tier_fail(-ENOMEM, "out of memory for a transfer");
 	}
 	int rc = tier_offload_submit(s->off, &x, &sx->fence);
 	if (rc < 0) {
-		free(sx);
+		tier_meta_free(sx);
 		store_copy_free(s, c);
 		return rc;
 	}
@@ -84,7 +85,7 @@ void store_settle(tier_store *s, store_xfer *x)
 				 tier_name(c->tier), tier_strerror(rc));
 	}
 	tier_fence_put(x->fence);
-	free(x);
+	tier_meta_free(x);
 	store_copy_gc(s, c);
 	store_copy_gc(s, src);
 }
@@ -180,6 +181,10 @@ static int acquire_init(tier_store *s, tier_object *o, tier_id t, unsigned flags
 		if (rc)
 			return alloc_err(s, o, t, rc);
 	}
+	/* The caller writes `size` bytes; transfers move the 4 KiB-rounded length, so the tail must be
+	 * defined (host memory only: a real device copy's tail is moved as it is, never read). */
+	if (o->xlen > o->size && (t == TIER_DDR || backend_emulated(s->be[t])))
+		memset((char *)c->ext.loc.ptr + o->size, 0, o->xlen - o->size);
 	c->state = TIER_COPY_DIRTY;
 	c->filling = 1;
 	c->prefetched = 0;
@@ -237,8 +242,10 @@ static int acquire_locked(tier_store *s, tier_object *o, tier_id t, unsigned fla
 				return tier_fail(-EBUSY, "object %" PRIu64 " keeps being reloaded into %s by other threads: retry",
 						 o->id, tier_name(t));
 			int late = c->prefetched;
-			store_pin(s, c);
+			store_pin(s, c); /* held so that nothing frees it while the lock is dropped */
+			s->holds++;
 			store_wait_copy(s, c); /* a failure is seen below: the copy is dropped */
+			s->holds--;
 			store_unpin(s, c);
 			store_copy_gc(s, c);
 			if (late && store_copy_current(c)) {

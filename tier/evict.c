@@ -110,6 +110,10 @@ int store_no_room(tier_store *s, tier_id t, uint64_t bytes, const char *why)
 	tier_backend *be = s->be[t];
 	if (!be)
 		return tier_fail(-EINVAL, "the %s tier is disabled (budget 0): give it a budget", tier_name(t));
+	if (backend_rounded(be, bytes) > backend_capacity(be))
+		return tier_fail(-ENOSPC, "%s: %s does not fit in the %s budget of %s: raise the budget or use another tier",
+				 why, tier_format_size(bytes, a, sizeof a), tier_name(t),
+				 tier_format_size(backend_capacity(be), d, sizeof d));
 	return tier_fail(-ENOSPC, "%s: no room for %s in %s: %s pinned, %s used of a %s budget%s",
 			 why, tier_format_size(bytes, a, sizeof a), tier_name(t),
 			 tier_format_size(s->pinned_bytes[t], b, sizeof b), tier_format_size(backend_used(be), c, sizeof c),

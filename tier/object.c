@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "tier/store_internal.h"
+#include "tier/meta_alloc.h"
 
 static size_t id_bucket(uint64_t id, size_t n) { return (size_t)((id * 0x9e3779b97f4a7c15ull) >> 17) & (n - 1); }
 
@@ -21,7 +22,7 @@ tier_object *store_obj_find(tier_store *s, uint64_t id)
 static int hash_grow(tier_store *s)
 {
 	size_t n = s->hash_size ? s->hash_size * 2 : 256;
-	tier_object **h = calloc(n, sizeof *h);
+	tier_object **h = tier_meta_calloc(n, sizeof *h);
 	if (!h)
 		return -ENOMEM;
 	for (size_t i = 0; i < s->hash_size; i++)
@@ -31,7 +32,7 @@ static int hash_grow(tier_store *s)
 			o->hnext = h[b];
 			h[b] = o;
 		}
-	free(s->hash);
+	tier_meta_free(s->hash);
 	s->hash = h;
 	s->hash_size = n;
 	return 0;
@@ -217,13 +218,13 @@ int tier_obj_create(tier_store *s, uint64_t size, tier_class cls, unsigned flags
 		return tier_fail(-E2BIG, "object of %" PRIu64 " bytes is larger than every tier (%s): raise a budget or split the object",
 				 size, m);
 	}
-	tier_object *o = calloc(1, sizeof *o);
+	tier_object *o = tier_meta_calloc(1, sizeof *o);
 	if (!o)
 		return tier_fail(-ENOMEM, "out of memory for an object");
 	store_lock(s);
 	if ((s->nobjects + 1) * 2 > s->hash_size && hash_grow(s) < 0) {
 		store_unlock(s);
-		free(o);
+		tier_meta_free(o);
 		return tier_fail(-ENOMEM, "out of memory growing the object table");
 	}
 	o->id = ++s->next_id;
@@ -270,7 +271,7 @@ static void obj_free(tier_store *s, tier_object *o)
 		o->next->prev = o->prev;
 	s->nobjects--;
 	s->object_bytes -= o->size;
-	free(o);
+	tier_meta_free(o);
 }
 
 /* Wait for (and settle) every transfer in flight that reads or fills o. Lock held: the transfers

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "tier/store_internal.h"
+#include "tier/meta_alloc.h"
 
 const char *tier_name(tier_id t)
 {
@@ -75,7 +76,7 @@ int tier_store_create(tier_store **out, const tier_store_config *cfg)
 	int rc = config_check(cfg);
 	if (rc)
 		return rc;
-	tier_store *s = calloc(1, sizeof *s);
+	tier_store *s = tier_meta_calloc(1, sizeof *s);
 	if (!s)
 		return tier_fail(-ENOMEM, "out of memory for a store");
 	pthread_mutex_init(&s->lock, NULL);
@@ -125,11 +126,11 @@ void tier_store_destroy(tier_store *s)
 	if (s->own_off)
 		tier_offload_destroy(s->off);
 	hot_free_schedule(s);
-	free(s->hash);
+	tier_meta_free(s->hash);
 	for (int t = 0; t < TIER_NTIERS; t++)
 		free(s->cands[t]);
 	pthread_mutex_destroy(&s->lock);
-	free(s);
+	tier_meta_free(s);
 }
 
 static void stats_fill(tier_store *s, tier_stats *out)
@@ -302,8 +303,9 @@ static int check_locked(tier_store *s)
 	}
 	if (nobj != s->nobjects || obj_bytes != s->object_bytes)
 		BROKEN("%zu objects listed, %zu counted", nobj, s->nobjects);
-	if (pins != s->outstanding)
-		BROKEN("pin counts add up to %" PRIu64 " but %" PRIu64 " acquires are outstanding", pins, s->outstanding);
+	if (pins != s->outstanding + s->holds)
+		BROKEN("pin counts add up to %" PRIu64 " but %" PRIu64 " acquires are outstanding (%" PRIu64 " held by waits)",
+		       pins, s->outstanding, s->holds);
 	for (int t = 0; t < TIER_NTIERS; t++) {
 		if (!s->be[t])
 			continue;

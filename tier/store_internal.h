@@ -115,7 +115,8 @@ struct tier_store {
 	store_copy *held[TIER_NTIERS];   /* copies holding an extent */
 	uint64_t peak[TIER_NTIERS], payload[TIER_NTIERS], ncopies[TIER_NTIERS];
 	uint64_t npinned[TIER_NTIERS], pinned_bytes[TIER_NTIERS];
-	uint64_t outstanding;            /* acquires not yet released (sum of external pins) */
+	uint64_t outstanding;            /* acquires not yet released (external pins) */
+	uint64_t holds;                  /* internal pins of threads waiting for a late prefetch */
 	store_xfer *xfers;               /* transfers in flight (LOADING copies) */
 	store_copy **cands[TIER_NTIERS]; /* eviction candidate buffers */
 	size_t cands_cap[TIER_NTIERS];

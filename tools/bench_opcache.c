@@ -230,6 +230,7 @@ static const char *const mode_name[N_MODES] = { "recompute", "fcfs", "selective"
 typedef struct {
 	double step_ns, recompute_flops;
 	tier_cache_stats st;
+	float *dx;  /* dX_0 of the mode's last step, to compare the modes' results */
 } mode_result;
 
 static int open_cache(oc_model *m, int mode, const tier_cache_rates *rates, tier_cache **c)
@@ -252,7 +253,6 @@ static int run_modes(oc_model *m, const tier_cache_rates *rates, mode_result *r)
 	tier_cache *c[N_MODES] = { NULL };
 	double *t = calloc((size_t)N_MODES * m->o.steps, sizeof *t);
 	int rc = t ? 0 : tier_fail(-ENOMEM, "opcache bench: out of memory");
-	memset(r, 0, N_MODES * sizeof *r);
 	for (int k = 0; k < N_MODES && !rc; k++)
 		rc = open_cache(m, k, rates, &c[k]);
 	for (unsigned i = 0; i <= m->o.steps && !rc; i++)
@@ -265,6 +265,13 @@ static int run_modes(oc_model *m, const tier_cache_rates *rates, mode_result *r)
 			else if (i > 0)
 				t[k * m->o.steps + i - 1] = ns;
 			r[k].recompute_flops = rf;
+			if (!rc && i == m->o.steps) {
+				size_t n = (size_t)m->o.T * m->o.H;
+				if (!(r[k].dx = malloc(n * sizeof(float))))
+					rc = tier_fail(-ENOMEM, "opcache bench: out of memory");
+				else
+					rc = oc_read(m, m->G, n, r[k].dx); /* dX_0 */
+			}
 		}
 	for (int k = 0; k < N_MODES; k++) {
 		if (!rc) {
@@ -302,15 +309,21 @@ static int measure_rates(oc_model *m, tier_cache_rates *r)
 	int rc = tier_obj_create(m->store, n, TIER_CLASS_ACT, 0, &o);
 	if (rc)
 		return rc;
-	if (!(rc = tier_acquire(m->store, o, TIER_DDR, TIER_ACQ_INIT, &p, NULL))) {
-		memset(p, 0, n);
-		rc = tier_release(m->store, o, TIER_DDR, 1);
+	best = 0;
+	for (int i = 0; i < 3 && !rc; i++) { /* best of three: DDR -> HBM through the store's movers */
+		if (!(rc = tier_acquire(m->store, o, TIER_DDR, i ? 0 : TIER_ACQ_INIT, &p, NULL))) {
+			if (!i)
+				memset(p, 0, n);
+			rc = tier_release(m->store, o, TIER_DDR, 1); /* dirty: the HBM copy goes */
+		}
+		uint64_t t0 = tier_now_ns();
+		if (!rc && !(rc = tier_acquire(m->store, o, TIER_HBM, 0, &p, NULL)))
+			rc = tier_release(m->store, o, TIER_HBM, 0);
+		double bw = (double)n / ((double)(tier_now_ns() - t0) * 1e-9);
+		best = bw > best ? bw : best;
 	}
-	uint64_t t0 = tier_now_ns();
-	if (!rc && !(rc = tier_acquire(m->store, o, TIER_HBM, 0, &p, NULL)))
-		rc = tier_release(m->store, o, TIER_HBM, 0);
 	if (!rc)
-		r->link_bytes_per_s = (double)n / ((double)(tier_now_ns() - t0) * 1e-9);
+		r->link_bytes_per_s = best;
 	tier_obj_destroy(m->store, o);
 	return rc;
 }
@@ -373,6 +386,7 @@ int bench_opcache(int argc, char **argv)
 	if (!rc)
 		rc = measure_rates(&m, &rates);
 	mode_result res[N_MODES];
+	memset(res, 0, sizeof res);
 	char a[32], b[32], d[32];
 	if (!rc) {
 		bench_comment("tier-bench opcache: full recompute vs keep-what-fits (fcfs) vs the selective op cache");
@@ -383,11 +397,25 @@ int bench_opcache(int argc, char **argv)
 		bench_comment("activations the backward needs: %s; op-cache budgets: hbm %s, ddr %s (fcfs: hbm only)",
 			      tier_format_size(need, a, sizeof a), tier_format_size(m.hbm, b, sizeof b),
 			      tier_format_size(m.ddr, d, sizeof d));
-		bench_comment("measured: matmul %.1f TFLOP/s, DDR->HBM %.2f GB/s (the cache refines the link rate as it goes)",
+		bench_comment("measured: matmul %.3f TFLOP/s, DDR->HBM %.2f GB/s (the cache refines the link rate as it goes)",
 			      rates.flops_per_s / 1e12, rates.link_bytes_per_s / 1e9);
 	}
 	if (!rc)
 		rc = run_modes(&m, &rates, res);
+	double diff[N_MODES] = { 0 };
+	if (!rc) {
+		/* Hits and recomputes must give the same result: bit for bit on the CPU; on CUDA the
+		 * recompute (a plain matmul) and the forward (GELU_AUX epilogue) may take other kernels. */
+		for (int k = 1; k < N_MODES; k++)
+			for (size_t i = 0; i < (size_t)m.o.T * m.o.H; i++) {
+				double rel = fabs((double)res[k].dx[i] - res[0].dx[i]) / (1e-30 + fabs((double)res[0].dx[i]));
+				diff[k] = rel > diff[k] || rel != rel ? rel : diff[k];
+			}
+		bench_comment("dX_0 vs full recompute, largest relative difference: fcfs %.3g, selective %.3g%s", diff[1],
+			      diff[2], m.o.kind == TIER_DEV_CPU ? " (must be 0 on the CPU)" : "");
+		if (m.o.kind == TIER_DEV_CPU && (diff[1] != 0 || diff[2] != 0))
+			rc = tier_fail(-EPROTO, "a cache hit gave another result than the recompute on the CPU");
+	}
 	if (!rc) {
 		print_results(&m, res);
 		bench_summary("selective %.3fx, fcfs %.3fx the speed of full recompute per step (%s)",
@@ -396,6 +424,8 @@ int bench_opcache(int argc, char **argv)
 	}
 	if (rc)
 		fprintf(stderr, "tier-bench opcache: %s\n", tier_last_error());
+	for (int k = 0; k < N_MODES; k++)
+		free(res[k].dx);
 	model_free(&m);
 	tier_store_destroy(m.store);
 	oc_close(&m);

@@ -34,6 +34,8 @@ void oc_free(oc_model *m, void *p);
 int oc_fill(oc_model *m, void *dst, size_t n, float scale, uint64_t seed); /* uniform(-scale, scale) */
 int oc_copy(oc_model *m, void *dst, const void *src, size_t bytes);
 int oc_sync(oc_model *m);
+/* Read n values of a device buffer as floats (bf16 widened on CUDA). */
+int oc_read(oc_model *m, const void *src, size_t n, float *out);
 void *oc_stream(oc_model *m);
 /* Z[T x N] = X[T x K] W[K x N]; Y = gelu(Z) when Y is not NULL (row-major). */
 int oc_matmul(oc_model *m, const void *X, const void *W, unsigned T, unsigned K, unsigned N, void *Z, void *Y);

@@ -218,6 +218,24 @@ int oc_copy(oc_model *m, void *dst, const void *src, size_t bytes)
 	return 0;
 }
 
+int oc_read(oc_model *m, const void *src, size_t n, float *out)
+{
+	if (!is_cuda(m)) {
+		memcpy(out, src, n * 4);
+		return 0;
+	}
+	uint16_t *h = malloc(n * 2);
+	if (!h)
+		return tier_fail(-ENOMEM, "opcache bench: no host memory for %zu values", n);
+	int rc = tier_dev_memcpy_d2h(m->dev, h, src, n * 2);
+	for (size_t i = 0; !rc && i < n; i++) {
+		uint32_t u = (uint32_t)h[i] << 16;
+		memcpy(&out[i], &u, 4);
+	}
+	free(h);
+	return rc;
+}
+
 int oc_sync(oc_model *m)
 {
 	return is_cuda(m) ? tier_dev_sync(m->dev) : 0;

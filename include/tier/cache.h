@@ -9,7 +9,8 @@
  *   DDR density  = (recompute_ns - link_ns) / bytes   (what is left after the round trip)
  * An offer goes into HBM when it fits in the cache's HBM budget after evicting only entries of
  * lower HBM density (which move to DDR when they are worth it there, else are dropped); else into
- * DDR when link_ns < recompute_ns and it fits after evicting lower DDR density; else it is dropped.
+ * DDR when link_ns < recompute_ns, it is no larger than the HBM budget (a get brings it back there)
+ * and it fits after evicting lower DDR density; else it is dropped.
  * In the backward, get() returns a hit (the data in HBM, fetched from DDR if it was spilled there;
  * tier_cache_prefetch_backward starts those fetches ahead of use) or a miss: the caller recomputes.
  *
@@ -103,9 +104,10 @@ const char *tier_cache_policy_name(tier_cache_policy p); /* "value", "fcfs", "of
 
 typedef struct tier_cache tier_cache;
 
-/* Create a cache over store s (which must outlive it). rates NULL: defaults for the store's device
- * kind (CPU here unless the caller passes CUDA rates). Returns 0, -EINVAL (budget larger than the
- * store's tier capacity, bad policy or rule), -ENOMEM; nothing allocated on failure. */
+/* Create a cache over store s (which must outlive it). dev: the device the operators run on (NULL
+ * or CPU: offers are copied with memcpy; CUDA: with cudaMemcpyAsync). rates NULL: the defaults for
+ * dev's kind. Returns 0, -EINVAL (budget larger than the store's tier capacity, bad policy, rule
+ * count or rates), -ENOMEM; nothing allocated on failure. */
 int tier_cache_create(tier_cache **out, tier_store *s, tier_dev *dev, const tier_cache_config *cfg,
 		      const tier_cache_rates *rates);
 /* Destroy every entry (pinned ones too: their pointers die) and the cache. NULL is fine. */

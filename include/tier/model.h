@@ -1,7 +1,8 @@
 /* model.h - the trainer (core/): layers with explicit backward, the qwen3_moe model graph with its
  * weights in the tiered store, LoRA, AdamW, the training step, and the token data it reads.
  *
- * Everything here runs on a CPU device context (the fp32 reference). The layouts are Hugging
+ * Architectures: qwen3_moe and mixtral (no q/k norms, top-k-then-softmax router, every layer MoE,
+ * block_sparse_moe names). Everything here runs on a CPU device context (the fp32 reference). The layouts are Hugging
  * Face's, row-major: a linear weight W [out, in] (y = x W^T); LoRA A [r, in] and B [out, r] as PEFT
  * stores them, y += scale (x A^T) B^T, never forming B A. docs/trainer.md describes the step.
  *
@@ -85,7 +86,7 @@ typedef struct {
 void tier_lora_cfg_init(tier_lora_cfg *c); /* r 8, alpha 16, q,k,v,o,experts, dropout 0, seed 0 */
 
 /* ---- Model ------------------------------------------------------------------------------------
- * A qwen3_moe model whose weights are store objects: one DENSE frozen object per (layer, tensor)
+ * A qwen3_moe (or mixtral) model whose weights are store objects: one DENSE frozen object per (layer, tensor)
  * (norms, q/k/v/o, q/k norms, router, dense MLP), one EXPERT frozen object per (layer, expert)
  * holding gate [I, H], up [I, H], down [H, I] back to back; embed_tokens, model.norm and lm_head
  * (the embedding itself when tied) DENSE frozen. LoRA: one LORA object of parameters per group
@@ -93,12 +94,13 @@ void tier_lora_cfg_init(tier_lora_cfg *c); /* r 8, alpha 16, q,k,v,o,experts, dr
  * and one OPTIM object of AdamW moments (m then v) per group. */
 typedef struct tier_model tier_model;
 
-/* The default job's model: 4 layers, H 128, 4 heads / 2 KV heads of 32, 8 experts of I 64, k 2,
- * norm_topk_prob, vocab 260 (bytes + 4 specials), tied embeddings, layer 2 a dense MLP of 192. */
+/* The default job's model: 6 layers, H 128, 4 heads / 2 KV heads of 32, 16 experts of I 128, k 2,
+ * norm_topk_prob, vocab 260 (bytes + 4 specials), tied embeddings, layer 3 a dense MLP of 192
+ * (mlp_only_layers), rope_theta 1e4, rms_norm_eps 1e-6. About 17 MB of fp32 base weights. */
 void tier_model_config_default(tier_hf_config *c);
 
 /* Create the model's objects in `s` (no data yet; LoRA A and B initialised). Returns 0, -EINVAL
- * (bad config or LoRA settings, named), -ENOTSUP (model_type other than qwen3_moe, LoRA dropout,
+ * (bad config or LoRA settings, named), -ENOTSUP (model_type other than qwen3_moe or mixtral, LoRA dropout,
  * a non-CPU device), -ENOMEM or the store's error; *out NULL and no object left on failure. */
 int tier_model_create(tier_store *s, tier_dev *dev, const tier_hf_config *cfg, const tier_lora_cfg *lora,
 		      tier_model **out);
@@ -162,6 +164,17 @@ uint64_t tier_trainer_min_hbm(const tier_trainer *t);
  * (token or label out of range), or the store's error (the step is then lost: LoRA weights are
  * as before unless the failure hit the optimizer update itself). */
 int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *labels, tier_step_result *r);
+
+/* Optimizer steps taken (the next step's index: its learning rate and, in tier-run, its data). */
+int64_t tier_trainer_steps_done(const tier_trainer *t);
+/* Training checkpoints: every LoRA group's weights and AdamW moments, the groups' step counts and
+ * the step, in one safetensors file written atomically (a crash leaves the old file or the new
+ * one). Resuming continues exactly: on the CPU the losses after a load equal an uninterrupted
+ * run's. save: 0, -ENOMEM, -errno of the file system (the old file stays). load: 0, -EBADMSG
+ * naming the tensor that is missing or sized for another model or LoRA setting (checked before
+ * anything changes), or the store's error. */
+int tier_trainer_save(tier_trainer *t, const char *path);
+int tier_trainer_load(tier_trainer *t, const char *path);
 
 /* For golden tests against HF transformers: one micro-batch [batch, seq] through the model.
  * hidden (may be NULL): [(L + 2), batch * seq, H]: 0 the embeddings, l + 1 the output of layer l,

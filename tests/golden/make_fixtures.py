@@ -220,13 +220,20 @@ def gather_map(model_dir, cfg, tmp):
 
 def run(model, ids, labels, inner):
     """Logits, loss (mean over counted tokens, no aux loss) and hidden states by hooks: the
-    embeddings, each decoder layer's output (before the final norm) and the final norm's output."""
+    embeddings, each decoder layer's output (before the final norm), the final norm's output, and
+    inside each layer the attention's input (after input_layernorm) and output (after o_proj), the
+    MLP block's input (after post_attention_layernorm) and output (before the residual add)."""
     caught = {}
     hooks = [inner.embed_tokens.register_forward_hook(lambda m, i, o: caught.__setitem__("embed", o)),
              inner.norm.register_forward_hook(lambda m, i, o: caught.__setitem__("final_norm", o))]
+    def keep(key):
+        return lambda m, i, o: caught.__setitem__(key, o[0] if isinstance(o, tuple) else o)
     for L, layer in enumerate(inner.layers):
-        hooks.append(layer.register_forward_hook(
-            lambda m, i, o, L=L: caught.__setitem__(f"layer.{L}", o[0] if isinstance(o, tuple) else o)))
+        hooks += [layer.register_forward_hook(keep(f"layer.{L}")),
+                  layer.input_layernorm.register_forward_hook(keep(f"attn_in.{L}")),
+                  layer.self_attn.register_forward_hook(keep(f"attn_out.{L}")),
+                  layer.post_attention_layernorm.register_forward_hook(keep(f"mlp_in.{L}")),
+                  layer.mlp.register_forward_hook(keep(f"mlp_out.{L}"))]
     out = model(input_ids=ids, labels=labels, output_hidden_states=True, output_router_logits=False)
     for h in hooks:
         h.remove()
@@ -311,6 +318,9 @@ def make_case(name, case, root):
     for L in range(nl):
         fx[f"hidden.{L + 1}"] = caught[f"layer.{L}"]
     fx["final_norm"] = caught["final_norm"]
+    for L in range(nl):
+        for k in ("attn_in", "attn_out", "mlp_in", "mlp_out"):
+            fx[f"{k}.{L}"] = caught[f"{k}.{L}"]
     fx["logits"] = out.logits
     fx["loss"] = out.loss.reshape(1)
     fx["aux_loss"] = aux.aux_loss.reshape(1)
@@ -346,6 +356,8 @@ def make_case(name, case, root):
     fx["lora.loss"] = lout.loss.detach().reshape(1)
     for L in range(nl):
         fx[f"lora.hidden.{L + 1}"] = lcaught[f"layer.{L}"].detach()
+        fx[f"lora.mlp_in.{L}"] = lcaught[f"mlp_in.{L}"].detach()
+        fx[f"lora.mlp_out.{L}"] = lcaught[f"mlp_out.{L}"].detach()
     ref = merged_reference(mdir, cfg, adapter, ids, labels)
     e_ref = rel(lout.logits.detach(), ref.logits)
     assert e_ref < 1e-5, f"{name}: PEFT's LoRA logits differ from merged weights by {e_ref:.2e}"

@@ -1,0 +1,148 @@
+/* checkpoint.c - the training state in one safetensors file, written atomically: every LoRA group's
+ * parameters and AdamW moments, the groups' step counts and the trainer's step. Resuming from it
+ * continues exactly (the data order depends only on the step; the store never changes numbers). */
+#include "config.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/core_internal.h"
+
+#define CKPT_FORMAT "tier-train-1"
+
+static void group_name(const lora_group *g, char *buf, size_t len)
+{
+	if (g->kind == LG_ATTN)
+		snprintf(buf, len, "layers.%d.attn", g->layer);
+	else if (g->kind == LG_MLP)
+		snprintf(buf, len, "layers.%d.mlp", g->layer);
+	else
+		snprintf(buf, len, "layers.%d.experts.%d", g->layer, g->expert);
+}
+
+/* Copy a group's object out (in = 0) or in (in = 1) through host buffer buf. */
+static int obj_copy(tier_model *m, tier_object *o, float *buf, int in)
+{
+	pinset ps = { .s = m->s };
+	float *p;
+	int rc = pin(&ps, o, in ? TIER_ACQ_INIT : 0, in, &p);
+	if (rc)
+		return rc;
+	if (in)
+		memcpy(p, buf, tier_obj_size(o));
+	else
+		memcpy(buf, p, tier_obj_size(o));
+	return pin_release_all(&ps);
+}
+
+int tier_trainer_save(tier_trainer *t, const char *path)
+{
+	if (!t || !path)
+		return tier_fail(-EINVAL, "tier_trainer_save: trainer and path are required");
+	tier_model *m = trainer_model(t);
+	size_t n = m->n_groups, nt = 2 * n + 2;
+	tier_st_wtensor *w = calloc(nt, sizeof *w);
+	char (*names)[96] = calloc(nt, sizeof *names);
+	float **bufs = calloc(2 * n, sizeof *bufs);
+	int64_t *steps = calloc(n + 1, sizeof *steps), now = trainer_step_index(t);
+	int rc = 0;
+	if (!w || !names || !bufs || !steps)
+		rc = tier_fail(-ENOMEM, "out of memory for a checkpoint of %zu LoRA groups", n);
+	for (size_t i = 0; i < n && !rc; i++) {
+		lora_group *g = &m->groups[i];
+		char base[80];
+		group_name(g, base, sizeof base);
+		for (int k = 0; k < 2 && !rc; k++) {
+			tier_object *o = k ? g->optim : g->param;
+			if (!(bufs[2 * i + k] = malloc(tier_obj_size(o)))) {
+				rc = tier_fail(-ENOMEM, "out of memory for the checkpoint of %s", base);
+				break;
+			}
+			rc = obj_copy(m, o, bufs[2 * i + k], 0);
+			snprintf(names[2 * i + k], sizeof names[0], "%s.%s", base, k ? "adamw" : "lora");
+			w[2 * i + k] = (tier_st_wtensor){ .name = names[2 * i + k], .dtype = TIER_DT_F32, .ndim = 1,
+							  .shape = { (k ? 2 : 1) * g->n }, .data = bufs[2 * i + k] };
+		}
+		steps[i] = g->t;
+	}
+	if (!rc) {
+		snprintf(names[2 * n], sizeof names[0], "group_steps");
+		w[2 * n] = (tier_st_wtensor){ .name = names[2 * n], .dtype = TIER_DT_I64, .ndim = 1,
+					      .shape = { n ? n : 1 }, .data = steps };
+		snprintf(names[2 * n + 1], sizeof names[0], "step");
+		w[2 * n + 1] = (tier_st_wtensor){ .name = names[2 * n + 1], .dtype = TIER_DT_I64, .ndim = 1,
+						  .shape = { 1 }, .data = &now };
+		const char *meta[] = { "format", CKPT_FORMAT, NULL };
+		rc = tier_st_write(path, w, nt, meta);
+	}
+	for (size_t i = 0; bufs && i < 2 * n; i++)
+		free(bufs[i]);
+	free(bufs);
+	free(w);
+	free(names);
+	free(steps);
+	return rc;
+}
+
+/* Read tensor `name` of exactly `bytes` into dst; -EBADMSG naming it when absent or sized otherwise. */
+static int read_exact(const tier_st *st, const char *path, const char *name, void *dst, size_t bytes)
+{
+	const tier_st_tensor *x = tier_st_find(st, name);
+	if (!x || x->nbytes != bytes)
+		return tier_fail(-EBADMSG, "%s: %s is %s; this model's LoRA needs %zu bytes there (a checkpoint of "
+				 "another model or LoRA setting?)", path, name, x ? "of another size" : "missing", bytes);
+	return tier_st_read(st, name, dst, bytes);
+}
+
+int tier_trainer_load(tier_trainer *t, const char *path)
+{
+	if (!t || !path)
+		return tier_fail(-EINVAL, "tier_trainer_load: trainer and path are required");
+	tier_model *m = trainer_model(t);
+	tier_st *st;
+	int rc = tier_st_open(path, &st);
+	if (rc)
+		return rc;
+	const char *fmt = tier_st_metadata(st, "format");
+	size_t n = m->n_groups, most = 0;
+	for (size_t i = 0; i < n; i++)
+		most = m->groups[i].n > most ? m->groups[i].n : most;
+	int64_t *steps = calloc(n + 1, sizeof *steps), now = 0;
+	float *buf = malloc(sizeof(float) * 2 * (most ? most : 1));
+	if (!fmt || strcmp(fmt, CKPT_FORMAT))
+		rc = tier_fail(-EBADMSG, "%s: not a tier training checkpoint (format \"%s\", expected \"%s\")", path,
+			       fmt ? fmt : "none", CKPT_FORMAT);
+	else if (!steps || !buf)
+		rc = tier_fail(-ENOMEM, "out of memory reading %s", path);
+	/* check everything before changing anything */
+	if (!rc && !(rc = read_exact(st, path, "step", &now, sizeof now)))
+		rc = read_exact(st, path, "group_steps", steps, sizeof(int64_t) * (n ? n : 1));
+	for (size_t i = 0; i < n && !rc; i++) {
+		char base[80], name[96];
+		group_name(&m->groups[i], base, sizeof base);
+		for (int k = 0; k < 2 && !rc; k++) {
+			snprintf(name, sizeof name, "%s.%s", base, k ? "adamw" : "lora");
+			const tier_st_tensor *x = tier_st_find(st, name);
+			if (!x || x->nbytes != sizeof(float) * (k ? 2 : 1) * m->groups[i].n)
+				rc = read_exact(st, path, name, buf, sizeof(float) * (k ? 2 : 1) * m->groups[i].n);
+		}
+	}
+	for (size_t i = 0; i < n && !rc; i++) {
+		lora_group *g = &m->groups[i];
+		char base[80], name[96];
+		group_name(g, base, sizeof base);
+		for (int k = 0; k < 2 && !rc; k++) {
+			tier_object *o = k ? g->optim : g->param;
+			snprintf(name, sizeof name, "%s.%s", base, k ? "adamw" : "lora");
+			if (!(rc = read_exact(st, path, name, buf, tier_obj_size(o))))
+				rc = obj_copy(m, o, buf, 1);
+		}
+		g->t = steps[i];
+	}
+	if (!rc)
+		trainer_set_step(t, now);
+	free(buf);
+	free(steps);
+	tier_st_close(st);
+	return rc;
+}

@@ -1,0 +1,77 @@
+#!/bin/sh
+# test_run.sh - tier-run's training job end to end: a short run writes a PEFT adapter and a log,
+# the same seed gives the same losses, a small HBM budget gives the same losses as a large one, and
+# bad input (device, data, output directory, budgets, job file) fails with exit 1 and a message.
+# Run from the build directory (make check does).
+set -u
+tmp=$(mktemp -d) || exit 99
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+[ -x ./tier-run ] || fail "./tier-run is not built (run make first)"
+src=${TIER_TEST_SRCDIR:-..}
+small="--data $src/data/corpus.txt --steps 4 --batch 2 --seq 16 --seed 5"
+
+echo "# a short job writes an adapter and a log"
+./tier-run $small --out "$tmp/out" >"$tmp/a.out" 2>"$tmp/a.err" || { cat "$tmp/a.err"; fail "tier-run exited $?"; }
+cat "$tmp/a.out"
+[ -s "$tmp/out/adapter_config.json" ] && [ -s "$tmp/out/adapter_model.safetensors" ] || fail "no adapter in --out"
+[ "$(wc -l <"$tmp/out/train_log.jsonl")" = 4 ] || fail "train_log.jsonl should have 4 lines"
+grep -q '"lora_alpha": *16' "$tmp/out/adapter_config.json" || fail "adapter_config.json lacks lora_alpha 16"
+grep -q '^# done: 4 steps' "$tmp/a.out" || fail "no summary line"
+grep -q 'hbm (emulated)' "$tmp/a.out" || fail "the summary does not name the emulated hbm tier"
+
+echo "# determinism, and a budget smaller than the model changes nothing"
+./tier-run $small --quiet --out "$tmp/b" >/dev/null 2>&1 || fail "second run failed"
+cmp -s "$tmp/out/adapter_model.safetensors" "$tmp/b/adapter_model.safetensors" || fail "same seed, different adapter"
+./tier-run $small --hbm 256M --out "$tmp/c" >"$tmp/c.out" 2>&1 || fail "unbounded run failed"
+losses() { sed -n 's/^ *\([0-9][0-9]*\) *\([0-9.]*\) .*/\1 \2/p' "$1"; }
+[ -n "$(losses "$tmp/a.out")" ] && [ "$(losses "$tmp/a.out")" = "$(losses "$tmp/c.out")" ] ||
+	fail "the 12M and 256M budgets gave different losses"
+
+echo "# kill -9 during a run, resume: the adapter equals an uninterrupted run's"
+long="--data $src/data/corpus.txt --steps 40 --batch 1 --seq 16 --seed 9 --quiet"
+./tier-run $long --out "$tmp/u" >/dev/null 2>&1 || fail "uninterrupted run failed"
+./tier-run $long --out "$tmp/k" --checkpoint-every 1 >/dev/null 2>&1 &
+pid=$!
+i=0
+while [ ! -f "$tmp/k/checkpoint.safetensors" ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i + 1)); done
+kill -9 $pid 2>/dev/null
+wait $pid
+[ -f "$tmp/k/checkpoint.safetensors" ] || fail "no checkpoint written"
+./tier-run $long --out "$tmp/k" --resume "$tmp/k/checkpoint.safetensors" >/dev/null 2>"$tmp/err" ||
+	fail "resume failed: $(cat "$tmp/err")"
+cmp -s "$tmp/u/adapter_model.safetensors" "$tmp/k/adapter_model.safetensors" || fail "resumed run differs"
+expect_resume_bad() {
+	./tier-run $long --lora-r 4 --resume "$tmp/k/checkpoint.safetensors" >/dev/null 2>"$tmp/err"
+	[ $? = 1 ] && grep -q "another size\|missing" "$tmp/err" || fail "a checkpoint of another rank was accepted"
+}
+expect_resume_bad
+
+echo "# a job file, overridden by the command line"
+printf '{"steps": 2, "batch": 1, "seq": 8, "lora-targets": "q,v", "rslora": true}\n' >"$tmp/job.json"
+./tier-run "$tmp/job.json" --steps 3 --data "$src/data/corpus.txt" >"$tmp/j.out" 2>&1 || { cat "$tmp/j.out"; fail "job file run failed"; }
+grep -q '^# done: 3 steps' "$tmp/j.out" || fail "the command line did not override the job file"
+printf '{"stepz": 2}\n' >"$tmp/bad.json"
+./tier-run "$tmp/bad.json" >/dev/null 2>"$tmp/err"; [ $? = 1 ] && grep -q stepz "$tmp/err" || fail "unknown key accepted"
+
+echo "# bad input"
+expect1() { # expect1 PATTERN ARGS...: exit 1 and PATTERN in the message
+	pat=$1; shift
+	./tier-run "$@" >/dev/null 2>"$tmp/err"; rc=$?
+	[ $rc = 1 ] || fail "tier-run $* exited $rc, expected 1 ($(cat "$tmp/err"))"
+	grep -q -- "$pat" "$tmp/err" || fail "tier-run $*: message '$(cat "$tmp/err")' lacks '$pat'"
+}
+printf 'tiny' >"$tmp/tiny.txt"
+expect1 "shorter" --data "$tmp/tiny.txt" --steps 1
+expect1 "cuda" --device cuda --steps 1
+expect1 "cpu or cuda" --device tpu
+expect1 "raise --hbm" --hbm 1M $small
+expect1 "not a writable directory" --out /proc/version $small
+expect1 "lora-targets" --lora-targets q,zz $small
+expect1 "not both" --model "$tmp" --init random
+expect1 "config.json" --model "$tmp/nosuch"
+expect1 "unknown\|unrecognized" --nosuch
+expect1 "give one" --checkpoint-every 2 $small
+./tier-run --help | grep -q -- '--lora-targets' || fail "--help does not document --lora-targets"
+./tier-run --store-demo --help | grep -q 'store demonstration' || fail "tier-run --store-demo is not reachable"
+echo "PASS"
