@@ -86,6 +86,20 @@ static float loss_at(rig *r)
 	return l;
 }
 
+/* Central difference of the loss in one adapter coordinate *x (restored after). */
+static double central_diff(rig *r, tier_peft_adapter *p, float *x, float h)
+{
+	float x0 = *x;
+	*x = x0 + h;
+	assert_int_equal(tier_model_lora_import(r->m, p), 0);
+	double lp = loss_at(r);
+	*x = x0 - h;
+	assert_int_equal(tier_model_lora_import(r->m, p), 0);
+	double lm = loss_at(r);
+	*x = x0;
+	return (lp - lm) / (2.0 * (double)h);
+}
+
 /* d loss / d (one LoRA coordinate) against a central difference, for a few coordinates of every module. */
 static void check_grads_fd(const tier_hf_config *cfg, size_t n_modules)
 {
@@ -102,34 +116,36 @@ static void check_grads_fd(const tier_hf_config *cfg, size_t n_modules)
 	assert_int_equal(tier_model_lora_export(r.m, 1, &g), 0);
 	assert_int_equal(tier_model_lora_export(r.m, 0, &p), 0);
 	assert_true(g->n_modules == p->n_modules && g->n_modules == n_modules);
-	int checked = 0, bad = 0;
+	int checked = 0, bad = 0, kinks = 0;
 	double worst = 0.0;
 	for (size_t i = 0; i < p->n_modules; i++)
 		for (int q = 0; q < 4; q++) {
 			tier_peft_module *pm = &p->modules[i];
 			int isb = q & 1;
 			size_t n = (size_t)lc.r * (isb ? pm->out : pm->in), j = tier_rng_below(&rng, n);
-			float *x = isb ? pm->b : pm->a, x0 = x[j], h = 2e-3f;
-			double an = isb ? g->modules[i].b[j] : g->modules[i].a[j];
-			x[j] = x0 + h;
-			assert_int_equal(tier_model_lora_import(r.m, p), 0);
-			double lp = loss_at(&r);
-			x[j] = x0 - h;
-			assert_int_equal(tier_model_lora_import(r.m, p), 0);
-			double lm = loss_at(&r);
-			x[j] = x0;
-			double fd = (lp - lm) / (2.0 * h), err = fabs(fd - an), tol = 1e-3 + 2e-2 * fabs(an);
-			worst = err > worst ? err : worst;
+			float *x = isb ? pm->b : pm->a;
+			double an = isb ? g->modules[i].b[j] : g->modules[i].a[j], fd[2];
+			for (int k = 0; k < 2; k++)
+				fd[k] = central_diff(&r, p, x + j, k ? 1e-3f : 2e-3f);
+			double err = fabs(fd[0] - an), tol = 1e-3 + 2e-2 * fabs(an);
 			checked++;
+			if (fabs(fd[0] - fd[1]) > tol) {
+				/* a top-k switch inside +-h makes the loss jump: the difference then scales with
+				 * 1/h instead of converging; such a coordinate says nothing about the gradient */
+				kinks++;
+				continue;
+			}
+			worst = err > worst ? err : worst;
 			if (err > tol) {
 				bad++;
 				printf("# layers.%d.%s lora_%c[%zu]: analytic %.6g, central difference %.6g\n", pm->layer,
-				       pm->module, isb ? 'B' : 'A', j, an, fd);
+				       pm->module, isb ? 'B' : 'A', j, an, fd[0]);
 			}
 		}
-	printf("# %d coordinates checked, worst |analytic - fd| %.3g, %d outside tolerance\n", checked, worst, bad);
-	/* a top-k switch inside +-h can spoil a difference now and then; more than one is a bug */
-	assert_true(bad <= 1);
+	printf("# %d coordinates checked, %d across a routing switch skipped, worst |analytic - fd| %.3g, %d outside "
+	       "tolerance\n", checked, kinks, worst, bad);
+	assert_int_equal(bad, 0);
+	assert_true(kinks <= checked / 8);
 	tier_peft_free(g);
 	tier_peft_free(p);
 	rig_close(&r);

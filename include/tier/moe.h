@@ -123,14 +123,14 @@ typedef struct {
 typedef struct { tier_moe_lora gate, up, down; } tier_moe_loras;
 
 /* Scratch for tier_moe_experts_fwd and _bwd over `rows` permuted rows (offsets[E]). */
-size_t tier_moe_experts_ws_bytes(int I, int rows, const tier_moe_loras *lora);
+size_t tier_moe_experts_ws_bytes(int inter, int rows, const tier_moe_loras *lora);
 /* Forward over rows 0..offsets[E]-1 of xg [*, H]: g, u [*, I] (pre-activation, saved for
  * backward), y [*, H] = (silu(g) * u) down^T (+ LoRA). lora may be NULL. ws: scratch above. */
-int tier_moe_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
+int tier_moe_experts_fwd(tier_dev *dev, int E, int H, int inter, const int32_t *offsets, const tier_moe_experts *w,
 			 const tier_moe_loras *lora, const float *xg, float *g, float *u, float *y, void *ws);
 /* Backward: dxg [*, H] written from dy [*, H]; LoRA da, db accumulated (skipped where NULL);
  * frozen expert weights get no gradient. ws: scratch above. */
-int tier_moe_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
+int tier_moe_experts_bwd(tier_dev *dev, int E, int H, int inter, const int32_t *offsets, const tier_moe_experts *w,
 			 const tier_moe_loras *lora, const float *xg, const float *g, const float *u,
 			 const float *dy, float *dxg, void *ws);
 

@@ -286,6 +286,23 @@ def merged_reference(model_dir, cfg, adapter, ids, labels):
         return base(input_ids=ids, labels=labels)
 
 
+def save_sorted(tensors, path, metadata):
+    """safetensors with the header's keys in sorted order (the package's writer orders
+    __metadata__ by hash, so the same data would give different bytes from run to run)."""
+    names = {torch.float32: "F32", torch.int64: "I64"}
+    header, blobs, off = {"__metadata__": dict(sorted(metadata.items()))}, [], 0
+    for k in sorted(tensors):
+        t = tensors[k]
+        b = t.numpy().tobytes()
+        header[k] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
 def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
@@ -363,8 +380,8 @@ def make_case(name, case, root):
     assert e_ref < 1e-5, f"{name}: PEFT's LoRA logits differ from merged weights by {e_ref:.2e}"
     assert rel(lout.logits.detach(), out.logits) > 1e-2, f"{name}: the adapter hardly changes the logits"
 
-    save_file({k: v.detach().contiguous() for k, v in fx.items()}, os.path.join(cdir, "fixture.safetensors"),
-              metadata={"format": "pt", "case": name, "transformers": transformers.__version__,
+    save_sorted({k: v.detach().contiguous() for k, v in fx.items()}, os.path.join(cdir, "fixture.safetensors"),
+                metadata={"format": "pt", "case": name, "transformers": transformers.__version__,
                         "peft": peft.__version__, "torch": torch.__version__, "lora_r": str(R),
                         "lora_alpha": str(ALPHA), "topk_margin": f"{margin:.3e}"})
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(cdir) for f in fs)
