@@ -8,7 +8,7 @@
 
 static int lora_on(const tier_moe_lora *l) { return l && l->a && l->b; }
 
-static int max_rank(const tier_moe_loras *lo)
+int moe_lora_max_rank(const tier_moe_loras *lo)
 {
 	int r = 0;
 	if (!lo)
@@ -24,7 +24,7 @@ size_t tier_moe_experts_ws_bytes(int I, int rows, const tier_moe_loras *lora)
 {
 	if (I < 1 || rows < 0)
 		return 0;
-	return sizeof(float) * ((size_t)3 * rows * I + (size_t)2 * rows * max_rank(lora));
+	return sizeof(float) * ((size_t)3 * rows * I + (size_t)2 * rows * moe_lora_max_rank(lora));
 }
 
 /* The gate and up matrices of expert e. */
@@ -161,7 +161,7 @@ int tier_moe_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 	MOE_NONNULL(dxg, fn);
 	MOE_NONNULL(ws, fn);
 	size_t rows = (size_t)offsets[E];
-	float *h = ws, *dh = h + rows * I, *du = dh + rows * I, *Z = du + rows * I, *dZ = Z + rows * max_rank(lora);
+	float *h = ws, *dh = h + rows * I, *du = dh + rows * I, *Z = du + rows * I, *dZ = Z + rows * moe_lora_max_rank(lora);
 	for (int e = 0; e < E; e++) {
 		int o = offsets[e], n = offsets[e + 1] - o;
 		if (n == 0)

@@ -35,8 +35,8 @@ int moe_check_dev(tier_dev *dev, const char *fn)
 	if (!dev)
 		return tier_fail(-EINVAL, "%s: device context is NULL; open one with tier_dev_open", fn);
 	if (tier_dev_kind_of(dev) != TIER_DEV_CPU)
-		return tier_fail(-ENOTSUP, "%s: the MoE kernels run on the CPU only in this build (no CUDA MoE "
-				 "kernels yet); use a CPU context (tier_dev_open(..., TIER_DEV_CPU, 0))", fn);
+		return tier_fail(-ENOTSUP, "%s: this step has no CUDA version; on CUDA call tier_moe_layer_fwd / "
+				 "_bwd, or use a CPU context (tier_dev_open(..., TIER_DEV_CPU, 0))", fn);
 	return 0;
 }
 

@@ -1,15 +1,17 @@
 /* layer.c - the whole MoE block, forward and backward, from the steps of router.c, permute.c,
  * experts.c and combine.c, in caller-provided saved and workspace buffers (nothing allocated). */
+#include "config.h"
 #include <errno.h>
 #include <math.h>
 #include <string.h>
 #include "moe/moe_internal.h"
+#include "moe/moe_cuda.h"
 
 #define ALIGN 64
 
 static size_t al(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
-static int cfg_check(const char *fn, const tier_moe_cfg *c, int T)
+int moe_cfg_check(const char *fn, const tier_moe_cfg *c, int T)
 {
 	int rc;
 	if (!c)
@@ -20,22 +22,65 @@ static int cfg_check(const char *fn, const tier_moe_cfg *c, int T)
 	if (!isfinite(c->capacity_factor) || !isfinite(c->aux_coef) || !isfinite(c->z_coef) || c->aux_coef < 0 ||
 	    c->z_coef < 0)
 		return tier_fail(-EINVAL, "%s: capacity_factor, aux_coef and z_coef must be finite (coefficients >= 0)", fn);
+	if (c->dtype != TIER_MOE_F32 && c->dtype != TIER_MOE_BF16)
+		return tier_fail(-EINVAL, "%s: unknown dtype %d; use TIER_MOE_F32 (CPU) or TIER_MOE_BF16 (CUDA)", fn,
+				 (int)c->dtype);
 	return 0;
+}
+
+/* The storage must match the device: fp32 on the CPU, bf16 on CUDA. */
+static int dtype_check(const char *fn, tier_dev *dev, const tier_moe_cfg *c)
+{
+	int cuda = dev && tier_dev_kind_of(dev) == TIER_DEV_CUDA;
+	if (cuda && c->dtype != TIER_MOE_BF16)
+		return tier_fail(-EINVAL, "%s: a CUDA context takes bf16 storage; set cfg.dtype = TIER_MOE_BF16", fn);
+	if (!cuda && c->dtype != TIER_MOE_F32)
+		return tier_fail(-EINVAL, "%s: cfg.dtype TIER_MOE_BF16 needs a CUDA context; use TIER_MOE_F32 on the CPU", fn);
+	return 0;
+}
+
+void moe_cuda_ws_layout(const tier_moe_cfg *c, int T, const tier_moe_loras *lora, moe_cuda_ws *l)
+{
+	size_t n = (size_t)T * c->router.top_k, H = c->hidden, I = c->inter, E = c->router.n_experts;
+	size_t r = (size_t)moe_lora_max_rank(lora), o = 0;
+	/* 256-byte aligned pieces: cuBLASLt's preferred alignment for whole matrices */
+#define PIECE(f, bytes) (l->f = o, o += ((bytes) + 255) / 256 * 256)
+	PIECE(xg, 2 * n * H);
+	PIECE(h, 2 * n * I);
+	PIECE(z, 2 * n * r);
+	PIECE(dz, 2 * n * r);
+	PIECE(dy, 2 * n * H);
+	PIECE(dg, 2 * n * I);
+	PIECE(du, 2 * n * I);
+	PIECE(dh, 4 * n * I);
+	PIECE(dxg, 4 * n * H);
+	PIECE(dtw, 4 * n);
+	PIECE(dl, 4 * (size_t)T * E);
+	PIECE(dlb, 2 * (size_t)T * E);
+	PIECE(p, 4 * E);
+	PIECE(zs, 4);
+#undef PIECE
+	l->total = o;
 }
 
 size_t tier_moe_saved_bytes(const tier_moe_cfg *c, int T)
 {
-	if (cfg_check("tier_moe_saved_bytes", c, T))
+	if (moe_cfg_check("tier_moe_saved_bytes", c, T))
 		return 0;
-	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k;
+	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k, ysz = c->dtype == TIER_MOE_BF16 ? 2 : 4;
 	return al(4 * (size_t)T * E) + 2 * al(4 * n) + al(4 * E) + al(4 * (E + 1)) + 2 * al(4 * n) +
-	       2 * al(4 * n * c->inter) + al(4 * n * c->hidden);
+	       2 * al(4 * n * c->inter) + al(ysz * n * c->hidden);
 }
 
 size_t tier_moe_workspace_bytes(const tier_moe_cfg *c, int T, const tier_moe_loras *lora)
 {
-	if (cfg_check("tier_moe_workspace_bytes", c, T))
+	if (moe_cfg_check("tier_moe_workspace_bytes", c, T))
 		return 0;
+	if (c->dtype == TIER_MOE_BF16) {
+		moe_cuda_ws l;
+		moe_cuda_ws_layout(c, T, lora, &l);
+		return l.total;
+	}
 	size_t n = (size_t)T * c->router.top_k, H = c->hidden;
 	/* backward's: xg, dy, dxg [n, H], d_topk_w [n], d_logits [T, E], expert scratch (forward uses less) */
 	return 3 * al(4 * n * H) + al(4 * n) + al(4 * (size_t)T * c->router.n_experts) +
@@ -53,7 +98,7 @@ static void *take(char **p, size_t bytes)
 int tier_moe_saved_bind(const tier_moe_cfg *c, int T, void *buf, size_t bytes, tier_moe_saved *s)
 {
 	const char *fn = "tier_moe_saved_bind";
-	int rc = cfg_check(fn, c, T);
+	int rc = moe_cfg_check(fn, c, T);
 	if (rc)
 		return rc;
 	MOE_NONNULL(buf, fn);
@@ -74,11 +119,11 @@ int tier_moe_saved_bind(const tier_moe_cfg *c, int T, void *buf, size_t bytes, t
 	s->pair_row = take(&p, 4 * n);
 	s->g = take(&p, 4 * n * c->inter);
 	s->u = take(&p, 4 * n * c->inter);
-	s->y = take(&p, 4 * n * c->hidden);
+	s->y = take(&p, (c->dtype == TIER_MOE_BF16 ? 2 : 4) * n * c->hidden);
 	return 0;
 }
 
-static int ws_check(const char *fn, const tier_moe_cfg *c, int T, const tier_moe_loras *lora, void *ws, size_t bytes)
+int moe_ws_check(const char *fn, const tier_moe_cfg *c, int T, const tier_moe_loras *lora, void *ws, size_t bytes)
 {
 	MOE_NONNULL(ws, fn);
 	size_t need = tier_moe_workspace_bytes(c, T, lora);
@@ -87,7 +132,7 @@ static int ws_check(const char *fn, const tier_moe_cfg *c, int T, const tier_moe
 	return 0;
 }
 
-static int saved_check(const char *fn, const tier_moe_saved *s, int T)
+int moe_saved_check(const char *fn, const tier_moe_saved *s, int T)
 {
 	MOE_NONNULL(s, fn);
 	if (!s->logits || !s->topk_idx || !s->topk_w || !s->counts || !s->offsets || !s->row_pair || !s->pair_row ||
@@ -103,8 +148,11 @@ int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float 
 		       tier_moe_saved *s, void *ws, size_t ws_bytes)
 {
 	const char *fn = "tier_moe_layer_fwd";
-	int rc = moe_check_dev(dev, fn);
-	if (rc || (rc = cfg_check(fn, c, T)) || (rc = saved_check(fn, s, T)) || (rc = ws_check(fn, c, T, lora, ws, ws_bytes)))
+	int rc = moe_cfg_check(fn, c, T);
+	if (rc || (rc = dtype_check(fn, dev, c)))
+		return rc;
+	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_fwd(dev, c, T, x, w_r, bias, w, lora, out, s, ws, ws_bytes));
+	if ((rc = moe_check_dev(dev, fn)) || (rc = moe_saved_check(fn, s, T)) || (rc = moe_ws_check(fn, c, T, lora, ws, ws_bytes)))
 		return rc;
 	MOE_NONNULL(x, fn);
 	MOE_NONNULL(w_r, fn);
@@ -129,8 +177,11 @@ int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float 
 		       const float *d_out, float d_aux, float *dx, float *dw_r, void *ws, size_t ws_bytes)
 {
 	const char *fn = "tier_moe_layer_bwd";
-	int rc = moe_check_dev(dev, fn);
-	if (rc || (rc = cfg_check(fn, c, T)) || (rc = saved_check(fn, s, T)) || (rc = ws_check(fn, c, T, lora, ws, ws_bytes)))
+	int rc = moe_cfg_check(fn, c, T);
+	if (rc || (rc = dtype_check(fn, dev, c)))
+		return rc;
+	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_bwd(dev, c, T, x, w_r, w, lora, s, d_out, d_aux, dx, dw_r, ws, ws_bytes));
+	if ((rc = moe_check_dev(dev, fn)) || (rc = moe_saved_check(fn, s, T)) || (rc = moe_ws_check(fn, c, T, lora, ws, ws_bytes)))
 		return rc;
 	MOE_NONNULL(x, fn);
 	MOE_NONNULL(w_r, fn);

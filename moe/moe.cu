@@ -1,32 +1,14 @@
-/* moe.cu - the first CUDA kernels of the MoE block: fused router (logits, scores, group-limited
+/* moe.cu - the forward CUDA kernels of the MoE block: fused router (logits, scores, group-limited
  * top-k, weights) with one block per token, permute (histogram, scan, stable placement by one
- * block per expert, gather) and the weighted combine. bf16 storage, fp32 accumulation. Same
+ * block per expert, gather) and the weighted combine (the experts are in moe_experts.cu). bf16 storage, fp32 accumulation. Same
  * semantics as the CPU reference in router.c, permute.c and combine.c (ties to the lower index,
  * HF's 0.0 fill of dropped groups, drops by token order within an expert). */
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
-#include "moe/moe_internal.h"
+#include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
 
-#define CUDA_TRY(call)                                                                             \
-	do {                                                                                       \
-		cudaError_t e_ = (call);                                                           \
-		if (e_ != cudaSuccess)                                                             \
-			return tier_fail(-EIO, "%s:%d: %s: %s", __FILE__, __LINE__, #call,         \
-					 cudaGetErrorString(e_));                                  \
-	} while (0)
-
 #define ROUTER_THREADS 256
-
-static int cuda_dev(tier_dev *dev, const char *fn)
-{
-	if (!dev || tier_dev_kind_of(dev) != TIER_DEV_CUDA)
-		return tier_fail(-EINVAL, "%s: needs a CUDA device context", fn);
-	return 0;
-}
 
 struct router_args {
 	int kind, E, k, norm, G, tg, T, H;
@@ -151,7 +133,7 @@ extern "C" int moe_cuda_router_fwd(tier_dev *dev, const tier_moe_router_cfg *cfg
 				   const void *w_r, const float *bias, float *logits, int32_t *topk_idx, float *topk_w)
 {
 	const char *fn = "moe_cuda_router_fwd";
-	int rc = cuda_dev(dev, fn);
+	int rc = moe_cuda_dev(dev, fn);
 	if (rc || (rc = tier_moe_router_check(cfg)) || (rc = moe_check_tk(fn, T, cfg->top_k, cfg->n_experts)) ||
 	    (rc = moe_check_dim(fn, "H", H)))
 		return rc;
@@ -254,7 +236,7 @@ extern "C" int moe_cuda_permute(tier_dev *dev, int T, int k, int E, int H, int c
 				void *xg)
 {
 	const char *fn = "moe_cuda_permute";
-	int rc = cuda_dev(dev, fn);
+	int rc = moe_cuda_dev(dev, fn);
 	if (rc || (rc = moe_check_tk(fn, T, k, E)))
 		return rc;
 	MOE_NONNULL(topk_idx, fn);
@@ -269,8 +251,11 @@ extern "C" int moe_cuda_permute(tier_dev *dev, int T, int k, int E, int H, int c
 	CUDA_TRY(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)E, st));
 	CUDA_TRY(cudaMemsetAsync(row_pair, 0xff, sizeof(int32_t) * (size_t)n, st));
 	hist_kernel<<<(n + 255) / 256, 256, 0, st>>>(topk_idx, n, E, counts, pair_row);
+	CUDA_LAUNCHED();
 	scan_kernel<<<1, 32, 0, st>>>(counts, E, capacity, offsets);
+	CUDA_LAUNCHED();
 	place_kernel<<<E, 1024, 0, st>>>(topk_idx, n, offsets, row_pair, pair_row);
+	CUDA_LAUNCHED();
 	if (x)
 		gather_kernel<<<n, 128, 0, st>>>(offsets, E, row_pair, k, H, (const __nv_bfloat16 *)x, (__nv_bfloat16 *)xg);
 	CUDA_TRY(cudaGetLastError());
@@ -296,7 +281,7 @@ extern "C" int moe_cuda_combine_fwd(tier_dev *dev, int T, int k, int H, const in
 				    const void *y, float *out)
 {
 	const char *fn = "moe_cuda_combine_fwd";
-	int rc = cuda_dev(dev, fn);
+	int rc = moe_cuda_dev(dev, fn);
 	if (rc || (rc = moe_check_tk(fn, T, k, k)) || (rc = moe_check_dim(fn, "H", H)))
 		return rc;
 	MOE_NONNULL(pair_row, fn);
@@ -309,114 +294,18 @@ extern "C" int moe_cuda_combine_fwd(tier_dev *dev, int T, int k, int H, const in
 	return 0;
 }
 
-/* ---- experts: per-expert cuBLASLt products (a first version of the grouped GEMM) ---- */
-#include <cublasLt.h>
-
-/* Column-major D [m, n] = op(A) B with op(A) = A^T (A stored k x m, lda) and B k x n (ldb):
- * for row-major tensors this is Y [n, m] = X [n, k] W^T with W [m, k], the nn.Linear product. */
-static int lt_linear(tier_dev *dev, int m, int n, int k, const void *W, const void *X, void *D, cudaDataType_t dt)
+extern "C" int moe_cuda_gather(tier_dev *dev, int T, int k, int E, int H, const int32_t *offsets,
+			       const int32_t *row_pair, const void *x, void *xg)
 {
-	cublasLtHandle_t h = (cublasLtHandle_t)tier_dev_blaslt(dev);
-	size_t wsb = 0;
-	void *ws = tier_dev_blaslt_workspace(dev, &wsb);
-	cublasLtMatmulDesc_t desc = NULL;
-	cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
-	cublasLtMatmulPreference_t pref = NULL;
-	cublasLtMatmulHeuristicResult_t heur;
-	cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
-	float alpha = 1.0f, beta = 0.0f;
-	int found = 0;
-	cublasStatus_t st = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&ld, dt, m, n, m);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceCreate(&pref);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
-	if (st == CUBLAS_STATUS_SUCCESS && found == 0)
-		st = CUBLAS_STATUS_NOT_SUPPORTED;
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmul(h, desc, &alpha, W, la, X, lb, &beta, D, ld, D, ld, &heur.algo, ws, wsb,
-				    (cudaStream_t)tier_dev_stream(dev));
-	if (pref)
-		cublasLtMatmulPreferenceDestroy(pref);
-	if (ld)
-		cublasLtMatrixLayoutDestroy(ld);
-	if (lb)
-		cublasLtMatrixLayoutDestroy(lb);
-	if (la)
-		cublasLtMatrixLayoutDestroy(la);
-	if (desc)
-		cublasLtMatmulDescDestroy(desc);
-	if (st != CUBLAS_STATUS_SUCCESS)
-		return tier_fail(-EIO, "moe_cuda_experts_fwd: cuBLASLt product %dx%dx%d failed: status %d", m, n, k, (int)st);
-	return 0;
-}
-
-/* The SwiGLU epilogue: h = silu(g) u, stored bf16. */
-__global__ void swiglu_kernel(const float *g, const float *u, size_t n, __nv_bfloat16 *h)
-{
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-		float x = g[i];
-		h[i] = __float2bfloat16(x / (1.0f + __expf(-x)) * u[i]);
-	}
-}
-
-extern "C" int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
-				    const void *const *gate, const void *const *up, const void *const *down,
-				    const void *xg, float *g, float *u, void *h, void *y)
-{
-	const char *fn = "moe_cuda_experts_fwd";
-	int rc = cuda_dev(dev, fn);
-	if (rc || (rc = moe_check_tk(fn, 1, 1, E)) || (rc = moe_check_dim(fn, "H", H)) || (rc = moe_check_dim(fn, "I", I)))
+	const char *fn = "moe_cuda_gather";
+	int rc = moe_cuda_dev(dev, fn);
+	if (rc || (rc = moe_check_tk(fn, T, k, E)) || (rc = moe_check_dim(fn, "H", H)))
 		return rc;
-	MOE_NONNULL(offsets_host, fn);
-	MOE_NONNULL(gate, fn);
-	MOE_NONNULL(up, fn);
-	MOE_NONNULL(down, fn);
+	MOE_NONNULL(offsets, fn);
+	MOE_NONNULL(row_pair, fn);
+	MOE_NONNULL(x, fn);
 	MOE_NONNULL(xg, fn);
-	MOE_NONNULL(g, fn);
-	MOE_NONNULL(u, fn);
-	MOE_NONNULL(h, fn);
-	MOE_NONNULL(y, fn);
-	if (offsets_host[0] != 0)
-		return tier_fail(-EINVAL, "%s: offsets[0] = %d; it must be 0", fn, offsets_host[0]);
-	for (int e = 0; e < E; e++) {
-		if (offsets_host[e + 1] < offsets_host[e])
-			return tier_fail(-EINVAL, "%s: offsets decrease at expert %d", fn, e);
-		if (offsets_host[e + 1] > offsets_host[e] && (!gate[e] || !up[e] || !down[e]))
-			return tier_fail(-EINVAL, "%s: expert %d has rows but a NULL weight", fn, e);
-	}
-	const __nv_bfloat16 *x = (const __nv_bfloat16 *)xg;
-	__nv_bfloat16 *hb = (__nv_bfloat16 *)h, *yb = (__nv_bfloat16 *)y;
-	for (int e = 0; e < E; e++) {
-		int o = offsets_host[e], n = offsets_host[e + 1] - o;
-		if (n == 0)
-			continue;
-		if ((rc = lt_linear(dev, I, n, H, gate[e], x + (size_t)o * H, g + (size_t)o * I, CUDA_R_32F)) ||
-		    (rc = lt_linear(dev, I, n, H, up[e], x + (size_t)o * H, u + (size_t)o * I, CUDA_R_32F)))
-			return rc;
-	}
-	size_t rows = (size_t)offsets_host[E], total = rows * I;
-	if (total) {
-		int blocks = (int)((total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096);
-		swiglu_kernel<<<blocks, 256, 0, (cudaStream_t)tier_dev_stream(dev)>>>(g, u, total, hb);
-		CUDA_TRY(cudaGetLastError());
-	}
-	for (int e = 0; e < E; e++) {
-		int o = offsets_host[e], n = offsets_host[e + 1] - o;
-		if (n && (rc = lt_linear(dev, H, n, I, down[e], hb + (size_t)o * I, yb + (size_t)o * H, CUDA_R_16BF)))
-			return rc;
-	}
+	gather_kernel<<<T * k, 128, 0, moe_stream(dev)>>>(offsets, E, row_pair, k, H, (const bf16 *)x, (bf16 *)xg);
+	CUDA_LAUNCHED();
 	return 0;
 }

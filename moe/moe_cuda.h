@@ -1,14 +1,13 @@
-/* moe_cuda.h - the first CUDA kernels of the MoE block (moe.cu): fused router score + top-k,
- * permute (histogram, scan, stable placement, gather), the weighted combine and the SwiGLU
- * experts' forward (per-expert cuBLASLt products). Not yet behind the
- * public API: tier_moe_* still answer -ENOTSUP on a CUDA context until the backward kernels, LoRA
- * on CUDA and a dtype-aware public signature exist; tests/test_moe_cuda.c drives these against the
- * CPU reference.
+/* moe_cuda.h - the CUDA MoE kernels behind tier/moe.h (moe.cu: router, permute, combine;
+ * moe_bwd.cu: the backward of combine, permute and router with the aux and z losses;
+ * moe_experts.cu: the SwiGLU experts with LoRA over per-expert cuBLASLt products; moe_layer.cu:
+ * the whole block). The public tier_moe_* functions hand a CUDA context to these.
  *
- * All pointers are device memory of the context; x, w_r, xg and y are bf16 (__nv_bfloat16 bits),
- * the rest fp32 or int32 as in tier/moe.h. Launches are asynchronous on the context's stream.
- * Returns 0, -EINVAL (bad config or shapes, checked on the host before any launch) or -EIO (CUDA
- * error, with its text). Thread-safety as tier/moe.h. */
+ * All pointers are device memory of the context (expert pointer arrays: host arrays of device
+ * pointers); bf16 arrays are __nv_bfloat16 bits (void * here), the rest fp32 or int32 as in
+ * tier/moe.h, whose "CUDA" section lists the dtype of each argument. Launches are asynchronous on
+ * the context's stream. Returns 0, -EINVAL (bad config or shapes, checked on the host before any
+ * launch) or -EIO (CUDA or cuBLASLt error, with its text). Thread-safety as tier/moe.h. */
 #ifndef TIER_MOE_CUDA_H
 #define TIER_MOE_CUDA_H
 
@@ -24,15 +23,61 @@ int moe_cuda_router_fwd(tier_dev *dev, const tier_moe_router_cfg *cfg, int T, in
 int moe_cuda_permute(tier_dev *dev, int T, int k, int E, int H, int capacity, const int32_t *topk_idx,
 		     const void *x, int32_t *offsets, int32_t *row_pair, int32_t *pair_row, int32_t *counts,
 		     void *xg);
+/* xg rows 0..offsets[E]-1 = x[row_pair[r] / k] (the gather alone, as backward redoes it). */
+int moe_cuda_gather(tier_dev *dev, int T, int k, int E, int H, const int32_t *offsets, const int32_t *row_pair,
+		    const void *x, void *xg);
 int moe_cuda_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
 			 const void *y, float *out);
-/* SwiGLU experts over the permuted rows, one cuBLASLt product per expert and projection (bf16 in,
- * fp32 accumulate): g, u [rows, I] fp32, h = silu(g) u [rows, I] bf16, y = h down^T [rows, H]
- * bf16. offsets_host: a host copy of the offsets (the caller synchronises once to read them);
- * gate, up, down: host arrays of device pointers to bf16 [I, H], [I, H], [H, I]. No LoRA yet. */
+
+/* ---- backward (moe_bwd.cu) ---- */
+/* dy [rows, H] bf16 (kept rows written) = w d_out[t]; d_topk_w [T, k] fp32 = d_out[t] . y[row]. */
+int moe_cuda_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
+			 const void *y, const float *d_out, void *dy, float *d_topk_w);
+/* dx [T, H] fp32 accumulated with the rows of dxg (fp32) by atomics (the public step). */
+int moe_cuda_permute_bwd(tier_dev *dev, int T, int k, int H, const int32_t *offsets, int E,
+			 const int32_t *row_pair, const float *dxg, float *dx);
+/* dx [T, H] fp32 written: dx_t = sum_j dxg[pair_row(t, j)] (deterministic; the layer's form). */
+int moe_cuda_unpermute_sum(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *dxg, float *dx);
+/* The router's backward fused with the aux and z losses' (counts [E] of the forward, read only when
+ * d_loss != 0 and a coefficient > 0): d_logits [T, E] fp32 written, and its bf16 copy dl_bf16 when
+ * not NULL. */
+int moe_cuda_router_bwd(tier_dev *dev, const tier_moe_router_cfg *cfg, int T, const float *logits,
+			const int32_t *topk_idx, const float *d_topk_w, const int32_t *counts, float aux_coef,
+			float z_coef, float d_loss, float *d_logits, void *dl_bf16);
+/* p [E] = sum_t softmax(logits_t), zs [1] = sum_t logsumexp(logits_t)^2 (both zeroed first). */
+int moe_cuda_aux_stats(tier_dev *dev, int T, int E, const float *logits, float *p, float *zs);
+
+/* ---- experts (moe_experts.cu) ---- */
+/* Row-major C [M, N] = alpha op(A) op(B) + beta C with bf16 A, B (row strides lda, ldb), fp32
+ * accumulation, C fp32 (c_bf16 0) or bf16 (1). One cuBLASLt call on the context's stream. */
+int moe_cuda_mm(tier_dev *dev, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
+		const void *B, int ldb, float beta, void *C, int ldc, int c_bf16);
+/* Checks of the expert and LoRA pointers against host offsets [E+1] (NULL only for empty experts). */
+int moe_cuda_experts_check(const char *fn, int E, const int32_t *offsets_host, const tier_moe_experts *w,
+			   const tier_moe_loras *lora);
+/* Forward over rows 0..offsets_host[E]-1 of xg (bf16): g, u [rows, I] fp32 (LoRA added), h bf16,
+ * y [rows, H] bf16 (LoRA added). z: bf16 scratch [rows, max LoRA rank] (NULL without LoRA). */
+int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
+			      const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, float *g,
+			      float *u, void *h, void *y, void *z);
+/* The first interface (no LoRA, separate gate / up / down arrays), kept for tests/test_moe_cuda.c. */
 int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const void *const *gate, const void *const *up, const void *const *down,
 			 const void *xg, float *g, float *u, void *h, void *y);
+/* Backward: dxg [rows, H] fp32 written from dy [rows, H] bf16; LoRA da, db (fp32) accumulated.
+ * Scratch: h, dg, du bf16 [rows, I]; dh fp32 [rows, I]; z, dz bf16 [rows, max rank]. */
+int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
+			 const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const float *g,
+			 const float *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z,
+			 void *dz);
+
+/* ---- the block (moe_layer.cu): the CUDA side of tier_moe_layer_fwd / _bwd ---- */
+int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x, const void *w_r,
+		       const float *bias, const tier_moe_experts *w, const tier_moe_loras *lora, float *out,
+		       tier_moe_saved *saved, void *ws, size_t ws_bytes);
+int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x, const void *w_r,
+		       const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *saved,
+		       const float *d_out, float d_aux, float *dx, float *dw_r, void *ws, size_t ws_bytes);
 
 #ifdef __cplusplus
 }

@@ -15,8 +15,47 @@ extern "C" {
 void moe_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
 	      int ldb, float beta, float *C, int ldc);
 
-/* Device dispatch: CPU is fine, a CUDA context gets -ENOTSUP until moe.cu exists; NULL is -EINVAL. */
+/* Device check of the CPU code: CPU is fine, a CUDA context gets -ENOTSUP (a step without a CUDA
+ * version: the caller should use the layer); NULL is -EINVAL. */
 int moe_check_dev(tier_dev *dev, const char *fn);
+
+/* Steps with a CUDA version hand a CUDA context to it (moe_cuda.h) before their CPU checks. Files
+ * that use it include "config.h" first. */
+#ifdef TIER_HAVE_CUDA
+#define MOE_CUDA_DISPATCH(dev, call)                                                               \
+	do {                                                                                       \
+		if ((dev) && tier_dev_kind_of(dev) == TIER_DEV_CUDA)                               \
+			return (call);                                                             \
+	} while (0)
+#else
+#define MOE_CUDA_DISPATCH(dev, call) ((void)0)
+#endif
+
+/* Byte offsets into the CUDA layer's workspace (layer.c computes it, moe_layer.cu uses it). n = T k
+ * rows, r the largest LoRA rank. Forward uses xg, h, z, p, zs; backward all. */
+typedef struct {
+	size_t xg;  /* bf16 [n, H] gathered rows */
+	size_t h;   /* bf16 [n, I] silu(g) u */
+	size_t z;   /* bf16 [n, r] X A^T */
+	size_t dz;  /* bf16 [n, r] s dY B */
+	size_t dy;  /* bf16 [n, H] */
+	size_t dg;  /* bf16 [n, I] */
+	size_t du;  /* bf16 [n, I] */
+	size_t dh;  /* fp32 [n, I] */
+	size_t dxg; /* fp32 [n, H] */
+	size_t dtw; /* fp32 [n] */
+	size_t dl;  /* fp32 [T, E] */
+	size_t dlb; /* bf16 [T, E] */
+	size_t p;   /* fp32 [E] sum_t softmax(logits_t) */
+	size_t zs;  /* fp32 [1] sum_t lse_t^2 */
+	size_t total;
+} moe_cuda_ws;
+/* The layer's argument checks (layer.c), shared with moe_layer.cu. */
+int moe_cfg_check(const char *fn, const tier_moe_cfg *c, int T);
+int moe_ws_check(const char *fn, const tier_moe_cfg *c, int T, const tier_moe_loras *lora, void *ws, size_t bytes);
+int moe_saved_check(const char *fn, const tier_moe_saved *s, int T);
+void moe_cuda_ws_layout(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora, moe_cuda_ws *l);
+int moe_lora_max_rank(const tier_moe_loras *lora);
 
 #define MOE_NONNULL(p, fn)                                                                         \
 	do {                                                                                       \

@@ -670,9 +670,10 @@ static void export_for_peft(const fixture *f, tier_model *m, const float *hid, c
 		fail_msg("%s", tier_last_error());
 	tier_peft_free(a);
 	float *z = logits_of(f, hid);
+	uint64_t B = (uint64_t)f->B, S = (uint64_t)f->S, V = (uint64_t)f->V;
 	tier_st_wtensor t[2] = {
-		{ .name = "logits", .dtype = TIER_DT_F32, .ndim = 3, .shape = { (uint64_t)f->B, (uint64_t)f->S, (uint64_t)f->V }, .data = z },
-		{ .name = "input_ids", .dtype = TIER_DT_I64, .ndim = 2, .shape = { (uint64_t)f->B, (uint64_t)f->S }, .data = ids },
+		{ .name = "logits", .dtype = TIER_DT_F32, .ndim = 3, .shape = { B, S, V }, .data = z },
+		{ .name = "input_ids", .dtype = TIER_DT_I64, .ndim = 2, .shape = { B, S }, .data = ids },
 	};
 	snprintf(p, sizeof p, "%s/%s/logits.safetensors", root, f->c->name);
 	if (tier_st_write(p, t, 2, NULL))
@@ -762,6 +763,36 @@ static void test_model_vs_hf(void **state)
 	fixture_close(&f);
 }
 
+/* Bad input: one case's checkpoint under another case's config is refused with a message that
+ * names the tensor, and leaves the model without data (evaluation then fails cleanly). */
+static void test_wrong_checkpoint(void **state)
+{
+	fixture a, b;
+	trainer_rig r;
+	(void)state;
+	fixture_open(&a, &cases[0]);
+	fixture_open(&b, &cases[1]);
+	char dir[700];
+	snprintf(dir, sizeof dir, "%s/model", b.dir);
+	assert_int_equal(rig_open(&a, &r), 0);
+	int rc = tier_model_load_hf(r.m, dir);
+	printf("# %s weights under %s's config: %d (%s)\n", b.c->name, a.c->name, rc, tier_last_error());
+	assert_true(rc == -EBADMSG || rc == -ENOENT);
+	assert_non_null(strstr(tier_last_error(), "model."));
+	tier_train_cfg tc;
+	tier_train_cfg_init(&tc);
+	tc.batch = a.B, tc.seq = a.S;
+	if (tier_trainer_create(r.m, &tc, &r.t) == 0) {
+		int32_t tok[1024] = { 0 }, lab[1024] = { 0 };
+		float loss;
+		assert_true(a.T <= 1024);
+		assert_true(tier_trainer_eval(r.t, tok, lab, 0, &loss, NULL) < 0);
+	}
+	rig_close(&r);
+	fixture_close(&a);
+	fixture_close(&b);
+}
+
 #endif /* TIER_HAVE_JANSSON */
 
 int main(void)
@@ -781,6 +812,7 @@ int main(void)
 	{ n ": model_vs_hf", test_model_vs_hf, NULL, NULL, (void *)&cases[i] }
 	const struct CMUnitTest tests[] = {
 		CASE_TESTS(0, "qwen3_moe_a"), CASE_TESTS(1, "qwen3_moe_b"), CASE_TESTS(2, "mixtral"),
+		cmocka_unit_test(test_wrong_checkpoint),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	tier_dev_close(cpu);

@@ -175,6 +175,7 @@ static int acquire_init(tier_store *s, tier_object *o, tier_id t, unsigned flags
 	store_copy *c = &o->copy[t];
 	if (obj_pinned(o))
 		return tier_fail(-EBUSY, "object %" PRIu64 " is pinned: TIER_ACQ_INIT needs it unpinned everywhere", o->id);
+	store_obj_quiesce(s, o); /* no transfer may read the copy the caller is about to overwrite */
 	store_copy_gc(s, c);
 	if (c->state == TIER_COPY_ABSENT) {
 		int rc = store_copy_alloc(s, c, flags & TIER_ACQ_NOEVICT, o, NULL, NULL);
@@ -375,14 +376,7 @@ int tier_migrate(tier_store *s, tier_object *o, tier_id t)
 		rc = tier_fail(-ENODATA, "object %" PRIu64 " has no data: acquire with TIER_ACQ_INIT to fill it", o->id);
 		goto out;
 	}
-	for (store_xfer *x = s->xfers, *nx; x; x = nx) { /* let transfers touching o finish */
-		nx = x->next;
-		if (x->dst->obj == o || x->src->obj == o) {
-			tier_fence_wait(x->fence);
-			store_settle(s, x);
-			nx = s->xfers;
-		}
-	}
+	store_obj_quiesce(s, o); /* let transfers touching o finish */
 	store_copy_gc(s, c);
 	if (!store_copy_current(c)) {
 		rc = store_copy_alloc(s, c, 0, o, NULL, NULL);

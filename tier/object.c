@@ -276,7 +276,7 @@ static void obj_free(tier_store *s, tier_object *o)
 
 /* Wait for (and settle) every transfer in flight that reads or fills o. Lock held: the transfers
  * need no store lock to finish. */
-static void obj_quiesce(tier_store *s, tier_object *o)
+void store_obj_quiesce(tier_store *s, tier_object *o)
 {
 	for (store_xfer *x = s->xfers, *nx; x; x = nx) {
 		nx = x->next;
@@ -300,7 +300,7 @@ int tier_obj_destroy(tier_store *s, tier_object *o)
 			return tier_fail(-EBUSY, "object %" PRIu64 " is pinned in %s (%u pins): release it before destroying it",
 					 o->id, tier_name((tier_id)t), o->copy[t].pins);
 		}
-	obj_quiesce(s, o);
+	store_obj_quiesce(s, o);
 	obj_free(s, o);
 	store_maybe_publish(s, 0);
 	store_unlock(s);

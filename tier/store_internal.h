@@ -141,6 +141,7 @@ struct tier_store {
 
 /* object.c */
 tier_object *store_obj_find(tier_store *s, uint64_t id);
+void store_obj_quiesce(tier_store *s, tier_object *o);
 int store_copy_current(const store_copy *c);
 tier_id store_lowest_tier(const tier_store *s);
 void store_refresh(tier_store *s, tier_object *o);

@@ -1,15 +1,17 @@
 /* moe.h - the Mixture-of-Experts block: router, permute, grouped SwiGLU experts, combine, backward.
  *
  * Pure compute: raw pointers, shapes and a device context in; nothing allocated, no I/O. The CPU
- * path is the fp32 reference (OpenBLAS for the products when built with it); a CUDA context gets
- * -ENOTSUP until the CUDA path is complete (moe/moe.cu holds its first forward kernels).
+ * path is the fp32 reference (OpenBLAS for the products when built with it). A CUDA context runs
+ * the CUDA kernels (moe/*.cu) on device pointers with bf16 storage: see "CUDA" below for which
+ * arguments are bf16 there (the float-typed parameters are then bf16 arrays passed as such).
  * Layouts are Hugging Face's, row-major, so checkpoints load as they are: router weight W_r [E, H]
  * (logits = x W_r^T); per expert gate_proj [I, H], up_proj [I, H], down_proj [H, I] (y = x W^T),
  * or a fused gate_up [2I, H]; LoRA A [r, in], B [out, r] (PEFT), y += scale (x A^T) B^T, never
  * forming B A. docs/moe.md has the formulas.
  *
  * Every function returns 0 or a negative errno (-EINVAL for bad shapes, configs or NULL pointers,
- * -ENOTSUP for a CUDA context) with a message (tier_last_error). A failed step function has
+ * -ENOTSUP for a step that has no CUDA version, -EIO for a CUDA error) with a message
+ * (tier_last_error). A failed step function has
  * written nothing (all checks come first); a failed layer call may have written parts of saved,
  * ws and dx when an expert that received rows has a NULL weight (known only once routing ran).
  * Thread-safety: the functions keep no state; concurrent calls are fine when their output buffers
@@ -143,6 +145,25 @@ int tier_moe_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair
 int tier_moe_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
 			 const float *y, const float *d_out, float *dy, float *d_topk_w);
 
+/* ---- CUDA ---------------------------------------------------------------------------------------
+ * On a CUDA context (tier_dev_kind_of(dev) == TIER_DEV_CUDA) every pointer is device memory of that
+ * context (the arrays of per-expert pointers are host arrays of device pointers), work is queued on
+ * the context's stream, and storage is bf16 where the matrices feed tensor-core products:
+ *   bf16: x, w_r, the expert weights, LoRA a and b, xg, saved y, and combine_bwd's dy;
+ *   fp32: bias, logits, topk_w, out, d_out, dx, dw_r, LoRA da and db, saved g and u, d_topk_w,
+ *         d_logits, dxg; int32 as on the CPU.
+ * The whole block (tier_moe_layer_fwd / _bwd, with cfg.dtype = TIER_MOE_BF16) and the steps
+ * tier_moe_router_fwd, tier_moe_permute (counts required), tier_moe_permute_bwd, tier_moe_combine_fwd,
+ * tier_moe_combine_bwd and tier_moe_router_weights_bwd run on CUDA; the other steps answer -ENOTSUP
+ * there (use the layer). The layer synchronises the stream once per call to read the expert offsets
+ * (and the aux statistics) on the host; steps do not synchronise. Limits on CUDA: the router keeps
+ * an x row and 3 E floats in shared memory (H up to about 50000 on an H200, else -EINVAL); any H, I
+ * and LoRA rank (no multiple-of-8 rule: cuBLASLt is told the real alignment). docs/moe.md. */
+typedef enum {
+	TIER_MOE_F32 = 0,  /* fp32 storage: the CPU reference */
+	TIER_MOE_BF16 = 1, /* bf16 storage, fp32 accumulation: CUDA (see above) */
+} tier_moe_dtype;
+
 /* ---- The whole block ---------------------------------------------------------------------------- */
 typedef struct {
 	tier_moe_router_cfg router;
@@ -151,6 +172,7 @@ typedef struct {
 	float capacity_factor; /* <= 0: dropless */
 	float aux_coef;        /* router_aux_loss_coef; 0: no aux loss */
 	float z_coef;          /* router z-loss coefficient; 0: none */
+	tier_moe_dtype dtype;  /* TIER_MOE_F32 on a CPU context, TIER_MOE_BF16 on CUDA (else -EINVAL) */
 } tier_moe_cfg;
 
 /* What backward needs from forward, carved by tier_moe_saved_bind from one caller buffer of
@@ -166,11 +188,12 @@ typedef struct {
 	int32_t *row_pair; /* [T*k] */
 	int32_t *pair_row; /* [T*k] */
 	float *g, *u;      /* [T*k, I] */
-	float *y;          /* [T*k, H] expert outputs */
+	float *y;          /* [T*k, H] expert outputs (bf16 with TIER_MOE_BF16) */
 	float aux, z;      /* the losses of this forward (already times their coefficients) */
 } tier_moe_saved;
 
-/* Bytes of the saved buffer and of the workspace for T tokens; 0 when the config is bad. */
+/* Bytes of the saved buffer and of the workspace for T tokens (device memory with TIER_MOE_BF16);
+ * 0 when the config is bad. */
 size_t tier_moe_saved_bytes(const tier_moe_cfg *cfg, int T);
 size_t tier_moe_workspace_bytes(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora);
 /* Point s's arrays into buf (tier_moe_saved_bytes long, 64-byte aligned pieces). */

@@ -167,12 +167,12 @@ def random_adapter(cfg, seed):
 
 
 def load_peft(model_dir, adir):
-    base = AutoLoad(model_dir)
+    base = load_base(model_dir)
     pm = PeftModel.from_pretrained(base, adir, is_trainable=True)
     return pm.float().eval()
 
 
-def AutoLoad(model_dir):
+def load_base(model_dir):
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     cls = MixtralForCausalLM if cfg["model_type"] == "mixtral" else Qwen3MoeForCausalLM
     return cls.from_pretrained(model_dir, attn_implementation="eager",
@@ -263,7 +263,7 @@ def topk_margin(out_rl, k):
 
 def merged_reference(model_dir, cfg, adapter, ids, labels):
     """Independent LoRA reference: W + (alpha / r) B A merged into the per-expert weights."""
-    base = AutoLoad(model_dir)
+    base = load_base(model_dir)
     sd = {k: v.clone() for k, v in base.state_dict().items()}
     s = ALPHA / R
     for L, mod, fin, fout in lora_shapes(cfg):
@@ -323,7 +323,7 @@ def make_case(name, case, root):
     fx = {"input_ids": ids, "labels": labels, "shift_labels": shift}
 
     # The base model as reloaded from disk (so the fixtures describe the files), checked against memory.
-    base = AutoLoad(mdir)
+    base = load_base(mdir)
     with torch.no_grad():
         out, caught = run(base, ids, labels, base.model)
         mem = model(input_ids=ids, labels=labels)

@@ -1,0 +1,273 @@
+/* moe_bwd.cu - CUDA backward of the MoE steps around the experts: combine (d expert outputs, d router
+ * weights), the gather (scatter back to tokens), and the router fused with the aux and z losses,
+ * plus the aux statistics of the forward. One block per token where a token's row is the unit;
+ * same formulas as router.c, combine.c and permute.c (docs/moe.md). */
+#include <math.h>
+#include <stdint.h>
+#include "moe/moe_cu.cuh"
+#include "moe/moe_cuda.h"
+
+#define TOK_THREADS 256
+
+/* ---- combine ---- */
+__global__ void combine_bwd_kernel(int k, int H, const int32_t *pair_row, const float *w, const bf16 *y,
+				   const float *d_out, bf16 *dy, float *d_topk_w)
+{
+	__shared__ float red[33];
+	int t = blockIdx.x;
+	const float *g = d_out + (size_t)t * H;
+	for (int j = 0; j < k; j++) {
+		int p = t * k + j, r = pair_row[p]; /* the same r for the whole block: no divergence at sync */
+		float dot = 0.0f;
+		if (r >= 0) {
+			float wp = w[p];
+			const bf16 *yr = y + (size_t)r * H;
+			bf16 *dr = dy + (size_t)r * H;
+			for (int h = threadIdx.x; h < H; h += blockDim.x) {
+				float gh = g[h];
+				dot += gh * __bfloat162float(yr[h]);
+				dr[h] = __float2bfloat16(wp * gh);
+			}
+		}
+		dot = block_sum(dot, red);
+		if (threadIdx.x == 0)
+			d_topk_w[p] = r >= 0 ? dot : 0.0f;
+	}
+}
+
+extern "C" int moe_cuda_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
+				    const void *y, const float *d_out, void *dy, float *d_topk_w)
+{
+	const char *fn = "moe_cuda_combine_bwd";
+	int rc = moe_cuda_dev(dev, fn);
+	if (rc || (rc = moe_check_tk(fn, T, k, k)) || (rc = moe_check_dim(fn, "H", H)))
+		return rc;
+	MOE_NONNULL(pair_row, fn);
+	MOE_NONNULL(topk_w, fn);
+	MOE_NONNULL(y, fn);
+	MOE_NONNULL(d_out, fn);
+	MOE_NONNULL(dy, fn);
+	MOE_NONNULL(d_topk_w, fn);
+	combine_bwd_kernel<<<T, TOK_THREADS, 0, moe_stream(dev)>>>(k, H, pair_row, topk_w, (const bf16 *)y, d_out,
+								    (bf16 *)dy, d_topk_w);
+	CUDA_LAUNCHED();
+	return 0;
+}
+
+/* ---- permute ---- */
+__global__ void permute_bwd_kernel(int k, int H, int n, const int32_t *offsets, int E, const int32_t *row_pair,
+				   const float *dxg, float *dx)
+{
+	int r = blockIdx.x, rows = offsets[E];
+	if (r >= rows || rows > n)
+		return;
+	int p = row_pair[r];
+	if (p < 0 || p >= n)
+		return; /* not a pair: the host cannot check device maps; skip rather than write out of bounds */
+	float *d = dx + (size_t)(p / k) * H;
+	const float *s = dxg + (size_t)r * H;
+	for (int h = threadIdx.x; h < H; h += blockDim.x)
+		atomicAdd(d + h, s[h]);
+}
+
+extern "C" int moe_cuda_permute_bwd(tier_dev *dev, int T, int k, int H, const int32_t *offsets, int E,
+				    const int32_t *row_pair, const float *dxg, float *dx)
+{
+	const char *fn = "moe_cuda_permute_bwd";
+	int rc = moe_cuda_dev(dev, fn);
+	if (rc || (rc = moe_check_tk(fn, T, k, E)) || (rc = moe_check_dim(fn, "H", H)))
+		return rc;
+	MOE_NONNULL(offsets, fn);
+	MOE_NONNULL(row_pair, fn);
+	MOE_NONNULL(dxg, fn);
+	MOE_NONNULL(dx, fn);
+	permute_bwd_kernel<<<T * k, 128, 0, moe_stream(dev)>>>(k, H, T * k, offsets, E, row_pair, dxg, dx);
+	CUDA_LAUNCHED();
+	return 0;
+}
+
+__global__ void unpermute_sum_kernel(int k, int H, int n, const int32_t *pair_row, const float *dxg, float *dx)
+{
+	int t = blockIdx.x;
+	int32_t r[TIER_MOE_MAX_TOPK];
+	for (int j = 0; j < k; j++) {
+		r[j] = pair_row[t * k + j];
+		r[j] = r[j] < n ? r[j] : -1;
+	}
+	for (int h = threadIdx.x; h < H; h += blockDim.x) {
+		float acc = 0.0f;
+		for (int j = 0; j < k; j++)
+			if (r[j] >= 0)
+				acc += dxg[(size_t)r[j] * H + h];
+		dx[(size_t)t * H + h] = acc;
+	}
+}
+
+extern "C" int moe_cuda_unpermute_sum(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *dxg,
+				      float *dx)
+{
+	const char *fn = "moe_cuda_unpermute_sum";
+	int rc = moe_cuda_dev(dev, fn);
+	if (rc || (rc = moe_check_tk(fn, T, k, k)) || (rc = moe_check_dim(fn, "H", H)))
+		return rc;
+	MOE_NONNULL(pair_row, fn);
+	MOE_NONNULL(dxg, fn);
+	MOE_NONNULL(dx, fn);
+	unpermute_sum_kernel<<<T, TOK_THREADS, 0, moe_stream(dev)>>>(k, H, T * k, pair_row, dxg, dx);
+	CUDA_LAUNCHED();
+	return 0;
+}
+
+/* ---- router ---- */
+struct rb_args {
+	int kind, E, k, norm, T;
+	float rsf, ca, cz; /* ca = d_loss aux_coef E / T; cz = d_loss z_coef 2 / T (times lse per token) */
+	int aux;           /* ca or cz != 0: the dense loss terms (counts read) */
+};
+
+__device__ static inline float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* One block per token: smem pe [E] softmax (when needed), dle [E] the token's d logits. */
+__global__ void router_bwd_kernel(rb_args a, const float *logits, const int32_t *topk_idx, const float *d_topk_w,
+				  const int32_t *counts, float *d_logits, bf16 *dl_bf16)
+{
+	extern __shared__ float sm[];
+	float *pe = sm, *dle = sm + a.E;
+	__shared__ float red[33];
+	__shared__ float dot_all;
+	int t = blockIdx.x, E = a.E, k = a.k;
+	const float *l = logits + (size_t)t * E;
+	const int32_t *idx = topk_idx + (size_t)t * k;
+	const float *dw = d_topk_w + (size_t)t * k;
+	int dense_softmax = a.kind == TIER_MOE_ROUTER_SOFTMAX_TOPK && !a.norm;
+	float lse = 0.0f, pf = 0.0f;
+	if (dense_softmax || a.aux) {
+		float m = -INFINITY;
+		for (int e = threadIdx.x; e < E; e += blockDim.x)
+			m = fmaxf(m, l[e]);
+		m = block_max(m, red);
+		float s = 0.0f;
+		for (int e = threadIdx.x; e < E; e += blockDim.x)
+			s += (pe[e] = expf(l[e] - m));
+		s = block_sum(s, red);
+		float inv = 1.0f / s, f = 0.0f;
+		lse = m + logf(s);
+		for (int e = threadIdx.x; e < E; e += blockDim.x) {
+			pe[e] *= inv;
+			f += a.aux ? pe[e] * (float)counts[e] / (float)a.T : 0.0f;
+		}
+		pf = block_sum(f, red); /* its barriers also publish pe */
+	}
+	if (threadIdx.x == 0) {
+		float d = 0.0f;
+		if (dense_softmax)
+			for (int j = 0; j < k; j++)
+				d += pe[idx[j]] * dw[j];
+		dot_all = d;
+	}
+	__syncthreads();
+	for (int e = threadIdx.x; e < E; e += blockDim.x) {
+		float v = dense_softmax ? -pe[e] * dot_all : 0.0f;
+		if (a.aux)
+			v += a.ca * pe[e] * ((float)counts[e] / (float)a.T - pf) + a.cz * lse * pe[e];
+		dle[e] = v;
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) { /* the k chosen: serial, k <= 16 */
+		if (dense_softmax) {
+			for (int j = 0; j < k; j++)
+				dle[idx[j]] += pe[idx[j]] * dw[j];
+		} else if (a.kind == TIER_MOE_ROUTER_SIGMOID_GROUP) {
+			float D = a.norm ? 1e-20f : 1.0f, dot = 0.0f;
+			for (int j = 0; j < k; j++)
+				D += a.norm ? sigm(l[idx[j]]) : 0.0f;
+			for (int j = 0; j < k; j++)
+				dot += a.norm ? dw[j] * sigm(l[idx[j]]) / D : 0.0f;
+			for (int j = 0; j < k; j++) {
+				float s = sigm(l[idx[j]]);
+				dle[idx[j]] += a.rsf * (dw[j] - dot) / D * s * (1.0f - s);
+			}
+		} else { /* softmax over the chosen */
+			float w[TIER_MOE_MAX_TOPK], m = l[idx[0]], s = 0.0f, dot = 0.0f;
+			for (int j = 0; j < k; j++)
+				m = fmaxf(m, l[idx[j]]);
+			for (int j = 0; j < k; j++)
+				s += (w[j] = expf(l[idx[j]] - m));
+			for (int j = 0; j < k; j++)
+				dot += dw[j] * (w[j] /= s);
+			for (int j = 0; j < k; j++)
+				dle[idx[j]] += w[j] * (dw[j] - dot);
+		}
+	}
+	__syncthreads();
+	for (int e = threadIdx.x; e < E; e += blockDim.x) {
+		d_logits[(size_t)t * E + e] = dle[e];
+		if (dl_bf16)
+			dl_bf16[(size_t)t * E + e] = __float2bfloat16(dle[e]);
+	}
+}
+
+extern "C" int moe_cuda_router_bwd(tier_dev *dev, const tier_moe_router_cfg *cfg, int T, const float *logits,
+				   const int32_t *topk_idx, const float *d_topk_w, const int32_t *counts, float aux_coef,
+				   float z_coef, float d_loss, float *d_logits, void *dl_bf16)
+{
+	const char *fn = "moe_cuda_router_bwd";
+	int rc = moe_cuda_dev(dev, fn);
+	if (rc || (rc = tier_moe_router_check(cfg)) || (rc = moe_check_tk(fn, T, cfg->top_k, cfg->n_experts)))
+		return rc;
+	MOE_NONNULL(logits, fn);
+	MOE_NONNULL(topk_idx, fn);
+	MOE_NONNULL(d_topk_w, fn);
+	MOE_NONNULL(d_logits, fn);
+	if (!isfinite(aux_coef) || !isfinite(z_coef) || !isfinite(d_loss) || aux_coef < 0 || z_coef < 0)
+		return tier_fail(-EINVAL, "%s: loss coefficients and d_loss must be finite (coefficients >= 0)", fn);
+	int E = cfg->n_experts, aux = d_loss != 0.0f && (aux_coef > 0 || z_coef > 0);
+	if (aux)
+		MOE_NONNULL(counts, fn);
+	rb_args a = { (int)cfg->kind, E, cfg->top_k, cfg->norm_topk_prob, T,
+		      cfg->routed_scaling_factor == 0.0f ? 1.0f : cfg->routed_scaling_factor,
+		      d_loss * aux_coef * E / T, d_loss * z_coef * 2.0f / T, aux };
+	size_t smem = 2 * sizeof(float) * (size_t)E; /* <= 8 KiB: E <= 1024 */
+	router_bwd_kernel<<<T, TOK_THREADS, smem, moe_stream(dev)>>>(a, logits, topk_idx, d_topk_w, counts, d_logits,
+								      (bf16 *)dl_bf16);
+	CUDA_LAUNCHED();
+	return 0;
+}
+
+/* ---- aux statistics (forward) ---- */
+__global__ void aux_stats_kernel(int E, const float *logits, float *p, float *zs)
+{
+	__shared__ float red[33];
+	const float *l = logits + (size_t)blockIdx.x * E;
+	float m = -INFINITY, s = 0.0f;
+	for (int e = threadIdx.x; e < E; e += blockDim.x)
+		m = fmaxf(m, l[e]);
+	m = block_max(m, red);
+	for (int e = threadIdx.x; e < E; e += blockDim.x)
+		s += expf(l[e] - m);
+	s = block_sum(s, red);
+	float inv = 1.0f / s;
+	for (int e = threadIdx.x; e < E; e += blockDim.x)
+		atomicAdd(p + e, expf(l[e] - m) * inv);
+	if (threadIdx.x == 0) {
+		float lse = m + logf(s);
+		atomicAdd(zs, lse * lse);
+	}
+}
+
+extern "C" int moe_cuda_aux_stats(tier_dev *dev, int T, int E, const float *logits, float *p, float *zs)
+{
+	const char *fn = "moe_cuda_aux_stats";
+	int rc = moe_cuda_dev(dev, fn);
+	if (rc || (rc = moe_check_tk(fn, T, 1, E)))
+		return rc;
+	MOE_NONNULL(logits, fn);
+	MOE_NONNULL(p, fn);
+	MOE_NONNULL(zs, fn);
+	cudaStream_t st = moe_stream(dev);
+	CUDA_TRY(cudaMemsetAsync(p, 0, sizeof(float) * (size_t)E, st));
+	CUDA_TRY(cudaMemsetAsync(zs, 0, sizeof(float), st));
+	aux_stats_kernel<<<T, TOK_THREADS, 0, st>>>(E, logits, p, zs);
+	CUDA_LAUNCHED();
+	return 0;
+}
