@@ -32,6 +32,17 @@ EXTRA_DIST += tests/fuzz/corpus_safetensors tests/golden/check_safetensors.py
 libtier_la_SOURCES += core/core_internal.h core/layers.c core/model.c core/model_io.c core/decoder.h \
 	core/decoder.c core/train.c core/checkpoint.c core/data.c
 nobase_include_HEADERS += include/tier/model.h
+## tier-plan's arithmetic (cluster sizing)
+libtier_la_SOURCES += core/plan_model.c core/plan.c core/plan_calib.c
+nobase_include_HEADERS += include/tier/plan.h
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_plan
+TESTS += tests/test_plan
+tests_test_plan_SOURCES = tests/test_plan.c
+tests_test_plan_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_plan_LDFLAGS = $(TESTLD)
+endif
+EXTRA_DIST += docs/plan.md
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_layers tests/test_train
 TESTS += tests/test_layers tests/test_train

@@ -23,10 +23,10 @@ static void gqa(tier_plan_attn *a, int64_t layers, int64_t h, int64_t heads, int
 	memset(a, 0, sizeof *a);
 	a->type = TIER_PLAN_ATTN_FULL;
 	a->layers = layers;
-	add_proj(a, "q_proj", h, heads * hd, TIER_LORA_Q);
-	add_proj(a, "k_proj", h, kv * hd, TIER_LORA_K);
-	add_proj(a, "v_proj", h, kv * hd, TIER_LORA_V);
-	add_proj(a, "o_proj", heads * hd, h, TIER_LORA_O);
+	add_proj(a, "q_proj", h, heads * hd, TIER_PLAN_LORA_Q);
+	add_proj(a, "k_proj", h, kv * hd, TIER_PLAN_LORA_K);
+	add_proj(a, "v_proj", h, kv * hd, TIER_PLAN_LORA_V);
+	add_proj(a, "o_proj", heads * hd, h, TIER_PLAN_LORA_O);
 	a->extra_params = qk_norm ? 2 * hd : 0;
 	a->heads = heads;
 	a->dqk = a->dv = hd;
@@ -39,11 +39,11 @@ static void mla(tier_plan_attn *a, int64_t layers, int64_t h)
 	memset(a, 0, sizeof *a);
 	a->type = TIER_PLAN_ATTN_FULL;
 	a->layers = layers;
-	add_proj(a, "q_a_proj", h, 1536, TIER_LORA_Q);
-	add_proj(a, "q_b_proj", 1536, 128 * 192, TIER_LORA_Q);
-	add_proj(a, "kv_a_proj", h, 512 + 64, TIER_LORA_K);
-	add_proj(a, "kv_b_proj", 512, 128 * (128 + 128), TIER_LORA_V);
-	add_proj(a, "o_proj", 128 * 128, h, TIER_LORA_O);
+	add_proj(a, "q_a_proj", h, 1536, TIER_PLAN_LORA_Q);
+	add_proj(a, "q_b_proj", 1536, 128 * 192, TIER_PLAN_LORA_Q);
+	add_proj(a, "kv_a_proj", h, 512 + 64, TIER_PLAN_LORA_K);
+	add_proj(a, "kv_b_proj", 512, 128 * (128 + 128), TIER_PLAN_LORA_V);
+	add_proj(a, "o_proj", 128 * 128, h, TIER_PLAN_LORA_O);
 	a->extra_params = 1536 + 512;   /* q_a_layernorm, kv_a_layernorm */
 	a->heads = 128;
 	a->dqk = 192;
@@ -58,13 +58,13 @@ static void gdn(tier_plan_attn *a, int64_t layers, int64_t h)
 	memset(a, 0, sizeof *a);
 	a->type = TIER_PLAN_ATTN_LINEAR;
 	a->layers = layers;
-	add_proj(a, "q_proj", h, 32 * 128, TIER_LORA_Q);
-	add_proj(a, "k_proj", h, 32 * 128, TIER_LORA_K);
-	add_proj(a, "v_proj", h, 64 * 128, TIER_LORA_V);
+	add_proj(a, "q_proj", h, 32 * 128, TIER_PLAN_LORA_Q);
+	add_proj(a, "k_proj", h, 32 * 128, TIER_PLAN_LORA_K);
+	add_proj(a, "v_proj", h, 64 * 128, TIER_PLAN_LORA_V);
 	add_proj(a, "z_proj", h, 64 * 128, 0);
 	add_proj(a, "b_proj", h, 64, 0);
 	add_proj(a, "a_proj", h, 64, 0);
-	add_proj(a, "o_proj", 64 * 128, h, TIER_LORA_O);
+	add_proj(a, "o_proj", 64 * 128, h, TIER_PLAN_LORA_O);
 	a->extra_params = 4 * (32 * 128 * 2 + 64 * 128) + 2 * 64 + 128;
 	a->heads = 64;
 	a->dqk = a->dv = 128;
@@ -94,7 +94,7 @@ static void base(tier_plan_model *m, const char *name, int64_t layers, int64_t h
 	m->hidden = h;
 	m->vocab = vocab;
 	m->lora_r = 32;
-	m->lora_targets = TIER_LORA_Q | TIER_LORA_K | TIER_LORA_V | TIER_LORA_O;
+	m->lora_targets = TIER_PLAN_LORA_Q | TIER_PLAN_LORA_K | TIER_PLAN_LORA_V | TIER_PLAN_LORA_O;
 	m->seq = 4096;
 	m->mbs = 1;
 }
@@ -153,7 +153,7 @@ static void preset_seed(tier_plan_model *m)
 	dsa(&m->attn[1], 16, 7168);
 	m->nattn = 2;
 	moe(m, 896, 16, 2240);
-	m->lora_targets |= TIER_LORA_GATE;
+	m->lora_targets |= TIER_PLAN_LORA_GATE;
 	m->seq = 131072;
 	snprintf(m->note, sizeof m->note, "shape chosen for tier-plan (layers, H, expert I, attention): "
 		 "about 2.8e12 parameters as the seeds say; see docs/plan.md");
@@ -261,7 +261,7 @@ static uint64_t swiglu(int64_t h, int64_t i) { return 3 * (uint64_t)h * (uint64_
 static uint64_t swiglu_lora(int64_t h, int64_t i, int r, unsigned t)
 {
 	uint64_t per = (uint64_t)r * (uint64_t)(h + i);
-	return per * (!!(t & TIER_LORA_GATE) + !!(t & TIER_LORA_UP) + !!(t & TIER_LORA_DOWN));
+	return per * (!!(t & TIER_PLAN_LORA_GATE) + !!(t & TIER_PLAN_LORA_UP) + !!(t & TIER_PLAN_LORA_DOWN));
 }
 
 int tier_plan_count(const tier_plan_model *m, tier_plan_params *out)
@@ -309,7 +309,7 @@ int tier_plan_count(const tier_plan_model *m, tier_plan_params *out)
 
 	uint64_t l_dense = swiglu_lora(h, m->dense_inter, r, t), l_exp = swiglu_lora(h, m->expert_inter, r, t);
 	uint64_t l_shared = swiglu_lora(h, m->shared_inter, r, t) * m->shared_experts;
-	uint64_t l_router = t & TIER_LORA_ROUTER ? (uint64_t)r * (h + m->experts) : 0;
+	uint64_t l_router = t & TIER_PLAN_LORA_ROUTER ? (uint64_t)r * (h + m->experts) : 0;
 	uint64_t lora_attn = p.lora;
 	p.lora_expert_one = l_exp;
 	p.lora += l_dense * m->dense_layers + (l_exp * m->experts + l_shared + l_router) * moe_layers;
@@ -328,11 +328,11 @@ static const struct {
 	const char *word;
 	unsigned bits;
 } target_words[] = {
-	{ "q", TIER_LORA_Q }, { "k", TIER_LORA_K }, { "v", TIER_LORA_V }, { "o", TIER_LORA_O },
-	{ "gate", TIER_LORA_GATE }, { "up", TIER_LORA_UP }, { "down", TIER_LORA_DOWN },
-	{ "router", TIER_LORA_ROUTER }, { "none", 0 },
-	{ "all-linear", TIER_LORA_Q | TIER_LORA_K | TIER_LORA_V | TIER_LORA_O | TIER_LORA_GATE | TIER_LORA_UP |
-			TIER_LORA_DOWN },
+	{ "q", TIER_PLAN_LORA_Q }, { "k", TIER_PLAN_LORA_K }, { "v", TIER_PLAN_LORA_V }, { "o", TIER_PLAN_LORA_O },
+	{ "gate", TIER_PLAN_LORA_GATE }, { "up", TIER_PLAN_LORA_UP }, { "down", TIER_PLAN_LORA_DOWN },
+	{ "router", TIER_PLAN_LORA_ROUTER }, { "none", 0 },
+	{ "all-linear", TIER_PLAN_LORA_Q | TIER_PLAN_LORA_K | TIER_PLAN_LORA_V | TIER_PLAN_LORA_O | TIER_PLAN_LORA_GATE | TIER_PLAN_LORA_UP |
+			TIER_PLAN_LORA_DOWN },
 };
 
 int tier_plan_parse_targets(const char *text, unsigned *out)

@@ -1,8 +1,10 @@
 /* combine.c - unpermute and combine: scatter expert rows back to token order weighted by the router
  * weights (one fused pass), and its backward. Dropped pairs (pair_row -1) add nothing. */
+#include "config.h"
 #include <errno.h>
 #include <string.h>
 #include "moe/moe_internal.h"
+#include "moe/moe_cuda.h"
 
 static int combine_check(const char *fn, tier_dev *dev, int T, int k, int H, const int32_t *pair_row,
 			 const float *topk_w, const float *y)
@@ -23,6 +25,7 @@ int tier_moe_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair
 			 const float *y, float *out)
 {
 	const char *fn = "tier_moe_combine_fwd";
+	MOE_CUDA_DISPATCH(dev, moe_cuda_combine_fwd(dev, T, k, H, pair_row, topk_w, y, out));
 	int rc = combine_check(fn, dev, T, k, H, pair_row, topk_w, y);
 	if (rc)
 		return rc;
@@ -47,6 +50,7 @@ int tier_moe_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair
 			 const float *y, const float *d_out, float *dy, float *d_topk_w)
 {
 	const char *fn = "tier_moe_combine_bwd";
+	MOE_CUDA_DISPATCH(dev, moe_cuda_combine_bwd(dev, T, k, H, pair_row, topk_w, y, d_out, dy, d_topk_w));
 	int rc = combine_check(fn, dev, T, k, H, pair_row, topk_w, y);
 	if (rc)
 		return rc;

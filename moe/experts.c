@@ -2,9 +2,11 @@
  * product as its epilogue, then down; optional LoRA per expert on gate, up and down, computed as
  * (X A^T) B^T so that B A is never formed; and the backward of all of it. Rows of expert e are
  * offsets[e] .. offsets[e+1]-1; empty experts are skipped (their weights may be NULL). */
+#include "config.h"
 #include <errno.h>
 #include <string.h>
 #include "moe/moe_internal.h"
+#include "moe/moe_cuda.h"
 
 static int lora_on(const tier_moe_lora *l) { return l && l->a && l->b; }
 
@@ -118,6 +120,7 @@ int tier_moe_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 			 const tier_moe_loras *lora, const float *xg, float *g, float *u, float *y, void *ws)
 {
 	const char *fn = "tier_moe_experts_fwd";
+	MOE_CUDA_DISPATCH(dev, moe_cuda_experts_fwd_step(dev, E, H, I, offsets, w, lora, xg, g, u, y, ws));
 	int rc = experts_check(fn, dev, E, H, I, offsets, w, lora);
 	if (rc)
 		return rc;
@@ -151,6 +154,7 @@ int tier_moe_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 			 const float *dy, float *dxg, void *ws)
 {
 	const char *fn = "tier_moe_experts_bwd";
+	MOE_CUDA_DISPATCH(dev, moe_cuda_experts_bwd_step(dev, E, H, I, offsets, w, lora, xg, g, u, dy, dxg, ws));
 	int rc = experts_check(fn, dev, E, H, I, offsets, w, lora);
 	if (rc)
 		return rc;

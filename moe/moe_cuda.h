@@ -71,6 +71,14 @@ int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 			 const float *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z,
 			 void *dz);
 
+/* The public steps on CUDA: offsets on the device (read with one synchronisation), scratch ws of
+ * tier_moe_experts_ws_bytes (more than these need). */
+int moe_cuda_experts_fwd_step(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
+			      const tier_moe_loras *lora, const void *xg, float *g, float *u, void *y, void *ws);
+int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
+			      const tier_moe_loras *lora, const void *xg, const float *g, const float *u, const void *dy,
+			      float *dxg, void *ws);
+
 /* ---- the block (moe_layer.cu): the CUDA side of tier_moe_layer_fwd / _bwd ---- */
 int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x, const void *w_r,
 		       const float *bias, const tier_moe_experts *w, const tier_moe_loras *lora, float *out,

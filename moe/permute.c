@@ -1,9 +1,11 @@
 /* permute.c - sort token-expert pairs by expert (histogram + prefix sum, stable), apply the
  * capacity, gather rows per expert, and the gather's backward (scatter-add). */
+#include "config.h"
 #include <errno.h>
 #include <math.h>
 #include <string.h>
 #include "moe/moe_internal.h"
+#include "moe/moe_cuda.h"
 
 int tier_moe_capacity(int T, int k, int E, float cf)
 {
@@ -18,6 +20,7 @@ int tier_moe_permute(tier_dev *dev, int T, int k, int E, int H, int capacity, co
 		     float *xg)
 {
 	const char *fn = "tier_moe_permute";
+	MOE_CUDA_DISPATCH(dev, moe_cuda_permute(dev, T, k, E, H, capacity, topk_idx, x, offsets, row_pair, pair_row, counts, xg));
 	int rc = moe_check_dev(dev, fn);
 	if (rc || (rc = moe_check_tk(fn, T, k, E)))
 		return rc;
@@ -65,6 +68,7 @@ int tier_moe_permute_bwd(tier_dev *dev, int T, int k, int H, const int32_t *offs
 			 const int32_t *row_pair, const float *dxg, float *dx)
 {
 	const char *fn = "tier_moe_permute_bwd";
+	MOE_CUDA_DISPATCH(dev, moe_cuda_permute_bwd(dev, T, k, H, offsets, E, row_pair, dxg, dx));
 	int rc = moe_check_dev(dev, fn);
 	if (rc || (rc = moe_check_tk(fn, T, k, E)) || (rc = moe_check_dim(fn, "H", H)))
 		return rc;

@@ -12,10 +12,12 @@
  *   aux loss   (load_balancing_loss_func in the same files): one_hot(top-k).mean(0) summed over the k
  *              slots gives f_e = count_e / T; P_e = softmax(logits).mean(0); loss = E * sum f_e P_e,
  *              times router_aux_loss_coef in the model's forward. */
+#include "config.h"
 #include <errno.h>
 #include <math.h>
 #include <string.h>
 #include "moe/moe_internal.h"
+#include "moe/moe_cuda.h"
 
 int tier_moe_router_check(const tier_moe_router_cfg *c)
 {
@@ -125,6 +127,7 @@ int tier_moe_router_fwd(tier_dev *dev, const tier_moe_router_cfg *cfg, int T, in
 			const float *w_r, const float *bias, float *logits, int32_t *topk_idx, float *topk_w)
 {
 	const char *fn = "tier_moe_router_fwd";
+	MOE_CUDA_DISPATCH(dev, moe_cuda_router_fwd(dev, cfg, T, H, x, w_r, bias, logits, topk_idx, topk_w));
 	int rc = moe_check_dev(dev, fn);
 	if (rc || (rc = tier_moe_router_check(cfg)) || (rc = moe_check_tk(fn, T, cfg->top_k, cfg->n_experts)) ||
 	    (rc = moe_check_dim(fn, "H", H)))
@@ -187,6 +190,7 @@ int tier_moe_router_weights_bwd(tier_dev *dev, const tier_moe_router_cfg *cfg, i
 				const int32_t *topk_idx, const float *d_topk_w, float *d_logits)
 {
 	const char *fn = "tier_moe_router_weights_bwd";
+	MOE_CUDA_DISPATCH(dev, moe_cuda_router_bwd(dev, cfg, T, logits, topk_idx, d_topk_w, NULL, 0.0f, 0.0f, 0.0f, d_logits, NULL));
 	int rc = moe_check_dev(dev, fn);
 	if (rc || (rc = tier_moe_router_check(cfg)) || (rc = moe_check_tk(fn, T, cfg->top_k, cfg->n_experts)))
 		return rc;

@@ -1,5 +1,6 @@
-/* test_moe_cuda.c - the CUDA MoE kernels (router, permute, combine; bf16 storage) against the CPU
- * reference on the same bf16-rounded inputs. Skips (77) without a GPU. */
+/* test_moe_cuda.c - the CUDA MoE kernels (router, permute, combine, experts with LoRA, every
+ * backward, the whole block through the public API; bf16 storage) against the CPU reference on the
+ * same bf16-rounded inputs. Skips (77) without a GPU. */
 #include "config.h"
 #include <errno.h>
 #include <setjmp.h>
@@ -252,6 +253,420 @@ static void test_bad_input(void **state)
 	assert_int_equal(moe_cuda_combine_fwd(gpu, 1, 1, 1, NULL, (float *)8, (void *)8, (float *)8), -EINVAL);
 }
 
+/* ---- the whole block on CUDA through the public API ------------------------------------------
+ * Reference: the CPU steps on the same bf16-rounded inputs, run on the GPU's selection (a near-tie
+ * in the logits may pick differently on the two sides; each GPU pick is checked to be a near-best,
+ * then both sides use it). bf16 intermediates (xg, h, y, dy, dG, dU, LoRA's Z and dZ, d_logits)
+ * set the bar at 1e-2. Gradients that accumulate are compared as increments over a random start. */
+#define BF16_TOL 1e-2
+
+typedef struct {
+	tier_moe_router_cfg rc;
+	int T, H, I, r;
+	float cf, aux, z;
+	int skew;  /* every token's best expert is 0: all tokens to one expert */
+	int fused; /* gate_up [2I, H] in TIER_MOE_UP_FIRST order */
+	int frozen_a; /* LoRA A frozen (da NULL) */
+} gcase;
+
+/* E arrays of n bf16-rounded values: host fp32 copies and device bf16 (or fp32 when f32). */
+static float **hrand(int E, size_t n, float scale)
+{
+	float **f = calloc((size_t)E, sizeof *f);
+	for (int e = 0; e < E; e++) {
+		f[e] = malloc(4 * n);
+		for (size_t i = 0; i < n; i++)
+			f[e][i] = from_bf16(to_bf16(scale * tier_rng_normal(&rng)));
+	}
+	return f;
+}
+static void **dcopy(int E, float **f, size_t n, int f32)
+{
+	void **d = calloc((size_t)E, sizeof *d);
+	for (int e = 0; e < E; e++) {
+		if (f32) {
+			d[e] = up(f[e], 4 * n);
+			continue;
+		}
+		uint16_t *b = malloc(2 * n);
+		for (size_t i = 0; i < n; i++)
+			b[i] = to_bf16(f[e][i]);
+		d[e] = up(b, 2 * n);
+		free(b);
+	}
+	return d;
+}
+static void *up_bf16(const float *f, size_t n)
+{
+	uint16_t *b = malloc(2 * n + 2);
+	for (size_t i = 0; i < n; i++)
+		b[i] = to_bf16(f[i]);
+	void *d = up(b, 2 * n);
+	free(b);
+	return d;
+}
+static void poison_dev(void *d, size_t n)
+{
+	void *h = malloc(n ? n : 1);
+	memset(h, 0xff, n);
+	assert_int_equal(tier_dev_memcpy_h2d(gpu, d, h, n), 0);
+	free(h);
+}
+static float *dl_f32(const void *d, size_t n)
+{
+	float *h = malloc(4 * n + 4);
+	down(h, d, 4 * n);
+	return h;
+}
+static float *dl_bf16(const void *d, size_t n)
+{
+	uint16_t *b = malloc(2 * n + 2);
+	float *h = malloc(4 * n + 4);
+	down(b, d, 2 * n);
+	for (size_t i = 0; i < n; i++)
+		h[i] = from_bf16(b[i]);
+	free(b);
+	return h;
+}
+static void dfree(int E, void **d)
+{
+	for (int e = 0; d && e < E; e++)
+		tier_dev_free(gpu, d[e]);
+	free(d);
+}
+static void hfree(int E, float **f)
+{
+	for (int e = 0; f && e < E; e++)
+		free(f[e]);
+	free(f);
+}
+static void check_close(const float *got, const float *want, size_t n, double tol, const char *what)
+{
+	double *w = ref_dup(want, n), e = ref_relerr(got, w, n);
+	if (!(e <= tol))
+		fprintf(stderr, "# %s: relative error %g > %g\n", what, e, tol);
+	assert_true(e <= tol);
+	free(w);
+}
+/* got - base against want - base (accumulated gradients). */
+static void check_inc(const float *got, const float *want, const float *base, size_t n, double tol, const char *what)
+{
+	float *g = malloc(4 * n + 4), *w = malloc(4 * n + 4);
+	for (size_t i = 0; i < n; i++)
+		g[i] = got[i] - base[i], w[i] = want[i] - base[i];
+	check_close(g, w, n, tol, what);
+	free(g), free(w);
+}
+
+/* Each GPU pick of token t is distinct, in range and a near-best of the criterion. */
+static void check_selection(const tier_moe_router_cfg *c, int T, const float *lc, const float *bias, const int32_t *ig)
+{
+	int E = c->n_experts, k = c->top_k, sig = c->kind == TIER_MOE_ROUTER_SIGMOID_GROUP;
+	double *bd = bias ? ref_dup(bias, E) : NULL, *ld = ref_dup(lc, (size_t)T * E);
+	for (int t = 0; t < T; t++) {
+		double crit[TIER_MOE_MAX_EXPERTS];
+		int best[TIER_MOE_MAX_TOPK];
+		ref_criterion(c, ld + (size_t)t * E, sig ? bd : NULL, crit);
+		ref_topn(crit, E, k, best);
+		for (int j = 0; j < k; j++) {
+			int e = ig[t * k + j];
+			assert_true(e >= 0 && e < E);
+			for (int i = 0; i < j; i++)
+				assert_int_not_equal(ig[t * k + i], e);
+			assert_true(fabs(crit[e] - crit[best[j]]) <= 1e-3 * (1.0 + fabs(crit[best[j]])));
+		}
+	}
+	free(bd), free(ld);
+}
+
+static void layer_case(const gcase *c)
+{
+	const tier_moe_router_cfg *rc = &c->rc;
+	int E = rc->n_experts, k = rc->top_k, T = c->T, H = c->H, I = c->I, r = c->r, n = T * k;
+	int sig = rc->kind == TIER_MOE_ROUTER_SIGMOID_GROUP;
+	tier_moe_cfg cfg = { *rc, H, I, c->cf, c->aux, c->z, TIER_MOE_F32 }, gcfg = cfg;
+	gcfg.dtype = TIER_MOE_BF16;
+	size_t TH = (size_t)T * H, TE = (size_t)T * E, EH = (size_t)E * H;
+	float **xs = hrand(1, TH, 1.0f), **wrs = hrand(1, EH, 0.5f), *x = xs[0], *wr = wrs[0];
+	float *bias = malloc(4 * (size_t)E), *dout = malloc(4 * TH), *dwr0 = malloc(4 * EH);
+	ref_fill(&rng, bias, (size_t)E, 0.05f);
+	ref_fill(&rng, dout, TH, 1.0f);
+	ref_fill(&rng, dwr0, EH, 1.0f);
+	if (c->skew) { /* logits: 15 for expert 0, 0 for the others */
+		for (int t = 0; t < T; t++)
+			x[t * H] = 3.0f;
+		for (size_t i = 0; i < EH; i++)
+			wr[i] = i == 0 ? 5.0f : 0.0f;
+	}
+	/* expert weights (scaled so that y stays O(1)) and LoRA */
+	float ws_ = 1.0f / sqrtf((float)H), wsd = 1.0f / sqrtf((float)I);
+	float **gu = c->fused ? hrand(E, 2 * (size_t)I * H, ws_) : NULL;
+	float **gw = c->fused ? NULL : hrand(E, (size_t)I * H, ws_), **uw = c->fused ? NULL : hrand(E, (size_t)I * H, ws_);
+	float **dw = hrand(E, (size_t)H * I, wsd);
+	const float **cg = calloc((size_t)E, sizeof *cg), **cu = calloc((size_t)E, sizeof *cu);
+	for (int e = 0; e < E; e++) { /* UP_FIRST: up rows 0..I-1, gate rows I..2I-1 */
+		cg[e] = c->fused ? gu[e] + (size_t)I * H : gw[e];
+		cu[e] = c->fused ? gu[e] : uw[e];
+	}
+	void **dgu = c->fused ? dcopy(E, gu, 2 * (size_t)I * H, 0) : NULL;
+	void **dgw = c->fused ? NULL : dcopy(E, gw, (size_t)I * H, 0), **duw = c->fused ? NULL : dcopy(E, uw, (size_t)I * H, 0);
+	void **ddw = dcopy(E, dw, (size_t)H * I, 0);
+	tier_moe_experts cw = { .gate = (const float *const *)cg, .up = (const float *const *)cu,
+				.down = (const float *const *)dw };
+	tier_moe_experts gwts = { .gate = (const float *const *)dgw, .up = (const float *const *)duw,
+				  .gate_up = (const float *const *)dgu, .down = (const float *const *)ddw,
+				  .order = TIER_MOE_UP_FIRST };
+	const size_t ins[3] = { (size_t)H, (size_t)H, (size_t)I }, outs[3] = { (size_t)I, (size_t)I, (size_t)H };
+	float **A[3] = { 0 }, **B[3] = { 0 }, **dA0[3] = { 0 }, **dB0[3] = { 0 }, **cdA[3] = { 0 }, **cdB[3] = { 0 };
+	void **gA[3] = { 0 }, **gB[3] = { 0 }, **gdA[3] = { 0 }, **gdB[3] = { 0 };
+	tier_moe_loras clo, glo;
+	memset(&clo, 0, sizeof clo), memset(&glo, 0, sizeof glo);
+	tier_moe_lora *cl[3] = { &clo.gate, &clo.up, &clo.down }, *gl[3] = { &glo.gate, &glo.up, &glo.down };
+	for (int q = 0; q < 3 && r; q++) {
+		A[q] = hrand(E, r * ins[q], 1.0f / sqrtf((float)ins[q])), B[q] = hrand(E, outs[q] * r, 0.5f);
+		dA0[q] = hrand(E, r * ins[q], 1.0f), dB0[q] = hrand(E, outs[q] * r, 1.0f);
+		cdA[q] = calloc((size_t)E, sizeof(float *)), cdB[q] = calloc((size_t)E, sizeof(float *));
+		for (int e = 0; e < E; e++) {
+			cdA[q][e] = malloc(4 * r * ins[q]), cdB[q][e] = malloc(4 * outs[q] * r);
+			memcpy(cdA[q][e], dA0[q][e], 4 * r * ins[q]), memcpy(cdB[q][e], dB0[q][e], 4 * outs[q] * r);
+		}
+		gA[q] = dcopy(E, A[q], r * ins[q], 0), gB[q] = dcopy(E, B[q], outs[q] * r, 0);
+		gdA[q] = dcopy(E, dA0[q], r * ins[q], 1), gdB[q] = dcopy(E, dB0[q], outs[q] * r, 1);
+		*cl[q] = (tier_moe_lora){ (const float *const *)A[q], (const float *const *)B[q],
+					  c->frozen_a ? NULL : cdA[q], cdB[q], r, 0.75f };
+		*gl[q] = (tier_moe_lora){ (const float *const *)gA[q], (const float *const *)gB[q],
+					  c->frozen_a ? NULL : (float *const *)gdA[q], (float *const *)gdB[q], r, 0.75f };
+	}
+
+	/* GPU forward */
+	size_t sb = tier_moe_saved_bytes(&gcfg, T), wb = tier_moe_workspace_bytes(&gcfg, T, &glo);
+	assert_true(sb > 0 && wb > 0);
+	void *dsv = up(NULL, sb), *dws = up(NULL, wb), *dx = up_bf16(x, TH), *dwr = up_bf16(wr, EH);
+	void *dbias = up(bias, 4 * (size_t)E), *dout_ = up(NULL, 4 * TH), *ddout = up(dout, 4 * TH);
+	void *ddx = up(NULL, 4 * TH), *ddwr = up(dwr0, 4 * EH);
+	tier_moe_saved s;
+	assert_int_equal(tier_moe_saved_bind(&gcfg, T, dsv, sb, &s), 0);
+	poison_dev(dsv, sb), poison_dev(dws, wb), poison_dev(dout_, 4 * TH);
+	assert_int_equal(tier_moe_layer_fwd(gpu, &gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL, dout_,
+					    &s, dws, wb), 0);
+	assert_int_equal(tier_dev_sync(gpu), 0);
+	float *lg = dl_f32(s.logits, TE), *twg = dl_f32(s.topk_w, n), *gg = dl_f32(s.g, (size_t)n * I);
+	float *ug = dl_f32(s.u, (size_t)n * I), *yg = dl_bf16(s.y, (size_t)n * H), *outg = dl_f32(dout_, TH);
+	int32_t *ig = malloc(4 * (size_t)n), *og = malloc(4 * (size_t)(E + 1)), *rpg = malloc(4 * (size_t)n);
+	int32_t *prg = malloc(4 * (size_t)n), *cntg = malloc(4 * (size_t)E);
+	down(ig, s.topk_idx, 4 * (size_t)n), down(og, s.offsets, 4 * (size_t)(E + 1)), down(rpg, s.row_pair, 4 * (size_t)n);
+	down(prg, s.pair_row, 4 * (size_t)n), down(cntg, s.counts, 4 * (size_t)E);
+
+	/* CPU steps on the GPU's selection */
+	float *lc = malloc(4 * TE), *twc = malloc(4 * (size_t)n), *twr = malloc(4 * (size_t)n);
+	int32_t *ic = malloc(4 * (size_t)n), *oc = malloc(4 * (size_t)(E + 1)), *rpc = malloc(4 * (size_t)n);
+	int32_t *prc = malloc(4 * (size_t)n), *cntc = malloc(4 * (size_t)E);
+	assert_int_equal(tier_moe_router_fwd(cpu, rc, T, H, x, wr, sig ? bias : NULL, lc, ic, twc), 0);
+	check_close(lg, lc, TE, CUDA_TOL, "logits");
+	check_selection(rc, T, lc, sig ? bias : NULL, ig);
+	double *lcd = ref_dup(lc, TE);
+	for (int t = 0; t < T; t++) {
+		int sel[TIER_MOE_MAX_TOPK];
+		double wv[TIER_MOE_MAX_TOPK];
+		for (int j = 0; j < k; j++)
+			sel[j] = ig[t * k + j];
+		ref_weights(rc, lcd + (size_t)t * E, sel, wv);
+		for (int j = 0; j < k; j++)
+			twr[t * k + j] = (float)wv[j];
+	}
+	check_close(twg, twr, (size_t)n, 1e-3, "topk_w");
+	int cap = tier_moe_capacity(T, k, E, c->cf);
+	float *xgc = malloc(4 * (size_t)n * H + 4);
+	assert_int_equal(tier_moe_permute(cpu, T, k, E, H, cap, ig, x, oc, rpc, prc, cntc, xgc), 0);
+	assert_memory_equal(og, oc, 4 * (size_t)(E + 1));
+	assert_memory_equal(rpg, rpc, 4 * (size_t)n);
+	assert_memory_equal(prg, prc, 4 * (size_t)n);
+	assert_memory_equal(cntg, cntc, 4 * (size_t)E);
+	if (c->skew)
+		assert_true(og[1] - og[0] == (cap > 0 && cap < T ? cap : T)); /* expert 0 got every token it could */
+	int rows = oc[E];
+	size_t ewb = tier_moe_experts_ws_bytes(I, n, &clo);
+	void *cws = malloc(ewb + 4);
+	float *gc = malloc(4 * (size_t)n * I + 4), *uc = malloc(4 * (size_t)n * I + 4), *yc = malloc(4 * (size_t)n * H + 4);
+	float *outc = malloc(4 * TH);
+	assert_int_equal(tier_moe_experts_fwd(cpu, E, H, I, oc, &cw, &clo, xgc, gc, uc, yc, cws), 0);
+	check_close(gg, gc, (size_t)rows * I, BF16_TOL, "g");
+	check_close(ug, uc, (size_t)rows * I, BF16_TOL, "u");
+	check_close(yg, yc, (size_t)rows * H, BF16_TOL, "y");
+	assert_int_equal(tier_moe_combine_fwd(cpu, T, k, H, prc, twr, yc, outc), 0);
+	check_close(outg, outc, TH, BF16_TOL, "out");
+	float aux = 0, z = 0;
+	assert_int_equal(tier_moe_aux_fwd(cpu, T, E, k, c->aux, c->z, lc, ig, &aux, &z, NULL), 0);
+	assert_true(fabs(s.aux - aux) <= 1e-3 * fabs(aux) + 1e-7);
+	assert_true(fabs(s.z - z) <= 1e-3 * fabs(z) + 1e-7);
+
+	/* backward: GPU through the public call, CPU by its steps */
+	poison_dev(ddx, 4 * TH);
+	assert_int_equal(tier_moe_layer_bwd(gpu, &gcfg, T, dx, dwr, &gwts, r ? &glo : NULL, &s, ddout, 1.0f, ddx, ddwr,
+					    dws, wb), 0);
+	assert_int_equal(tier_dev_sync(gpu), 0);
+	float *dxg_ = dl_f32(ddx, TH), *dwrg = dl_f32(ddwr, EH);
+	float *dyc = malloc(4 * (size_t)n * H + 4), *dtwc = malloc(4 * (size_t)n), *dxgc = malloc(4 * (size_t)n * H + 4);
+	float *dxc = calloc(TH, 4), *dlc = malloc(4 * TE), *dwrc = malloc(4 * EH);
+	memcpy(dwrc, dwr0, 4 * EH);
+	assert_int_equal(tier_moe_combine_bwd(cpu, T, k, H, prc, twr, yc, dout, dyc, dtwc), 0);
+	assert_int_equal(tier_moe_experts_bwd(cpu, E, H, I, oc, &cw, &clo, xgc, gc, uc, dyc, dxgc, cws), 0);
+	assert_int_equal(tier_moe_permute_bwd(cpu, T, k, H, oc, E, rpc, dxgc, dxc), 0);
+	assert_int_equal(tier_moe_router_weights_bwd(cpu, rc, T, lc, ig, dtwc, dlc), 0);
+	if (c->aux > 0 || c->z > 0)
+		assert_int_equal(tier_moe_aux_bwd(cpu, T, E, k, c->aux, c->z, lc, ig, 1.0f, dlc), 0);
+	assert_int_equal(tier_moe_router_linear_bwd(cpu, T, H, E, x, wr, dlc, dxc, dwrc), 0);
+	check_close(dxg_, dxc, TH, BF16_TOL, "dx");
+	check_inc(dwrg, dwrc, dwr0, EH, BF16_TOL, "dw_r");
+	for (int q = 0; q < 3 && r; q++)
+		for (int e = 0; e < E; e++) {
+			float *ga = dl_f32(gdA[q][e], r * ins[q]), *gb = dl_f32(gdB[q][e], outs[q] * r);
+			if (oc[e + 1] == oc[e] || c->frozen_a) { /* no rows, or frozen: untouched */
+				if (oc[e + 1] == oc[e])
+					assert_memory_equal(gb, dB0[q][e], 4 * outs[q] * r);
+				assert_memory_equal(ga, dA0[q][e], 4 * r * ins[q]);
+			}
+			if (oc[e + 1] > oc[e]) {
+				check_inc(ga, cdA[q][e], dA0[q][e], r * ins[q], BF16_TOL, "LoRA dA");
+				check_inc(gb, cdB[q][e], dB0[q][e], outs[q] * r, BF16_TOL, "LoRA dB");
+			}
+			free(ga), free(gb);
+		}
+
+	void *dp[] = { dsv, dws, dx, dwr, dbias, dout_, ddout, ddx, ddwr };
+	for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+		tier_dev_free(gpu, dp[i]);
+	for (int q = 0; q < 3; q++) {
+		hfree(E, A[q]), hfree(E, B[q]), hfree(E, dA0[q]), hfree(E, dB0[q]), hfree(E, cdA[q]), hfree(E, cdB[q]);
+		dfree(E, gA[q]), dfree(E, gB[q]), dfree(E, gdA[q]), dfree(E, gdB[q]);
+	}
+	hfree(E, gu), hfree(E, gw), hfree(E, uw), hfree(E, dw), dfree(E, dgu), dfree(E, dgw), dfree(E, duw), dfree(E, ddw);
+	hfree(1, xs), hfree(1, wrs);
+	free(cg), free(cu), free(bias), free(dout), free(dwr0), free(lg), free(twg), free(gg), free(ug), free(yg), free(outg);
+	free(ig), free(og), free(rpg), free(prg), free(cntg), free(lc), free(twc), free(twr), free(ic), free(oc), free(rpc);
+	free(prc), free(cntc), free(lcd), free(xgc), free(cws), free(gc), free(uc), free(yc), free(outc), free(dxg_);
+	free(dwrg), free(dyc), free(dtwc), free(dxgc), free(dxc), free(dlc), free(dwrc);
+}
+
+static void test_layer(void **state)
+{
+	(void)state;
+	tier_moe_router_cfg q = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 128, 8, 1, 0, 0, 0 };
+	tier_moe_router_cfg q0 = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 60, 4, 0, 0, 0, 0 };
+	tier_moe_router_cfg m = { TIER_MOE_ROUTER_TOPK_SOFTMAX, 8, 2, 0, 0, 0, 0 };
+	tier_moe_router_cfg d = { TIER_MOE_ROUTER_SIGMOID_GROUP, 64, 6, 1, 8, 4, 2.5f };
+	tier_moe_router_cfg big = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 896, 16, 1, 0, 0, 0 };
+	tier_moe_router_cfg one = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 1, 0, 0, 0, 0 };
+	/* rc, T, H, I, r, cf, aux, z, skew, fused, frozen_a */
+	layer_case(&(gcase){ q, 200, 256, 96, 0, 0, 0.01f, 0.001f, 0, 0, 0 });   /* Qwen3 form, no LoRA */
+	layer_case(&(gcase){ q, 200, 256, 96, 8, 0, 0.01f, 0.001f, 0, 0, 0 });   /* with LoRA */
+	layer_case(&(gcase){ q0, 77, 96, 64, 16, 0, 0.02f, 0, 0, 1, 0 });        /* fused gate_up, up first */
+	layer_case(&(gcase){ m, 1, 128, 160, 8, 0, 0.01f, 0.01f, 0, 0, 0 });     /* T = 1: empty experts */
+	layer_case(&(gcase){ d, 50, 128, 64, 4, 1.0f, 0, 0, 0, 0, 1 });         /* DeepSeek, drops, frozen A */
+	layer_case(&(gcase){ one, 64, 64, 32, 8, 2.0f, 0.01f, 0, 1, 0, 0 });     /* all to one expert, capacity */
+	layer_case(&(gcase){ one, 33, 64, 32, 8, 0, 0.01f, 0, 1, 0, 0 });        /* all to one expert, dropless */
+	layer_case(&(gcase){ big, 24, 64, 32, 4, 0, 0.001f, 0.0001f, 0, 0, 0 }); /* E = 896, k = 16 */
+	layer_case(&(gcase){ m, 19, 33, 17, 3, 0, 0.01f, 0, 0, 0, 0 });          /* odd H, I and rank */
+}
+
+/* The public steps that run on CUDA, on random routing. */
+static void test_steps(void **state)
+{
+	(void)state;
+	tier_moe_router_cfg cs[3] = { { TIER_MOE_ROUTER_SOFTMAX_TOPK, 40, 4, 0, 0, 0, 0 },
+				      { TIER_MOE_ROUTER_TOPK_SOFTMAX, 40, 4, 0, 0, 0, 0 },
+				      { TIER_MOE_ROUTER_SIGMOID_GROUP, 40, 4, 1, 4, 2, 1.5f } };
+	int T = 37, H = 45;
+	for (int v = 0; v < 3; v++) {
+		const tier_moe_router_cfg *c = &cs[v];
+		int E = c->n_experts, k = c->top_k, n = T * k;
+		float **xs = hrand(1, (size_t)T * H, 1.0f), **ws = hrand(1, (size_t)E * H, 0.5f), *dtw = malloc(4 * (size_t)n);
+		float *lc = malloc(4 * (size_t)T * E), *twc = malloc(4 * (size_t)n), *dlc = malloc(4 * (size_t)T * E);
+		int32_t *ic = malloc(4 * (size_t)n), *off = malloc(4 * (size_t)(E + 1)), *rp = malloc(4 * (size_t)n);
+		int32_t *pr = malloc(4 * (size_t)n), *cnt = malloc(4 * (size_t)E);
+		ref_fill(&rng, dtw, (size_t)n, 1.0f);
+		assert_int_equal(tier_moe_router_fwd(cpu, c, T, H, xs[0], ws[0], NULL, lc, ic, twc), 0);
+		assert_int_equal(tier_moe_router_weights_bwd(cpu, c, T, lc, ic, dtw, dlc), 0);
+		void *dl = up(lc, 4 * (size_t)T * E), *di = up(ic, 4 * (size_t)n), *ddtw = up(dtw, 4 * (size_t)n);
+		void *ddl = up(NULL, 4 * (size_t)T * E);
+		poison_dev(ddl, 4 * (size_t)T * E);
+		assert_int_equal(tier_moe_router_weights_bwd(gpu, c, T, dl, di, ddtw, ddl), 0);
+		float *dlg = dl_f32(ddl, (size_t)T * E);
+		check_close(dlg, dlc, (size_t)T * E, CUDA_TOL, "router_weights_bwd");
+		/* permute, combine and their backward through the public calls */
+		int cap = tier_moe_capacity(T, k, E, 0.75f);
+		assert_int_equal(tier_moe_permute(cpu, T, k, E, H, cap, ic, NULL, off, rp, pr, cnt, NULL), 0);
+		int rows = off[E];
+		float *y = malloc(4 * (size_t)n * H), *dout = malloc(4 * (size_t)T * H), *dyc = malloc(4 * (size_t)n * H);
+		float *dtc = malloc(4 * (size_t)n), *dx0 = malloc(4 * (size_t)T * H), *dxc = malloc(4 * (size_t)T * H);
+		uint16_t *yb = malloc(2 * (size_t)n * H);
+		fill_bf16(y, yb, (size_t)n * H, 1.0f);
+		ref_fill(&rng, dout, (size_t)T * H, 1.0f);
+		ref_fill(&rng, dx0, (size_t)T * H, 1.0f);
+		memcpy(dxc, dx0, 4 * (size_t)T * H);
+		assert_int_equal(tier_moe_combine_bwd(cpu, T, k, H, pr, twc, y, dout, dyc, dtc), 0);
+		assert_int_equal(tier_moe_permute_bwd(cpu, T, k, H, off, E, rp, y, dxc), 0);
+		void *dpr = up(pr, 4 * (size_t)n), *dtwc = up(twc, 4 * (size_t)n), *dy = up(yb, 2 * (size_t)n * H);
+		void *ddout = up(dout, 4 * (size_t)T * H), *ddy = up(NULL, 2 * (size_t)n * H), *ddt = up(NULL, 4 * (size_t)n);
+		void *doff = up(off, 4 * (size_t)(E + 1)), *drp = up(rp, 4 * (size_t)n), *dyf = up(y, 4 * (size_t)n * H);
+		void *ddx = up(dx0, 4 * (size_t)T * H);
+		poison_dev(ddy, 2 * (size_t)n * H), poison_dev(ddt, 4 * (size_t)n);
+		assert_int_equal(tier_moe_combine_bwd(gpu, T, k, H, dpr, dtwc, dy, ddout, ddy, ddt), 0);
+		assert_int_equal(tier_moe_permute_bwd(gpu, T, k, H, doff, E, drp, dyf, ddx), 0);
+		float *dyg = dl_bf16(ddy, (size_t)rows * H), *dtg = dl_f32(ddt, (size_t)n), *dxg = dl_f32(ddx, (size_t)T * H);
+		check_close(dyg, dyc, (size_t)rows * H, BF16_TOL, "combine_bwd dy");
+		check_close(dtg, dtc, (size_t)n, CUDA_TOL, "combine_bwd d_topk_w");
+		check_inc(dxg, dxc, dx0, (size_t)T * H, CUDA_TOL, "permute_bwd");
+		void *dp[] = { dl, di, ddtw, ddl, dpr, dtwc, dy, ddout, ddy, ddt, doff, drp, dyf, ddx };
+		for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+			tier_dev_free(gpu, dp[i]);
+		hfree(1, xs), hfree(1, ws);
+		free(dtw), free(lc), free(twc), free(dlc), free(ic), free(off), free(rp), free(pr), free(cnt), free(dlg);
+		free(y), free(dout), free(dyc), free(dtc), free(dx0), free(dxc), free(yb), free(dyg), free(dtg), free(dxg);
+	}
+}
+
+/* What the CUDA path refuses, each with -EINVAL or -ENOTSUP before touching memory. */
+static void test_layer_bad_input(void **state)
+{
+	(void)state;
+	tier_moe_router_cfg rc = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 2, 0, 0, 0, 0 };
+	tier_moe_cfg f32 = { rc, 8, 8, 0, 0, 0, TIER_MOE_F32 }, b16 = f32;
+	b16.dtype = TIER_MOE_BF16;
+	void *p = (void *)64;
+	const float *wp[4] = { p, p, p, p };
+	tier_moe_experts w = { .gate = wp, .up = wp, .down = wp };
+	tier_moe_saved s;
+	size_t wb = tier_moe_workspace_bytes(&b16, 3, NULL);
+	assert_true(wb > 0 && tier_moe_saved_bytes(&b16, 3) < tier_moe_saved_bytes(&f32, 3)); /* y in bf16 */
+	assert_int_equal(tier_moe_saved_bind(&b16, 3, p, tier_moe_saved_bytes(&b16, 3), &s), 0);
+	/* fp32 storage on CUDA, bf16 on the CPU */
+	assert_int_equal(tier_moe_layer_fwd(gpu, &f32, 3, p, p, NULL, &w, NULL, p, &s, p, wb), -EINVAL);
+	assert_int_equal(tier_moe_layer_fwd(cpu, &b16, 3, p, p, NULL, &w, NULL, p, &s, p, wb), -EINVAL);
+	assert_int_equal(tier_moe_layer_bwd(gpu, &f32, 3, p, p, &w, NULL, &s, p, 1.0f, p, NULL, p, wb), -EINVAL);
+	/* workspace too small, NULL weights struct */
+	assert_int_equal(tier_moe_layer_fwd(gpu, &b16, 3, p, p, NULL, &w, NULL, p, &s, p, wb - 1), -EINVAL);
+	assert_int_equal(tier_moe_layer_fwd(gpu, &b16, 3, p, p, NULL, NULL, NULL, p, &s, p, wb), -EINVAL);
+	/* the router's shared memory limit on H */
+	assert_int_equal(tier_moe_router_fwd(gpu, &rc, 1, 100000, p, p, NULL, p, p, p), -EINVAL);
+	/* steps without a CUDA version */
+	float aux, z;
+	assert_int_equal(tier_moe_aux_fwd(gpu, 1, 4, 2, 0.01f, 0, p, p, &aux, &z, NULL), -ENOTSUP);
+	assert_int_equal(tier_moe_router_linear_bwd(gpu, 1, 8, 4, p, p, p, p, NULL), -ENOTSUP);
+	/* LoRA with only A */
+	tier_moe_loras lo;
+	memset(&lo, 0, sizeof lo);
+	lo.up.a = wp, lo.up.rank = 4;
+	int32_t off[5] = { 0, 1, 1, 2, 3 };
+	assert_int_equal(moe_cuda_experts_check("t", 4, off, &w, &lo), -EINVAL);
+	int32_t bad[5] = { 0, 2, 1, 2, 3 };
+	assert_int_equal(moe_cuda_experts_check("t", 4, bad, &w, NULL), -EINVAL);
+	const float *wn1[4] = { p, NULL, p, p }, *wn0[4] = { NULL, p, p, p };
+	tier_moe_experts w1 = { .gate = wn1, .up = wp, .down = wp }, w0 = { .gate = wn0, .up = wp, .down = wp };
+	assert_int_equal(moe_cuda_experts_check("t", 4, off, &w1, NULL), 0); /* expert 1 has no rows: NULL is fine */
+	assert_int_equal(moe_cuda_experts_check("t", 4, off, &w0, NULL), -EINVAL);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -282,6 +697,9 @@ int main(void)
 		cmocka_unit_test(test_permute_combine),
 		cmocka_unit_test(test_experts),
 		cmocka_unit_test(test_bad_input),
+		cmocka_unit_test(test_layer),
+		cmocka_unit_test(test_steps),
+		cmocka_unit_test(test_layer_bad_input),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 #else

@@ -219,40 +219,40 @@ static void run_case(const lcase *c)
 static void test_layer_qwen_mixtral(void **state)
 {
 	(void)state;
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 2, 0, 0, 0, 0), 13, 11, 0, 0.01f, 0.001f }, 7, 2, 0 });
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 6, 3, 1, 0, 0, 0), 9, 5, 0, 0.02f, 0 }, 5, 1, 0 });
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_TOPK_SOFTMAX, 5, 2, 0, 0, 0, 0), 7, 6, 0, 0, 0.01f }, 6, 2, 0 });
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 2, 0, 0, 0, 0), 13, 11, 0, 0.01f, 0.001f, TIER_MOE_F32 }, 7, 2, 0 });
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 6, 3, 1, 0, 0, 0), 9, 5, 0, 0.02f, 0, TIER_MOE_F32 }, 5, 1, 0 });
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_TOPK_SOFTMAX, 5, 2, 0, 0, 0, 0), 7, 6, 0, 0, 0.01f, TIER_MOE_F32 }, 6, 2, 0 });
 }
 
 static void test_layer_deepseek(void **state)
 {
 	(void)state;
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SIGMOID_GROUP, 6, 2, 1, 3, 2, 2.5f), 7, 5, 0, 0.01f, 0.001f }, 8, 2, 0 });
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SIGMOID_GROUP, 4, 2, 0, 1, 0, 1.0f), 5, 3, 0, 0, 0 }, 3, 0, 0 });
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SIGMOID_GROUP, 6, 2, 1, 3, 2, 2.5f), 7, 5, 0, 0.01f, 0.001f, TIER_MOE_F32 }, 8, 2, 0 });
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SIGMOID_GROUP, 4, 2, 0, 1, 0, 1.0f), 5, 3, 0, 0, 0, TIER_MOE_F32 }, 3, 0, 0 });
 }
 
 static void test_layer_edges(void **state)
 {
 	(void)state;
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 3, 3, 1, 0, 0, 0), 5, 3, 0, 0.01f, 0 }, 4, 1, 0 });  /* k = E */
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_TOPK_SOFTMAX, 8, 2, 0, 0, 0, 0), 7, 3, 0, 0.01f, 0.01f }, 1, 2, 0 }); /* T = 1, empty experts */
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 3, 3, 1, 0, 0, 0), 5, 3, 0, 0.01f, 0, TIER_MOE_F32 }, 4, 1, 0 });  /* k = E */
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_TOPK_SOFTMAX, 8, 2, 0, 0, 0, 0), 7, 3, 0, 0.01f, 0.01f, TIER_MOE_F32 }, 1, 2, 0 }); /* T = 1, empty experts */
 	/* all tokens to expert 0, capacity half of them: drops, and the dropped pairs get no gradient */
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 1, 0, 0, 0, 0), 6, 5, 2.0f, 0.01f, 0 }, 8, 1, 1 });
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_TOPK_SOFTMAX, 4, 2, 0, 0, 0, 0), 6, 5, 0, 0.01f, 0 }, 8, 1, 1 });  /* dropless skew */
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 5, 2, 1, 0, 0, 0), 7, 3, 1.0f, 0.01f, 0 }, 9, 1, 0 }); /* cf 1 */
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 1, 0, 0, 0, 0), 6, 5, 2.0f, 0.01f, 0, TIER_MOE_F32 }, 8, 1, 1 });
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_TOPK_SOFTMAX, 4, 2, 0, 0, 0, 0), 6, 5, 0, 0.01f, 0, TIER_MOE_F32 }, 8, 1, 1 });  /* dropless skew */
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 5, 2, 1, 0, 0, 0), 7, 3, 1.0f, 0.01f, 0, TIER_MOE_F32 }, 9, 1, 0 }); /* cf 1 */
 }
 
 static void test_layer_896_experts(void **state)
 {
 	(void)state;
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 896, 16, 1, 0, 0, 0), 8, 4, 0, 0.001f, 0.0001f }, 3, 1, 0 });
-	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SIGMOID_GROUP, 896, 16, 1, 8, 4, 2.5f), 5, 3, 1.0f, 0, 0 }, 2, 1, 0 });
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 896, 16, 1, 0, 0, 0), 8, 4, 0, 0.001f, 0.0001f, TIER_MOE_F32 }, 3, 1, 0 });
+	run_case(&(lcase){ { RT(TIER_MOE_ROUTER_SIGMOID_GROUP, 896, 16, 1, 8, 4, 2.5f), 5, 3, 1.0f, 0, 0, TIER_MOE_F32 }, 2, 1, 0 });
 }
 
 static void test_layer_bad_input(void **state)
 {
 	(void)state;
-	tier_moe_cfg cfg = { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 2, 0, 0, 0, 0), 3, 2, 0, 0.01f, 0 };
+	tier_moe_cfg cfg = { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 2, 0, 0, 0, 0), 3, 2, 0, 0.01f, 0, TIER_MOE_F32 };
 	int T = 2;
 	size_t sb = tier_moe_saved_bytes(&cfg, T), wb = tier_moe_workspace_bytes(&cfg, T, NULL);
 	void *sbuf = malloc(sb), *ws = malloc(wb);

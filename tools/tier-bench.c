@@ -21,6 +21,7 @@ static const struct {
 	{ "nvme-write", "offload engine DDR->NVMe writes (O_DIRECT, io_uring) vs fio (or dd)", bench_nvme_write },
 	{ "nvme-to-hbm", "offload engine NVMe->HBM through the staging ring vs fio reads", bench_nvme_to_hbm },
 	{ "opcache", "op cache: step time of full recompute vs keep-what-fits vs the selective cache", bench_opcache },
+	{ "prefetch", "layer loop with weights in DDR at 4x the HBM budget: prefetch vs all resident vs demand", bench_prefetch },
 };
 
 #define NSUB (sizeof subcommands / sizeof subcommands[0])

@@ -2,7 +2,7 @@
  *
  * Pure compute: raw pointers, shapes and a device context in; nothing allocated, no I/O. The CPU
  * path is the fp32 reference (OpenBLAS for the products when built with it). A CUDA context runs
- * the CUDA kernels (moe/*.cu) on device pointers with bf16 storage: see "CUDA" below for which
+ * the CUDA kernels (the .cu files of moe/) on device pointers with bf16 storage: see "CUDA" below for which
  * arguments are bf16 there (the float-typed parameters are then bf16 arrays passed as such).
  * Layouts are Hugging Face's, row-major, so checkpoints load as they are: router weight W_r [E, H]
  * (logits = x W_r^T); per expert gate_proj [I, H], up_proj [I, H], down_proj [H, I] (y = x W^T),
@@ -154,9 +154,10 @@ int tier_moe_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair
  *         d_logits, dxg; int32 as on the CPU.
  * The whole block (tier_moe_layer_fwd / _bwd, with cfg.dtype = TIER_MOE_BF16) and the steps
  * tier_moe_router_fwd, tier_moe_permute (counts required), tier_moe_permute_bwd, tier_moe_combine_fwd,
- * tier_moe_combine_bwd and tier_moe_router_weights_bwd run on CUDA; the other steps answer -ENOTSUP
- * there (use the layer). The layer synchronises the stream once per call to read the expert offsets
- * (and the aux statistics) on the host; steps do not synchronise. Limits on CUDA: the router keeps
+ * tier_moe_combine_bwd, tier_moe_router_weights_bwd and tier_moe_experts_fwd / _bwd run on CUDA;
+ * tier_moe_router_linear_bwd and tier_moe_aux_fwd / _bwd answer -ENOTSUP there (the layer does
+ * them). The layer and the experts steps synchronise the stream once per call to read the expert
+ * offsets (and the layer's aux statistics) on the host; the other steps do not synchronise. Limits on CUDA: the router keeps
  * an x row and 3 E floats in shared memory (H up to about 50000 on an H200, else -EINVAL); any H, I
  * and LoRA rank (no multiple-of-8 rule: cuBLASLt is told the real alignment). docs/moe.md. */
 typedef enum {

@@ -15,8 +15,8 @@ extern "C" {
 /* LoRA target bits. GATE is the SwiGLU gate_proj of experts, shared experts and dense MLPs (Mixtral's
  * w1); ROUTER is the MoE router ("mlp.gate" in Qwen3-MoE). */
 enum {
-	TIER_LORA_Q = 1u << 0, TIER_LORA_K = 1u << 1, TIER_LORA_V = 1u << 2, TIER_LORA_O = 1u << 3,
-	TIER_LORA_GATE = 1u << 4, TIER_LORA_UP = 1u << 5, TIER_LORA_DOWN = 1u << 6, TIER_LORA_ROUTER = 1u << 7,
+	TIER_PLAN_LORA_Q = 1u << 0, TIER_PLAN_LORA_K = 1u << 1, TIER_PLAN_LORA_V = 1u << 2, TIER_PLAN_LORA_O = 1u << 3,
+	TIER_PLAN_LORA_GATE = 1u << 4, TIER_PLAN_LORA_UP = 1u << 5, TIER_PLAN_LORA_DOWN = 1u << 6, TIER_PLAN_LORA_ROUTER = 1u << 7,
 };
 typedef enum { TIER_PLAN_ATTN_FULL = 0, TIER_PLAN_ATTN_LINEAR, TIER_PLAN_ATTN_SPARSE } tier_plan_attn_type;
 
@@ -108,8 +108,8 @@ int tier_plan_calibrate(const char *path, tier_plan_cluster *c, unsigned *found)
 
 /* ---- Plan ------------------------------------------------------------------------------------- */
 typedef struct {
-	int ep;                  /* expert-parallel group size; 0: the largest divisor of the GPU count
-				    that divides the expert count */
+	int ep;                  /* expert-parallel group size; 0: of the sizes that divide both the GPU
+				    count and the expert count, the one that fits and steps fastest */
 	int64_t seq, mbs;        /* 0: the model's */
 	int lora_r;              /* -1: the model's */
 	unsigned lora_targets;   /* 0: the model's */

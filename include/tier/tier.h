@@ -11,4 +11,5 @@
 #include "tier/attn.h"
 #include "tier/formats.h"
 #include "tier/model.h"
+#include "tier/plan.h"
 #endif

@@ -1,0 +1,123 @@
+/* moe_layer.cu - the whole MoE block on CUDA (the CUDA side of tier_moe_layer_fwd / _bwd): router,
+ * aux statistics, permute, experts, combine, and their backward, in the caller's saved buffer and
+ * workspace (moe_cuda_ws_layout). One synchronisation per call reads the offsets (and in forward
+ * the aux statistics) on the host, which the per-expert cuBLASLt loop needs. */
+#include <math.h>
+#include <stdint.h>
+#include "moe/moe_cu.cuh"
+#include "moe/moe_cuda.h"
+
+/* Reads offsets [E+1] (and with stats, counts [E], p [E], zs) on the host after the queued work. */
+static int read_back(tier_dev *dev, int E, const int32_t *d_off, int32_t *off, const int32_t *d_cnt, int32_t *cnt,
+		     const float *d_p, float *p, const float *d_zs, float *zs)
+{
+	cudaStream_t st = moe_stream(dev);
+	CUDA_TRY(cudaMemcpyAsync(off, d_off, sizeof(int32_t) * (size_t)(E + 1), cudaMemcpyDeviceToHost, st));
+	if (cnt)
+		CUDA_TRY(cudaMemcpyAsync(cnt, d_cnt, sizeof(int32_t) * (size_t)E, cudaMemcpyDeviceToHost, st));
+	if (p) {
+		CUDA_TRY(cudaMemcpyAsync(p, d_p, sizeof(float) * (size_t)E, cudaMemcpyDeviceToHost, st));
+		CUDA_TRY(cudaMemcpyAsync(zs, d_zs, sizeof(float), cudaMemcpyDeviceToHost, st));
+	}
+	CUDA_TRY(cudaStreamSynchronize(st));
+	return 0;
+}
+
+static int offsets_sane(const char *fn, int E, int n, const int32_t *off)
+{
+	if (off[E] < 0 || off[E] > n)
+		return tier_fail(-EINVAL, "%s: offsets[E] = %d is outside 0..T*k; is saved from this forward?", fn, off[E]);
+	return 0;
+}
+
+static int common_checks(const char *fn, tier_dev *dev, const tier_moe_cfg *c, int T, const tier_moe_loras *lora,
+			 const tier_moe_saved *s, void *ws, size_t ws_bytes)
+{
+	int rc = moe_cuda_dev(dev, fn);
+	if (rc || (rc = moe_cfg_check(fn, c, T)) || (rc = moe_saved_check(fn, s, T)) ||
+	    (rc = moe_ws_check(fn, c, T, lora, ws, ws_bytes)))
+		return rc;
+	if (c->dtype != TIER_MOE_BF16)
+		return tier_fail(-EINVAL, "%s: a CUDA context takes bf16 storage; set cfg.dtype = TIER_MOE_BF16", fn);
+	return 0;
+}
+
+extern "C" int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, const void *w_r,
+				  const float *bias, const tier_moe_experts *w, const tier_moe_loras *lora, float *out,
+				  tier_moe_saved *s, void *ws, size_t ws_bytes)
+{
+	const char *fn = "tier_moe_layer_fwd";
+	int rc = common_checks(fn, dev, c, T, lora, s, ws, ws_bytes);
+	if (rc)
+		return rc;
+	MOE_NONNULL(x, fn);
+	MOE_NONNULL(w_r, fn);
+	MOE_NONNULL(w, fn);
+	MOE_NONNULL(out, fn);
+	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k;
+	int stats = c->aux_coef > 0 || c->z_coef > 0;
+	moe_cuda_ws l;
+	moe_cuda_ws_layout(c, T, lora, &l);
+	char *b = (char *)ws;
+	int32_t off[TIER_MOE_MAX_EXPERTS + 1], cnt[TIER_MOE_MAX_EXPERTS];
+	float P[TIER_MOE_MAX_EXPERTS], zs = 0.0f;
+	int cap = tier_moe_capacity(T, k, E, c->capacity_factor);
+	if ((rc = moe_cuda_router_fwd(dev, &c->router, T, H, x, w_r, bias, s->logits, s->topk_idx, s->topk_w)) ||
+	    (rc = moe_cuda_permute(dev, T, k, E, H, cap, s->topk_idx, x, s->offsets, s->row_pair, s->pair_row, s->counts,
+				   b + l.xg)) ||
+	    (stats && (rc = moe_cuda_aux_stats(dev, T, E, s->logits, (float *)(b + l.p), (float *)(b + l.zs)))) ||
+	    (rc = read_back(dev, E, s->offsets, off, s->counts, cnt, stats ? (float *)(b + l.p) : NULL,
+			    stats ? P : NULL, (float *)(b + l.zs), &zs)) ||
+	    (rc = offsets_sane(fn, E, n, off)) ||
+	    (rc = moe_cuda_experts_fwd_lora(dev, E, H, c->inter, off, w, lora, b + l.xg, s->g, s->u, b + l.h, s->y,
+					    b + l.z)) ||
+	    (rc = moe_cuda_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, out)))
+		return rc;
+	double a = 0.0;
+	for (int e = 0; stats && e < E; e++)
+		a += (double)cnt[e] / T * ((double)P[e] / T);
+	s->aux = (float)(c->aux_coef * E * a);
+	s->z = stats ? (float)(c->z_coef * (double)zs / T) : 0.0f;
+	return 0;
+}
+
+extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, const void *w_r,
+				  const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *s,
+				  const float *d_out, float d_aux, float *dx, float *dw_r, void *ws, size_t ws_bytes)
+{
+	const char *fn = "tier_moe_layer_bwd";
+	int rc = common_checks(fn, dev, c, T, lora, s, ws, ws_bytes);
+	if (rc)
+		return rc;
+	MOE_NONNULL(x, fn);
+	MOE_NONNULL(w_r, fn);
+	MOE_NONNULL(w, fn);
+	MOE_NONNULL(d_out, fn);
+	MOE_NONNULL(dx, fn);
+	if (!isfinite(d_aux))
+		return tier_fail(-EINVAL, "%s: d_aux is not finite", fn);
+	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, I = c->inter, n = T * k;
+	moe_cuda_ws l;
+	moe_cuda_ws_layout(c, T, lora, &l);
+	char *b = (char *)ws;
+	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
+	float *dxg = (float *)(b + l.dxg), *dtw = (float *)(b + l.dtw), *dl = (float *)(b + l.dl);
+	if ((rc = read_back(dev, E, s->offsets, off, NULL, NULL, NULL, NULL, NULL, NULL)) ||
+	    (rc = offsets_sane(fn, E, n, off)) ||
+	    (rc = moe_cuda_experts_check(fn, E, off, w, lora)))
+		return rc;
+	if (off[E] > 0 && (rc = moe_cuda_gather(dev, T, k, E, H, s->offsets, s->row_pair, x, b + l.xg)))
+		return rc;
+	if ((rc = moe_cuda_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, d_out, b + l.dy, dtw)) ||
+	    (off[E] > 0 && (rc = moe_cuda_experts_bwd(dev, E, H, I, off, w, lora, b + l.xg, s->g, s->u, b + l.dy, dxg,
+						      b + l.h, b + l.dg, b + l.du, (float *)(b + l.dh), b + l.z,
+						      b + l.dz))) ||
+	    (rc = moe_cuda_unpermute_sum(dev, T, k, H, s->pair_row, dxg, dx)) ||
+	    (rc = moe_cuda_router_bwd(dev, &c->router, T, s->logits, s->topk_idx, dtw, s->counts, c->aux_coef, c->z_coef,
+				      d_aux, dl, b + l.dlb)) ||
+	    (rc = moe_cuda_mm(dev, 0, 0, T, H, E, 1.0f, b + l.dlb, E, w_r, H, 1.0f, dx, H, 0)))
+		return rc;
+	if (dw_r && (rc = moe_cuda_mm(dev, 1, 0, E, H, T, 1.0f, b + l.dlb, E, x, H, 1.0f, dw_r, H, 0)))
+		return rc;
+	return 0;
+}
