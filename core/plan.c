@@ -152,7 +152,8 @@ static void plan_place(const tier_plan_cluster *c, const tier_plan_opts *o, tier
 		r->used[t] = r->cap[t] - free_[t];
 	r->fits = missing == 0;
 	r->shortfall = missing;
-	r->spare = missing ? 0 : free_[TIER_PLAN_HBM] + free_[TIER_PLAN_DDR] + free_[TIER_PLAN_NVME];
+	/* Spare counts the op cache as free: it only takes what is left. */
+	r->spare = missing ? 0 : free_[TIER_PLAN_HBM] + oc + free_[TIER_PLAN_DDR] + free_[TIER_PLAN_NVME];
 }
 
 /* Attention FLOPs of one forward over one sequence: main (differentiated) and indexer (not). */
@@ -323,6 +324,8 @@ int tier_plan_smallest(const tier_plan_model *m, const tier_plan_cluster *c, con
 {
 	if (max_nodes < 1)
 		return tier_fail(-EINVAL, "the largest node count to try must be >= 1, not %d", max_nodes);
+	if (!c || !nodes || !r)
+		return tier_fail(-EINVAL, "tier_plan_smallest needs a cluster and somewhere to put the answer");
 	tier_plan_cluster cc = *c;
 	uint64_t best_short = UINT64_MAX;
 	for (int n = 1; n <= max_nodes; n++) {

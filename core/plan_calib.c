@@ -48,10 +48,13 @@ static double json_tflops(const char *line)
 
 int tier_plan_calibrate(const char *path, tier_plan_cluster *c, unsigned *found)
 {
-	FILE *f = path ? fopen(path, "r") : NULL;
-	if (!f)
-		return tier_fail(path ? -errno : -EINVAL, "cannot read calibration file %s: %s",
-				 path ? path : "(null)", path ? tier_strerror(-errno) : "no path");
+	if (!path)
+		return tier_fail(-EINVAL, "no calibration file given");
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		int e = errno;
+		return tier_fail(-e, "cannot read calibration file %s: %s", path, strerror(e));
+	}
 	char line[65536];
 	int sec = SEC_NONE;
 	double pcie = 0, nvme = 0, tf = 0;

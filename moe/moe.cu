@@ -231,6 +231,29 @@ __global__ void gather_kernel(const int32_t *offsets, int E, const int32_t *row_
 		xg[(size_t)r * H + h] = src[h];
 }
 
+/* 16-byte copies: every row starts 16-byte aligned when H is a multiple of 8 and the bases are. */
+__global__ void gather16_kernel(const int32_t *offsets, int E, const int32_t *row_pair, int k, int H8, const uint4 *x,
+				uint4 *xg)
+{
+	int r = blockIdx.x;
+	if (r >= offsets[E])
+		return;
+	const uint4 *src = x + (size_t)(row_pair[r] / k) * H8;
+	for (int h = threadIdx.x; h < H8; h += blockDim.x)
+		xg[(size_t)r * H8 + h] = src[h];
+}
+
+static int launch_gather(cudaStream_t st, int n, const int32_t *offsets, int E, const int32_t *row_pair, int k, int H,
+			 const void *x, void *xg)
+{
+	if (H % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)xg % 16 == 0)
+		gather16_kernel<<<n, 128, 0, st>>>(offsets, E, row_pair, k, H / 8, (const uint4 *)x, (uint4 *)xg);
+	else
+		gather_kernel<<<n, 128, 0, st>>>(offsets, E, row_pair, k, H, (const bf16 *)x, (bf16 *)xg);
+	CUDA_LAUNCHED();
+	return 0;
+}
+
 extern "C" int moe_cuda_permute(tier_dev *dev, int T, int k, int E, int H, int capacity, const int32_t *topk_idx,
 				const void *x, int32_t *offsets, int32_t *row_pair, int32_t *pair_row, int32_t *counts,
 				void *xg)
@@ -256,10 +279,7 @@ extern "C" int moe_cuda_permute(tier_dev *dev, int T, int k, int E, int H, int c
 	CUDA_LAUNCHED();
 	place_kernel<<<E, 1024, 0, st>>>(topk_idx, n, offsets, row_pair, pair_row);
 	CUDA_LAUNCHED();
-	if (x)
-		gather_kernel<<<n, 128, 0, st>>>(offsets, E, row_pair, k, H, (const __nv_bfloat16 *)x, (__nv_bfloat16 *)xg);
-	CUDA_TRY(cudaGetLastError());
-	return 0;
+	return x ? launch_gather(st, n, offsets, E, row_pair, k, H, x, xg) : 0;
 }
 
 /* ---- combine ---- */
@@ -305,7 +325,5 @@ extern "C" int moe_cuda_gather(tier_dev *dev, int T, int k, int E, int H, const 
 	MOE_NONNULL(row_pair, fn);
 	MOE_NONNULL(x, fn);
 	MOE_NONNULL(xg, fn);
-	gather_kernel<<<T * k, 128, 0, moe_stream(dev)>>>(offsets, E, row_pair, k, H, (const bf16 *)x, (bf16 *)xg);
-	CUDA_LAUNCHED();
-	return 0;
+	return launch_gather(moe_stream(dev), T * k, offsets, E, row_pair, k, H, x, xg);
 }

@@ -235,24 +235,34 @@ extern "C" int moe_cuda_router_bwd(tier_dev *dev, const tier_moe_router_cfg *cfg
 }
 
 /* ---- aux statistics (forward) ---- */
-__global__ void aux_stats_kernel(int E, const float *logits, float *p, float *zs)
+#define AUX_TOKENS 16 /* tokens per block: the per-expert sums go out in one atomic per block */
+
+__global__ void aux_stats_kernel(int T, int E, const float *logits, float *p, float *zs)
 {
+	extern __shared__ float acc[]; /* [E]: entry e is only touched by thread e % blockDim.x */
 	__shared__ float red[33];
-	const float *l = logits + (size_t)blockIdx.x * E;
-	float m = -INFINITY, s = 0.0f;
+	float zacc = 0.0f;
 	for (int e = threadIdx.x; e < E; e += blockDim.x)
-		m = fmaxf(m, l[e]);
-	m = block_max(m, red);
-	for (int e = threadIdx.x; e < E; e += blockDim.x)
-		s += expf(l[e] - m);
-	s = block_sum(s, red);
-	float inv = 1.0f / s;
-	for (int e = threadIdx.x; e < E; e += blockDim.x)
-		atomicAdd(p + e, expf(l[e] - m) * inv);
-	if (threadIdx.x == 0) {
-		float lse = m + logf(s);
-		atomicAdd(zs, lse * lse);
+		acc[e] = 0.0f;
+	int t0 = blockIdx.x * AUX_TOKENS, t1 = t0 + AUX_TOKENS < T ? t0 + AUX_TOKENS : T;
+	for (int t = t0; t < t1; t++) { /* the same bounds for the whole block: the barriers inside match */
+		const float *l = logits + (size_t)t * E;
+		float m = -INFINITY, s = 0.0f;
+		for (int e = threadIdx.x; e < E; e += blockDim.x)
+			m = fmaxf(m, l[e]);
+		m = block_max(m, red);
+		for (int e = threadIdx.x; e < E; e += blockDim.x)
+			s += expf(l[e] - m);
+		s = block_sum(s, red);
+		float inv = 1.0f / s, lse = m + logf(s);
+		for (int e = threadIdx.x; e < E; e += blockDim.x)
+			acc[e] += expf(l[e] - m) * inv;
+		zacc += lse * lse;
 	}
+	for (int e = threadIdx.x; e < E; e += blockDim.x)
+		atomicAdd(p + e, acc[e]);
+	if (threadIdx.x == 0)
+		atomicAdd(zs, zacc);
 }
 
 extern "C" int moe_cuda_aux_stats(tier_dev *dev, int T, int E, const float *logits, float *p, float *zs)
@@ -267,7 +277,8 @@ extern "C" int moe_cuda_aux_stats(tier_dev *dev, int T, int E, const float *logi
 	cudaStream_t st = moe_stream(dev);
 	CUDA_TRY(cudaMemsetAsync(p, 0, sizeof(float) * (size_t)E, st));
 	CUDA_TRY(cudaMemsetAsync(zs, 0, sizeof(float), st));
-	aux_stats_kernel<<<T, TOK_THREADS, 0, st>>>(E, logits, p, zs);
+	aux_stats_kernel<<<(T + AUX_TOKENS - 1) / AUX_TOKENS, TOK_THREADS, sizeof(float) * (size_t)E, st>>>(T, E, logits, p,
+													  zs);
 	CUDA_LAUNCHED();
 	return 0;
 }

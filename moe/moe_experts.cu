@@ -5,9 +5,56 @@
  * intermediate, never forming B A. */
 #include <cublasLt.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
+
+/* ---- the products: cuBLASLt with a cache of the chosen algorithms ----
+ * The heuristic query costs tens of microseconds, more than a small expert's product, and the
+ * per-expert loop makes hundreds of products per layer; so the chosen algorithm is kept per shape,
+ * with the row count (the dimension that varies between experts and steps) rounded up to a power
+ * of two. A cached algorithm that cuBLASLt refuses for the exact shape is replaced by a fresh query. */
+typedef struct {
+	int dev, ta, tb, M, N, K, lda, ldb, ldc, c_bf16;
+	uint32_t ala, alb, alc;
+} mm_key;
+typedef struct {
+	mm_key key;
+	cublasLtMatmulAlgo_t algo;
+	int used;
+} mm_entry;
+#define MM_CACHE 2048
+static mm_entry mm_cache[MM_CACHE];
+static pthread_mutex_t mm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t mm_slot(const mm_key *k)
+{
+	const unsigned char *b = (const unsigned char *)k;
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < sizeof *k; i++)
+		h = (h ^ b[i]) * 1099511628211ull;
+	return (size_t)(h % MM_CACHE);
+}
+static int mm_get(const mm_key *k, cublasLtMatmulAlgo_t *a)
+{
+	size_t s = mm_slot(k);
+	int hit;
+	pthread_mutex_lock(&mm_lock);
+	hit = mm_cache[s].used && !memcmp(&mm_cache[s].key, k, sizeof *k);
+	if (hit)
+		*a = mm_cache[s].algo;
+	pthread_mutex_unlock(&mm_lock);
+	return hit;
+}
+static void mm_put(const mm_key *k, const cublasLtMatmulAlgo_t *a)
+{
+	size_t s = mm_slot(k);
+	pthread_mutex_lock(&mm_lock);
+	mm_cache[s].key = *k, mm_cache[s].algo = *a, mm_cache[s].used = 1;
+	pthread_mutex_unlock(&mm_lock);
+}
 
 /* The largest power of two (<= 256) dividing the address: what cuBLASLt may assume. */
 static uint32_t align_of(const void *p)
@@ -19,8 +66,71 @@ static uint32_t align_of(const void *p)
 	return al;
 }
 
-/* Row-major C = alpha op(A) op(B) + beta C as the column-major product C^T = op(B)^T op(A)^T:
- * cuBLASLt's "A" is our B and its "B" our A, each stored transposed from cuBLASLt's view. */
+static int pow2_at_least(int v)
+{
+	int p = 1;
+	while (p < v && p < (1 << 30))
+		p <<= 1;
+	return p;
+}
+
+/* Layouts of the row-major product C [M, N] = op(A) op(B) seen column-major: C^T = op(B)^T op(A)^T,
+ * so cuBLASLt's "A" is our B and its "B" our A (rows, cols, ld of each stored matrix). */
+typedef struct {
+	cublasLtMatrixLayout_t la, lb, lc;
+} mm_layouts;
+
+static cublasStatus_t mm_layouts_make(mm_layouts *l, int ta, int tb, int M, int N, int K, int lda, int ldb, int ldc,
+				      cudaDataType_t ct)
+{
+	cublasStatus_t st;
+	l->la = l->lb = l->lc = NULL;
+	st = cublasLtMatrixLayoutCreate(&l->la, CUDA_R_16BF, tb ? K : N, tb ? N : K, ldb);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatrixLayoutCreate(&l->lb, CUDA_R_16BF, ta ? M : K, ta ? K : M, lda);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatrixLayoutCreate(&l->lc, ct, N, M, ldc);
+	return st;
+}
+static void mm_layouts_free(mm_layouts *l)
+{
+	if (l->lc)
+		cublasLtMatrixLayoutDestroy(l->lc);
+	if (l->lb)
+		cublasLtMatrixLayoutDestroy(l->lb);
+	if (l->la)
+		cublasLtMatrixLayoutDestroy(l->la);
+}
+
+/* One heuristic query: the best algorithm for the given layouts, or an error status. */
+static cublasStatus_t mm_query(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const mm_layouts *l, size_t wsb,
+			       const mm_key *k, cublasLtMatmulAlgo_t *algo)
+{
+	cublasLtMatmulPreference_t pref = NULL;
+	cublasLtMatmulHeuristicResult_t heur;
+	int found = 0;
+	cublasStatus_t st = cublasLtMatmulPreferenceCreate(&pref);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->ala, sizeof k->ala);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k->alb, sizeof k->alb);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k->alc, sizeof k->alc);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->alc, sizeof k->alc);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulAlgoGetHeuristic(h, desc, l->la, l->lb, l->lc, l->lc, pref, 1, &heur, &found);
+	if (st == CUBLAS_STATUS_SUCCESS && found == 0)
+		st = CUBLAS_STATUS_NOT_SUPPORTED;
+	if (st == CUBLAS_STATUS_SUCCESS)
+		*algo = heur.algo;
+	if (pref)
+		cublasLtMatmulPreferenceDestroy(pref);
+	return st;
+}
+
 extern "C" int moe_cuda_mm(tier_dev *dev, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
 			   const void *B, int ldb, float beta, void *C, int ldc, int c_bf16)
 {
@@ -29,60 +139,54 @@ extern "C" int moe_cuda_mm(tier_dev *dev, int ta, int tb, int M, int N, int K, f
 	cublasLtHandle_t h = (cublasLtHandle_t)tier_dev_blaslt(dev);
 	size_t wsb = 0;
 	void *ws = tier_dev_blaslt_workspace(dev, &wsb);
-	cublasLtMatmulDesc_t desc = NULL;
-	cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-	cublasLtMatmulPreference_t pref = NULL;
-	cublasLtMatmulHeuristicResult_t heur;
-	cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-	cudaDataType_t ct = c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-	uint32_t ala = align_of(B), alb = align_of(A), alc = align_of(C);
-	int found = 0;
 	if (!h)
 		return tier_fail(-EIO, "moe_cuda_mm: the device context has no cuBLASLt handle");
+	cublasLtMatmulDesc_t desc = NULL;
+	cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+	cudaDataType_t ct = c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+	/* the varying row count: M where it is a column count of the layouts (ta 0), else K (ta 1, tb 0) */
+	int qM = !ta ? pow2_at_least(M) : M, qK = ta && !tb ? pow2_at_least(K) : K;
+	mm_key key;
+	memset(&key, 0, sizeof key);
+	key.dev = tier_dev_ordinal(dev), key.ta = ta, key.tb = tb, key.M = qM, key.N = N, key.K = qK;
+	key.lda = lda, key.ldb = ldb, key.ldc = ldc, key.c_bf16 = c_bf16;
+	key.ala = align_of(B), key.alb = align_of(A), key.alc = align_of(C);
+	mm_layouts real = { NULL, NULL, NULL }, q = { NULL, NULL, NULL };
+	cublasLtMatmulAlgo_t algo;
+	cudaStream_t stream = moe_stream(dev);
 	cublasStatus_t st = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
 	if (st == CUBLAS_STATUS_SUCCESS)
 		st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
 	if (st == CUBLAS_STATUS_SUCCESS)
 		st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-	/* layouts of the stored matrices, column-major view: rows, cols, ld */
 	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tb ? K : N, tb ? N : K, ldb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, ta ? M : K, ta ? K : M, lda);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&lc, ct, N, M, ldc);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceCreate(&pref);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &ala, sizeof ala);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alb, sizeof alb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alc, sizeof alc);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alc, sizeof alc);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &heur, &found);
-	if (st == CUBLAS_STATUS_SUCCESS && found == 0)
-		st = CUBLAS_STATUS_NOT_SUPPORTED;
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmul(h, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo, ws, wsb,
-				    moe_stream(dev));
-	if (pref)
-		cublasLtMatmulPreferenceDestroy(pref);
-	if (lc)
-		cublasLtMatrixLayoutDestroy(lc);
-	if (lb)
-		cublasLtMatrixLayoutDestroy(lb);
-	if (la)
-		cublasLtMatrixLayoutDestroy(la);
+		st = mm_layouts_make(&real, ta, tb, M, N, K, lda, ldb, ldc, ct);
+	int done = 0;
+	if (st == CUBLAS_STATUS_SUCCESS && mm_get(&key, &algo))
+		done = cublasLtMatmul(h, desc, &alpha, B, real.la, A, real.lb, &beta, C, real.lc, C, real.lc, &algo, ws, wsb,
+				      stream) == CUBLAS_STATUS_SUCCESS;
+	if (st == CUBLAS_STATUS_SUCCESS && !done && (qM != M || qK != K)) { /* the algorithm of the bucket */
+		st = mm_layouts_make(&q, ta, tb, qM, N, qK, lda, ldb, ldc, ct);
+		if (st == CUBLAS_STATUS_SUCCESS && mm_query(h, desc, &q, wsb, &key, &algo) == CUBLAS_STATUS_SUCCESS)
+			done = cublasLtMatmul(h, desc, &alpha, B, real.la, A, real.lb, &beta, C, real.lc, C, real.lc, &algo, ws,
+					      wsb, stream) == CUBLAS_STATUS_SUCCESS;
+	}
+	if (st == CUBLAS_STATUS_SUCCESS && !done) { /* the exact shape */
+		st = mm_query(h, desc, &real, wsb, &key, &algo);
+		if (st == CUBLAS_STATUS_SUCCESS)
+			st = cublasLtMatmul(h, desc, &alpha, B, real.la, A, real.lb, &beta, C, real.lc, C, real.lc, &algo, ws, wsb,
+					    stream);
+		done = st == CUBLAS_STATUS_SUCCESS;
+	}
+	if (done)
+		mm_put(&key, &algo);
+	mm_layouts_free(&q);
+	mm_layouts_free(&real);
 	if (desc)
 		cublasLtMatmulDescDestroy(desc);
-	if (st != CUBLAS_STATUS_SUCCESS)
+	if (!done)
 		return tier_fail(-EIO, "moe_cuda_mm: cuBLASLt product %dx%dx%d (ta %d, tb %d) failed: %s", M, N, K, ta, tb,
-				 cublasLtGetStatusString(st));
+				 cublasLtGetStatusString(st == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : st));
 	return 0;
 }
 

@@ -283,10 +283,16 @@ static void test_layer_bad_input(void **state)
 	assert_int_equal(tier_moe_layer_bwd(dev, &cfg, T, x, wr, &w, NULL, &s, NULL, 1.0f, out, NULL, ws, wb), -EINVAL);
 	assert_int_equal(tier_moe_layer_bwd(dev, &cfg, T, x, wr, &w, NULL, &s, x, NAN, out, NULL, ws, wb), -EINVAL);
 	assert_int_equal(tier_moe_layer_bwd(dev, &cfg, T, x, wr, &w, NULL, &s, x, 1.0f, out, NULL, ws, wb), 0);
+	bad = cfg; /* bf16 storage is CUDA's; a CPU context refuses it */
+	bad.dtype = TIER_MOE_BF16;
+	assert_int_equal(tier_moe_layer_fwd(dev, &bad, T, x, wr, NULL, &w, NULL, out, &s, ws, wb), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "CUDA"));
+	bad.dtype = (tier_moe_dtype)7;
+	assert_true(tier_moe_saved_bytes(&bad, T) == 0);
 	tier_dev *gpu = NULL;
-	if (tier_dev_open(&gpu, TIER_DEV_CUDA, 0) == 0) { /* honest unsupported case until moe.cu */
-		assert_int_equal(tier_moe_layer_fwd(gpu, &cfg, T, x, wr, NULL, &w, NULL, out, &s, ws, wb), -ENOTSUP);
-		assert_int_equal(tier_moe_layer_bwd(gpu, &cfg, T, x, wr, &w, NULL, &s, x, 1.0f, out, NULL, ws, wb), -ENOTSUP);
+	if (tier_dev_open(&gpu, TIER_DEV_CUDA, 0) == 0) { /* fp32 storage on CUDA: refused (tests/test_moe_cuda.c) */
+		assert_int_equal(tier_moe_layer_fwd(gpu, &cfg, T, x, wr, NULL, &w, NULL, out, &s, ws, wb), -EINVAL);
+		assert_int_equal(tier_moe_layer_bwd(gpu, &cfg, T, x, wr, &w, NULL, &s, x, 1.0f, out, NULL, ws, wb), -EINVAL);
 		tier_dev_close(gpu);
 	}
 	free(sbuf), free(ws);

@@ -269,17 +269,17 @@ static void test_bad_input(void **state)
 	assert_int_equal(tier_moe_aux_fwd(dev, 1, 4, 2, -0.1f, 0, lg, idx, &a, &z, NULL), -EINVAL);
 }
 
-/* A CUDA context is an honest unsupported case until moe.cu exists. */
+/* On a CUDA context the steps without a CUDA version (the aux loss: the layer does it there) are an
+ * honest unsupported case, refused before any pointer is read. */
 static void test_cuda_unsupported(void **state)
 {
 	(void)state;
 	tier_dev *gpu = NULL;
 	if (tier_dev_open(&gpu, TIER_DEV_CUDA, 0) != 0)
 		skip(); /* no GPU here: nothing to check */
-	float x[4] = { 0 }, w[8] = { 0 }, lg[4], tw[2];
-	int32_t idx[2];
-	tier_moe_router_cfg ok = { .kind = TIER_MOE_ROUTER_SOFTMAX_TOPK, .n_experts = 2, .top_k = 1 };
-	int rc = tier_moe_router_fwd(gpu, &ok, 2, 2, x, w, NULL, lg, idx, tw);
+	float lg[4] = { 0 }, aux, z;
+	int32_t idx[2] = { 0 };
+	int rc = tier_moe_aux_fwd(gpu, 2, 2, 1, 0.01f, 0.0f, lg, idx, &aux, &z, NULL);
 	tier_dev_close(gpu);
 	assert_int_equal(rc, -ENOTSUP);
 	assert_non_null(strstr(tier_last_error(), "CPU"));

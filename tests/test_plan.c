@@ -512,6 +512,38 @@ static void test_hf_config(void **state)
 	assert_int_equal(tier_plan_count(&m, &p), 0);
 	assert_int_equal(p.total, preset_count("qwen3-30b-a3b", 0));
 	assert_int_equal(p.active, preset_count("qwen3-30b-a3b", 1));
+	/* Mixtral-8x7B's (no head_dim: H / heads), and with mlp_only_layers making 2 layers dense. */
+	const char *mixtral = "{\"hidden_size\": 4096, \"intermediate_size\": 14336, \"max_position_embeddings\": 32768,"
+		" \"model_type\": \"mixtral\", \"num_attention_heads\": 32, \"num_experts_per_tok\": 2,"
+		" \"num_hidden_layers\": 32, \"num_key_value_heads\": 8, \"num_local_experts\": 8,"
+		" \"rms_norm_eps\": 1e-05, \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.02,"
+		" \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"vocab_size\": 32000}";
+	write_file(mixtral);
+	assert_int_equal(tier_plan_model_load(tmp, &m), 0);
+	unlink(tmp);
+	assert_int_equal(tier_plan_count(&m, &p), 0);
+	assert_int_equal(p.total, preset_count("mixtral-8x7b", 0));
+	assert_int_equal(p.active, preset_count("mixtral-8x7b", 1));
+	/* A qwen3_moe with layers 0 and 5 dense (I 6144): 2 x 3 x 2048 x 6144 replaces 2 layers of experts. */
+	char buf[2048];
+	snprintf(buf, sizeof buf, "{\"head_dim\": 128, \"hidden_size\": 2048, \"intermediate_size\": 6144,"
+		 " \"max_position_embeddings\": 40960, \"mlp_only_layers\": [0, 5], \"model_type\": \"qwen3_moe\","
+		 " \"moe_intermediate_size\": 768, \"num_attention_heads\": 32, \"num_experts\": 128,"
+		 " \"num_experts_per_tok\": 8, \"num_hidden_layers\": 48, \"num_key_value_heads\": 4,"
+		 " \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, \"vocab_size\": 151936}");
+	write_file(buf);
+	assert_int_equal(tier_plan_model_load(tmp, &m), 0);
+	unlink(tmp);
+	assert_int_equal(m.dense_layers, 2);
+	assert_int_equal(tier_plan_count(&m, &p), 0);
+	assert_int_equal(p.dense_mlp, 2ull * 3 * 2048 * 6144);
+	assert_int_equal(p.total, preset_count("qwen3-30b-a3b", 0) - 2ull * (128 * 3 * 2048 * 768 + 2048 * 128) +
+					  2ull * 3 * 2048 * 6144);
+	/* A broken file is the loader's error, with the file named. */
+	write_file("{\"model_type\": \"llama\"}");
+	assert_true(tier_plan_model_load(tmp, &m) < 0);
+	assert_non_null(strstr(tier_last_error(), tmp));
+	unlink(tmp);
 }
 #endif
 

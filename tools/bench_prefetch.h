@@ -21,7 +21,7 @@ unsigned pf_compute_rows(const pf_compute *c);
 /* Run one layer on weights `w` (device memory on CUDA) and wait for it. Returns the ns it took,
  * or a negative errno with a message. */
 double pf_compute_layer(pf_compute *c, const float *w, int backward);
-/* Choose the rows so that one layer on `w` takes about target_ns (median of several runs).
+/* Choose the rows so that one layer on `w` takes about target_ns (the fastest of several runs).
  * Returns the achieved time per layer in ns, or a negative errno with a message. */
 double pf_compute_calibrate(pf_compute *c, const float *w, double target_ns);
 /* The first n values of the last forward output (copied to the host): a fingerprint that must

@@ -13,15 +13,20 @@ tier_bench_SOURCES += tools/bench_attn.c
 tier_bench_SOURCES += tools/bench_offload.c
 tier_bench_SOURCES += tools/bench_opcache.c tools/bench_opcache.h tools/bench_opcache_dev.c
 tier_bench_SOURCES += tools/bench_prefetch.c tools/bench_prefetch.h tools/bench_prefetch_dev.c
+tier_bench_SOURCES += tools/bench_moe.c
 tier_bench_LDADD = libtier.la $(TIER_DEP_LIBS)
 dist_man1_MANS += man/tier-stat.1
 
 ## End to end: a demo job watched by tier-stat, exit codes, tier-bench store. A script: no LDADD.
 TESTS += tests/test_tools.sh
 EXTRA_DIST += tests/test_tools.sh
+TESTS += tests/test_prefetch_bench.sh
+EXTRA_DIST += tests/test_prefetch_bench.sh
 
 ## tier-plan: cluster sizing (the arithmetic is core/plan*.c)
 bin_PROGRAMS += tier-plan
 tier_plan_SOURCES = tools/tier-plan.c
 tier_plan_LDADD = libtier.la $(TIER_DEP_LIBS)
 dist_man1_MANS += man/tier-plan.1
+TESTS += tests/test_plan.sh
+EXTRA_DIST += tests/test_plan.sh

@@ -22,6 +22,7 @@ static const struct {
 	{ "nvme-to-hbm", "offload engine NVMe->HBM through the staging ring vs fio reads", bench_nvme_to_hbm },
 	{ "opcache", "op cache: step time of full recompute vs keep-what-fits vs the selective cache", bench_opcache },
 	{ "prefetch", "layer loop with weights in DDR at 4x the HBM budget: prefetch vs all resident vs demand", bench_prefetch },
+	{ "moe", "MoE block: router, permute, experts, combine, fwd and fwd+bwd, uniform and Zipf routing (peer: bench/moe_torch.py)", bench_moe },
 };
 
 #define NSUB (sizeof subcommands / sizeof subcommands[0])

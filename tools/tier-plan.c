@@ -9,7 +9,9 @@
 
 typedef struct {
 	tier_plan_opts plan;
-	int nodes, json, smallest, max_nodes;
+	int nodes, json, smallest, max_nodes, gpn;
+	uint64_t hbm, ddr, nvme;
+	double mfu;
 	const char *calibrate, *targets;
 } options;
 
@@ -18,6 +20,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"Usage: tier-plan MODEL CLUSTER [--nodes N] [--ep N] [--seq N] [--mbs N] [--lora-r N]\n"
 		"                 [--lora-targets LIST] [--hbm-reserve SIZE] [--opcache SIZE] [--no-tiering]\n"
+		"                 [--gpus-per-node N] [--hbm SIZE] [--ddr SIZE] [--nvme SIZE] [--mfu X]\n"
 		"                 [--smallest [--max-nodes N]] [--calibrate FILE] [--json] [--help]\n"
 		"Per-GPU bytes per tier (HBM, DDR, NVMe), whether they fit, and a roofline step time for LoRA\n"
 		"fine-tuning of MODEL on CLUSTER with experts split over an EP group and the rest sharded (FSDP).\n"
@@ -25,6 +28,8 @@ static void usage(FILE *f)
 		"            mixtral-8x7b, deepseek-v3, seed-2.8t\n"
 		"  CLUSTER   a node type: h200-8x, h100-8x, a100-8x-80g, or seed-128 (16 x h200-8x)\n"
 		"  --nodes N           node count (default: the preset's)\n"
+		"  --gpus-per-node N, --hbm SIZE (per GPU), --ddr SIZE, --nvme SIZE (per node), --mfu X\n"
+		"                      override the node type (SIZE in binary units: 141G is 141 GiB)\n"
 		"  --ep N              expert-parallel group size (default: the largest that divides GPUs and experts)\n"
 		"  --seq N, --mbs N    sequence length and micro-batch per GPU (default: the model's)\n"
 		"  --lora-r N          LoRA rank; --lora-targets q,k,v,o,gate,up,down,router | all-linear | none\n"
@@ -65,7 +70,8 @@ static int parse_args(int argc, char **argv, options *o)
 		{ "nodes", 1, 0, 'n' }, { "ep", 1, 0, 'e' }, { "seq", 1, 0, 's' }, { "mbs", 1, 0, 'b' },
 		{ "lora-r", 1, 0, 'r' }, { "lora-targets", 1, 0, 't' }, { "hbm-reserve", 1, 0, 'R' },
 		{ "opcache", 1, 0, 'c' }, { "no-tiering", 0, 0, 'T' }, { "smallest", 0, 0, 'S' },
-		{ "max-nodes", 1, 0, 'M' }, { "calibrate", 1, 0, 'C' }, { "json", 0, 0, 'j' }, { "help", 0, 0, 'h' },
+		{ "max-nodes", 1, 0, 'M' }, { "gpus-per-node", 1, 0, 'g' }, { "hbm", 1, 0, 'H' }, { "ddr", 1, 0, 'D' },
+		{ "nvme", 1, 0, 'N' }, { "mfu", 1, 0, 'u' }, { "calibrate", 1, 0, 'C' }, { "json", 0, 0, 'j' }, { "help", 0, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
 	tier_plan_opts_default(&o->plan);
@@ -80,6 +86,19 @@ static int parse_args(int argc, char **argv, options *o)
 		case 'b': if (parse_num("--mbs", optarg, 1, &v)) return 2; o->plan.mbs = v; break;
 		case 'r': if (parse_num("--lora-r", optarg, 0, &v)) return 2; o->plan.lora_r = (int)v; break;
 		case 'M': if (parse_num("--max-nodes", optarg, 1, &v)) return 2; o->max_nodes = (int)v; break;
+		case 'g': if (parse_num("--gpus-per-node", optarg, 1, &v)) return 2; o->gpn = (int)v; break;
+		case 'H': if (parse_size("--hbm", optarg, &o->hbm)) return 2; break;
+		case 'D': if (parse_size("--ddr", optarg, &o->ddr)) return 2; break;
+		case 'N': if (parse_size("--nvme", optarg, &o->nvme)) return 2; break;
+		case 'u': {
+			char *end;
+			o->mfu = strtod(optarg, &end);
+			if (*end || end == optarg || !(o->mfu > 0 && o->mfu <= 1)) {
+				fprintf(stderr, "tier-plan: --mfu needs a fraction in (0, 1], not '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		}
 		case 't': o->targets = optarg; break;
 		case 'R': if (parse_size("--hbm-reserve", optarg, &o->plan.hbm_reserve)) return 2; break;
 		case 'c': if (parse_size("--opcache", optarg, &o->plan.opcache_max)) return 2; break;
@@ -159,8 +178,8 @@ static void print_tiers(const tier_plan_result *r)
 	printf(" %-14s %10s %10s %10s %10s\n", "capacity", gib(cap, b[0]), gib(r->cap[0], b[1]), gib(r->cap[1], b[2]),
 	       gib(r->cap[2], b[3]));
 	if (r->fits)
-		printf("# fits: yes, %s GiB to spare per GPU (hbm %s, ddr %s, nvme %s); the op cache holds %.1f%% of "
-		       "the forward results backward would recompute\n", gib(r->spare, b[0]), gib(r->cap[0] - r->used[0], b[1]),
+		printf("# fits: yes, %s GiB to spare per GPU (hbm %s, ddr %s, nvme %s); the op cache takes HBM's spare and holds %.1f%% of "
+		       "the forward results backward would recompute\n", gib(r->spare, b[0]), gib(r->cap[0] - r->used[0] + r->item[TIER_PLAN_OPCACHE], b[1]),
 		       gib(r->cap[1] - r->used[1], b[2]), gib(r->cap[2] - r->used[2], b[3]), 100 * r->opcache_hit);
 	else
 		printf("# fits: NO, %s GiB short per GPU\n", gib(r->shortfall, b[0]));
@@ -188,13 +207,31 @@ static void print_time(const tier_plan_cluster *c, const tier_plan_result *r)
 	       r->step_s, tier_plan_term_name(r->bottleneck), r->serial_s, r->tokens_per_s, r->gpus);
 }
 
+/* A name as a JSON string body: a model named by its config.json path may hold any byte. */
+static const char *json_str(const char *in, char *out, size_t len)
+{
+	size_t o = 0;
+	for (; *in && o + 7 < len; in++) {
+		unsigned char ch = (unsigned char)*in;
+		if (ch == '"' || ch == '\\')
+			o += (size_t)snprintf(out + o, len - o, "\\%c", ch);
+		else if (ch < 0x20)
+			o += (size_t)snprintf(out + o, len - o, "\\u%04x", ch);
+		else
+			out[o++] = (char)ch;
+	}
+	out[o] = 0;
+	return out;
+}
+
 static void print_json(const tier_plan_model *m, const tier_plan_cluster *c, const tier_plan_result *r)
 {
 	const tier_plan_params *p = &r->params;
+	char name[8 * sizeof m->name];
 	printf("{\"model\":\"%s\",\"cluster\":\"%s\",\"nodes\":%d,\"gpus\":%d,\"ep\":%d,\"dp\":%d,\"seq\":%lld,"
 	       "\"mbs\":%lld,\"params\":{\"embed\":%llu,\"lm_head\":%llu,\"attn\":%llu,\"dense_mlp\":%llu,"
 	       "\"experts\":%llu,\"shared\":%llu,\"router\":%llu,\"norms\":%llu,\"total\":%llu,\"active\":%llu,"
-	       "\"lora\":%llu},\"bytes_per_gpu\":{", m->name, c->name, c->nodes, r->gpus, r->ep, r->dp,
+	       "\"lora\":%llu},\"bytes_per_gpu\":{", json_str(m->name, name, sizeof name), c->name, c->nodes, r->gpus, r->ep, r->dp,
 	       (long long)r->seq, (long long)r->mbs, (unsigned long long)p->embed, (unsigned long long)p->lm_head,
 	       (unsigned long long)(p->attn[0] + p->attn[1] + p->attn[2]), (unsigned long long)p->dense_mlp,
 	       (unsigned long long)p->experts, (unsigned long long)p->shared, (unsigned long long)p->router,
@@ -235,6 +272,16 @@ int main(int argc, char **argv)
 	}
 	if (o.nodes)
 		c.nodes = o.nodes;
+	if (o.gpn)
+		c.gpus_per_node = o.gpn;
+	if (o.hbm)
+		c.hbm_per_gpu = o.hbm;
+	if (o.ddr)
+		c.ddr_per_node = o.ddr;
+	if (o.nvme)
+		c.nvme_per_node = o.nvme;
+	if (o.mfu > 0)
+		c.mfu = o.mfu;
 	tier_plan_result r;
 	if (o.smallest) {
 		int n;
@@ -252,13 +299,14 @@ int main(int argc, char **argv)
 		return r.fits ? 0 : 1;
 	}
 	char tg[64];
-	print_targets(o.plan.lora_targets ? o.plan.lora_targets : m.lora_targets, tg, sizeof tg);
+	int rank = o.plan.lora_r >= 0 ? o.plan.lora_r : m.lora_r;
+	print_targets(rank == 0 ? 0 : o.plan.lora_targets ? o.plan.lora_targets : m.lora_targets, tg, sizeof tg);
 	printf("# tier-plan: %s on %s: %d node%s x %d GPUs = %d GPUs%s\n", m.name, c.name, c.nodes,
 	       c.nodes == 1 ? "" : "s", c.gpus_per_node, r.gpus, o.smallest ? " (the smallest that fits)" : "");
 	printf("# layout: EP %d x FSDP %d (%lld experts per GPU per layer); seq %lld, micro-batch %lld; LoRA r=%d on %s\n",
 	       r.ep, r.dp, (long long)r.experts_per_gpu, (long long)r.seq, (long long)r.mbs,
-	       o.plan.lora_r >= 0 ? o.plan.lora_r : m.lora_r, tg);
-	printf("# rates: %.0f TFLOP/s x MFU %.2f, PCIe %.1f GB/s, NVMe %.1f GB/s read per node, NVLink %.0f GB/s, "
+	       rank, tg);
+	printf("# rates: %.0f TFLOP/s x MFU %.3g, PCIe %.1f GB/s, NVMe %.1f GB/s read per node, NVLink %.0f GB/s, "
 	       "network %.1f GB/s per GPU%s%s\n", c.tflops, c.mfu, c.pcie_gbps, c.nvme_read_gbps, c.nvlink_gbps,
 	       c.net_gbps, found ? " (calibrated: " : "", found ? (found == 7 ? "all)" : "some)") : "");
 	if (o.plan.no_tiering)

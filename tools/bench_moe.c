@@ -1,0 +1,572 @@
+/* bench_moe.c - tier-bench moe: time of each MoE step (router, permute, experts, combine and their
+ * backward) and of the whole block forward and forward+backward, on the issue's model shapes with
+ * uniform and Zipf(1.2) routing. The peer (torch._grouped_mm and a torchtitan-style block) is
+ * measured by bench/moe_torch.py, which reads the --json line and prints the ratios.
+ *
+ * Routing is imposed through the router rather than faked: x[t, e] (e < E) is 3 + a little for the
+ * k experts sampled for token t and small noise elsewhere, and W_r is the identity on its first E
+ * columns plus 1e-3 noise, so the router's top-k (a real top-k of real logits) returns the sample. */
+#include "config.h"
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef TIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#include "tier/tier.h"
+#include "tools/bench.h"
+
+static const char *const cmd = "moe";
+
+typedef struct {
+	const char *name;
+	int T, H, I, E, k;
+} moe_shape;
+
+static const moe_shape models[] = {
+	{ "qwen3-30b", 16384, 2048, 768, 128, 8 },
+	{ "seed-896", 8192, 2048, 512, 896, 16 },
+	{ "mixtral", 8192, 4096, 14336, 8, 2 },
+};
+#define N_MODELS (int)(sizeof models / sizeof models[0])
+#define MAX_SHAPES 8
+
+typedef struct {
+	tier_dev_kind kind;
+	unsigned iters, n_shapes;
+	int json, routing; /* routing: bit 0 uniform, bit 1 zipf */
+	moe_shape shapes[MAX_SHAPES];
+} moe_opts;
+
+enum {
+	OP_ROUTER, OP_PERMUTE, OP_COPY, OP_EXPERTS_FWD, OP_COMBINE_FWD, OP_COMBINE_BWD, OP_EXPERTS_BWD,
+	OP_PERMUTE_BWD, OP_ROUTER_BWD, OP_BLOCK_FWD, OP_BLOCK_FWD_BWD, N_OPS
+};
+static const char *const op_name[N_OPS] = { "router", "permute", "d2d-copy", "experts-fwd", "combine",
+					    "combine-bwd", "experts-bwd", "permute-bwd", "router-bwd",
+					    "block-fwd", "block-fwd+bwd" };
+static const char *const op_key[N_OPS] = { "router", "permute", "copy", "experts_fwd", "combine", "combine_bwd",
+					   "experts_bwd", "permute_bwd", "router_bwd", "block_fwd", "block_fwd_bwd" };
+
+typedef struct {
+	tier_dev *dev;
+	int cuda, T, H, I, E, k, n, op, rc;
+	size_t el, ws_bytes, ews_bytes;
+	tier_moe_cfg cfg;
+	tier_moe_saved s;
+	void *x, *wr, *out, *dout, *dx, *saved, *ws, *ews, *xg, *dy, *dxg, *dtw, *dl, *copy;
+	void **wg, **wu, **wd;
+	tier_moe_experts w;
+	int rows;       /* kept rows (dropless: n) */
+	int32_t *sel;   /* the sampled routing [T, k] */
+	long missed;    /* picks of the router outside the sample (should be 0) */
+#ifdef TIER_HAVE_CUDA
+	cudaEvent_t e0, e1;
+#endif
+} moe_case;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: tier-bench moe [--device cuda|cpu] [--model NAME]... [--shape T,H,I,E,k]... [--routing R]\n"
+		"                      [--iters N] [--json]\n"
+		"Time of tier's MoE block on CUDA (bf16 storage, fp32 accumulation): each step through the public\n"
+		"API (router, permute with gather, experts forward, combine, and the backward of combine, experts,\n"
+		"permute and router) and the whole block forward and forward+backward (input gradient; frozen\n"
+		"router and experts, no LoRA). Shapes: qwen3-30b (T=16384 H=2048 I=768 E=128 k=8), seed-896\n"
+		"(T=8192 H=2048 I=512 E=896 k=16), mixtral (T=8192 H=4096 I=14336 E=8 k=2); default all three.\n"
+		"Routing: uniform (k distinct experts per token) or zipf (Zipf s=1.2 over experts, without\n"
+		"replacement), imposed through the router's input. Each time is the median of N runs after two\n"
+		"warm-ups, timed with CUDA events on the compute stream. d2d-copy is a device-to-device copy of\n"
+		"the gathered bytes: the bandwidth the permute is held to. The peer runs in bench/moe_torch.py.\n"
+		"\n"
+		"  --device KIND      cuda (default) or cpu (the fp32 reference; use a small --shape there)\n"
+		"  --model NAME       qwen3-30b, seed-896 or mixtral (repeatable)\n"
+		"  --shape T,H,I,E,k  another shape (repeatable; up to %d shapes in all)\n"
+		"  --routing R        uniform, zipf or both (default both)\n"
+		"  --iters N          timed runs per figure (default 10)\n"
+		"  --json             print one JSON line with every figure after the table\n"
+		"  --help             this text\n"
+		"Exit status: 0 done, 1 bad arguments, 2 the benchmark failed (message on stderr).\n",
+		MAX_SHAPES);
+}
+
+static int parse(int argc, char **argv, moe_opts *o)
+{
+	static const struct option opts[] = {
+		{ "device", required_argument, NULL, 'd' }, { "model", required_argument, NULL, 'm' },
+		{ "shape", required_argument, NULL, 's' }, { "routing", required_argument, NULL, 'r' },
+		{ "iters", required_argument, NULL, 'i' }, { "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+	};
+	int c;
+	*o = (moe_opts){ .kind = TIER_DEV_CUDA, .iters = 10, .routing = 3 };
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'd':
+			if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu")) {
+				fprintf(stderr, "tier-bench moe: --device %s: use cuda or cpu\n", optarg);
+				return 1;
+			}
+			o->kind = strcmp(optarg, "cpu") ? TIER_DEV_CUDA : TIER_DEV_CPU;
+			break;
+		case 'm': {
+			int i;
+			for (i = 0; i < N_MODELS && strcmp(optarg, models[i].name); i++)
+				;
+			if (i == N_MODELS || o->n_shapes == MAX_SHAPES) {
+				fprintf(stderr, "tier-bench moe: --model %s: use qwen3-30b, seed-896 or mixtral (at most %d shapes)\n",
+					optarg, MAX_SHAPES);
+				return 1;
+			}
+			o->shapes[o->n_shapes++] = models[i];
+			break;
+		}
+		case 's': {
+			int T, H, I, E, k;
+			char tail;
+			if (o->n_shapes == MAX_SHAPES || sscanf(optarg, "%d,%d,%d,%d,%d%c", &T, &H, &I, &E, &k, &tail) != 5 ||
+			    T < 1 || H < 1 || I < 1 || E < 1 || E > TIER_MOE_MAX_EXPERTS || k < 1 || k > TIER_MOE_MAX_TOPK ||
+			    k > E || H < E) {
+				fprintf(stderr, "tier-bench moe: --shape %s: give T,H,I,E,k (positive, E <= %d, k <= %d, k <= E, "
+					"E <= H: the routing is imposed on x's first E columns; at most %d shapes)\n", optarg,
+					TIER_MOE_MAX_EXPERTS, TIER_MOE_MAX_TOPK, MAX_SHAPES);
+				return 1;
+			}
+			o->shapes[o->n_shapes++] = (moe_shape){ "custom", T, H, I, E, k };
+			break;
+		}
+		case 'r':
+			if (!strcmp(optarg, "uniform"))
+				o->routing = 1;
+			else if (!strcmp(optarg, "zipf"))
+				o->routing = 2;
+			else if (!strcmp(optarg, "both"))
+				o->routing = 3;
+			else {
+				fprintf(stderr, "tier-bench moe: --routing %s: use uniform, zipf or both\n", optarg);
+				return 1;
+			}
+			break;
+		case 'i': if (bench_parse_uint(cmd, "--iters", optarg, &o->iters)) return 1; break;
+		case 'j': o->json = 1; break;
+		case 'h': usage(stdout); return -1;
+		default: usage(stderr); return 1;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "tier-bench moe: unexpected argument '%s' (see --help)\n", argv[optind]);
+		return 1;
+	}
+	if (!o->iters) {
+		fprintf(stderr, "tier-bench moe: --iters must be at least 1\n");
+		return 1;
+	}
+	if (!o->n_shapes)
+		for (int i = 0; i < N_MODELS; i++)
+			o->shapes[o->n_shapes++] = models[i];
+	return 0;
+}
+
+/* ---- inputs ---- */
+static void put(const moe_case *c, void *buf, size_t i, float f)
+{
+	if (c->el == 4) {
+		((float *)buf)[i] = f;
+		return;
+	}
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+}
+
+/* n values uniform in (-a, a) in the case's storage, copied to the device. */
+static int fill(moe_case *c, void *dst, size_t n, float a, tier_rng *r)
+{
+	void *buf = malloc(n * c->el);
+	int rc;
+	if (!buf)
+		return tier_fail(-ENOMEM, "moe bench: no host memory for the inputs");
+	for (size_t i = 0; i < n; i++)
+		put(c, buf, i, (float)(tier_rng_uniform(r) * 2.0 - 1.0) * a);
+	rc = tier_dev_memcpy_h2d(c->dev, dst, buf, n * c->el);
+	free(buf);
+	return rc;
+}
+
+/* k distinct experts per token: uniform, or Zipf(1.2) over the experts (by rejection of repeats). */
+static void sample_routing(int T, int E, int k, int zipf, tier_rng *r, int32_t *sel)
+{
+	double *cdf = malloc(sizeof(double) * (size_t)E), s = 0.0;
+	for (int e = 0; e < E; e++)
+		cdf[e] = (s += zipf ? pow(e + 1.0, -1.2) : 1.0);
+	for (int t = 0; t < T; t++)
+		for (int j = 0; j < k; j++) {
+			int e, dup;
+			do {
+				double u = tier_rng_uniform(r) * s;
+				int lo = 0, hi = E - 1;
+				while (lo < hi) {
+					int mid = (lo + hi) / 2;
+					if (cdf[mid] > u)
+						hi = mid;
+					else
+						lo = mid + 1;
+				}
+				e = lo;
+				dup = 0;
+				for (int i = 0; i < j; i++)
+					dup |= sel[t * k + i] == e;
+			} while (dup);
+			sel[t * k + j] = e;
+		}
+	free(cdf);
+}
+
+/* x [T, H] with the routing written into its first E columns; W_r [E, H] ~ identity there. */
+static int fill_router(moe_case *c, int zipf, tier_rng *r)
+{
+	int T = c->T, H = c->H, E = c->E, k = c->k, rc;
+	int32_t *sel = c->sel = malloc(sizeof(int32_t) * (size_t)T * k);
+	void *xb = malloc((size_t)T * H * c->el), *wb = malloc((size_t)E * H * c->el);
+	if (!sel || !xb || !wb) {
+		free(sel), free(xb), free(wb);
+		return tier_fail(-ENOMEM, "moe bench: no host memory for the inputs");
+	}
+	sample_routing(T, E, k, zipf, r, sel);
+	for (size_t t = 0; t < (size_t)T; t++) {
+		for (int h = 0; h < H; h++)
+			put(c, xb, t * H + h, (float)(tier_rng_uniform(r) * 2.0 - 1.0) * (h < E ? 0.3f : 1.0f));
+		for (int j = 0; j < k; j++)
+			put(c, xb, t * H + sel[t * k + j], 3.0f + 0.1f * (float)(k - j));
+	}
+	for (size_t e = 0; e < (size_t)E; e++)
+		for (int h = 0; h < H; h++)
+			put(c, wb, e * H + h, (size_t)h == e ? 1.0f : (float)(tier_rng_uniform(r) * 2.0 - 1.0) * 1e-3f);
+	rc = tier_dev_memcpy_h2d(c->dev, c->x, xb, (size_t)T * H * c->el);
+	if (!rc)
+		rc = tier_dev_memcpy_h2d(c->dev, c->wr, wb, (size_t)E * H * c->el);
+	free(xb), free(wb);
+	return rc;
+}
+
+/* Counts the router's picks that are not in the sampled set of their token. */
+static int check_routing(moe_case *c)
+{
+	size_t n = (size_t)c->n;
+	int32_t *got = malloc(sizeof(int32_t) * n);
+	int rc;
+	if (!got)
+		return tier_fail(-ENOMEM, "moe bench: no host memory");
+	if ((rc = tier_dev_memcpy_d2h(c->dev, got, c->s.topk_idx, sizeof(int32_t) * n))) {
+		free(got);
+		return rc;
+	}
+	c->missed = 0;
+	for (size_t t = 0; t < (size_t)c->T; t++)
+		for (int j = 0; j < c->k; j++) {
+			int in = 0;
+			for (int i = 0; i < c->k; i++)
+				in |= got[t * c->k + j] == c->sel[t * c->k + i];
+			c->missed += !in;
+		}
+	free(got);
+	return 0;
+}
+
+static int dalloc(moe_case *c, size_t bytes, void **p) { return tier_dev_malloc(c->dev, bytes ? bytes : 4, p); }
+
+static int alloc_case(moe_case *c, const moe_shape *s, int zipf)
+{
+	int rc;
+	tier_rng r;
+	tier_rng_seed(&r, 0x6d6f65u + (uint64_t)zipf);
+	c->T = s->T, c->H = s->H, c->I = s->I, c->E = s->E, c->k = s->k, c->n = s->T * s->k;
+	c->el = c->cuda ? 2 : 4;
+	c->cfg = (tier_moe_cfg){ .router = { TIER_MOE_ROUTER_SOFTMAX_TOPK, s->E, s->k, 1, 0, 0, 0 }, .hidden = s->H,
+				 .inter = s->I, .aux_coef = 0.001f, .dtype = c->cuda ? TIER_MOE_BF16 : TIER_MOE_F32 };
+	size_t sb = tier_moe_saved_bytes(&c->cfg, c->T), n = (size_t)c->n, H = (size_t)c->H, I = (size_t)c->I;
+	c->ws_bytes = tier_moe_workspace_bytes(&c->cfg, c->T, NULL);
+	c->ews_bytes = tier_moe_experts_ws_bytes(c->I, c->n, NULL);
+	if (!sb || !c->ws_bytes || !c->ews_bytes)
+		return tier_fail(-EINVAL, "moe bench: bad shape T=%d H=%d I=%d E=%d k=%d", c->T, c->H, c->I, c->E, c->k);
+	c->wg = calloc((size_t)c->E, sizeof(void *)), c->wu = calloc((size_t)c->E, sizeof(void *));
+	c->wd = calloc((size_t)c->E, sizeof(void *));
+	if (!c->wg || !c->wu || !c->wd)
+		return tier_fail(-ENOMEM, "moe bench: no host memory");
+	if ((rc = dalloc(c, (size_t)c->T * H * c->el, &c->x)) || (rc = dalloc(c, (size_t)c->E * H * c->el, &c->wr)) ||
+	    (rc = dalloc(c, (size_t)c->T * H * 4, &c->out)) || (rc = dalloc(c, (size_t)c->T * H * 4, &c->dout)) ||
+	    (rc = dalloc(c, (size_t)c->T * H * 4, &c->dx)) || (rc = dalloc(c, sb, &c->saved)) ||
+	    (rc = dalloc(c, c->ws_bytes, &c->ws)) || (rc = dalloc(c, c->ews_bytes, &c->ews)) ||
+	    (rc = dalloc(c, n * H * c->el, &c->xg)) || (rc = dalloc(c, n * H * c->el, &c->dy)) ||
+	    (rc = dalloc(c, n * H * 4, &c->dxg)) || (rc = dalloc(c, n * 4, &c->dtw)) ||
+	    (rc = dalloc(c, (size_t)c->T * c->E * 4, &c->dl)) || (rc = dalloc(c, n * H * c->el, &c->copy)))
+		return rc;
+	for (int e = 0; e < c->E; e++)
+		if ((rc = dalloc(c, I * H * c->el, &c->wg[e])) || (rc = dalloc(c, I * H * c->el, &c->wu[e])) ||
+		    (rc = dalloc(c, H * I * c->el, &c->wd[e])) || (rc = fill(c, c->wg[e], I * H, 1.0f / sqrtf((float)H), &r)) ||
+		    (rc = fill(c, c->wu[e], I * H, 1.0f / sqrtf((float)H), &r)) ||
+		    (rc = fill(c, c->wd[e], H * I, 1.0f / sqrtf((float)I), &r)))
+			return rc;
+	c->w = (tier_moe_experts){ .gate = (const float *const *)c->wg, .up = (const float *const *)c->wu,
+				   .down = (const float *const *)c->wd };
+	float *ones = malloc(4 * (size_t)c->T * H);
+	if (!ones)
+		return tier_fail(-ENOMEM, "moe bench: no host memory");
+	for (size_t i = 0; i < (size_t)c->T * H; i++)
+		ones[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+	rc = tier_dev_memcpy_h2d(c->dev, c->dout, ones, 4 * (size_t)c->T * H);
+	free(ones);
+	if (rc || (rc = fill_router(c, zipf, &r)) || (rc = tier_moe_saved_bind(&c->cfg, c->T, c->saved, sb, &c->s)))
+		return rc;
+	/* one forward: the saved state every step below reads */
+	if ((rc = tier_moe_layer_fwd(c->dev, &c->cfg, c->T, c->x, c->wr, NULL, &c->w, NULL, c->out, &c->s, c->ws,
+				     c->ws_bytes)) ||
+	    (rc = tier_dev_sync(c->dev)))
+		return rc;
+	int32_t rows;
+	if ((rc = tier_dev_memcpy_d2h(c->dev, &rows, c->s.offsets + c->E, sizeof rows)) || (rc = check_routing(c)))
+		return rc;
+	c->rows = rows;
+	return 0;
+}
+
+static void free_case(moe_case *c)
+{
+	void *p[] = { c->x, c->wr, c->out, c->dout, c->dx, c->saved, c->ws, c->ews, c->xg, c->dy, c->dxg, c->dtw, c->dl,
+		      c->copy };
+	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+		if (p[i])
+			tier_dev_free(c->dev, p[i]);
+	for (int e = 0; e < c->E; e++) {
+		if (c->wg && c->wg[e])
+			tier_dev_free(c->dev, c->wg[e]);
+		if (c->wu && c->wu[e])
+			tier_dev_free(c->dev, c->wu[e]);
+		if (c->wd && c->wd[e])
+			tier_dev_free(c->dev, c->wd[e]);
+	}
+	free(c->wg), free(c->wu), free(c->wd), free(c->sel);
+}
+
+static int call(moe_case *c, int op)
+{
+	tier_moe_saved *s = &c->s;
+	int T = c->T, H = c->H, E = c->E, k = c->k, rc;
+	switch (op) {
+	case OP_ROUTER:
+		return tier_moe_router_fwd(c->dev, &c->cfg.router, T, H, c->x, c->wr, NULL, s->logits, s->topk_idx, s->topk_w);
+	case OP_PERMUTE:
+		return tier_moe_permute(c->dev, T, k, E, H, 0, s->topk_idx, c->x, s->offsets, s->row_pair, s->pair_row,
+					s->counts, c->xg);
+	case OP_COPY:
+#ifdef TIER_HAVE_CUDA
+		if (c->cuda) {
+			cudaError_t e = cudaMemcpyAsync(c->copy, c->xg, (size_t)c->rows * H * c->el, cudaMemcpyDeviceToDevice,
+							(cudaStream_t)tier_dev_stream(c->dev));
+			return e == cudaSuccess ? 0 : tier_fail(-EIO, "moe bench: copy: %s", cudaGetErrorString(e));
+		}
+#endif
+		memcpy(c->copy, c->xg, (size_t)c->rows * H * c->el);
+		return 0;
+	case OP_EXPERTS_FWD:
+		return tier_moe_experts_fwd(c->dev, E, H, c->I, s->offsets, &c->w, NULL, c->xg, s->g, s->u, s->y, c->ews);
+	case OP_COMBINE_FWD:
+		return tier_moe_combine_fwd(c->dev, T, k, H, s->pair_row, s->topk_w, s->y, c->out);
+	case OP_COMBINE_BWD:
+		return tier_moe_combine_bwd(c->dev, T, k, H, s->pair_row, s->topk_w, s->y, c->dout, c->dy, c->dtw);
+	case OP_EXPERTS_BWD:
+		return tier_moe_experts_bwd(c->dev, E, H, c->I, s->offsets, &c->w, NULL, c->xg, s->g, s->u, c->dy, c->dxg,
+					    c->ews);
+	case OP_PERMUTE_BWD:
+		return tier_moe_permute_bwd(c->dev, T, k, H, s->offsets, E, s->row_pair, c->dxg, c->dx);
+	case OP_ROUTER_BWD:
+		return tier_moe_router_weights_bwd(c->dev, &c->cfg.router, T, s->logits, s->topk_idx, c->dtw, c->dl);
+	case OP_BLOCK_FWD:
+	case OP_BLOCK_FWD_BWD:
+		rc = tier_moe_layer_fwd(c->dev, &c->cfg, T, c->x, c->wr, NULL, &c->w, NULL, c->out, s, c->ws, c->ws_bytes);
+		if (!rc && op == OP_BLOCK_FWD_BWD)
+			rc = tier_moe_layer_bwd(c->dev, &c->cfg, T, c->x, c->wr, &c->w, NULL, s, c->dout, 1.0f, c->dx, NULL,
+						c->ws, c->ws_bytes);
+		return rc;
+	}
+	return tier_fail(-EINVAL, "moe bench: unknown op %d", op);
+}
+
+/* One timed call, in ns. */
+static double run_op(void *arg)
+{
+	moe_case *c = arg;
+	uint64_t t0 = tier_now_ns();
+	float ms = 0;
+#ifdef TIER_HAVE_CUDA
+	if (c->cuda)
+		cudaEventRecord(c->e0, (cudaStream_t)tier_dev_stream(c->dev));
+#endif
+	if ((c->rc = call(c, c->op)))
+		return -1;
+#ifdef TIER_HAVE_CUDA
+	if (c->cuda) {
+		cudaEventRecord(c->e1, (cudaStream_t)tier_dev_stream(c->dev));
+		if (cudaEventSynchronize(c->e1) != cudaSuccess || cudaEventElapsedTime(&ms, c->e0, c->e1) != cudaSuccess) {
+			c->rc = tier_fail(-EIO, "moe bench: CUDA events failed: %s", cudaGetErrorString(cudaGetLastError()));
+			return -1;
+		}
+		return ms * 1e6;
+	}
+#endif
+	(void)ms;
+	return (double)(tier_now_ns() - t0);
+}
+
+/* Work of an op: FLOPs (is_flop 1) or bytes moved. Expert products: gate and up 2*2*rows*H*I,
+ * down 2*rows*I*H; backward (input gradient only, frozen weights) the same 6*rows*H*I. */
+static double work(const moe_case *c, int op, int *is_flop)
+{
+	double T = c->T, H = c->H, I = c->I, E = c->E, k = c->k, n = c->n, rows = c->rows, el = (double)c->el;
+	double ex = 6.0 * rows * H * I, rt = 2.0 * T * E * H;
+	*is_flop = 1;
+	switch (op) {
+	case OP_ROUTER: return rt;
+	case OP_EXPERTS_FWD: case OP_EXPERTS_BWD: return ex;
+	case OP_BLOCK_FWD: return rt + ex;
+	case OP_BLOCK_FWD_BWD: return rt + ex + ex + rt; /* bwd: experts' input gradient, router's dx */
+	default: break;
+	}
+	*is_flop = 0;
+	switch (op) {
+	case OP_PERMUTE: case OP_COPY: return 2.0 * rows * H * el;        /* read + write of the rows */
+	case OP_COMBINE_FWD: return rows * H * el + T * H * 4.0;          /* rows in, fp32 tokens out */
+	case OP_COMBINE_BWD: return rows * H * el * 2.0 + T * H * 4.0;    /* y and dy, d_out */
+	case OP_PERMUTE_BWD: return rows * H * 4.0 + 2.0 * T * H * 4.0;  /* dxg in, dx read + written */
+	case OP_ROUTER_BWD: return T * E * 8.0 + n * 8.0;
+	}
+	(void)k;
+	return 0;
+}
+
+static const bench_col cols[] = {
+	{ "model", "", 10 }, { "routing", "", 8 }, { "op", "", 14 }, { "time", "median", 10 },
+	{ "rate", "", 9 }, { "unit", "", 8 }, { "max/mean", "load", 9 },
+};
+#define NCOLS (sizeof cols / sizeof cols[0])
+
+/* Largest expert load over the mean: how skewed the routing came out. */
+static double skew_of(moe_case *c)
+{
+	int32_t *cnt = malloc(sizeof(int32_t) * (size_t)c->E);
+	double mx = 0, sum = 0;
+	if (!cnt || tier_dev_memcpy_d2h(c->dev, cnt, c->s.counts, sizeof(int32_t) * (size_t)c->E)) {
+		free(cnt);
+		return 0;
+	}
+	for (int e = 0; e < c->E; e++)
+		mx = cnt[e] > mx ? cnt[e] : mx, sum += cnt[e];
+	free(cnt);
+	return sum > 0 ? mx / (sum / c->E) : 0;
+}
+
+static int bench_shape(tier_dev *dev, const moe_opts *o, const moe_shape *s, int zipf, double ms[N_OPS], double *skew)
+{
+	moe_case c = { .dev = dev, .cuda = o->kind == TIER_DEV_CUDA };
+	int rc = 0;
+#ifdef TIER_HAVE_CUDA
+	if (c.cuda && (cudaEventCreate(&c.e0) != cudaSuccess || cudaEventCreate(&c.e1) != cudaSuccess))
+		rc = tier_fail(-EIO, "moe bench: cannot create CUDA events");
+#endif
+	if (!rc)
+		rc = alloc_case(&c, s, zipf);
+	*skew = rc ? 0 : skew_of(&c);
+	if (!rc && c.missed)
+		bench_comment("%s %s: the router picked %ld of %d experts outside the sampled routing", s->name,
+			      zipf ? "zipf" : "uniform", c.missed, c.n);
+	for (int op = 0; op < N_OPS && !rc; op++) {
+		char cells[NCOLS][32];
+		const char *cp[NCOLS];
+		int is_flop;
+		c.op = op;
+		for (int w = 0; w < 2 && !rc; w++)
+			if (run_op(&c) < 0)
+				rc = c.rc;
+		ms[op] = rc ? 0 : bench_median_run(run_op, &c, o->iters) / 1e6;
+		if (!rc && ms[op] < 0)
+			rc = c.rc;
+		if (rc)
+			break;
+		double wk = work(&c, op, &is_flop);
+		snprintf(cells[0], 32, "%s", s->name), snprintf(cells[1], 32, "%s", zipf ? "zipf1.2" : "uniform");
+		snprintf(cells[2], 32, "%s", op_name[op]);
+		bench_fmt_time(ms[op] * 1e6, cells[3], 32);
+		double rate = is_flop ? wk / (ms[op] * 1e9) : wk / (ms[op] * 1e6);
+		bench_fmt_num(rate, rate < 10 ? 3 : 1, cells[4], 32);
+		snprintf(cells[5], 32, "%s", is_flop ? "TFLOP/s" : "GB/s");
+		bench_fmt_num(*skew, 2, cells[6], 32);
+		for (size_t i = 0; i < NCOLS; i++)
+			cp[i] = cells[i];
+		bench_table_row(cols, NCOLS, cp);
+	}
+#ifdef TIER_HAVE_CUDA
+	if (c.cuda) {
+		cudaEventDestroy(c.e0);
+		cudaEventDestroy(c.e1);
+	}
+#endif
+	free_case(&c);
+	return rc;
+}
+
+int bench_moe(int argc, char **argv)
+{
+	moe_opts o;
+	tier_dev *dev = NULL;
+	static double ms[MAX_SHAPES][2][N_OPS], skew[MAX_SHAPES][2];
+	int rc = parse(argc, argv, &o);
+	if (rc)
+		return rc < 0 ? 0 : rc;
+	if ((rc = tier_dev_open(&dev, o.kind, 0))) {
+		fprintf(stderr, "tier-bench moe: %s\n", tier_last_error());
+		return 2;
+	}
+	bench_comment("tier-bench moe: MoE block steps, forward and forward+backward (softmax top-k router, SwiGLU experts)");
+	bench_comment("device %s; median of %u runs after 2 warm-up runs; %s storage", tier_dev_name(dev), o.iters,
+		      o.kind == TIER_DEV_CUDA ? "bf16" : "fp32");
+	bench_comment("experts: 6*rows*H*I FLOPs each way (input gradient only: frozen experts); block adds the router");
+	bench_table_header(cols, NCOLS);
+	for (unsigned i = 0; i < o.n_shapes && !rc; i++)
+		for (int z = 0; z < 2 && !rc; z++)
+			if (o.routing & (1 << z))
+				rc = bench_shape(dev, &o, &o.shapes[i], z, ms[i][z], &skew[i][z]);
+	if (rc) {
+		fprintf(stderr, "tier-bench moe: %s\n", tier_last_error());
+		tier_dev_close(dev);
+		return 2;
+	}
+	int z0 = o.routing & 1 ? 0 : 1;
+	bench_summary("%u shapes; first (%s): block fwd %.3f ms, fwd+bwd %.3f ms, experts fwd %.3f ms", o.n_shapes,
+		      z0 ? "zipf" : "uniform", ms[0][z0][OP_BLOCK_FWD], ms[0][z0][OP_BLOCK_FWD_BWD], ms[0][z0][OP_EXPERTS_FWD]);
+	if (o.json) {
+		printf("{\"bench\":\"moe\",\"impl\":\"tier\",\"device\":\"%s\",\"results\":[", tier_dev_name(dev));
+		int first = 1;
+		for (unsigned i = 0; i < o.n_shapes; i++)
+			for (int z = 0; z < 2; z++) {
+				if (!(o.routing & (1 << z)))
+					continue;
+				const moe_shape *s = &o.shapes[i];
+				printf("%s{\"model\":\"%s\",\"routing\":\"%s\",\"T\":%d,\"H\":%d,\"I\":%d,\"E\":%d,\"k\":%d,"
+				       "\"max_over_mean\":%.3f", first ? "" : ",", s->name, z ? "zipf" : "uniform", s->T, s->H,
+				       s->I, s->E, s->k, skew[i][z]);
+				for (int op = 0; op < N_OPS; op++)
+					printf(",\"%s_ms\":%.4f", op_key[op], ms[i][z][op]);
+				printf("}");
+				first = 0;
+			}
+		printf("]}\n");
+	}
+	tier_dev_close(dev);
+	return 0;
+}
