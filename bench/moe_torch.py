@@ -222,6 +222,11 @@ def main():
                 else:
                     cells += f" {'-':>10} {'-':>9} {'-':>8}"
                 print(cells + f" {skew:>9.2f}")
+                g_ms = t.get(TIER_KEYS[op].replace("_ms", "_grouped_ms")) if t and op in TIER_KEYS else None
+                if g_ms:  # tier's experimental device-side grouped GEMM, against the same torch time
+                    trate = w / g_ms / (1e9 if op in flop else 1e6)
+                    print(f"{mname:>10} {rname:>8} {op + '-g':>14} {ms[op]:>10.3f} {rate:>9.1f} {unit:>8}"
+                          f" {g_ms:>10.3f} {trate:>9.1f} {ms[op] / g_ms:>8.2f} {skew:>9.2f}")
             r = {"model": mname, "routing": rname, "T": T, "H": H, "I": I, "E": E, "k": k, "max_over_mean": skew}
             r.update({f"{op}_ms": ms[op] for op in OPS})
             out.append(r)

@@ -1,7 +1,7 @@
 /* moe_cuda.h - the CUDA MoE kernels behind tier/moe.h (moe.cu: router, permute, combine;
  * moe_bwd.cu: the backward of combine, permute and router with the aux and z losses;
- * moe_experts.cu: the SwiGLU experts with LoRA over per-expert cuBLASLt products; moe_layer.cu:
- * the whole block). The public tier_moe_* functions hand a CUDA context to these.
+ * moe_experts.cu: the SwiGLU experts with LoRA over per-expert cuBLASLt products; moe_grouped.cu:
+ * an experimental device-side grouped GEMM; moe_layer.cu: the whole block). The public tier_moe_* functions hand a CUDA context to these.
  *
  * All pointers are device memory of the context (expert pointer arrays: host arrays of device
  * pointers); bf16 arrays are __nv_bfloat16 bits (void * here), the rest fp32 or int32 as in
@@ -58,8 +58,18 @@ int moe_cuda_experts_check(const char *fn, int E, const int32_t *offsets_host, c
 /* Forward over rows 0..offsets_host[E]-1 of xg (bf16): g, u [rows, I] fp32 (LoRA added), h bf16,
  * y [rows, H] bf16 (LoRA added). z: bf16 scratch [rows, max LoRA rank] (NULL without LoRA). */
 int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
-			      const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, float *g,
-			      float *u, void *h, void *y, void *z);
+			      const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
+			      const void *xg, float *g, float *u, void *h, void *y, void *z);
+
+/* ---- the experimental device-side grouped GEMM (moe_grouped.cu) ----
+ * y [rows, N] (fp32, or bf16 with y_bf16) = x [rows, K] w_e^T over the rows of each expert, from
+ * the device offsets [E+1]; rows_bound >= offsets[E] sizes the grid. w: host array of E device
+ * pointers (bf16 [N, K], 16-byte aligned; NULL only for empty experts). K a multiple of 8, x
+ * 16-byte aligned. moe_cuda_grouped_enabled: TIER_MOE_GROUPED=1 in the environment (the experts'
+ * forward then uses it when there is no LoRA and H, I are multiples of 8, offsets_dev given). */
+int moe_cuda_grouped_enabled(void);
+int moe_cuda_grouped_linear(tier_dev *dev, int E, int N, int K, const int32_t *offsets, int rows_bound,
+			    const void *const *w, const void *x, void *y, int y_bf16);
 /* The first interface (no LoRA, separate gate / up / down arrays), kept for tests/test_moe_cuda.c. */
 int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const void *const *gate, const void *const *up, const void *const *down,

@@ -315,9 +315,49 @@ static int experts_args(const char *fn, tier_dev *dev, int E, int H, int I, cons
 	return 0;
 }
 
+/* The forward through the device-side grouped GEMM (no LoRA; H, I multiples of 8, aligned). */
+static int experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off,
+			       const tier_moe_experts *w, const void *xg, float *g, float *u, void *h, void *y)
+{
+	const void *gp[TIER_MOE_MAX_EXPERTS], *upp[TIER_MOE_MAX_EXPERTS], *dp[TIER_MOE_MAX_EXPERTS];
+	for (int e = 0; e < E; e++) {
+		int has = off[e + 1] > off[e];
+		ex_w ew = has ? ex_of(w, e, I, H) : ex_w{ NULL, NULL, NULL };
+		gp[e] = ew.gate, upp[e] = ew.up, dp[e] = ew.down;
+	}
+	int rows = off[E], rc;
+	size_t total = (size_t)rows * I;
+	if ((rc = moe_cuda_grouped_linear(dev, E, I, H, d_off, rows, gp, xg, g, 0)) ||
+	    (rc = moe_cuda_grouped_linear(dev, E, I, H, d_off, rows, upp, xg, u, 0)))
+		return rc;
+	if (total) {
+		swiglu_kernel<<<grid_of(total), 256, 0, moe_stream(dev)>>>(g, u, total, (bf16 *)h);
+		CUDA_LAUNCHED();
+	}
+	return moe_cuda_grouped_linear(dev, E, H, I, d_off, rows, dp, h, y, 1);
+}
+
+/* Whether the grouped GEMM may run: asked for, no LoRA, H and I multiples of 8, every operand it reads
+ * with 16-byte loads 16-byte aligned (else the cuBLASLt loop runs). */
+static int grouped_fits(int E, int H, int I, const int32_t *off, const tier_moe_experts *w, const void *xg,
+			const void *h, const tier_moe_loras *lora)
+{
+	if (!moe_cuda_grouped_enabled() || moe_lora_max_rank(lora) != 0 || H % 8 || I % 8 || (uintptr_t)xg % 16 ||
+	    (uintptr_t)h % 16)
+		return 0;
+	for (int e = 0; e < E; e++) {
+		if (off[e + 1] == off[e])
+			continue;
+		ex_w ew = ex_of(w, e, I, H);
+		if ((uintptr_t)ew.gate % 16 || (uintptr_t)ew.up % 16 || (uintptr_t)ew.down % 16)
+			return 0;
+	}
+	return 1;
+}
+
 extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *off,
-					 const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, float *g,
-					 float *u, void *h, void *y, void *z)
+					 const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
+					 const void *xg, float *g, float *u, void *h, void *y, void *z)
 {
 	const char *fn = "moe_cuda_experts_fwd";
 	int rc = experts_args(fn, dev, E, H, I, off, w, lora, z);
@@ -328,6 +368,8 @@ extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(u, fn);
 	MOE_NONNULL(h, fn);
 	MOE_NONNULL(y, fn);
+	if (d_off && grouped_fits(E, H, I, off, w, xg, h, lora))
+		return experts_fwd_grouped(dev, E, H, I, off, d_off, w, xg, g, u, h, y);
 	const bf16 *x = (const bf16 *)xg;
 	bf16 *hb = (bf16 *)h, *yb = (bf16 *)y, *Z = (bf16 *)z;
 	for (int e = 0; e < E; e++) {
@@ -370,7 +412,7 @@ extern "C" int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const in
 			       TIER_MOE_GATE_FIRST };
 	if (!gate || !up || !down)
 		return tier_fail(-EINVAL, "moe_cuda_experts_fwd: gate, up and down pointer arrays are required");
-	return moe_cuda_experts_fwd_lora(dev, E, H, I, offsets_host, &w, NULL, xg, g, u, h, y, NULL);
+	return moe_cuda_experts_fwd_lora(dev, E, H, I, offsets_host, NULL, &w, NULL, xg, g, u, h, y, NULL);
 }
 
 extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *off,
@@ -458,7 +500,7 @@ extern "C" int moe_cuda_experts_fwd_step(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(ws, fn);
 	size_t rows = off[E] > 0 ? (size_t)off[E] : 0;
 	char *b = (char *)ws;
-	return moe_cuda_experts_fwd_lora(dev, E, H, I, off, w, lora, xg, g, u, b, y, b + 2 * rows * I);
+	return moe_cuda_experts_fwd_lora(dev, E, H, I, off, offsets, w, lora, xg, g, u, b, y, b + 2 * rows * I);
 }
 
 extern "C" int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, const int32_t *offsets,

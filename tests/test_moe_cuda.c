@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <cmocka.h>
 #include "moe_ref.h"
 #ifdef TIER_HAVE_CUDA
@@ -600,6 +601,29 @@ static void test_layer(void **state)
 	layer_case(&(gcase){ m, 19, 33, 17, 3, 0, 0.01f, 0, 0, 0, 0 });          /* odd H, I and rank */
 }
 
+/* The experimental device-side grouped GEMM (TIER_MOE_GROUPED=1): the experts' forward of the layer
+ * and of the public step use it when there is no LoRA and H, I are multiples of 8. */
+static void test_layer_grouped(void **state)
+{
+	(void)state;
+	tier_moe_router_cfg q = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 128, 8, 1, 0, 0, 0 };
+	tier_moe_router_cfg m = { TIER_MOE_ROUTER_TOPK_SOFTMAX, 8, 2, 0, 0, 0, 0 };
+	tier_moe_router_cfg big = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 896, 16, 1, 0, 0, 0 };
+	tier_moe_router_cfg one = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 1, 0, 0, 0, 0 };
+	assert_int_equal(setenv("TIER_MOE_GROUPED", "1", 1), 0);
+	assert_true(moe_cuda_grouped_enabled());
+	layer_case(&(gcase){ q, 200, 256, 96, 0, 0, 0.01f, 0.001f, 0, 0, 0 });
+	layer_case(&(gcase){ q, 130, 128, 64, 0, 0, 0.01f, 0, 0, 1, 0 });       /* fused gate_up */
+	layer_case(&(gcase){ m, 1, 128, 160, 0, 0, 0.01f, 0.01f, 0, 0, 0 });    /* T = 1 */
+	layer_case(&(gcase){ one, 150, 64, 32, 0, 2.0f, 0.01f, 0, 1, 0, 0 });   /* all to one expert, drops */
+	layer_case(&(gcase){ big, 24, 64, 40, 0, 0, 0.001f, 0.0001f, 0, 0, 0 }); /* E = 896, k = 16 */
+	int32_t off[3] = { 0, 1, 2 };
+	const void *w[2] = { (void *)64, (void *)64 };
+	assert_int_equal(moe_cuda_grouped_linear(gpu, 2, 8, 12, off, 2, w, (void *)64, (void *)64, 0), -EINVAL);
+	unsetenv("TIER_MOE_GROUPED");
+	assert_false(moe_cuda_grouped_enabled());
+}
+
 /* The public steps that run on CUDA, on random routing. */
 static void test_steps(void **state)
 {
@@ -678,8 +702,11 @@ static void test_layer_bad_input(void **state)
 	/* workspace too small, NULL weights struct */
 	assert_int_equal(tier_moe_layer_fwd(gpu, &b16, 3, p, p, NULL, &w, NULL, p, &s, p, wb - 1), -EINVAL);
 	assert_int_equal(tier_moe_layer_fwd(gpu, &b16, 3, p, p, NULL, NULL, NULL, p, &s, p, wb), -EINVAL);
+	/* counts are required on CUDA (the histogram lives there) */
+	assert_int_equal(tier_moe_permute(gpu, 1, 1, 4, 8, 0, p, NULL, p, p, p, NULL, NULL), -EINVAL);
 	/* the router's shared memory limit on H */
 	assert_int_equal(tier_moe_router_fwd(gpu, &rc, 1, 100000, p, p, NULL, p, p, p), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "shared memory"));
 	/* steps without a CUDA version */
 	float aux, z;
 	assert_int_equal(tier_moe_aux_fwd(gpu, 1, 4, 2, 0.01f, 0, p, p, &aux, &z, NULL), -ENOTSUP);
@@ -729,6 +756,7 @@ int main(void)
 		cmocka_unit_test(test_experts),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_layer),
+		cmocka_unit_test(test_layer_grouped),
 		cmocka_unit_test(test_steps),
 		cmocka_unit_test(test_layer_bad_input),
 	};

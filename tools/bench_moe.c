@@ -43,13 +43,14 @@ typedef struct {
 
 enum {
 	OP_ROUTER, OP_PERMUTE, OP_COPY, OP_EXPERTS_FWD, OP_COMBINE_FWD, OP_COMBINE_BWD, OP_EXPERTS_BWD,
-	OP_PERMUTE_BWD, OP_ROUTER_BWD, OP_BLOCK_FWD, OP_BLOCK_FWD_BWD, N_OPS
+	OP_PERMUTE_BWD, OP_ROUTER_BWD, OP_BLOCK_FWD, OP_BLOCK_FWD_BWD, OP_EXPERTS_FWD_G, OP_BLOCK_FWD_G, N_OPS
 };
 static const char *const op_name[N_OPS] = { "router", "permute", "d2d-copy", "experts-fwd", "combine",
 					    "combine-bwd", "experts-bwd", "permute-bwd", "router-bwd",
-					    "block-fwd", "block-fwd+bwd" };
+					    "block-fwd", "block-fwd+bwd", "experts-fwd-g", "block-fwd-g" };
 static const char *const op_key[N_OPS] = { "router", "permute", "copy", "experts_fwd", "combine", "combine_bwd",
-					   "experts_bwd", "permute_bwd", "router_bwd", "block_fwd", "block_fwd_bwd" };
+					   "experts_bwd", "permute_bwd", "router_bwd", "block_fwd", "block_fwd_bwd",
+					   "experts_fwd_grouped", "block_fwd_grouped" };
 
 typedef struct {
 	tier_dev *dev;
@@ -81,7 +82,9 @@ static void usage(FILE *f)
 		"Routing: uniform (k distinct experts per token) or zipf (Zipf s=1.2 over experts, without\n"
 		"replacement), imposed through the router's input. Each time is the median of N runs after two\n"
 		"warm-ups, timed with CUDA events on the compute stream. d2d-copy is a device-to-device copy of\n"
-		"the gathered bytes: the bandwidth the permute is held to. The peer runs in bench/moe_torch.py.\n"
+		"the gathered bytes: the bandwidth the permute is held to. experts-fwd-g and block-fwd-g repeat\n"
+		"the forward with the experimental device-side grouped GEMM (TIER_MOE_GROUPED=1, no host copy of\n"
+		"the offsets in the experts). The peer runs in bench/moe_torch.py.\n"
 		"\n"
 		"  --device KIND      cuda (default) or cpu (the fp32 reference; use a small --shape there)\n"
 		"  --model NAME       qwen3-30b, seed-896 or mixtral (repeatable)\n"
@@ -281,6 +284,19 @@ static int check_routing(moe_case *c)
 
 static int dalloc(moe_case *c, size_t bytes, void **p) { return tier_dev_malloc(c->dev, bytes ? bytes : 4, p); }
 
+/* Device-to-device copy on the compute stream (memcpy on the CPU). */
+static int dcopy(moe_case *c, void *dst, const void *src, size_t bytes)
+{
+#ifdef TIER_HAVE_CUDA
+	if (c->cuda) {
+		cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)tier_dev_stream(c->dev));
+		return e == cudaSuccess ? 0 : tier_fail(-EIO, "moe bench: weight copy: %s", cudaGetErrorString(e));
+	}
+#endif
+	memcpy(dst, src, bytes);
+	return 0;
+}
+
 static int alloc_case(moe_case *c, const moe_shape *s, int zipf)
 {
 	int rc;
@@ -307,12 +323,21 @@ static int alloc_case(moe_case *c, const moe_shape *s, int zipf)
 	    (rc = dalloc(c, n * H * 4, &c->dxg)) || (rc = dalloc(c, n * 4, &c->dtw)) ||
 	    (rc = dalloc(c, (size_t)c->T * c->E * 4, &c->dl)) || (rc = dalloc(c, n * H * c->el, &c->copy)))
 		return rc;
-	for (int e = 0; e < c->E; e++)
-		if ((rc = dalloc(c, I * H * c->el, &c->wg[e])) || (rc = dalloc(c, I * H * c->el, &c->wu[e])) ||
-		    (rc = dalloc(c, H * I * c->el, &c->wd[e])) || (rc = fill(c, c->wg[e], I * H, 1.0f / sqrtf((float)H), &r)) ||
-		    (rc = fill(c, c->wu[e], I * H, 1.0f / sqrtf((float)H), &r)) ||
-		    (rc = fill(c, c->wd[e], H * I, 1.0f / sqrtf((float)I), &r)))
+	/* every expert gets the same values (the speed does not depend on them): one random matrix of
+	 * each shape made on the host, copied E times, instead of E * 3 * I * H random draws */
+	if ((rc = dalloc(c, I * H * c->el, &c->wg[0])) || (rc = dalloc(c, H * I * c->el, &c->wd[0])) ||
+	    (rc = fill(c, c->wg[0], I * H, 1.0f / sqrtf((float)H), &r)) ||
+	    (rc = fill(c, c->wd[0], H * I, 1.0f / sqrtf((float)I), &r)))
+		return rc;
+	for (int e = 0; e < c->E; e++) {
+		if ((e && (rc = dalloc(c, I * H * c->el, &c->wg[e]))) || (rc = dalloc(c, I * H * c->el, &c->wu[e])) ||
+		    (e && (rc = dalloc(c, H * I * c->el, &c->wd[e]))))
 			return rc;
+		if ((e && (rc = dcopy(c, c->wg[e], c->wg[0], I * H * c->el))) ||
+		    (rc = dcopy(c, c->wu[e], c->wg[0], I * H * c->el)) ||
+		    (e && (rc = dcopy(c, c->wd[e], c->wd[0], H * I * c->el))))
+			return rc;
+	}
 	c->w = (tier_moe_experts){ .gate = (const float *const *)c->wg, .up = (const float *const *)c->wu,
 				   .down = (const float *const *)c->wd };
 	float *ones = malloc(4 * (size_t)c->T * H);
@@ -387,6 +412,12 @@ static int call(moe_case *c, int op)
 		return tier_moe_permute_bwd(c->dev, T, k, H, s->offsets, E, s->row_pair, c->dxg, c->dx);
 	case OP_ROUTER_BWD:
 		return tier_moe_router_weights_bwd(c->dev, &c->cfg.router, T, s->logits, s->topk_idx, c->dtw, c->dl);
+	case OP_EXPERTS_FWD_G: /* the experimental device-side grouped GEMM (moe/moe_grouped.cu) */
+	case OP_BLOCK_FWD_G:
+		setenv("TIER_MOE_GROUPED", "1", 1);
+		rc = call(c, op == OP_EXPERTS_FWD_G ? OP_EXPERTS_FWD : OP_BLOCK_FWD);
+		unsetenv("TIER_MOE_GROUPED");
+		return rc;
 	case OP_BLOCK_FWD:
 	case OP_BLOCK_FWD_BWD:
 		rc = tier_moe_layer_fwd(c->dev, &c->cfg, T, c->x, c->wr, NULL, &c->w, NULL, c->out, s, c->ws, c->ws_bytes);
@@ -433,8 +464,8 @@ static double work(const moe_case *c, int op, int *is_flop)
 	*is_flop = 1;
 	switch (op) {
 	case OP_ROUTER: return rt;
-	case OP_EXPERTS_FWD: case OP_EXPERTS_BWD: return ex;
-	case OP_BLOCK_FWD: return rt + ex;
+	case OP_EXPERTS_FWD: case OP_EXPERTS_BWD: case OP_EXPERTS_FWD_G: return ex;
+	case OP_BLOCK_FWD: case OP_BLOCK_FWD_G: return rt + ex;
 	case OP_BLOCK_FWD_BWD: return rt + ex + ex + rt; /* bwd: experts' input gradient, router's dx */
 	default: break;
 	}

@@ -139,7 +139,7 @@ int pf_compute_create(pf_compute **out, tier_dev *dev, unsigned K, unsigned N, u
 		cublasSetStream(c->blas, (cudaStream_t)tier_dev_stream(dev));
 	}
 #endif
-	int rc = pf_compute_set_rows(c, 16);
+	int rc = pf_compute_set_rows(c, 64);
 	if (rc) {
 		pf_compute_destroy(c);
 		return rc;
@@ -229,10 +229,10 @@ static double best_layer(pf_compute *c, const float *w, unsigned reps)
 double pf_compute_calibrate(pf_compute *c, const float *w, double target_ns)
 {
 	double t = best_layer(c, w, 3); /* the first run also warms the caches and BLAS */
-	for (int round = 0; round < 6; round++) {
+	for (int round = 0; round < 12; round++) {
 		if (t < 0)
 			return t;
-		if (fabs(t / target_ns - 1) < 0.03 && round > 0)
+		if (fabs(t / target_ns - 1) < 0.04 && round > 0)
 			break;
 		double m = (double)c->M * target_ns / (t > 1 ? t : 1);
 		/* Small products do not scale linearly: move at most 8x per round. */
