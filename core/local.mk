@@ -56,3 +56,6 @@ endif
 ## the default job's corpus (installed for tier-run) and its generator
 dist_pkgdata_DATA = data/corpus.txt
 EXTRA_DIST += data/make_corpus.py docs/trainer.md docs/data.md
+## tier-run's training job end to end (a script: no LDADD)
+TESTS += tests/test_run.sh
+EXTRA_DIST += tests/test_run.sh

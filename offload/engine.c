@@ -241,7 +241,7 @@ int tier_offload_create(tier_offload **out, const tier_offload_config *cfg)
 		return tier_fail(-ENOMEM, "offload: out of memory creating the engine");
 	off->cfg = *cfg;
 	if (!off->cfg.threads)
-		off->cfg.threads = 2;
+		off->cfg.threads = 4; /* staged NVMe<->HBM chunks read synchronously: 4 keep the disk busy */
 	if (!off->cfg.queue_depth)
 		off->cfg.queue_depth = 32;
 	if (!off->cfg.chunk_bytes)
@@ -249,7 +249,7 @@ int tier_offload_create(tier_offload **out, const tier_offload_config *cfg)
 	if (!off->cfg.staging_bytes)
 		off->cfg.staging_bytes = 8u << 20;
 	if (!off->cfg.staging_count)
-		off->cfg.staging_count = 4;
+		off->cfg.staging_count = 8; /* two per staged chunk, so four chunks in flight */
 	pthread_mutex_init(&off->mu, NULL);
 	pthread_cond_init(&off->cv, NULL);
 	pthread_mutex_init(&off->fmu, NULL);

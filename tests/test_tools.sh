@@ -25,7 +25,7 @@ wait_published() {
 
 echo "# a long demo job, watched live"
 mkdir "$tmp/nvme"
-./tier-run --hbm 8M --ddr 24M --nvme "$tmp/nvme:64M" --steps 100000 --policy lfu --seed 7 \
+./tier-run --store-demo --hbm 8M --ddr 24M --nvme "$tmp/nvme:64M" --steps 100000 --policy lfu --seed 7 \
 	>"$tmp/run.out" 2>"$tmp/run.err" &
 run_pid=$!
 wait_published $run_pid
@@ -85,7 +85,7 @@ fi
 ./tier-run --policy nosuch 2>/dev/null; [ $? = 1 ] || fail "tier-run --policy nosuch should exit 1"
 
 echo "# a job that exits while watched"
-./tier-run --hbm 4M --ddr 12M --nvme "$tmp/nvme:32M" --steps 40 --policy lru >/dev/null 2>&1 &
+./tier-run --store-demo --hbm 4M --ddr 12M --nvme "$tmp/nvme:32M" --steps 40 --policy lru >/dev/null 2>&1 &
 run_pid=$!
 wait_published $run_pid
 ./tier-stat -p $run_pid 0.05 >/dev/null 2>"$tmp/err"; rc=$?
@@ -95,7 +95,7 @@ run_pid=
 grep -q "exited" "$tmp/err" || fail "$(cat "$tmp/err")"
 
 echo "# the whole demonstration, small"
-./tier-run --hbm 4M --ddr 12M --nvme "$tmp/nvme:32M" --steps 2 --seed 3 >"$tmp/demo.out" || fail "tier-run failed"
+./tier-run --store-demo --hbm 4M --ddr 12M --nvme "$tmp/nvme:32M" --steps 2 --seed 3 >"$tmp/demo.out" || fail "tier-run failed"
 cat "$tmp/demo.out"
 for p in lru lfu cost schedule; do
 	grep -q "^$p " "$tmp/demo.out" || fail "no row for policy $p"

@@ -1,10 +1,12 @@
-## tools/local.mk - the programs: tier-stat (watch a job's store), tier-run (the store
-## demonstration until the trainer issue), tier-bench (benchmarks, one subcommand per part).
+## tools/local.mk - the programs: tier-stat (watch a job's store), tier-run (the LoRA trainer;
+## `tier-run --store-demo` is the store demonstration), tier-bench (benchmarks, one subcommand per part).
 bin_PROGRAMS += tier-stat tier-run tier-bench
 tier_stat_SOURCES = tools/tier-stat.c
 tier_stat_LDADD = libtier.la $(TIER_DEP_LIBS)
-tier_run_SOURCES = tools/tier-run.c
+tier_run_SOURCES = tools/tier-run.c tools/store_demo.c
+tier_run_CPPFLAGS = $(AM_CPPFLAGS) -DTIER_PKGDATADIR='"$(pkgdatadir)"'
 tier_run_LDADD = libtier.la $(TIER_DEP_LIBS)
+dist_man1_MANS += man/tier-run.1
 ## tier-bench: one file per subcommand (add its function to the table in tools/tier-bench.c).
 tier_bench_SOURCES = tools/tier-bench.c tools/bench.h tools/bench_util.c
 tier_bench_SOURCES += tools/bench_store.c

@@ -1,6 +1,7 @@
-/* tier-run.c - the store demonstration: a synthetic MoE "model" larger than its HBM budget runs a
- * training step's access pattern through the tiered store under each residency policy. The LoRA
- * trainer replaces it with the trainer issue. */
+/* tier-run.c - the main job: LoRA fine-tuning of a qwen3_moe model whose weights live in the tiered
+ * store. With no arguments, the default job: a small model made deterministically, trained on the
+ * shipped corpus under an HBM budget smaller than the model. `tier-run --store-demo` runs the
+ * store demonstration (tools/store_demo.c). */
 #include "config.h"
 #include <errno.h>
 #include <getopt.h>
@@ -12,29 +13,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "tier/tier.h"
-#include "tier/store.h"
-#include "tier/stats.h"
+#ifdef TIER_HAVE_JANSSON
+#include <jansson.h>
+#endif
 
-#define DEMO_LINE "tier-run: the store demonstration (the LoRA trainer comes with the trainer issue)"
+int store_demo_main(int argc, char **argv);
+
+#ifndef TIER_PKGDATADIR
+#define TIER_PKGDATADIR "."
+#endif
 
 typedef struct {
+	const char *model, *init, *config, *data, *out, *policy, *device, *targets, *resume;
 	uint64_t hbm, ddr, nvme;
 	char nvme_dir[4096];
-	int own_dir;           /* 1: we made nvme_dir and remove it */
-	unsigned steps, layers, experts, topk;
-	int policy;            /* -1: all */
+	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every;
+	double lora_alpha, lr, min_lr_ratio, wd, clip, init_range;
 	uint64_t seed;
-	int json;
-} demo_opts;
-
-typedef struct {
-	tier_object **obj;     /* [layer * (experts + 1) + e]; e == experts: the layer's dense weights */
-	uint64_t *pseed;       /* pattern seed of each object */
-	unsigned n;
-	uint64_t obj_size;
-	double *zipf_cdf;      /* [layer][rank] cumulative probabilities */
-	unsigned *perm;        /* [layer][rank] -> expert: which experts are hot differs per layer */
-} demo_model;
+} run_opts;
 
 static volatile sig_atomic_t stop_sig;
 static void on_signal(int sig) { stop_sig = sig; }
@@ -42,433 +38,566 @@ static void on_signal(int sig) { stop_sig = sig; }
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: tier-run [options]\n"
-		"%s.\n"
-		"A synthetic MoE model (layers x experts frozen weights plus a dense object per layer, about\n"
-		"4x the HBM budget, part of it spilled to NVMe) runs forward layers 0..L-1 then backward\n"
-		"L-1..0 with Zipf-skewed experts per layer, for each residency policy; every acquired\n"
-		"object's contents are verified. Prints one row per policy, then the tiers. Publishes its\n"
-		"statistics for tier-stat -p PID while it runs.\n"
+		"Usage: tier-run [CONFIG.json] [options]\n"
+		"LoRA fine-tuning of a Mixture-of-Experts model (qwen3_moe, mixtral) whose weights live in a tiered store\n"
+		"(HBM, DDR, NVMe) within the budgets given. With no arguments it runs the default job: a small\n"
+		"qwen3_moe model made deterministically (6 layers, H 128, 16 experts of 128, top-2, 17 MB) trained\n"
+		"with LoRA on attention and experts on data/corpus.txt for 800 steps, with a 14 MiB HBM budget\n"
+		"(emulated in host memory without a GPU) so that the store evicts and prefetches.\n"
+		"CONFIG.json: an object whose keys are the long options below without '--' (\"steps\": 100,\n"
+		"\"rslora\": true); options on the command line override it. Unknown keys are errors.\n"
 		"\n"
-		"  --hbm SIZE         HBM budget (default 64M; emulated in host memory without a GPU)\n"
-		"  --ddr SIZE         DDR budget (default 192M)\n"
-		"  --nvme DIR:SIZE    NVMe directory and budget (default a temporary directory under\n"
-		"                     $TMPDIR, 1G; removed at the end)\n"
-		"  --steps N          training steps per policy (default 6)\n"
-		"  --layers N         layers (default 8); --experts N experts per layer (default 16);\n"
-		"  --topk K           experts each layer routes to per step (default 4)\n"
-		"  --policy P         lru, lfu, cost or schedule (default: all four)\n"
-		"  --seed S           seed of the routing and the contents (default: from the clock, printed)\n"
-		"  --json             one JSON object per policy instead of the table\n"
-		"  --help             this text\n"
-		"Sizes take binary units: 64M, 1G, 512k.\n"
-		"Exit status: 0 done and every object verified, 1 bad arguments, 2 a store operation or a\n"
-		"verification failed (the message says which), 128+N killed by signal N (cleaned up).\n",
-		DEMO_LINE);
+		"Model\n"
+		"  --model DIR          Hugging Face checkpoint directory (config.json + safetensors)\n"
+		"  --init random        synthetic weights instead of a checkpoint (needs --config, or the default model)\n"
+		"  --config FILE        config.json of the model to make with --init random\n"
+		"  --init-range X       std of the synthetic linear and embedding weights (default 0.1; HF uses 0.02)\n"
+		"Data\n"
+		"  --data FILE          a TIERTOK1 token file or a text file (byte-level; docs/data.md);\n"
+		"                       default data/corpus.txt (searched in ., .. and the installed data directory)\n"
+		"LoRA\n"
+		"  --lora-r N           rank (default 8)\n"
+		"  --lora-alpha X       lora_alpha; scale alpha / r (default 16)\n"
+		"  --rslora             scale alpha / sqrt(r)\n"
+		"  --lora-targets LIST  comma-separated q,k,v,o,mlp,experts (or attn, all); default q,k,v,o,experts\n"
+		"Training\n"
+		"  --steps N            optimizer steps (default 800)\n"
+		"  --batch N            sequences per micro-batch (default 4)\n"
+		"  --seq N              tokens per sequence (default 64)\n"
+		"  --micro-batches N    gradient accumulation (default 1)\n"
+		"  --lr X               peak learning rate (default 1e-2)\n"
+		"  --warmup N           linear warmup steps (default 20), then cosine\n"
+		"  --min-lr-ratio X     the cosine's floor as a fraction of --lr (default 0.1)\n"
+		"  --weight-decay X     AdamW decoupled weight decay (default 0)\n"
+		"  --clip X             global gradient-norm clip, 0 for none (default 1)\n"
+		"  --seed N             seed of the weights, LoRA init and data order (default 1)\n"
+		"Store\n"
+		"  --hbm SIZE           HBM budget (default 14M)\n"
+		"  --ddr SIZE           DDR budget (default 256M)\n"
+		"  --nvme DIR:SIZE      NVMe directory and budget (default: no NVMe tier)\n"
+		"  --policy P           lru, lfu, cost or schedule (default schedule)\n"
+		"  --device D           cpu or cuda (default cpu; cuda is not supported by the trainer yet)\n"
+		"Output\n"
+		"  --out DIR            write the PEFT adapter (adapter_config.json, adapter_model.safetensors)\n"
+		"                       and train_log.jsonl there (created if missing; checked before training)\n"
+		"  --checkpoint-every N write OUT/checkpoint.safetensors every N steps and at the end (needs --out)\n"
+		"  --resume FILE        continue from a checkpoint (same model, LoRA and data options; the\n"
+		"                       losses then equal an uninterrupted run's)\n"
+		"  --quiet              only the summary\n"
+		"  --store-demo ...     the store demonstration instead (tier-run --store-demo --help)\n"
+		"  --help               this text\n"
+		"Sizes take binary units: 12M, 1G, 512k.\n"
+		"Each step prints: step, loss, lr, tokens/s, HBM hit rate (acquires that found their data in\n"
+		"HBM), bytes moved between tiers in the step, ETA.\n"
+		"Exit status: 0 done, 1 bad arguments or input, 2 a failure while training, 128+N stopped by signal N.\n");
 }
 
-static int parse_nvme(const char *arg, demo_opts *o)
+enum {
+	O_MODEL = 256, O_INIT, O_CONFIG, O_INITR, O_DATA, O_R, O_ALPHA, O_RSLORA, O_TARGETS, O_STEPS, O_BATCH, O_SEQ,
+	O_MICRO, O_LR, O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_HBM, O_DDR, O_NVME, O_POLICY, O_DEVICE, O_OUT,
+	O_QUIET, O_HELP, O_CKPT, O_RESUME,
+};
+static const struct option opts[] = {
+	{ "model", required_argument, NULL, O_MODEL }, { "init", required_argument, NULL, O_INIT },
+	{ "config", required_argument, NULL, O_CONFIG }, { "init-range", required_argument, NULL, O_INITR },
+	{ "data", required_argument, NULL, O_DATA }, { "lora-r", required_argument, NULL, O_R },
+	{ "lora-alpha", required_argument, NULL, O_ALPHA }, { "rslora", no_argument, NULL, O_RSLORA },
+	{ "lora-targets", required_argument, NULL, O_TARGETS }, { "steps", required_argument, NULL, O_STEPS },
+	{ "batch", required_argument, NULL, O_BATCH }, { "seq", required_argument, NULL, O_SEQ },
+	{ "micro-batches", required_argument, NULL, O_MICRO }, { "lr", required_argument, NULL, O_LR },
+	{ "warmup", required_argument, NULL, O_WARMUP }, { "min-lr-ratio", required_argument, NULL, O_MINLR },
+	{ "weight-decay", required_argument, NULL, O_WD }, { "clip", required_argument, NULL, O_CLIP },
+	{ "seed", required_argument, NULL, O_SEED }, { "hbm", required_argument, NULL, O_HBM },
+	{ "ddr", required_argument, NULL, O_DDR }, { "nvme", required_argument, NULL, O_NVME },
+	{ "policy", required_argument, NULL, O_POLICY }, { "device", required_argument, NULL, O_DEVICE },
+	{ "out", required_argument, NULL, O_OUT }, { "quiet", no_argument, NULL, O_QUIET },
+	{ "help", no_argument, NULL, O_HELP }, { "checkpoint-every", required_argument, NULL, O_CKPT },
+	{ "resume", required_argument, NULL, O_RESUME }, { NULL, 0, NULL, 0 },
+};
+
+static int bad_arg(const char *opt, const char *text, const char *want)
 {
-	const char *colon = strrchr(arg, ':');
-	if (!colon || colon == arg || (size_t)(colon - arg) >= sizeof o->nvme_dir) {
-		fprintf(stderr, "tier-run: --nvme needs DIR:SIZE (e.g. --nvme /scratch/tier:8G), not '%s'\n", arg);
-		return 1;
+	fprintf(stderr, "tier-run: --%s needs %s, not '%s'\n", opt, want, text);
+	return 1;
+}
+
+static int parse_int(const char *opt, const char *t, int lo, int hi, int *out)
+{
+	char *end;
+	long v = strtol(t, &end, 10);
+	if (*end || end == t || v < lo || v > hi) {
+		char want[64];
+		snprintf(want, sizeof want, "a whole number from %d to %d", lo, hi);
+		return bad_arg(opt, t, want);
 	}
-	memcpy(o->nvme_dir, arg, (size_t)(colon - arg));
-	o->nvme_dir[colon - arg] = 0;
-	if (tier_parse_size(colon + 1, &o->nvme) != 0) {
-		fprintf(stderr, "tier-run: --nvme: %s\n", tier_last_error());
-		return 1;
-	}
+	*out = (int)v;
 	return 0;
 }
 
-static int parse_count(const char *opt, const char *text, unsigned max, unsigned *out)
+static int parse_real(const char *opt, const char *t, double lo, double *out)
 {
 	char *end;
-	unsigned long v = strtoul(text, &end, 10);
-	if (*end || end == text || text[0] == '-' || v == 0 || v > max) {
-		fprintf(stderr, "tier-run: %s needs a number from 1 to %u, not '%s'\n", opt, max, text);
-		return 1;
-	}
-	*out = (unsigned)v;
+	double v = strtod(t, &end);
+	if (*end || end == t || !isfinite(v) || v < lo)
+		return bad_arg(opt, t, lo > 0 ? "a positive number" : "a number >= 0");
+	*out = v;
 	return 0;
 }
 
-static int parse_args(int argc, char **argv, demo_opts *o)
+static int parse_one(run_opts *o, int c, const char *a)
 {
-	static const struct option opts[] = {
-		{ "hbm", required_argument, NULL, 'H' }, { "ddr", required_argument, NULL, 'D' },
-		{ "nvme", required_argument, NULL, 'N' }, { "steps", required_argument, NULL, 's' },
-		{ "layers", required_argument, NULL, 'L' }, { "experts", required_argument, NULL, 'E' },
-		{ "topk", required_argument, NULL, 'k' }, { "policy", required_argument, NULL, 'P' },
-		{ "seed", required_argument, NULL, 'S' }, { "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
-	};
-	int c;
-	char *end;
-	tier_policy_kind p;
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		int bad = 0;
-		switch (c) {
-		case 'H': bad = tier_parse_size(optarg, &o->hbm) != 0; break;
-		case 'D': bad = tier_parse_size(optarg, &o->ddr) != 0; break;
-		case 'N': if (parse_nvme(optarg, o)) return 1; break;
-		case 's': if (parse_count("--steps", optarg, 100000, &o->steps)) return 1; break;
-		case 'L': if (parse_count("--layers", optarg, 4096, &o->layers)) return 1; break;
-		case 'E': if (parse_count("--experts", optarg, 1024, &o->experts)) return 1; break;
-		case 'k': if (parse_count("--topk", optarg, 1024, &o->topk)) return 1; break;
-		case 'P': bad = tier_policy_parse(optarg, &p) != 0; o->policy = (int)p; break;
-		case 'S':
-			o->seed = strtoull(optarg, &end, 0);
-			if (*end || end == optarg) {
-				fprintf(stderr, "tier-run: --seed needs a number, not '%s'\n", optarg);
+	const char *name = "";
+	for (const struct option *p = opts; p->name; p++)
+		if (p->val == c)
+			name = p->name;
+	switch (c) {
+	case O_MODEL: o->model = a; return 0;
+	case O_INIT:
+		if (strcmp(a, "random"))
+			return bad_arg(name, a, "'random'");
+		o->init = a;
+		return 0;
+	case O_CONFIG: o->config = a; return 0;
+	case O_INITR: return parse_real(name, a, 1e-30, &o->init_range);
+	case O_DATA: o->data = a; return 0;
+	case O_R: return parse_int(name, a, 1, 4096, &o->lora_r);
+	case O_ALPHA: return parse_real(name, a, 1e-30, &o->lora_alpha);
+	case O_RSLORA: o->rslora = 1; return 0;
+	case O_TARGETS: o->targets = a; return 0;
+	case O_STEPS: return parse_int(name, a, 1, 100000000, &o->steps);
+	case O_BATCH: return parse_int(name, a, 1, 1 << 20, &o->batch);
+	case O_SEQ: return parse_int(name, a, 1, 1 << 20, &o->seq);
+	case O_MICRO: return parse_int(name, a, 1, 1 << 20, &o->micro);
+	case O_LR: return parse_real(name, a, 0, &o->lr);
+	case O_WARMUP: return parse_int(name, a, 0, 100000000, &o->warmup);
+	case O_MINLR: return parse_real(name, a, 0, &o->min_lr_ratio);
+	case O_WD: return parse_real(name, a, 0, &o->wd);
+	case O_CLIP: return parse_real(name, a, 0, &o->clip);
+	case O_SEED: {
+		char *end;
+		o->seed = strtoull(a, &end, 0);
+		return *end || end == a || a[0] == '-' ? bad_arg(name, a, "a number") : 0;
+	}
+	case O_HBM: case O_DDR:
+		if (tier_parse_size(a, c == O_HBM ? &o->hbm : &o->ddr)) {
+			fprintf(stderr, "tier-run: --%s: %s\n", name, tier_last_error());
+			return 1;
+		}
+		return 0;
+	case O_NVME: {
+		const char *colon = strrchr(a, ':');
+		if (!colon || colon == a || (size_t)(colon - a) >= sizeof o->nvme_dir)
+			return bad_arg(name, a, "DIR:SIZE (e.g. /scratch/tier:8G)");
+		memcpy(o->nvme_dir, a, (size_t)(colon - a));
+		o->nvme_dir[colon - a] = 0;
+		if (tier_parse_size(colon + 1, &o->nvme)) {
+			fprintf(stderr, "tier-run: --nvme: %s\n", tier_last_error());
+			return 1;
+		}
+		return 0;
+	}
+	case O_POLICY: o->policy = a; return 0;
+	case O_DEVICE:
+		if (strcmp(a, "cpu") && strcmp(a, "cuda"))
+			return bad_arg(name, a, "cpu or cuda");
+		o->device = a;
+		return 0;
+	case O_OUT: o->out = a; return 0;
+	case O_QUIET: o->quiet = 1; return 0;
+	case O_CKPT: return parse_int(name, a, 1, 100000000, &o->ckpt_every);
+	case O_RESUME: o->resume = a; return 0;
+	}
+	return 1;
+}
+
+/* CONFIG.json: {"key": value} for each long option; values are strings, numbers or booleans. */
+static int parse_config_file(run_opts *o, const char *path, char ***keep, int *nkeep)
+{
+#ifdef TIER_HAVE_JANSSON
+	json_error_t err;
+	json_t *root = json_load_file(path, 0, &err);
+	if (!root) {
+		fprintf(stderr, "tier-run: %s:%d: %s\n", path, err.line, err.text);
+		return 1;
+	}
+	if (!json_is_object(root)) {
+		fprintf(stderr, "tier-run: %s: the job file must hold one JSON object of options\n", path);
+		json_decref(root);
+		return 1;
+	}
+	const char *key;
+	json_t *v;
+	json_object_foreach(root, key, v) {
+		const struct option *p;
+		for (p = opts; p->name && strcmp(p->name, key); p++)
+			;
+		if (!p->name || p->val == O_HELP) {
+			fprintf(stderr, "tier-run: %s: \"%s\" is not an option of tier-run (see tier-run --help)\n", path, key);
+			json_decref(root);
+			return 1;
+		}
+		char buf[64], *s;
+		if (p->has_arg == no_argument) {
+			if (!json_is_boolean(v)) {
+				fprintf(stderr, "tier-run: %s: \"%s\" must be true or false\n", path, key);
+				json_decref(root);
 				return 1;
 			}
-			break;
-		case 'j': o->json = 1; break;
-		case 'h': usage(stdout); exit(0);
-		default: usage(stderr); return 1;
+			if (json_is_true(v) && parse_one(o, p->val, ""))
+				return json_decref(root), 1;
+			continue;
 		}
-		if (bad) {
-			fprintf(stderr, "tier-run: %s\n", tier_last_error());
+		if (json_is_string(v))
+			s = strdup(json_string_value(v));
+		else if (json_is_integer(v))
+			snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v)), s = strdup(buf);
+		else if (json_is_real(v))
+			snprintf(buf, sizeof buf, "%.17g", json_real_value(v)), s = strdup(buf);
+		else {
+			fprintf(stderr, "tier-run: %s: \"%s\" must be a string or a number\n", path, key);
+			json_decref(root);
+			return 1;
+		}
+		(*keep)[(*nkeep)++] = s; /* the options keep pointers into these strings */
+		if (parse_one(o, p->val, s)) {
+			fprintf(stderr, "tier-run: (in %s)\n", path);
+			json_decref(root);
 			return 1;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "tier-run: unexpected argument '%s' (see tier-run --help)\n", argv[optind]);
+	json_decref(root);
+	return 0;
+#else
+	(void)o, (void)keep, (void)nkeep;
+	fprintf(stderr, "tier-run: %s: this build has no JSON library (jansson); give the options on the command "
+		"line\n", path);
+	return 1;
+#endif
+}
+
+static const char *find_corpus(void)
+{
+	static const char *const where[] = { "data/corpus.txt", "../data/corpus.txt", TIER_PKGDATADIR "/corpus.txt" };
+	for (size_t i = 0; i < sizeof where / sizeof where[0]; i++)
+		if (access(where[i], R_OK) == 0)
+			return where[i];
+	return NULL;
+}
+
+static int check_out_dir(const char *dir)
+{
+	struct stat st;
+	if (stat(dir, &st) != 0 && mkdir(dir, 0777) != 0) {
+		fprintf(stderr, "tier-run: --out %s: cannot create it: %s\n", dir, strerror(errno));
 		return 1;
 	}
-	if (o->topk > o->experts) {
-		fprintf(stderr, "tier-run: --topk %u is more than --experts %u\n", o->topk, o->experts);
-		return 1;
-	}
-	if (o->hbm < 4096 || o->ddr < 4096) {
-		fprintf(stderr, "tier-run: --hbm and --ddr must be at least 4k\n");
+	if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK) != 0) {
+		fprintf(stderr, "tier-run: --out %s: not a writable directory; choose another with --out\n", dir);
 		return 1;
 	}
 	return 0;
 }
 
-/* ---- The synthetic model ---------------------------------------------------------------------- */
-
-static void model_free(demo_model *m)
+/* Totals of the store's counters that the progress line reports. */
+typedef struct { uint64_t hits, misses, bytes; } counters;
+static counters read_counters(tier_store *s, tier_stats *st)
 {
-	free(m->obj);
-	free(m->pseed);
-	free(m->zipf_cdf);
-	free(m->perm);
-	memset(m, 0, sizeof *m);
+	counters c = { 0, 0, 0 };
+	tier_store_stats(s, st);
+	for (int k = 0; k < TIER_STATS_NCLASSES; k++)
+		c.hits += st->cls[TIER_HBM][k].hits, c.misses += st->cls[TIER_HBM][k].misses;
+	for (int l = 0; l < TIER_STATS_NLINKS; l++)
+		c.bytes += st->link[l].bytes;
+	return c;
 }
-
-/* Zipf(1.2) over each layer's experts, in a per-layer random order. */
-static int model_routing(demo_model *m, const demo_opts *o, tier_rng *r)
-{
-	unsigned L = o->layers, E = o->experts;
-	m->zipf_cdf = calloc((size_t)L * E, sizeof *m->zipf_cdf);
-	m->perm = calloc((size_t)L * E, sizeof *m->perm);
-	if (!m->zipf_cdf || !m->perm)
-		return tier_fail(-ENOMEM, "out of memory for the routing tables");
-	for (unsigned l = 0; l < L; l++) {
-		double sum = 0, *cdf = m->zipf_cdf + (size_t)l * E;
-		unsigned *perm = m->perm + (size_t)l * E;
-		for (unsigned e = 0; e < E; e++) {
-			sum += 1.0 / pow(e + 1, 1.2);
-			cdf[e] = sum;
-			perm[e] = e;
-		}
-		for (unsigned e = 0; e < E; e++)
-			cdf[e] /= sum;
-		for (unsigned e = E; e > 1; e--) {
-			unsigned j = (unsigned)tier_rng_below(r, e), t = perm[e - 1];
-			perm[e - 1] = perm[j];
-			perm[j] = t;
-		}
-	}
-	return 0;
-}
-
-/* Create the objects and fill each with its pattern (in DDR; what does not fit spills to NVMe). */
-static int model_create(tier_store *s, demo_model *m, const demo_opts *o)
-{
-	unsigned per = o->experts + 1;
-	int rc;
-	m->n = o->layers * per;
-	/* ~4x the HBM budget in all, in 4 KiB multiples (NVMe extents). */
-	m->obj_size = tier_align_up(4 * o->hbm / m->n, 4096);
-	m->obj = calloc(m->n, sizeof *m->obj);
-	m->pseed = calloc(m->n, sizeof *m->pseed);
-	if (!m->obj || !m->pseed)
-		return tier_fail(-ENOMEM, "out of memory for %u objects", m->n);
-	for (unsigned i = 0; i < m->n && !stop_sig; i++) {
-		void *addr;
-		tier_class cls = i % per == o->experts ? TIER_CLASS_DENSE : TIER_CLASS_EXPERT;
-		if ((rc = tier_obj_create(s, m->obj_size, cls, TIER_OBJ_FROZEN, &m->obj[i])) != 0)
-			return rc;
-		m->pseed[i] = o->seed * 1000003u + i;
-		if ((rc = tier_acquire(s, m->obj[i], TIER_DDR, TIER_ACQ_INIT, &addr, NULL)) != 0)
-			return rc;
-		tier_pattern_fill(addr, m->obj_size, m->pseed[i], 0);
-		if ((rc = tier_release(s, m->obj[i], TIER_DDR, 1)) != 0)
-			return rc;
-	}
-	return 0;
-}
-
-/* This step's experts of layer l: topk distinct draws from the layer's Zipf distribution. */
-static void route_layer(const demo_model *m, const demo_opts *o, unsigned l, tier_rng *r, unsigned *out)
-{
-	const double *cdf = m->zipf_cdf + (size_t)l * o->experts;
-	unsigned n = 0;
-	while (n < o->topk) {
-		double u = tier_rng_uniform(r);
-		unsigned rank = 0, e, dup = 0;
-		while (rank + 1 < o->experts && cdf[rank] < u)
-			rank++;
-		e = m->perm[(size_t)l * o->experts + rank];
-		for (unsigned i = 0; i < n; i++)
-			dup |= out[i] == e;
-		if (!dup)
-			out[n++] = e;
-	}
-}
-
-/* One training step: route, hand the store the step's schedule (forward 0..L-1, backward L-1..0,
- * each op needing the layer's dense object and its experts), then run it, verifying every object. */
-static int run_step(tier_store *s, demo_model *m, const demo_opts *o, tier_rng *r, uint64_t *ids,
-		    tier_sched_op *ops, unsigned *route)
-{
-	unsigned L = o->layers, per = o->experts + 1, k1 = o->topk + 1;
-	int rc;
-	for (unsigned l = 0; l < L; l++) {
-		route_layer(m, o, l, r, route + (size_t)l * o->topk);
-		uint64_t *id = ids + (size_t)l * k1;
-		id[0] = tier_obj_id(m->obj[l * per + o->experts]);
-		for (unsigned j = 0; j < o->topk; j++)
-			id[1 + j] = tier_obj_id(m->obj[l * per + route[(size_t)l * o->topk + j]]);
-	}
-	for (unsigned i = 0; i < 2 * L; i++) {
-		unsigned l = i < L ? i : 2 * L - 1 - i;
-		ops[i] = (tier_sched_op){ ids + (size_t)l * k1, k1, TIER_HBM };
-	}
-	if ((rc = tier_store_set_schedule(s, ops, 2 * L, 0)) != 0)
-		return rc;
-	for (unsigned i = 0; i < 2 * L && !stop_sig; i++) {
-		unsigned l = i < L ? i : 2 * L - 1 - i;
-		tier_store_at_op(s, i);
-		for (unsigned j = 0; j < k1; j++) {
-			unsigned idx = l * per + (j == 0 ? o->experts : route[(size_t)l * o->topk + j - 1]);
-			void *addr;
-			size_t bad;
-			if ((rc = tier_acquire(s, m->obj[idx], TIER_HBM, 0, &addr, NULL)) != 0)
-				return rc;
-			bad = tier_pattern_check(addr, m->obj_size, m->pseed[idx], 0);
-			tier_release(s, m->obj[idx], TIER_HBM, 0);
-			if (bad != m->obj_size)
-				return tier_fail(-EBADMSG, "layer %u object %u: byte %zu of %llu differs from what was written "
-						 "(the store returned wrong contents)", l, idx, bad,
-						 (unsigned long long)m->obj_size);
-		}
-	}
-	tier_store_step(s);
-	return 0;
-}
-
-/* ---- Results ---------------------------------------------------------------------------------- */
 
 typedef struct {
-	uint64_t hits, misses, evictions, writebacks, link[TIER_STATS_NLINKS];
-	uint64_t pf_on_time, pf_needs;
-	double seconds;
-} demo_result;
+	tier_dev *dev;
+	tier_store *s;
+	tier_model *m;
+	tier_trainer *t;
+	tier_data *d;
+	int32_t *tok, *lab;
+	FILE *log;
+} job;
 
-static void result_of(const tier_stats *a, const tier_stats *b, double secs, demo_result *res)
+static void job_close(job *j)
 {
-	memset(res, 0, sizeof *res);
-	for (int c = 0; c < TIER_STATS_NCLASSES; c++) {
-		res->hits += b->cls[TIER_HBM][c].hits - a->cls[TIER_HBM][c].hits;
-		res->misses += b->cls[TIER_HBM][c].misses - a->cls[TIER_HBM][c].misses;
-		for (int t = 0; t < TIER_STATS_NTIERS; t++) {
-			res->evictions += b->cls[t][c].evictions - a->cls[t][c].evictions;
-			res->writebacks += b->cls[t][c].writebacks - a->cls[t][c].writebacks;
-		}
-	}
-	for (int l = 0; l < TIER_STATS_NLINKS; l++)
-		res->link[l] = b->link[l].bytes - a->link[l].bytes;
-	res->pf_on_time = b->prefetch.on_time - a->prefetch.on_time;
-	res->pf_needs = res->pf_on_time + (b->prefetch.late - a->prefetch.late) +
-			(b->prefetch.missed - a->prefetch.missed);
-	res->seconds = secs;
+	tier_trainer_destroy(j->t);
+	tier_model_destroy(j->m);
+	tier_store_destroy(j->s);
+	tier_data_close(j->d);
+	tier_dev_close(j->dev);
+	free(j->tok);
+	free(j->lab);
+	if (j->log)
+		fclose(j->log);
 }
 
-/* Links shown in the table (MiB moved during the steps); JSON has all of them. */
-static const int shown[] = { 0, 1, 2, 3, 4 };
-static const char *const shown_head[] = { "h2d", "d2h", "nvme-rd", "nvme-wr", "nvme>hbm" };
-
-static void print_table_header(void)
+static int fail_lib(const char *what)
 {
-	printf("%-8s %8s %8s %6s %8s %6s", "policy", "hits", "misses", "hit%", "evict", "wback");
-	for (size_t i = 0; i < sizeof shown / sizeof *shown; i++)
-		printf(" %8s", shown_head[i]);
-	printf(" %7s %7s\n", "ontime%", "time");
-	printf("%-8s %8s %8s %6s %8s %6s", "", "", "", "%", "", "");
-	for (size_t i = 0; i < sizeof shown / sizeof *shown; i++)
-		printf(" %8s", "MiB");
-	printf(" %7s %7s\n", "%", "s");
+	fprintf(stderr, "tier-run: %s: %s\n", what, tier_last_error());
+	return 1;
 }
 
-static double pct(uint64_t a, uint64_t b) { return b ? 100.0 * (double)a / (double)b : 0; }
-
-static void print_result(const char *policy, const demo_result *r, const tier_stats *st, int json)
+/* Model, store, data, trainer; 0, or 1 with a message printed. */
+static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 {
-	if (json) {
-		printf("{\"policy\":\"%s\",\"hits\":%llu,\"misses\":%llu,\"hit_pct\":%.2f,\"evictions\":%llu,"
-		       "\"writebacks\":%llu,\"links\":{", policy, (unsigned long long)r->hits,
-		       (unsigned long long)r->misses, pct(r->hits, r->hits + r->misses),
-		       (unsigned long long)r->evictions, (unsigned long long)r->writebacks);
-		for (int l = 0; l < TIER_STATS_NLINKS; l++)
-			printf("%s\"%s\":%llu", l ? "," : "", st->link_name[l][0] ? st->link_name[l] : "?",
-			       (unsigned long long)r->link[l]);
-		printf("},\"prefetch_on_time_pct\":%.2f,\"seconds\":%.3f}\n", pct(r->pf_on_time, r->pf_needs), r->seconds);
-		return;
+	char path[4200], a[32], b[32], c[32], d[32];
+	if (o->model && o->init)
+		return fprintf(stderr, "tier-run: give --model DIR or --init random, not both\n"), 1;
+	if (o->config && !o->init)
+		return fprintf(stderr, "tier-run: --config describes a model to make: add --init random (a checkpoint "
+			       "directory brings its own config.json)\n"), 1;
+	if (o->model) {
+		snprintf(path, sizeof path, "%s/config.json", o->model);
+		if (tier_hf_config_load(path, cfg))
+			return fail_lib("--model");
+	} else if (o->config) {
+		if (tier_hf_config_load(o->config, cfg))
+			return fail_lib("--config");
+	} else {
+		tier_model_config_default(cfg);
 	}
-	printf("%-8s %8llu %8llu %6.1f %8llu %6llu", policy, (unsigned long long)r->hits,
-	       (unsigned long long)r->misses, pct(r->hits, r->hits + r->misses), (unsigned long long)r->evictions,
-	       (unsigned long long)r->writebacks);
-	for (size_t i = 0; i < sizeof shown / sizeof *shown; i++)
-		printf(" %8.1f", (double)r->link[shown[i]] / (1 << 20));
-	printf(" %7.1f %7.2f\n", pct(r->pf_on_time, r->pf_needs), r->seconds);
-	fflush(stdout);
-}
-
-static void print_tiers(const tier_stats *st, const demo_opts *o, int json)
-{
-	char a[32], b[32];
-	if (json) {
-		printf("{\"tiers\":[");
-		for (int t = 0; t < TIER_STATS_NTIERS; t++)
-			printf("%s{\"name\":\"%s\",\"capacity\":%llu,\"peak\":%llu}", t ? "," : "", st->tier_name[t],
-			       (unsigned long long)st->tier[t].capacity, (unsigned long long)st->tier[t].peak);
-		printf("],\"objects\":%llu,\"object_bytes\":%llu,\"seed\":%llu}\n", (unsigned long long)st->objects,
-		       (unsigned long long)st->object_bytes, (unsigned long long)o->seed);
-		return;
-	}
-	printf("tiers:");
-	for (int t = 0; t < TIER_STATS_NTIERS; t++) {
-		if (!st->tier[t].capacity)
-			continue;
-		printf("%s %s %s (peak %s)", t ? "," : "", st->tier_name[t],
-		       tier_format_size(st->tier[t].capacity, a, sizeof a), tier_format_size(st->tier[t].peak, b, sizeof b));
-	}
-	printf("; model %llu objects, %s\n", (unsigned long long)st->objects,
-	       tier_format_size(st->object_bytes, a, sizeof a));
-}
-
-/* ---- One policy ------------------------------------------------------------------------------- */
-
-static int run_policy(const demo_opts *o, tier_policy_kind pol, tier_stats *final)
-{
-	const char *dirs[1] = { o->nvme_dir };
-	tier_store_config cfg = {
-		.capacity = { o->hbm, o->ddr, o->nvme }, .nvme_dirs = dirs, .n_nvme_dirs = 1, .policy = pol,
-		.clamp_budgets = 1, .publish_stats = 1,
-	};
-	tier_store *s = NULL;
-	demo_model m = { 0 };
-	tier_stats before, after;
-	tier_rng r;
-	uint64_t *ids = NULL, t0;
-	tier_sched_op *ops = NULL;
-	unsigned *route = NULL;
-	demo_result res;
-	int rc;
-
-	tier_rng_seed(&r, o->seed);
-	if ((rc = tier_store_create(&s, &cfg)) != 0)
-		return rc;
-	tier_store_set_job(s, "store demo");
-	ids = calloc((size_t)o->layers * (o->topk + 1), sizeof *ids);
-	ops = calloc(2 * (size_t)o->layers, sizeof *ops);
-	route = calloc((size_t)o->layers * o->topk, sizeof *route);
-	if (!ids || !ops || !route) {
-		rc = tier_fail(-ENOMEM, "out of memory for the schedule");
-		goto out;
-	}
-	if ((rc = model_routing(&m, o, &r)) != 0 || (rc = model_create(s, &m, o)) != 0)
-		goto out;
-	tier_store_stats(s, &before);
-	t0 = tier_now_ns();
-	for (unsigned step = 0; step < o->steps && !stop_sig && rc == 0; step++)
-		rc = run_step(s, &m, o, &r, ids, ops, route);
-	if (rc == 0 && !stop_sig)
-		rc = tier_store_check(s);
-	if (rc == 0 && !stop_sig) {
-		tier_store_stats(s, &after);
-		result_of(&before, &after, (double)(tier_now_ns() - t0) / 1e9, &res);
-		print_result(tier_policy_name(pol), &res, &after, o->json);
-		*final = after;
-	}
-out:
-	free(ids);
-	free(ops);
-	free(route);
-	model_free(&m);
-	tier_store_destroy(s);
-	return rc;
-}
-
-static int make_temp_dir(demo_opts *o)
-{
-	const char *base = getenv("TMPDIR");
-	snprintf(o->nvme_dir, sizeof o->nvme_dir, "%s/tier-run.XXXXXX", base && *base ? base : P_tmpdir);
-	if (!mkdtemp(o->nvme_dir)) {
-		fprintf(stderr, "tier-run: cannot make a directory for the NVMe tier under %s: %s (set TMPDIR or "
-			"use --nvme DIR:SIZE)\n", base && *base ? base : P_tmpdir, strerror(errno));
+	if (!strcmp(o->device, "cuda") || tier_dev_open(&j->dev, TIER_DEV_CPU, 0)) {
+		fprintf(stderr, "tier-run: --device cuda: the trainer runs on the CPU only so far (no CUDA path yet; "
+			"%s); use --device cpu\n", tier_strerror(-ENOTSUP));
 		return 1;
 	}
-	o->own_dir = 1;
+	const char *data = o->data ? o->data : find_corpus();
+	if (!data)
+		return fprintf(stderr, "tier-run: the default corpus data/corpus.txt was not found; give --data FILE\n"), 1;
+	if (tier_data_open(data, &j->d))
+		return fail_lib("--data");
+	if (tier_data_vocab(j->d) > cfg->vocab_size)
+		return fprintf(stderr, "tier-run: --data %s has a vocabulary of %u tokens, more than the model's %lld\n",
+			       data, tier_data_vocab(j->d), (long long)cfg->vocab_size), 1;
+	tier_policy_kind pol;
+	if (tier_policy_parse(o->policy, &pol))
+		return fail_lib("--policy");
+	const char *dirs[1] = { o->nvme_dir };
+	tier_store_config sc = { .dev = j->dev, .capacity = { o->hbm, o->ddr, o->nvme }, .nvme_dirs = dirs,
+				 .n_nvme_dirs = o->nvme ? 1 : 0, .policy = pol, .publish_stats = 1 };
+	if (tier_store_create(&j->s, &sc))
+		return fail_lib("store");
+	tier_store_set_job(j->s, "tier-run");
+	tier_lora_cfg lc;
+	tier_lora_cfg_init(&lc);
+	lc.r = o->lora_r, lc.alpha = (float)o->lora_alpha, lc.use_rslora = o->rslora, lc.seed = o->seed;
+	if (tier_lora_targets_parse(o->targets, &lc.targets))
+		return fail_lib("--lora-targets");
+	if (tier_model_create(j->s, j->dev, cfg, &lc, &j->m))
+		return fail_lib("model");
+	uint64_t t0 = tier_now_ns();
+	if (o->model ? tier_model_load_hf(j->m, o->model) : tier_model_init_random(j->m, o->seed, o->init_range))
+		return fail_lib(o->model ? "loading the checkpoint" : "making the weights");
+	double secs = (double)(tier_now_ns() - t0) / 1e9;
+	uint64_t bytes = tier_model_base_bytes(j->m);
+	if (!o->quiet)
+		printf("# %s %s of base weights in %.2f s (%.2f GB/s)\n", o->model ? "loaded" : "made",
+		       tier_format_size(bytes, a, sizeof a), secs, secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
+	tier_train_cfg tc;
+	tier_train_cfg_init(&tc);
+	tc.batch = o->batch, tc.seq = o->seq, tc.micro_batches = o->micro, tc.steps = o->steps;
+	tc.warmup = o->warmup, tc.lr = (float)o->lr, tc.min_lr_ratio = (float)o->min_lr_ratio;
+	tc.weight_decay = (float)o->wd, tc.clip = (float)o->clip;
+	if (tier_trainer_create(j->m, &tc, &j->t))
+		return fail_lib("trainer");
+	if (o->resume && tier_trainer_load(j->t, o->resume))
+		return fail_lib("--resume");
+	if (o->resume && !o->quiet)
+		printf("# resumed from %s after step %lld\n", o->resume, (long long)tier_trainer_steps_done(j->t));
+	size_t n = (size_t)o->batch * o->seq * o->micro;
+	if (!(j->tok = malloc(sizeof(int32_t) * n)) || !(j->lab = malloc(sizeof(int32_t) * n)))
+		return fprintf(stderr, "tier-run: out of memory for the batch\n"), 1;
+	if (tier_data_sample(j->d, o->seed, 0, o->seq, j->tok, j->lab)) /* data shorter than a sequence */
+		return fail_lib("--data");
+	if (!o->quiet)
+		printf("# model %s: %lld layers, H %lld, %lld experts (top-%lld) of %lld, %lld heads / %lld KV; base %s, "
+		       "LoRA r %d on %s (%llu parameters); data %s (%llu tokens)\n# budgets: hbm %s%s (the step needs "
+		       "%s), ddr %s; policy %s; batch %d x %d tokens x %d micro-batches\n",
+		       o->model ? o->model : "synthetic", (long long)cfg->num_hidden_layers, (long long)cfg->hidden_size,
+		       (long long)cfg->num_experts, (long long)cfg->num_experts_per_tok,
+		       (long long)cfg->moe_intermediate_size, (long long)cfg->num_attention_heads,
+		       (long long)cfg->num_key_value_heads, tier_format_size(bytes, a, sizeof a), o->lora_r, o->targets,
+		       (unsigned long long)tier_model_lora_params(j->m), data,
+		       (unsigned long long)tier_data_count(j->d), tier_format_size(o->hbm, b, sizeof b),
+		       tier_dev_kind_of(j->dev) == TIER_DEV_CPU ? " (emulated)" : "",
+		       tier_format_size(tier_trainer_min_hbm(j->t), c, sizeof c), tier_format_size(o->ddr, d, sizeof d),
+		       o->policy, o->batch, o->seq, o->micro);
+	if (o->out) {
+		snprintf(path, sizeof path, "%s/train_log.jsonl", o->out);
+		if (!(j->log = fopen(path, "w")))
+			return fprintf(stderr, "tier-run: %s: %s\n", path, strerror(errno)), 1;
+	}
+	return 0;
+}
+
+static void fmt_eta(double s, char *buf, size_t len)
+{
+	if (s >= 3600)
+		snprintf(buf, len, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+	else
+		snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+}
+
+static int train(job *j, const run_opts *o, double *first, double *last, double *elapsed, int64_t *tokens)
+{
+	int nm = o->micro;
+	uint64_t t0 = tier_now_ns();
+	tier_stats st;
+	counters prev = read_counters(j->s, &st);
+	double head = 0, tail = 0;
+	int nh = 0, nt = 0, win = o->steps < 20 ? 1 : o->steps / 10;
+	if (!o->quiet)
+		printf("%6s %9s %9s %10s %8s %10s %8s\n", "step", "loss", "lr", "tokens/s", "hbm hit", "moved", "eta");
+	int s0 = (int)tier_trainer_steps_done(j->t);
+	for (int s = s0; s < o->steps && !stop_sig; s++) {
+		for (int mb = 0; mb < nm; mb++)
+			for (int b = 0; b < o->batch; b++) {
+				uint64_t idx = ((uint64_t)s * nm + mb) * o->batch + b; /* docs/data.md */
+				size_t off = ((size_t)mb * o->batch + b) * o->seq;
+				if (tier_data_sample(j->d, o->seed, idx, o->seq, j->tok + off, j->lab + off))
+					return fail_lib("data");
+			}
+		tier_step_result r;
+		if (tier_trainer_step(j->t, j->tok, j->lab, &r)) {
+			fprintf(stderr, "tier-run: step %d: %s\n", s, tier_last_error());
+			return 2;
+		}
+		counters now = read_counters(j->s, &st);
+		uint64_t acc = (now.hits - prev.hits) + (now.misses - prev.misses);
+		double hit = acc ? 100.0 * (double)(now.hits - prev.hits) / (double)acc : 100.0;
+		double el = (double)(tier_now_ns() - t0) / 1e9, tps = (double)r.tokens / ((double)r.ns / 1e9);
+		char mv[32], eta[32];
+		fmt_eta(el / (s - s0 + 1) * (o->steps - s - 1), eta, sizeof eta);
+		if (!o->quiet)
+			printf("%6d %9.4f %9.2e %10.0f %7.1f%% %10s %8s\n", s + 1, r.loss, r.lr, tps, hit,
+			       tier_format_size(now.bytes - prev.bytes, mv, sizeof mv), eta);
+		if (j->log)
+			fprintf(j->log, "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%lld,\"ns\":%llu,"
+				"\"hbm_hits\":%llu,\"hbm_misses\":%llu,\"bytes_moved\":%llu}\n", s + 1, r.loss, r.lr,
+				r.grad_norm, (long long)r.tokens, (unsigned long long)r.ns,
+				(unsigned long long)(now.hits - prev.hits), (unsigned long long)(now.misses - prev.misses),
+				(unsigned long long)(now.bytes - prev.bytes));
+		fflush(stdout);
+		prev = now;
+		*tokens += r.tokens;
+		if (o->ckpt_every && ((s + 1) % o->ckpt_every == 0 || s + 1 == o->steps)) {
+			char path[4200];
+			snprintf(path, sizeof path, "%s/checkpoint.safetensors", o->out);
+			if (tier_trainer_save(j->t, path)) {
+				fprintf(stderr, "tier-run: checkpoint after step %d: %s\n", s + 1, tier_last_error());
+				return 2;
+			}
+		}
+		if (s - s0 < win)
+			head += r.loss, nh++;
+		if (s >= o->steps - win)
+			tail += r.loss, nt++;
+	}
+	*first = nh ? head / nh : NAN, *last = nt ? tail / nt : NAN;
+	*elapsed = (double)(tier_now_ns() - t0) / 1e9;
+	return 0;
+}
+
+static void summary(job *j, const run_opts *o, double first, double last, double el, int64_t tokens)
+{
+	tier_stats st;
+	char a[32], b[32], c[32];
+	tier_store_stats(j->s, &st);
+	printf("# done: %d steps in %.1f s, %.0f tokens/s; loss %.4f (first %d steps) -> %.4f (last)\n", o->steps, el,
+	       el > 0 ? (double)tokens / el : 0.0, first, o->steps < 20 ? 1 : o->steps / 10, last);
+	for (int t = 0; t < TIER_NTIERS; t++) {
+		if (!st.tier[t].capacity)
+			continue;
+		uint64_t h = 0, m = 0, e = 0;
+		for (int k = 0; k < TIER_STATS_NCLASSES; k++)
+			h += st.cls[t][k].hits, m += st.cls[t][k].misses, e += st.cls[t][k].evictions;
+		printf("# %-16s budget %10s  peak %10s  hits %8llu  misses %8llu  evictions %8llu\n", st.tier_name[t],
+		       tier_format_size(st.tier[t].capacity, a, sizeof a), tier_format_size(st.tier[t].peak, b, sizeof b),
+		       (unsigned long long)h, (unsigned long long)m, (unsigned long long)e);
+	}
+	for (int l = 0; l < TIER_STATS_NLINKS; l++)
+		if (st.link[l].bytes)
+			printf("# link %-10s %10s in %llu transfers\n", st.link_name[l],
+			       tier_format_size(st.link[l].bytes, c, sizeof c), (unsigned long long)st.link[l].transfers);
+	printf("# prefetch: %llu issued, %llu on time, %llu late, %llu missed\n", (unsigned long long)st.prefetch.issued,
+	       (unsigned long long)st.prefetch.on_time, (unsigned long long)st.prefetch.late,
+	       (unsigned long long)st.prefetch.missed);
+}
+
+static int save_adapter(job *j, const run_opts *o)
+{
+	tier_peft_adapter *a;
+	if (tier_model_lora_export(j->m, 0, &a))
+		return fail_lib("exporting the adapter");
+	snprintf(a->base_model, sizeof a->base_model, "%s", o->model ? o->model : "");
+	int rc = tier_peft_save(o->out, a);
+	tier_peft_free(a);
+	if (rc)
+		return fail_lib("--out");
+	printf("# adapter written to %s (adapter_config.json, adapter_model.safetensors)\n", o->out);
 	return 0;
 }
 
 int main(int argc, char **argv)
 {
-	demo_opts o = { .hbm = 64ull << 20, .ddr = 192ull << 20, .nvme = 1ull << 30, .steps = 6, .layers = 8,
-			.experts = 16, .topk = 4, .policy = -1, .seed = tier_now_ns() % 1000000 };
-	tier_stats final;
-	int rc = 0;
-
-	if (parse_args(argc, argv, &o))
+	if (argc > 1 && !strcmp(argv[1], "--store-demo"))
+		return store_demo_main(argc - 1, argv + 1);
+	run_opts o = { .policy = "schedule", .device = "cpu", .targets = "q,k,v,o,experts", .hbm = 14ull << 20,
+		       .ddr = 256ull << 20, .lora_r = 8, .steps = 800, .batch = 4, .seq = 64, .micro = 1, .warmup = 20,
+		       .lora_alpha = 16, .lr = 1e-2, .min_lr_ratio = 0.1, .clip = 1, .init_range = 0.1, .seed = 1 };
+	char *kept[64];
+	char **keep = kept;
+	int nkeep = 0, c, rc = 0;
+	if (argc > 1 && argv[1][0] != '-') {
+		if (parse_config_file(&o, argv[1], &keep, &nkeep))
+			return 1;
+		argv[1] = argv[0];
+		argv++, argc--;
+	}
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		if (c == O_HELP || c == 'h') {
+			usage(stdout);
+			return 0;
+		}
+		if (c == '?' || parse_one(&o, c, optarg)) {
+			fprintf(stderr, "tier-run: see tier-run --help\n");
+			return 1;
+		}
+	}
+	if (optind < argc)
+		return fprintf(stderr, "tier-run: unexpected argument '%s' (a job file comes first; see --help)\n",
+			       argv[optind]), 1;
+	if (o.ckpt_every && !o.out)
+		return fprintf(stderr, "tier-run: --checkpoint-every writes into --out DIR: give one\n"), 1;
+	if (o.out && check_out_dir(o.out))
 		return 1;
-	if (!o.nvme_dir[0] && make_temp_dir(&o))
-		return 2;
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
-	if (!o.json) {
-		char a[32], b[32], c[32];
-		printf("%s\n", DEMO_LINE);
-		printf("# pid %ld, seed %llu, %u layers x %u experts (top-%u) + 1 dense object per layer, %u steps per "
-		       "policy; budgets hbm %s, ddr %s, nvme %s\n", (long)getpid(), (unsigned long long)o.seed, o.layers,
-		       o.experts, o.topk, o.steps, tier_format_size(o.hbm, a, sizeof a),
-		       tier_format_size(o.ddr, b, sizeof b), tier_format_size(o.nvme, c, sizeof c));
-		print_table_header();
-	} else {
-		fprintf(stderr, "%s\n", DEMO_LINE); /* stdout stays pure JSON */
+	job j;
+	memset(&j, 0, sizeof j);
+	tier_hf_config cfg;
+	if (!o.quiet)
+		printf("tier-run: LoRA fine-tuning with tiered weights (pid %ld, seed %llu)\n", (long)getpid(),
+		       (unsigned long long)o.seed);
+	rc = job_open(&j, &o, &cfg);
+	double first = NAN, last = NAN, el = 0;
+	int64_t tokens = 0;
+	if (!rc)
+		rc = train(&j, &o, &first, &last, &el, &tokens);
+	if (!rc && !stop_sig) {
+		summary(&j, &o, first, last, el, tokens);
+		if (o.out)
+			rc = save_adapter(&j, &o);
 	}
-	fflush(stdout);
-	for (int p = 0; p < TIER_NPOLICIES && rc == 0 && !stop_sig; p++)
-		if (o.policy < 0 || o.policy == p)
-			rc = run_policy(&o, (tier_policy_kind)p, &final);
-	if (rc == 0 && !stop_sig)
-		print_tiers(&final, &o, o.json);
-	if (o.own_dir)
-		rmdir(o.nvme_dir);
+	job_close(&j);
+	for (int i = 0; i < nkeep; i++)
+		free(kept[i]);
 	if (stop_sig) {
-		fprintf(stderr, "tier-run: stopped by signal %d (store and files removed)\n", (int)stop_sig);
+		fprintf(stderr, "tier-run: stopped by signal %d before the end; no adapter written\n", (int)stop_sig);
 		return 128 + stop_sig;
 	}
-	if (rc) {
-		fprintf(stderr, "tier-run: %s (%s)\n", tier_last_error(), tier_strerror(rc));
-		return 2;
-	}
-	return 0;
+	return rc;
 }

@@ -62,11 +62,11 @@ typedef struct {
 
 typedef struct {
 	tier_dev *dev;             /* CUDA context for HBM copies; NULL or a CPU context: worker threads */
-	unsigned threads;          /* worker threads for host copies and file I/O without io_uring (0: 2) */
+	unsigned threads;          /* worker threads for host copies and file I/O without io_uring (0: 4) */
 	unsigned queue_depth;      /* io_uring queue depth (0: 32) */
 	uint64_t chunk_bytes;      /* large copies are split into chunks of this size (0: 8 MiB) */
 	uint64_t staging_bytes;    /* size of one pinned staging buffer for NVMe<->HBM (0: 8 MiB) */
-	unsigned staging_count;    /* buffers in the staging ring (0: 4) */
+	unsigned staging_count;    /* buffers in the staging ring (0: 8) */
 	double link_gbps[TIER_NLINKS]; /* optional bandwidth cap per link in GB/s (1e9 B/s); 0 = none */
 	int no_uring;              /* 1: use worker threads for file I/O even when io_uring exists */
 } tier_offload_config;
