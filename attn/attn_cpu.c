@@ -3,30 +3,17 @@
 #include "config.h"
 #include <math.h>
 #include <string.h>
-#ifdef TIER_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
+#include "base/blas.h"
 #include "attn/attn_impl.h"
 
 #define BQ ATTN_CPU_BQ
 #define BK ATTN_CPU_BK
 
-/* C[m x n] = alpha * op(A) op(B) + beta * C, row-major; op transposes when ta/tb is set. */
+/* Strides here fit in int: blocks of at most BQ x BK rows of head_dim. */
 static void gemm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int64_t lda,
 		 const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
-#ifdef TIER_HAVE_OPENBLAS
-	cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
-		    alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-#else
-	for (int i = 0; i < m; i++)
-		for (int j = 0; j < n; j++) {
-			float s = 0;
-			for (int l = 0; l < k; l++)
-				s += (ta ? A[l * lda + i] : A[i * lda + l]) * (tb ? B[j * ldb + l] : B[l * ldb + j]);
-			C[i * ldc + j] = alpha * s + (beta != 0 ? beta * C[i * ldc + j] : 0);
-		}
-#endif
+	base_sgemm(ta, tb, m, n, k, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
 size_t attn_cpu_ws_floats(const tier_attn_params *p)

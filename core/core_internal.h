@@ -8,9 +8,9 @@
 #include "tier/model.h"
 #include "tier/moe.h"
 
-/* C[M,N] = alpha op(A) op(B) + beta C, row-major with row strides as stored (OpenBLAS or loops). */
-void core_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-	       float beta, float *C, int ldc);
+/* The matrix product: base_sgemm (row-major, strides as stored; OpenBLAS or loops). */
+#include "base/blas.h"
+#define core_gemm base_sgemm
 int core_check_dev(tier_dev *dev, const char *fn);
 
 /* The dense tensors of a decoder layer, one store object each (NULL where the layer has none). */

@@ -6,32 +6,6 @@
 #include <string.h>
 #include "tier/model.h"
 #include "core/core_internal.h"
-#ifdef TIER_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
-
-void core_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-	       float beta, float *C, int ldc)
-{
-	if (M <= 0 || N <= 0)
-		return;
-#ifdef TIER_HAVE_OPENBLAS
-	if (K > 0) {
-		cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
-			    alpha, A, lda, B, ldb, beta, C, ldc);
-		return;
-	}
-#endif
-	for (int i = 0; i < M; i++)
-		for (int j = 0; j < N; j++) {
-			float s = 0.0f;
-			for (int l = 0; l < K; l++)
-				s += (ta ? A[(size_t)l * lda + i] : A[(size_t)i * lda + l]) *
-				     (tb ? B[(size_t)j * ldb + l] : B[(size_t)l * ldb + j]);
-			float *c = &C[(size_t)i * ldc + j];
-			*c = alpha * s + (beta == 0.0f ? 0.0f : beta * *c);
-		}
-}
 
 int core_check_dev(tier_dev *dev, const char *fn)
 {

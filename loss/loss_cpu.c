@@ -1,11 +1,9 @@
-/* loss_cpu.c - the fp32 CPU reference of the chunked loss: OpenBLAS tile products when present,
+/* loss_cpu.c - the fp32 CPU reference of the chunked loss: tile products by base_sgemm (OpenBLAS or loops),
  * an online log-sum-exp per token in double, gradients recomputed tile by tile. */
 #include "config.h"
 #include <math.h>
 #include <string.h>
-#ifdef TIER_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
+#include "base/blas.h"
 #include "loss/loss_impl.h"
 
 typedef struct { double m, s, zsum, zy; } row_state;
@@ -14,18 +12,7 @@ typedef struct { double m, s, zsum, zy; } row_state;
 static void tile_logits(const tier_loss_params *p, const float *H, const float *W, int64_t c, int64_t b, float *L)
 {
 	int64_t D = p->D;
-#ifdef TIER_HAVE_OPENBLAS
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c, (int)b, (int)D, 1.0f, H, (int)D, W, (int)D,
-		    0.0f, L, (int)b);
-#else
-	for (int64_t i = 0; i < c; i++)
-		for (int64_t j = 0; j < b; j++) {
-			float acc = 0;
-			for (int64_t k = 0; k < D; k++)
-				acc += H[i * D + k] * W[j * D + k];
-			L[i * b + j] = acc;
-		}
-#endif
+	base_sgemm(0, 1, (int)c, (int)b, (int)D, 1.0f, H, (int)D, W, (int)D, 0.0f, L, (int)b);
 	if (p->softcap > 0)
 		for (int64_t i = 0; i < c * b; i++)
 			L[i] = p->softcap * tanhf(L[i] / p->softcap);
@@ -36,25 +23,9 @@ static void tile_grads(const tier_loss_params *p, const float *G, const float *H
 		       int64_t c, int64_t b, float *dH, float *dW)
 {
 	int64_t D = p->D;
-#ifdef TIER_HAVE_OPENBLAS
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c, (int)D, (int)b, 1.0f, G, (int)b, W, (int)D,
-		    1.0f, dH, (int)D);
+	base_sgemm(0, 0, (int)c, (int)D, (int)b, 1.0f, G, (int)b, W, (int)D, 1.0f, dH, (int)D);
 	if (dW)
-		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)b, (int)D, (int)c, 1.0f, G, (int)b, H,
-			    (int)D, 1.0f, dW, (int)D);
-#else
-	for (int64_t i = 0; i < c; i++)
-		for (int64_t j = 0; j < b; j++) {
-			float g = G[i * b + j];
-			if (g == 0)
-				continue;
-			for (int64_t k = 0; k < D; k++) {
-				dH[i * D + k] += g * W[j * D + k];
-				if (dW)
-					dW[j * D + k] += g * H[i * D + k];
-			}
-		}
-#endif
+		base_sgemm(1, 0, (int)b, (int)D, (int)c, 1.0f, G, (int)b, H, (int)D, 1.0f, dW, (int)D);
 }
 
 /* Fold block [v0, v0 + b) of row i's capped logits z into its running state. */

@@ -1,34 +1,7 @@
-/* gemm.c - the matrix product behind moe/ (OpenBLAS when built with it) and shared argument checks. */
+/* gemm.c - argument checks shared by moe/ (its matrix product is base_sgemm, base/blas.c). */
 #include "config.h"
 #include <errno.h>
 #include "moe/moe_internal.h"
-#ifdef TIER_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
-
-void moe_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-	      int ldb, float beta, float *C, int ldc)
-{
-	if (M <= 0 || N <= 0)
-		return;
-#ifdef TIER_HAVE_OPENBLAS
-	if (K > 0) {
-		cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
-			    alpha, A, lda, B, ldb, beta, C, ldc);
-		return;
-	}
-#endif
-	/* Plain loops (also K == 0, where BLAS would still need beta applied). */
-	for (int i = 0; i < M; i++)
-		for (int j = 0; j < N; j++) {
-			float s = 0.0f;
-			for (int l = 0; l < K; l++)
-				s += (ta ? A[(size_t)l * lda + i] : A[(size_t)i * lda + l]) *
-				     (tb ? B[(size_t)j * ldb + l] : B[(size_t)l * ldb + j]);
-			float *c = &C[(size_t)i * ldc + j];
-			*c = alpha * s + (beta == 0.0f ? 0.0f : beta * *c);
-		}
-}
 
 int moe_check_dev(tier_dev *dev, const char *fn)
 {

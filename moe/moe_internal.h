@@ -1,4 +1,4 @@
-/* moe_internal.h - helpers shared by the moe/ sources: the gemm wrapper and argument checks. */
+/* moe_internal.h - helpers shared by the moe/ sources: the matrix product and argument checks. */
 #ifndef TIER_MOE_INTERNAL_H
 #define TIER_MOE_INTERNAL_H
 
@@ -6,14 +6,14 @@
 #include <math.h>
 #include "tier/moe.h"
 
+#include "base/blas.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Row-major C [M, N] = alpha * op(A) op(B) + beta * C, op = transpose when ta / tb; lda, ldb, ldc are
- * the row strides of A, B, C as stored. cblas_sgemm with OpenBLAS, else plain loops. */
-void moe_gemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-	      int ldb, float beta, float *C, int ldc);
+/* The matrix product: base_sgemm (row-major, strides as stored; OpenBLAS or loops). */
+#define moe_gemm base_sgemm
 
 /* Device check of the CPU code: CPU is fine, a CUDA context gets -ENOTSUP (a step without a CUDA
  * version: the caller should use the layer); NULL is -EINVAL. */

