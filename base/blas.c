@@ -1,5 +1,6 @@
 /* blas.c - the shared fp32 matrix product of the CPU references (OpenBLAS or plain loops). */
 #include "config.h"
+#include <stddef.h>
 #include "base/blas.h"
 #ifdef TIER_HAVE_OPENBLAS
 #include <cblas.h>

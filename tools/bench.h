@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include "tier/base.h"
 
 /* ---- Subcommands (one line each; add the function to the table in tier-bench.c) ---- */
 int bench_store(int argc, char **argv);
@@ -56,5 +57,7 @@ double bench_median_run(double (*fn)(void *arg), void *arg, unsigned reps);
  * Return 0 or 1 (error printed). */
 int bench_parse_size(const char *cmd, const char *opt, const char *text, uint64_t *out);
 int bench_parse_uint(const char *cmd, const char *opt, const char *text, unsigned *out);
+/* "cpu" or "cuda" -> kind; 0, or 1 after printing what is wrong. */
+int bench_parse_device(const char *cmd, const char *text, tier_dev_kind *out);
 
 #endif

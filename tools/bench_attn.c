@@ -74,11 +74,8 @@ static int parse(int argc, char **argv, attn_opts *o)
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'd':
-			if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu")) {
-				fprintf(stderr, "tier-bench attn: --device %s: use cuda or cpu\n", optarg);
+			if (bench_parse_device("attn", optarg, &o->kind))
 				return 1;
-			}
-			o->kind = strcmp(optarg, "cpu") ? TIER_DEV_CUDA : TIER_DEV_CPU;
 			break;
 		case 's': {
 			long long b, s, h, kh, d;

@@ -111,11 +111,8 @@ static int parse(int argc, char **argv, moe_opts *o)
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'd':
-			if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu")) {
-				fprintf(stderr, "tier-bench moe: --device %s: use cuda or cpu\n", optarg);
+			if (bench_parse_device("moe", optarg, &o->kind))
 				return 1;
-			}
-			o->kind = strcmp(optarg, "cpu") ? TIER_DEV_CUDA : TIER_DEV_CPU;
 			break;
 		case 'm': {
 			int i;

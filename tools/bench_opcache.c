@@ -64,11 +64,8 @@ static int parse(int argc, char **argv, oc_opts *o)
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'd':
-			if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu")) {
-				fprintf(stderr, "tier-bench opcache: --device %s: use cuda or cpu\n", optarg);
+			if (bench_parse_device("opcache", optarg, &o->kind))
 				return 1;
-			}
-			o->kind = strcmp(optarg, "cpu") ? TIER_DEV_CUDA : TIER_DEV_CPU;
 			break;
 		case 'L': if (bench_parse_uint(cmd, "--layers", optarg, &o->L)) return 1; break;
 		case 'T': if (bench_parse_uint(cmd, "--tokens", optarg, &o->T)) return 1; break;

@@ -119,11 +119,8 @@ static int parse_opts(int argc, char **argv, pf_opts *o)
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
 		case 'd':
-			if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu")) {
-				fprintf(stderr, "tier-bench prefetch: --device %s: use cuda or cpu\n", optarg);
+			if (bench_parse_device("prefetch", optarg, &o->kind))
 				return 1;
-			}
-			o->kind = strcmp(optarg, "cpu") ? TIER_DEV_CUDA : TIER_DEV_CPU;
 			break;
 		case 'L': if (bench_parse_uint(cmd, "--layers", optarg, &o->L)) return 1; break;
 		case 'W': if (bench_parse_size(cmd, "--layer-bytes", optarg, &o->W)) return 1; break;

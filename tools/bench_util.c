@@ -139,3 +139,13 @@ int bench_parse_uint(const char *cmd, const char *opt, const char *text, unsigne
 	*out = (unsigned)v;
 	return 0;
 }
+
+int bench_parse_device(const char *cmd, const char *text, tier_dev_kind *out)
+{
+	if (strcmp(text, "cuda") && strcmp(text, "cpu")) {
+		fprintf(stderr, "tier-bench %s: --device %s: use cuda or cpu\n", cmd, text);
+		return 1;
+	}
+	*out = strcmp(text, "cpu") ? TIER_DEV_CUDA : TIER_DEV_CPU;
+	return 0;
+}
