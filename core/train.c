@@ -26,6 +26,7 @@ struct tier_trainer {
 	size_t op;             /* index into the schedule */
 	int64_t step;
 	int32_t *counts;       /* [E] */
+	int64_t *lcounts;      /* [L E]: tokens routed to each expert by the last step's (or eval's) forwards */
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
 	uint64_t min_hbm;
 };
@@ -171,6 +172,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	size_t th = (sizeof(float) * (size_t)T * m->H + 63) / 64 * 64, tl = (sizeof(float) * (size_t)T + 63) / 64 * 64;
 	uint64_t sbytes = t->dec_bytes + 3 * th + tl + t->loss_ws;
 	if (!(t->ckpt = calloc((size_t)m->L + 1, sizeof *t->ckpt)) || !(t->counts = calloc((size_t)E, sizeof(int32_t))) ||
+	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->ptr = calloc(15 * (size_t)E, sizeof *t->ptr))) {
 		rc = tier_fail(-ENOMEM, "out of memory for the trainer's tables");
 		goto fail;
@@ -219,12 +221,25 @@ void tier_trainer_destroy(tier_trainer *t)
 	tier_store_set_schedule(t->m->s, NULL, 0, 0);
 	free(t->ckpt);
 	free(t->counts);
+	free(t->lcounts);
 	free(t->ptr);
 	free(t);
 }
 
 uint64_t tier_trainer_min_hbm(const tier_trainer *t) { return t->min_hbm; }
 int64_t tier_trainer_steps_done(const tier_trainer *t) { return t->step; }
+
+int tier_trainer_expert_counts(const tier_trainer *t, int layer, int64_t *out)
+{
+	if (!t || !out)
+		return tier_fail(-EINVAL, "tier_trainer_expert_counts: trainer and output are required");
+	if (layer < 0 || layer >= t->m->L)
+		return tier_fail(-EINVAL, "tier_trainer_expert_counts: layer %d is not in 0..%d", layer, t->m->L - 1);
+	if (!t->m->layers[layer].moe)
+		return tier_fail(-ENOENT, "layer %d is a dense MLP layer: it has no experts to count", layer);
+	memcpy(out, t->lcounts + (size_t)layer * t->m->E, sizeof *out * (size_t)t->m->E);
+	return 0;
+}
 tier_model *trainer_model(tier_trainer *t) { return t->m; }
 int64_t trainer_step_index(const tier_trainer *t) { return t->step; }
 void trainer_set_step(tier_trainer *t, int64_t step) { t->step = step; }
@@ -371,6 +386,9 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 	int rc = pin(&t->ps, t->ckpt[l], 0, 0, &x);
 	if (!rc && !(rc = pin(&t->ps, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y)))
 		rc = layer_fwd(t, l, 0, x, y, &w);
+	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute routes the same again */
+		for (int e = 0; e < t->m->E; e++)
+			t->lcounts[(size_t)l * t->m->E + e] += t->counts[e];
 	if (!rc && hidden)
 		memcpy(hidden, y, sizeof(float) * (size_t)t->sh.T * t->m->H);
 	return op_end(t, rc);
@@ -534,6 +552,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	uint64_t t0 = tier_now_ns();
 	pinset sp = { .s = t->m->s };
 	memset(r, 0, sizeof *r);
+	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
 	if ((rc = scratch_begin(t, &sp)))
@@ -579,6 +598,7 @@ int tier_trainer_eval(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 		return tier_fail(-ENODATA, "the model has no base weights; load or make them first");
 	pinset sp = { .s = t->m->s };
 	float aux = 0.0f;
+	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
 	if ((rc = scratch_begin(t, &sp)))

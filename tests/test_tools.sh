@@ -79,7 +79,7 @@ fi
 ./tier-stat 2>/dev/null; [ $? = 1 ] || fail "tier-stat without -p should exit 1"
 ./tier-stat -p 1 0 2>/dev/null; [ $? = 1 ] || fail "tier-stat INTERVAL 0 should exit 1"
 ./tier-stat --run "$tmp" 2>"$tmp/err"; rc=$?
-[ $rc = 2 ] && grep -q "tools issue" "$tmp/err" || fail "tier-stat --run without tier.pid exited $rc: $(cat "$tmp/err")"
+[ $rc = 2 ] && grep -q "tier-stat report" "$tmp/err" || fail "tier-stat --run without tier.pid exited $rc: $(cat "$tmp/err")"
 ./tier-stat --help | grep -q -- '--json' || fail "tier-stat --help does not cover --json"
 ./tier-run --steps 0 2>/dev/null; [ $? = 1 ] || fail "tier-run --steps 0 should exit 1"
 ./tier-run --policy nosuch 2>/dev/null; [ $? = 1 ] || fail "tier-run --policy nosuch should exit 1"

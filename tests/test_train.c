@@ -700,6 +700,52 @@ static void test_cold_experts_not_fetched(void **state)
 	rig_close(&r);
 }
 
+/* Per-expert token counts of a step: each target position of each micro-batch goes to k experts of
+ * the MoE layer, so a layer's counts add up to micro * batch * seq * k; eval counts its one batch. */
+static void test_expert_counts(void **state)
+{
+	(void)state;
+	tier_hf_config c;
+	tiny_config(&c);
+	tier_lora_cfg lc;
+	tier_lora_cfg_init(&lc);
+	rig r;
+	int batch = 3, seq = 5, E = (int)c.num_experts, k = (int)c.num_experts_per_tok;
+	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, batch, seq, seed, 0.2), 0);
+	int64_t cnt[4];
+	for (int e = 0; e < E; e++)
+		cnt[e] = -7;
+	assert_int_equal(tier_trainer_expert_counts(r.t, 0, cnt), 0); /* no step yet: zeros */
+	for (int e = 0; e < E; e++)
+		assert_int_equal(cnt[e], 0);
+	fill_batch(&r, (int)c.vocab_size, seed + 3, (size_t)batch * seq);
+	tier_step_result res;
+	for (int step = 0; step < 2; step++) {
+		assert_int_equal(tier_trainer_step(r.t, r.tok, r.lab, &res), 0);
+		for (int e = 0; e < E; e++)
+			cnt[e] = -7;
+		assert_int_equal(tier_trainer_expert_counts(r.t, 0, cnt), 0);
+		int64_t sum = 0;
+		for (int e = 0; e < E; e++) {
+			assert_true(cnt[e] >= 0 && cnt[e] <= batch * seq);
+			sum += cnt[e];
+		}
+		assert_int_equal(sum, (int64_t)batch * seq * k); /* not doubled by the backward's recompute */
+	}
+	float loss;
+	assert_int_equal(tier_trainer_eval(r.t, r.tok, r.lab, 0, &loss, NULL), 0);
+	assert_int_equal(tier_trainer_expert_counts(r.t, 0, cnt), 0);
+	assert_int_equal(cnt[0] + cnt[1] + cnt[2] + cnt[3], (int64_t)batch * seq * k);
+	cnt[0] = -7;
+	assert_int_equal(tier_trainer_expert_counts(r.t, 1, cnt), -ENOENT); /* layer 1 is dense */
+	assert_int_equal(tier_trainer_expert_counts(r.t, 2, cnt), -EINVAL);
+	assert_int_equal(tier_trainer_expert_counts(r.t, -1, cnt), -EINVAL);
+	assert_int_equal(tier_trainer_expert_counts(r.t, 0, NULL), -EINVAL);
+	assert_int_equal(tier_trainer_expert_counts(NULL, 0, cnt), -EINVAL);
+	assert_int_equal(cnt[0], -7);
+	rig_close(&r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -714,6 +760,7 @@ int main(void)
 		cmocka_unit_test(test_lora_init_and_adapter),
 		cmocka_unit_test(test_resume),
 		cmocka_unit_test(test_cold_experts_not_fetched),
+		cmocka_unit_test(test_expert_counts),
 	};
 	seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
 	printf("# test_train seed %llu (TIER_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);

@@ -294,7 +294,10 @@ int tier_acquire(tier_store *s, tier_object *o, tier_id t, unsigned flags, void 
 	if (!s->be[t])
 		return tier_fail(-EINVAL, "the %s tier is disabled", tier_name(t));
 	store_lock(s);
+	uint64_t hits0 = s->cls[t][o->cls].hits;
 	rc = acquire_locked(s, o, t, flags, addr, fence);
+	if (rc == 0)
+		store_trace(s, TIER_TRC_ACQUIRE, o, t, s->cls[t][o->cls].hits != hits0);
 	store_maybe_publish(s, 0);
 	store_unlock(s);
 	return rc;
@@ -350,6 +353,7 @@ int tier_release(tier_store *s, tier_object *o, tier_id t, int dirty)
 			       o->id);
 	}
 	s->outstanding--;
+	store_trace(s, TIER_TRC_RELEASE, o, t, dirty != 0);
 	store_unpin(s, c);
 	store_copy_gc(s, c);
 out:

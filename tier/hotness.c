@@ -163,6 +163,7 @@ void tier_store_step(tier_store *s)
 		return;
 	store_lock(s);
 	s->step++;
+	store_trace(s, TIER_TRC_STEP, NULL, TIER_HBM, 0);
 	store_reap(s);
 	store_maybe_publish(s, 1);
 	store_unlock(s);

@@ -26,6 +26,8 @@ endif
 libtier_la_SOURCES += tier/store.c tier/object.c tier/access.c tier/evict.c tier/hotness.c \
 	tier/prefetch.c tier/policy.c tier/policy_recency.c tier/policy_cost.c tier/policy_schedule.c \
 	tier/store_internal.h tier/policy.h
+## access traces (docs/trace.md)
+libtier_la_SOURCES += tier/trace.c tier/trace_read.c tier/trace_format.h
 nobase_include_HEADERS += include/tier/store.h include/tier/stats.h
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_store_random tests/test_store_policy tests/test_store_errors tests/test_store_threads
@@ -42,4 +44,12 @@ tests_test_store_errors_LDFLAGS = $(TESTLD)
 tests_test_store_threads_SOURCES = tests/test_store_threads.c tests/store_util.h
 tests_test_store_threads_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_store_threads_LDFLAGS = $(TESTLD)
+endif
+## access traces: write/read round trip, bad files
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_trace
+TESTS += tests/test_trace
+tests_test_trace_SOURCES = tests/test_trace.c tests/store_util.h
+tests_test_trace_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_trace_LDFLAGS = $(TESTLD)
 endif

@@ -247,6 +247,7 @@ int tier_obj_create(tier_store *s, uint64_t size, tier_class cls, unsigned flags
 	s->nobjects++;
 	s->object_bytes += size;
 	hot_link(s, o);
+	store_trace(s, TIER_TRC_CREATE, o, TIER_HBM, 0);
 	store_unlock(s);
 	*out = o;
 	return 0;
@@ -301,6 +302,7 @@ int tier_obj_destroy(tier_store *s, tier_object *o)
 					 o->id, tier_name((tier_id)t), o->copy[t].pins);
 		}
 	store_obj_quiesce(s, o);
+	store_trace(s, TIER_TRC_DESTROY, o, TIER_HBM, 0);
 	obj_free(s, o);
 	store_maybe_publish(s, 0);
 	store_unlock(s);

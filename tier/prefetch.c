@@ -45,6 +45,7 @@ int tier_prefetch(tier_store *s, tier_object *o, tier_id t)
 	store_lock(s);
 	store_reap(s);
 	int rc = store_prefetch_locked(s, o, t);
+	store_trace(s, TIER_TRC_PREFETCH, o, t, rc == 0);
 	store_maybe_publish(s, 0);
 	store_unlock(s);
 	return rc;
@@ -56,6 +57,8 @@ void tier_store_at_op(tier_store *s, size_t op)
 		return;
 	store_lock(s);
 	store_reap(s);
+	if (s->trace)
+		store_trace_put(s, TIER_TRC_AT_OP, NULL, TIER_HBM, 0, op);
 	if (s->n_ops) {
 		s->cur_op = s->cyclic ? op % s->n_ops : op;
 		s->have_cur = 1;

@@ -117,6 +117,7 @@ void tier_store_destroy(tier_store *s)
 		return;
 	store_lock(s);
 	store_free_all_objects(s);
+	store_trace_destroy(s);
 	store_unlock(s);
 	tier_stats_publish_close(s->pub);
 	if (s->pol_state && s->pol->fini)

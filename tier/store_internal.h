@@ -137,6 +137,8 @@ struct tier_store {
 	unsigned window;
 	sched_uses **uses;
 	size_t uses_size;
+
+	struct store_trace *trace;       /* access trace being recorded (trace.c), or NULL */
 };
 
 /* object.c */
@@ -180,6 +182,15 @@ int store_prefetch_locked(tier_store *s, tier_object *o, tier_id t);
 /* store.c */
 void store_maybe_publish(tier_store *s, int force);
 double store_link_gbps(tier_store *s, tier_link l);
+
+/* trace.c: append one record (lock held); op is read for TIER_TRC_AT_OP only. The inline test keeps tracing-off to one branch. */
+void store_trace_put(tier_store *s, tier_trace_kind kind, const tier_object *o, tier_id t, int hit, uint64_t op);
+void store_trace_destroy(tier_store *s);
+static inline void store_trace(tier_store *s, tier_trace_kind kind, const tier_object *o, tier_id t, int hit)
+{
+	if (__builtin_expect(s->trace != NULL, 0))
+		store_trace_put(s, kind, o, t, hit, 0);
+}
 
 static inline void store_lock(tier_store *s) { pthread_mutex_lock(&s->lock); }
 static inline void store_unlock(tier_store *s) { pthread_mutex_unlock(&s->lock); }

@@ -1,9 +1,9 @@
 ## tools/local.mk - the programs: tier-stat (watch a job's store), tier-run (the LoRA trainer;
 ## `tier-run --store-demo` is the store demonstration), tier-bench (benchmarks, one subcommand per part).
 bin_PROGRAMS += tier-stat tier-run tier-bench
-tier_stat_SOURCES = tools/tier-stat.c
-tier_stat_LDADD = libtier.la $(TIER_DEP_LIBS)
-tier_run_SOURCES = tools/tier-run.c tools/store_demo.c
+tier_stat_SOURCES = tools/tier-stat.c tools/stat_report.c tools/stat_report.h tools/stat_plot.c
+tier_stat_LDADD = libtier.la $(TIER_DEP_LIBS) $(CAIRO_LIBS)
+tier_run_SOURCES = tools/tier-run.c tools/store_demo.c tools/stats_log.c tools/stats_log.h
 tier_run_CPPFLAGS = $(AM_CPPFLAGS) -DTIER_PKGDATADIR='"$(pkgdatadir)"'
 tier_run_LDADD = libtier.la $(TIER_DEP_LIBS)
 dist_man1_MANS += man/tier-run.1
@@ -23,6 +23,8 @@ dist_man1_MANS += man/tier-stat.1
 TESTS += tests/test_tools.sh
 EXTRA_DIST += tests/test_tools.sh
 TESTS += tests/test_prefetch_bench.sh
+TESTS += tests/test_report.sh
+EXTRA_DIST += tests/test_report.sh
 EXTRA_DIST += tests/test_prefetch_bench.sh
 
 ## tier-plan: cluster sizing (the arithmetic is core/plan*.c)
@@ -32,3 +34,19 @@ tier_plan_LDADD = libtier.la $(TIER_DEP_LIBS)
 dist_man1_MANS += man/tier-plan.1
 TESTS += tests/test_plan.sh
 EXTRA_DIST += tests/test_plan.sh
+
+## tier-tune: replay a store access trace (tier-run --trace) against policies and capacities
+bin_PROGRAMS += tier-tune
+tier_tune_SOURCES = tools/tier-tune.c tools/tune_sim.c tools/tune_sim.h
+tier_tune_LDADD = libtier.la $(TIER_DEP_LIBS)
+dist_man1_MANS += man/tier-tune.1
+TESTS += tests/test_tune.sh
+EXTRA_DIST += tests/test_tune.sh
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_tune
+TESTS += tests/test_tune
+tests_test_tune_SOURCES = tests/test_tune.c tools/tune_sim.c tools/tune_sim.h
+tests_test_tune_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_tune_LDFLAGS = $(TESTLD)
+endif
+EXTRA_DIST += docs/stats-log.md

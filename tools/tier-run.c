@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "tier/tier.h"
+#include "stats_log.h"
 #ifdef TIER_HAVE_JANSSON
 #include <jansson.h>
 #endif
@@ -25,6 +26,7 @@ int store_demo_main(int argc, char **argv);
 
 typedef struct {
 	const char *model, *init, *config, *data, *out, *policy, *device, *targets, *resume;
+	const char *trace; /* --trace FILE: record the store's accesses (docs/trace.md) */
 	uint64_t hbm, ddr, nvme;
 	char nvme_dir[4096];
 	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every;
@@ -77,9 +79,11 @@ static void usage(FILE *f)
 		"  --nvme DIR:SIZE      NVMe directory and budget (default: no NVMe tier)\n"
 		"  --policy P           lru, lfu, cost or schedule (default schedule)\n"
 		"  --device D           cpu or cuda (default cpu; cuda is not supported by the trainer yet)\n"
+		"  --trace FILE         record every store access into FILE (docs/trace.md; replay it with tier-tune)\n"
 		"Output\n"
 		"  --out DIR            write the PEFT adapter (adapter_config.json, adapter_model.safetensors)\n"
-		"                       and train_log.jsonl there (created if missing; checked before training)\n"
+		"                       and train_log.jsonl there (created if missing; checked before training),\n"
+		"                       with stats.jsonl, run.json and tier.pid (docs/stats-log.md; tier-stat report)\n"
 		"  --checkpoint-every N write OUT/checkpoint.safetensors every N steps and at the end (needs --out)\n"
 		"  --resume FILE        continue from a checkpoint (same model, LoRA and data options; the\n"
 		"                       losses then equal an uninterrupted run's)\n"
@@ -96,6 +100,7 @@ enum {
 	O_MODEL = 256, O_INIT, O_CONFIG, O_INITR, O_DATA, O_R, O_ALPHA, O_RSLORA, O_TARGETS, O_STEPS, O_BATCH, O_SEQ,
 	O_MICRO, O_LR, O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_HBM, O_DDR, O_NVME, O_POLICY, O_DEVICE, O_OUT,
 	O_QUIET, O_HELP, O_CKPT, O_RESUME,
+	O_TRACE,
 };
 static const struct option opts[] = {
 	{ "model", required_argument, NULL, O_MODEL }, { "init", required_argument, NULL, O_INIT },
@@ -112,7 +117,9 @@ static const struct option opts[] = {
 	{ "policy", required_argument, NULL, O_POLICY }, { "device", required_argument, NULL, O_DEVICE },
 	{ "out", required_argument, NULL, O_OUT }, { "quiet", no_argument, NULL, O_QUIET },
 	{ "help", no_argument, NULL, O_HELP }, { "checkpoint-every", required_argument, NULL, O_CKPT },
-	{ "resume", required_argument, NULL, O_RESUME }, { NULL, 0, NULL, 0 },
+	{ "resume", required_argument, NULL, O_RESUME },
+	{ "trace", required_argument, NULL, O_TRACE },
+	{ NULL, 0, NULL, 0 },
 };
 
 static int bad_arg(const char *opt, const char *text, const char *want)
@@ -206,6 +213,7 @@ static int parse_one(run_opts *o, int c, const char *a)
 	case O_QUIET: o->quiet = 1; return 0;
 	case O_CKPT: return parse_int(name, a, 1, 100000000, &o->ckpt_every);
 	case O_RESUME: o->resume = a; return 0;
+	case O_TRACE: o->trace = a; return 0;
 	}
 	return 1;
 }
@@ -319,12 +327,16 @@ typedef struct {
 	tier_data *d;
 	int32_t *tok, *lab;
 	FILE *log;
+	stats_log *slog; /* OUT/stats.jsonl (docs/stats-log.md) */
+	int tracing;     /* --trace: closed (and its write errors reported) before the store goes */
 } job;
 
 static void job_close(job *j)
 {
 	tier_trainer_destroy(j->t);
 	tier_model_destroy(j->m);
+	if (j->tracing && tier_store_trace_close(j->s))
+		fprintf(stderr, "tier-run: --trace: %s\n", tier_last_error());
 	tier_store_destroy(j->s);
 	tier_data_close(j->d);
 	tier_dev_close(j->dev);
@@ -332,6 +344,7 @@ static void job_close(job *j)
 	free(j->lab);
 	if (j->log)
 		fclose(j->log);
+	stats_log_close(j->slog);
 }
 
 static int fail_lib(const char *what)
@@ -381,6 +394,9 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	if (tier_store_create(&j->s, &sc))
 		return fail_lib("store");
 	tier_store_set_job(j->s, "tier-run");
+	if (o->trace && tier_store_trace_open(j->s, o->trace))
+		return fail_lib("--trace");
+	j->tracing = o->trace != NULL;
 	tier_lora_cfg lc;
 	tier_lora_cfg_init(&lc);
 	lc.r = o->lora_r, lc.alpha = (float)o->lora_alpha, lc.use_rslora = o->rslora, lc.seed = o->seed;
@@ -429,6 +445,13 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 		snprintf(path, sizeof path, "%s/train_log.jsonl", o->out);
 		if (!(j->log = fopen(path, "w")))
 			return fprintf(stderr, "tier-run: %s: %s\n", path, strerror(errno)), 1;
+		stats_log_info si = { .model = o->model ? o->model : "synthetic", .data = data, .policy = o->policy,
+				      .lora_targets = o->targets, .layers = cfg->num_hidden_layers, .hidden = cfg->hidden_size,
+				      .experts = cfg->num_experts, .top_k = cfg->num_experts_per_tok, .base_bytes = bytes,
+				      .hbm = o->hbm, .ddr = o->ddr, .nvme = o->nvme, .steps = o->steps, .batch = o->batch,
+				      .seq = o->seq, .micro = o->micro, .lora_r = o->lora_r, .seed = o->seed };
+		if (stats_log_open(&j->slog, o->out, &si))
+			return 1;
 	}
 	return 0;
 }
@@ -480,6 +503,8 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 				r.grad_norm, (long long)r.tokens, (unsigned long long)r.ns,
 				(unsigned long long)(now.hits - prev.hits), (unsigned long long)(now.misses - prev.misses),
 				(unsigned long long)(now.bytes - prev.bytes));
+		if (j->slog && stats_log_step(j->slog, s + 1, &r, &st, j->t))
+			return 2;
 		fflush(stdout);
 		prev = now;
 		*tokens += r.tokens;

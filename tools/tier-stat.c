@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "tier/tier.h"
 #include "tier/stats.h"
+#include "stat_report.h"
 
 /* Exit codes, documented in --help and the man page. */
 enum {
@@ -35,11 +36,16 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: tier-stat [-p PID | --run DIR] [--json] [INTERVAL [COUNT]]\n"
-		"Watch the tiered store of a running tier job (tier-run) read-only, one row per INTERVAL.\n"
+		"       tier-stat report RUN_DIR [--json] [--plot FILE.png|FILE.svg]\n"
+		"Watch the tiered store of a running tier job (tier-run) read-only, one row per INTERVAL;\n"
+		"or (report) summarise a run from its stats log RUN_DIR/stats.jsonl (tier-run --out RUN_DIR):\n"
+		"hit rates and occupancy per tier, GB/s per link and prefetch over time, the hottest experts\n"
+		"and the skew of each MoE layer; --json as one object, --plot draws them (cairo).\n"
+		"tier-stat report --help tells more.\n"
 		"\n"
 		"  -p, --pid PID    the process to watch (its segment /dev/shm/tier-stats.PID)\n"
-		"  -r, --run DIR    the job of run directory DIR (reads the pid from DIR/tier.pid); reading\n"
-		"                   a finished run's stats log (report mode) comes with the tools issue\n"
+		"  -r, --run DIR    the job of run directory DIR (reads the pid from DIR/tier.pid); for a\n"
+		"                   finished run use tier-stat report DIR\n"
 		"  -j, --json       one JSON object per line with every counter, instead of the table\n"
 		"  -h, --help       this text\n"
 		"  INTERVAL         seconds between rows (decimals allowed, e.g. 0.5); without it, one row\n"
@@ -54,7 +60,10 @@ static void usage(FILE *f)
 		"\n"
 		"Exit status: 0 done; 1 bad arguments; 2 no such process, or it publishes no tier statistics;\n"
 		"3 the job's statistics are of another version (use the tier-stat of the same build);\n"
-		"4 the process exited while watched; 5 other errors (permission, no stable snapshot).\n");
+		"4 the process exited while watched; 5 other errors (permission, no stable snapshot).\n"
+		"report: 2 no such run directory, or no or an empty stats log; 3 a log of another format\n"
+		"version; 5 a malformed log line (named) or the image could not be written; 6 --plot in a\n"
+		"build without cairo.\n");
 }
 
 static int exit_code_of(int rc)
@@ -75,9 +84,9 @@ static int pid_of_run(const char *dir, pid_t *pid)
 	snprintf(path, sizeof path, "%s/tier.pid", dir);
 	f = fopen(path, "r");
 	if (!f) {
-		fprintf(stderr, "tier-stat: %s: %s: this run has no live job to watch (report mode over a "
-			"run's stats log comes with the tools issue; for a live job use -p PID)\n", path,
-			strerror(errno));
+		fprintf(stderr, "tier-stat: %s: %s: this run has no live job to watch (for a finished run: "
+			"tier-stat report %s)\n", path,
+			strerror(errno), dir);
 		return EXIT_NOPROC;
 	}
 	if (fscanf(f, "%ld", &v) != 1 || v <= 0 || v > 0x7fffffff) {
@@ -374,6 +383,8 @@ int main(int argc, char **argv)
 	long count = 0;
 	char *end;
 
+	if (argc > 1 && !strcmp(argv[1], "report"))
+		return report_main(argc - 1, argv + 1);
 	while ((c = getopt_long(argc, argv, "p:r:jh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'p': {

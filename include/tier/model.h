@@ -167,6 +167,11 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 
 /* Optimizer steps taken (the next step's index: its learning rate and, in tier-run, its data). */
 int64_t tier_trainer_steps_done(const tier_trainer *t);
+/* Tokens the router sent to each expert of MoE layer `layer` in the last tier_trainer_step (all
+ * its micro-batches) or tier_trainer_eval: out[num_experts]; each token counts once per expert of
+ * its top-k. Returns 0, -EINVAL (layer out of range, NULL argument; out untouched), -ENOENT (a
+ * dense layer; out untouched). Same thread as the steps. */
+int tier_trainer_expert_counts(const tier_trainer *t, int layer, int64_t *out);
 /* Training checkpoints: every LoRA group's weights and AdamW moments, the groups' step counts and
  * the step, in one safetensors file written atomically (a crash leaves the old file or the new
  * one). Resuming continues exactly: on the CPU the losses after a load equal an uninterrupted

@@ -168,6 +168,43 @@ int tier_store_check(tier_store *s);
 /* The offload engine the store uses. */
 tier_offload *tier_store_offload(tier_store *s);
 
+/* ---- Access traces (format: docs/trace.md) ------------------------------------------------------- */
+/* Record every store access from now on into `path` (created or truncated): one fixed-size record
+ * per acquire, release, prefetch, object create/destroy, step and tier_store_at_op, written through
+ * a buffer of a few MiB. Returns 0, -EBUSY (a trace is already open), -EINVAL, or the open error,
+ * each with a message; on failure nothing is recorded. A later write error is logged once and
+ * stops recording; tier_store_trace_close returns it. Thread-safe. */
+int tier_store_trace_open(tier_store *s, const char *path);
+/* Flush and close the trace: 0, -ENOENT (none open), or the first write/close error (the file is
+ * then incomplete). tier_store_destroy closes an open trace (logging an error). Thread-safe. */
+int tier_store_trace_close(tier_store *s);
+
+typedef enum {
+	TIER_TRC_ACQUIRE = 1, /* hit: 1 when the copy was there (or loading) already */
+	TIER_TRC_RELEASE,     /* hit: 1 when released dirty */
+	TIER_TRC_PREFETCH,    /* hit: 1 when started or already there, 0 when declined */
+	TIER_TRC_CREATE,
+	TIER_TRC_DESTROY,
+	TIER_TRC_STEP,        /* step: the new step number; object fields 0 */
+	TIER_TRC_AT_OP,       /* op: the operation index passed to tier_store_at_op */
+	TIER_TRC_NKINDS
+} tier_trace_kind;
+
+typedef struct {
+	uint64_t object, size; /* object id and size in bytes (0 for step and at_op records) */
+	uint32_t op, step;     /* current operation index (low 32 bits) and step number */
+	uint8_t kind, tier, cls, hit;
+} tier_trace_rec;
+
+typedef struct tier_trace_reader tier_trace_reader;
+/* Open a trace for reading and validate its header. 0, or -ENOENT/-EACCES..., -EBADMSG (not a
+ * trace, other version or record size: the message names the file and offset), -ENOMEM. */
+int tier_trace_open_read(tier_trace_reader **out, const char *path);
+/* Next record: 1 (filled *rec), 0 (end of file), -EBADMSG (truncated record, or a bad kind/tier/
+ * class: the message names the file and byte offset), -EIO. Not thread-safe per reader. */
+int tier_trace_next(tier_trace_reader *r, tier_trace_rec *rec);
+void tier_trace_close_read(tier_trace_reader *r); /* NULL is fine */
+
 #ifdef __cplusplus
 }
 #endif
