@@ -167,6 +167,38 @@ static void test_min_property(void **state)
 	}
 }
 
+/* Two levels, by hand (unit sizes, HBM 1, DDR 2, LRU): hbm A, hbm B (evicts A: written down),
+ * ddr C (first touch in DDR), hbm A (HBM miss, DDR hit; evicts B: written down, and in DDR the
+ * write of B evicts C, dirty: written to NVMe). */
+static void test_two_levels(void **state)
+{
+	(void)state;
+	sim_trace t;
+	memset(&t, 0, sizeof t);
+	for (uint32_t i = 0; i < 3; i++)
+		assert_int_equal(sim_trace_object(&t, i, 1), 0);
+	assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_ACCESS), 0);
+	assert_int_equal(sim_trace_add(&t, 1, 0, 0, SIM_ACCESS), 0);
+	assert_int_equal(sim_trace_add(&t, 2, 0, 1, SIM_ACCESS), 0);
+	assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_ACCESS), 0);
+	sim_config c = { .cap = { 1, 2 }, .half_life = 4, .gbps = { 1, 1 } };
+	sim_result r;
+	memset(&r, 0x5a, sizeof r);
+	assert_int_equal(sim_run(&t, SIM_LRU, &c, &r), 0);
+	assert_int_equal(r.hits[0], 0);
+	assert_int_equal(r.misses[0], 1);
+	assert_int_equal(r.cold[0], 2);
+	assert_int_equal(r.hits[1], 1);
+	assert_int_equal(r.misses[1], 0);
+	assert_int_equal(r.cold[1], 1);
+	assert_int_equal(r.bytes[0][0], 1);
+	assert_int_equal(r.bytes[0][1], 2);
+	assert_int_equal(r.bytes[1][0], 0);
+	assert_int_equal(r.bytes[1][1], 1);
+	assert_true(fabs(r.stall_s - 4e-9) < 1e-18);
+	sim_trace_free(&t);
+}
+
 /* Objects larger than HBM are never cached (every reuse misses); a bad config is refused. */
 static void test_edges(void **state)
 {
@@ -199,6 +231,7 @@ int main(void)
 	printf("# seed %llu (TIER_SEED=N repeats a run)\n", (unsigned long long)seed);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_classic), cmocka_unit_test(test_lfu), cmocka_unit_test(test_min_property),
+		cmocka_unit_test(test_two_levels),
 		cmocka_unit_test(test_edges),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

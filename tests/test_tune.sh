@@ -40,6 +40,9 @@ for h in (8 << 20, 32 << 20):
 mins = sorted((r["hbm"], r["hbm_hits"]) for r in rs if r["policy"] == "min")
 assert mins[0][1] <= mins[1][1], mins
 assert d["recommend"]["policy"] in ("lru", "schedule"), d
+r0 = d["results"][0]
+assert d["trace"]["recorded_hbm_acquires"] == r0["hbm_hits"] + r0["hbm_misses"] + r0["hbm_cold"], d["trace"]
+assert 0 < d["trace"]["recorded_hbm_hits"] < d["trace"]["recorded_hbm_acquires"], d["trace"]
 PY
 
 echo "# the recommended options run"
@@ -47,6 +50,8 @@ opts=$(grep "^tier-run " "$tmp/out" | sed 's/^tier-run //')
 ./tier-run --steps 2 --quiet $opts >"$tmp/run2" 2>&1 || fail "tier-run $opts: $(cat "$tmp/run2")"
 
 echo "# bad input: clear errors, exit 1"
+./tier-run --steps 1 --quiet --trace "$tmp/no/such/dir/t.trc" >/dev/null 2>"$tmp/err" && fail "unwritable --trace accepted"
+grep -q -- "--trace: cannot create trace file" "$tmp/err" || fail "bad --trace: $(cat "$tmp/err")"
 printf 'garbage' >"$tmp/bad.trc"
 ./tier-tune "$tmp/bad.trc" --hbm 8M --ddr 1G >/dev/null 2>"$tmp/err" && fail "garbage accepted"
 grep -q "not a tier trace" "$tmp/err" || fail "garbage: $(cat "$tmp/err")"

@@ -197,11 +197,15 @@ int main(int argc, char **argv)
 	}
 	if (!o.json)
 		printf("# trace %s: %llu records, %zu requests (hbm/ddr acquires and dirty releases), %zu objects\n"
+		       "# the recorded run: %llu of %llu hbm acquires hit\n"
 		       "# links: pcie %.1f GB/s, nvme %.1f GB/s; stall assumes no overlap with compute\n", argv[optind],
-		       (unsigned long long)t.records, t.n, t.nobj, o.sc.gbps[0], o.sc.gbps[1]);
+		       (unsigned long long)t.records, t.n, t.nobj, (unsigned long long)t.rec_hits[0],
+		       (unsigned long long)t.rec_acquires[0], o.sc.gbps[0], o.sc.gbps[1]);
 	else
-		printf("{\"trace\":{\"records\":%llu,\"requests\":%zu,\"objects\":%zu},\"pcie_gbps\":%g,\"nvme_gbps\":%g,"
-		       "\"results\":[", (unsigned long long)t.records, t.n, t.nobj, o.sc.gbps[0], o.sc.gbps[1]);
+		printf("{\"trace\":{\"records\":%llu,\"requests\":%zu,\"objects\":%zu,\"recorded_hbm_acquires\":%llu,"
+		       "\"recorded_hbm_hits\":%llu},\"pcie_gbps\":%g,\"nvme_gbps\":%g,\"results\":[",
+		       (unsigned long long)t.records, t.n, t.nobj, (unsigned long long)t.rec_acquires[0],
+		       (unsigned long long)t.rec_hits[0], o.sc.gbps[0], o.sc.gbps[1]);
 	row best = { .p = SIM_NPOL };
 	int rc = 0, first = 1;
 	for (int i = 0; i < o.nhbm && !rc; i++)

@@ -101,6 +101,10 @@ static int load_rec(sim_trace *t, idmap *m, const tier_trace_rec *r)
 	int acc = r->kind == TIER_TRC_ACQUIRE, dirty = r->kind == TIER_TRC_RELEASE && r->hit;
 	if ((!acc && !dirty) || r->tier > TIER_DDR)
 		return 0;
+	if (acc) {
+		t->rec_acquires[r->tier]++;
+		t->rec_hits[r->tier] += r->hit;
+	}
 	if ((m->n + 1) * 2 > m->cap && idmap_grow(m))
 		return -ENOMEM;
 	uint32_t *v = idmap_slot(m, r->object);
@@ -145,6 +149,7 @@ typedef struct {
 typedef struct {
 	const sim_trace *t;
 	sim_policy p;
+	int tier;                /* 0: the HBM level, 1: the DDR level */
 	double hl;
 	uint64_t cap, used, clock;
 	sim_obj *o;
@@ -236,6 +241,11 @@ static int level_run(level *L, const sim_trace *s)
 		const sim_req *q = &s->req[n];
 		sim_obj *o = &L->o[q->obj];
 		int rc = 0;
+		if (q->tier != L->tier) { /* a DDR request passes the HBM level, in its place in time */
+			if (L->down && (rc = sim_trace_add(L->down, q->obj, q->step, q->tier, q->kind)))
+				return rc;
+			continue;
+		}
 		if (q->kind == SIM_DIRTY) {
 			if (o->in)
 				o->dirty = 1;
@@ -274,7 +284,7 @@ static int level_run(level *L, const sim_trace *s)
 }
 
 /* next[i]: the position of the next access of the same object after i (NEVER if none). */
-static uint64_t *next_uses(const sim_trace *s, size_t nobj)
+static uint64_t *next_uses(const sim_trace *s, size_t nobj, int tier)
 {
 	uint64_t *next = malloc((s->n ? s->n : 1) * sizeof *next), *after = malloc((nobj ? nobj : 1) * sizeof *after);
 	if (!next || !after) {
@@ -286,7 +296,7 @@ static uint64_t *next_uses(const sim_trace *s, size_t nobj)
 		after[i] = NEVER;
 	for (size_t n = s->n; n-- > 0;) {
 		next[n] = after[s->req[n].obj];
-		if (s->req[n].kind == SIM_ACCESS)
+		if (s->req[n].kind == SIM_ACCESS && s->req[n].tier == tier)
 			after[s->req[n].obj] = n;
 	}
 	free(after);
@@ -297,7 +307,7 @@ static int run_level(level *L, const sim_trace *s)
 {
 	L->o = calloc(L->t->nobj ? L->t->nobj : 1, sizeof *L->o);
 	L->cached = malloc((L->t->nobj ? L->t->nobj : 1) * sizeof *L->cached);
-	uint64_t *next = next_uses(s, L->t->nobj);
+	uint64_t *next = next_uses(s, L->t->nobj, L->tier);
 	int rc = L->o && L->cached && next ? 0 : tier_fail(-ENOMEM, "out of memory simulating %zu requests", s->n);
 	L->nextpos = next;
 	if (!rc)
@@ -314,27 +324,17 @@ int sim_run(const sim_trace *t, sim_policy p, const sim_config *c, sim_result *r
 	if ((unsigned)p >= SIM_NPOL || !c->cap[0] || !c->cap[1] || !(c->gbps[0] > 0) || !(c->gbps[1] > 0) ||
 	    !(c->half_life > 0))
 		return tier_fail(-EINVAL, "simulator: policy, capacities, link rates and half-life must be positive");
-	sim_trace hbm = { .size = t->size, .id = t->id, .nobj = t->nobj }, ddr = hbm;
-	int rc = 0;
-	for (size_t n = 0; n < t->n && !rc; n++) /* split the stream by tier */
-		rc = sim_trace_add(t->req[n].tier ? &ddr : &hbm, t->req[n].obj, t->req[n].step, t->req[n].tier, t->req[n].kind);
-	if (!rc) {
-		sim_trace down = { .size = t->size, .id = t->id, .nobj = t->nobj };
-		level h = { .t = t, .p = p, .hl = c->half_life, .cap = c->cap[0], .down = &down,
-			    .rd = &r->bytes[0][0], .wr = &r->bytes[0][1] };
-		rc = run_level(&h, &hbm);
-		/* DDR's own acquires interleave with HBM's traffic by step; merged after HBM's for the model */
-		for (size_t n = 0; n < ddr.n && !rc; n++)
-			rc = sim_trace_add(&down, ddr.req[n].obj, ddr.req[n].step, 1, ddr.req[n].kind);
-		level d = { .t = t, .p = p, .hl = c->half_life, .cap = c->cap[1], .rd = &r->bytes[1][0], .wr = &r->bytes[1][1] };
-		if (!rc)
-			rc = run_level(&d, &down);
-		r->hits[0] = h.hits, r->misses[0] = h.misses, r->cold[0] = h.cold;
-		r->hits[1] = d.hits, r->misses[1] = d.misses, r->cold[1] = d.cold;
-		free(down.req);
-	}
-	free(hbm.req);
-	free(ddr.req);
+	sim_trace down = { .size = t->size, .id = t->id, .nobj = t->nobj };
+	level h = { .t = t, .p = p, .tier = 0, .hl = c->half_life, .cap = c->cap[0], .down = &down,
+		    .rd = &r->bytes[0][0], .wr = &r->bytes[0][1] };
+	level d = { .t = t, .p = p, .tier = 1, .hl = c->half_life, .cap = c->cap[1], .rd = &r->bytes[1][0],
+		    .wr = &r->bytes[1][1] };
+	int rc = run_level(&h, t);
+	if (!rc)
+		rc = run_level(&d, &down);
+	r->hits[0] = h.hits, r->misses[0] = h.misses, r->cold[0] = h.cold;
+	r->hits[1] = d.hits, r->misses[1] = d.misses, r->cold[1] = d.cold;
+	free(down.req);
 	for (int l = 0; l < 2; l++)
 		r->stall_s += (double)(r->bytes[l][0] + r->bytes[l][1]) / (c->gbps[l] * 1e9);
 	return rc;

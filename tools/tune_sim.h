@@ -24,6 +24,7 @@ typedef struct {
 	uint64_t *id;   /* trace object id per dense object */
 	size_t nobj;
 	uint64_t records;
+	uint64_t rec_acquires[2], rec_hits[2]; /* what the recorded store saw, per tier (hbm, ddr) */
 } sim_trace;
 
 /* Read the acquires and dirty releases in HBM and DDR of a trace file. 0 or a negative errno with
