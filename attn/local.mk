@@ -1,6 +1,6 @@
 ## attn/local.mk - causal attention with GQA and RoPE: CPU reference, CUDA kernels, tests
 libtier_la_SOURCES += attn/attn.c attn/attn_cpu.c attn/attn_impl.h
-nobase_include_HEADERS += include/tier/attn.h
+tierinclude_HEADERS += include/tier/attn.h
 if HAVE_CUDA
 libtier_la_SOURCES += attn/attn_cuda.cu
 endif

@@ -1,3 +1,3 @@
 ## base/local.mk - errors, logging, sizes, random numbers, device context
 libtier_la_SOURCES += base/error.c base/log.c base/size.c base/rng.c base/dev.c base/blas.c base/blas.h
-nobase_include_HEADERS += include/tier/base.h include/tier/tier.h
+tierinclude_HEADERS += include/tier/base.h include/tier/tier.h

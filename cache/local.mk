@@ -1,6 +1,6 @@
 ## cache/local.mk - the selective operator cache: admission by value density over the store.
 libtier_la_SOURCES += cache/opcache.c cache/admit.c cache/rules.c cache/copy.c cache/opcache_internal.h
-nobase_include_HEADERS += include/tier/cache.h
+tierinclude_HEADERS += include/tier/cache.h
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_opcache
 TESTS += tests/test_opcache

@@ -1,7 +1,7 @@
 ## core/local.mk - sources of core/: Hugging Face formats (safetensors, config.json, PEFT), atomic files
 libtier_la_SOURCES += core/dtype.c core/atomic_file.c core/safetensors.c core/safetensors_write.c \
 	core/safetensors_int.h core/hf_checkpoint.c core/hf_config.c core/peft.c
-nobase_include_HEADERS += include/tier/formats.h
+tierinclude_HEADERS += include/tier/formats.h
 
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_dtype tests/test_safetensors tests/test_hf_config tests/test_peft
@@ -31,10 +31,10 @@ EXTRA_DIST += tests/fuzz/corpus_safetensors tests/golden/check_safetensors.py
 ## the trainer: layers, the qwen3_moe model in the store, the step, data
 libtier_la_SOURCES += core/core_internal.h core/layers.c core/model.c core/model_io.c core/decoder.h \
 	core/decoder.c core/train.c core/checkpoint.c core/data.c
-nobase_include_HEADERS += include/tier/model.h
+tierinclude_HEADERS += include/tier/model.h
 ## tier-plan's arithmetic (cluster sizing)
 libtier_la_SOURCES += core/plan_model.c core/plan.c core/plan_calib.c
-nobase_include_HEADERS += include/tier/plan.h
+tierinclude_HEADERS += include/tier/plan.h
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_plan
 TESTS += tests/test_plan

@@ -1,6 +1,6 @@
 ## loss/local.mk - chunked cut-cross-entropy loss: CPU reference, CUDA kernels, tests
 libtier_la_SOURCES += loss/loss.c loss/loss_cpu.c loss/loss_impl.h
-nobase_include_HEADERS += include/tier/loss.h
+tierinclude_HEADERS += include/tier/loss.h
 if HAVE_CUDA
 libtier_la_SOURCES += loss/loss_cuda.cu
 endif

@@ -1,7 +1,7 @@
 ## moe/local.mk - the MoE block: router, permute, grouped SwiGLU experts, combine (CPU fp32 reference, CUDA bf16)
 libtier_la_SOURCES += moe/gemm.c moe/router.c moe/permute.c moe/experts.c moe/combine.c moe/layer.c \
 	moe/moe_internal.h moe/moe_cuda.h
-nobase_include_HEADERS += include/tier/moe.h
+tierinclude_HEADERS += include/tier/moe.h
 if HAVE_CUDA
 libtier_la_SOURCES += moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_grouped.cu moe/moe_layer.cu
 endif

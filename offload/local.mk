@@ -1,7 +1,7 @@
 ## offload/local.mk - the movers: fences, worker pool, io_uring, CUDA copy streams and staging
 libtier_la_SOURCES += offload/engine.c offload/submit.c offload/fence.c offload/fileio.c \
 	offload/uring.c offload/cuda_path.c offload/crc32c.c offload/offload_impl.h
-nobase_include_HEADERS += include/tier/offload.h
+tierinclude_HEADERS += include/tier/offload.h
 
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_offload

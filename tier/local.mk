@@ -28,7 +28,7 @@ libtier_la_SOURCES += tier/store.c tier/object.c tier/access.c tier/evict.c tier
 	tier/store_internal.h tier/policy.h
 ## access traces (docs/trace.md)
 libtier_la_SOURCES += tier/trace.c tier/trace_read.c tier/trace_format.h
-nobase_include_HEADERS += include/tier/store.h include/tier/stats.h
+tierinclude_HEADERS += include/tier/store.h include/tier/stats.h
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_store_random tests/test_store_policy tests/test_store_errors tests/test_store_threads
 TESTS += tests/test_store_random tests/test_store_policy tests/test_store_errors tests/test_store_threads
