@@ -37,6 +37,30 @@ static inline double *ref_dup(const float *a, size_t n)
 	return d;
 }
 
+/* Per-expert arrays: E buffers of n random floats, their fp64 copies, and freeing either kind. */
+static inline float **ref_arr(tier_rng *r, int E, size_t n, float scale)
+{
+	float **p = calloc((size_t)E, sizeof *p);
+	for (int e = 0; e < E; e++) {
+		p[e] = malloc(4 * n);
+		ref_fill(r, p[e], n, scale);
+	}
+	return p;
+}
+static inline double **ref_darr(float **p, int E, size_t n)
+{
+	double **d = calloc((size_t)E, sizeof *d);
+	for (int e = 0; e < E; e++)
+		d[e] = ref_dup(p[e], n);
+	return d;
+}
+static inline void ref_afree(void **p, int E)
+{
+	for (int e = 0; p && e < E; e++)
+		free(p[e]);
+	free(p);
+}
+
 static inline double ref_relerr(const float *a, const double *b, size_t n)
 {
 	double num = 0.0, den = 0.0;

@@ -21,28 +21,9 @@ typedef struct {
 
 typedef struct { float **a, **b, **da, **db; double **ad, **bd; } lbuf;
 
-static float **arr(int E, size_t n, float scale)
-{
-	float **p = calloc((size_t)E, sizeof *p);
-	for (int e = 0; e < E; e++) {
-		p[e] = malloc(4 * n);
-		ref_fill(&rng, p[e], n, scale);
-	}
-	return p;
-}
-static double **darr(float **p, int E, size_t n)
-{
-	double **d = calloc((size_t)E, sizeof *d);
-	for (int e = 0; e < E; e++)
-		d[e] = ref_dup(p[e], n);
-	return d;
-}
-static void afree(void **p, int E)
-{
-	for (int e = 0; p && e < E; e++)
-		free(p[e]);
-	free(p);
-}
+#define arr(E, n, scale) ref_arr(&rng, E, n, scale)
+#define darr ref_darr
+#define afree ref_afree
 
 /* sum_rows y . R in fp64 with the experts of the current (double) parameters. */
 static double ref_loss(const ecase *c, const int32_t *off, const double *xg, double **gd, double **ud, double **dd,

@@ -24,28 +24,9 @@ typedef struct {
 	const int32_t *idx, *pair_row; /* the kernel's selection and drops, held fixed */
 } layer;
 
-static float **arr(int E, size_t n, float scale)
-{
-	float **p = calloc((size_t)E, sizeof *p);
-	for (int e = 0; e < E; e++) {
-		p[e] = malloc(4 * n);
-		ref_fill(&rng, p[e], n, scale);
-	}
-	return p;
-}
-static double **darr(float **p, int E, size_t n)
-{
-	double **d = calloc((size_t)E, sizeof *d);
-	for (int e = 0; e < E; e++)
-		d[e] = ref_dup(p[e], n);
-	return d;
-}
-static void afree(void **p, int E)
-{
-	for (int e = 0; p && e < E; e++)
-		free(p[e]);
-	free(p);
-}
+#define arr(E, n, scale) ref_arr(&rng, E, n, scale)
+#define darr ref_darr
+#define afree ref_afree
 
 /* sum(out . R) + aux + z in fp64, selection and drops fixed; out [T, H] when not NULL. */
 static double ref_loss(layer *L, double *out)

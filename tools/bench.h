@@ -57,6 +57,8 @@ double bench_median_run(double (*fn)(void *arg), void *arg, unsigned reps);
  * Return 0 or 1 (error printed). */
 int bench_parse_size(const char *cmd, const char *opt, const char *text, uint64_t *out);
 int bench_parse_uint(const char *cmd, const char *opt, const char *text, unsigned *out);
+/* After getopt_long: 1 (with a message) when arguments are left over, else 0. */
+int bench_no_extra_args(const char *cmd, int argc, char **argv);
 /* "cpu" or "cuda" -> kind; 0, or 1 after printing what is wrong. */
 int bench_parse_device(const char *cmd, const char *text, tier_dev_kind *out);
 

@@ -94,14 +94,8 @@ static int parse(int argc, char **argv, attn_opts *o)
 		default: usage(stderr); return 1;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "tier-bench attn: unexpected argument '%s' (see --help)\n", argv[optind]);
+	if (bench_no_extra_args("attn", argc, argv))
 		return 1;
-	}
-	if (!o->iters) {
-		fprintf(stderr, "tier-bench attn: --iters must be at least 1\n");
-		return 1;
-	}
 	if (!o->n_shapes)
 		o->shapes[o->n_shapes++] = (attn_shape){ 1, 4096, 32, 4, 128 };
 	return 0;

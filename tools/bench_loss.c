@@ -102,14 +102,8 @@ static int parse(int argc, char **argv, loss_opts *o)
 		default: usage(stderr); return 1;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "tier-bench loss: unexpected argument '%s' (see --help)\n", argv[optind]);
+	if (bench_no_extra_args("loss", argc, argv))
 		return 1;
-	}
-	if (!o->iters) {
-		fprintf(stderr, "tier-bench loss: --iters must be at least 1\n");
-		return 1;
-	}
 	if (!o->n_shapes) {
 		o->shapes[0] = (shape){ 8192, 256000, 2304 };
 		o->shapes[1] = (shape){ 16384, 151936, 2048 };

@@ -158,14 +158,8 @@ static int parse(int argc, char **argv, moe_opts *o)
 		default: usage(stderr); return 1;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "tier-bench moe: unexpected argument '%s' (see --help)\n", argv[optind]);
+	if (bench_no_extra_args("moe", argc, argv))
 		return 1;
-	}
-	if (!o->iters) {
-		fprintf(stderr, "tier-bench moe: --iters must be at least 1\n");
-		return 1;
-	}
 	if (!o->n_shapes)
 		for (int i = 0; i < N_MODELS; i++)
 			o->shapes[o->n_shapes++] = models[i];

@@ -86,10 +86,8 @@ static int parse(bopts *o, int argc, char **argv)
 		default: usage(o, stderr); return 1;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "tier-bench %s: unexpected argument '%s'\n", o->cmd, argv[optind]);
+	if (bench_no_extra_args(o->cmd, argc, argv))
 		return 1;
-	}
 	if (!o->iters || o->min_size < 4096 || o->min_size > o->max_size || o->max_size % 4096 || o->min_size % 4096) {
 		fprintf(stderr, "tier-bench %s: sizes must be multiples of 4 KiB with MIN <= MAX, iters >= 1\n", o->cmd);
 		return 1;

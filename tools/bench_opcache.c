@@ -87,10 +87,8 @@ static int parse(int argc, char **argv, oc_opts *o)
 		default: usage(stderr); return 1;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "tier-bench opcache: unexpected argument '%s' (see --help)\n", argv[optind]);
+	if (bench_no_extra_args("opcache", argc, argv))
 		return 1;
-	}
 	int cuda = o->kind == TIER_DEV_CUDA;
 	if (!o->L) o->L = cuda ? 32 : 8;
 	if (!o->T) o->T = cuda ? 8192 : 512;

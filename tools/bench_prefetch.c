@@ -135,10 +135,8 @@ static int parse_opts(int argc, char **argv, pf_opts *o)
 		default: usage(stderr); return 1;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "tier-bench prefetch: unexpected argument '%s' (see --help)\n", argv[optind]);
+	if (bench_no_extra_args("prefetch", argc, argv))
 		return 1;
-	}
 	o->seed = seed;
 	int cuda = o->kind == TIER_DEV_CUDA;
 	if (!o->W)

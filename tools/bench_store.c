@@ -81,10 +81,8 @@ static int parse(int argc, char **argv, store_opts *o)
 		default: usage(stderr); return 1;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "tier-bench store: unexpected argument '%s' (see tier-bench store --help)\n", argv[optind]);
+	if (bench_no_extra_args("store", argc, argv))
 		return 1;
-	}
 	return 0;
 }
 

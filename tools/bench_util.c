@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <getopt.h>
 #include <string.h>
 #include "tier/tier.h"
 #include "tools/bench.h"
@@ -147,5 +148,14 @@ int bench_parse_device(const char *cmd, const char *text, tier_dev_kind *out)
 		return 1;
 	}
 	*out = strcmp(text, "cpu") ? TIER_DEV_CUDA : TIER_DEV_CPU;
+	return 0;
+}
+
+int bench_no_extra_args(const char *cmd, int argc, char **argv)
+{
+	if (optind < argc) {
+		fprintf(stderr, "tier-bench %s: unexpected argument '%s' (see tier-bench %s --help)\n", cmd, argv[optind], cmd);
+		return 1;
+	}
 	return 0;
 }
