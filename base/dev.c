@@ -290,3 +290,27 @@ int tier_dev_memcpy_d2h(tier_dev *d, void *dst, const void *src, size_t n)
 	memcpy(dst, src, n);
 	return 0;
 }
+
+int tier_dev_memset(tier_dev *d, void *dst, int value, size_t n)
+{
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		CUDA_TRY(cudaMemsetAsync(dst, value, n, d->stream), -EIO);
+		return 0;
+	}
+#endif
+	memset(dst, value, n);
+	return 0;
+}
+
+int tier_dev_memcpy_d2d(tier_dev *d, void *dst, const void *src, size_t n)
+{
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, d->stream), -EIO);
+		return 0;
+	}
+#endif
+	memmove(dst, src, n);
+	return 0;
+}

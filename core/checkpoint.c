@@ -28,11 +28,9 @@ static int obj_copy(tier_model *m, tier_object *o, float *buf, int in)
 	int rc = pin(&ps, o, in ? TIER_ACQ_INIT : 0, in, &p);
 	if (rc)
 		return rc;
-	if (in)
-		memcpy(p, buf, tier_obj_size(o));
-	else
-		memcpy(buf, p, tier_obj_size(o));
-	return pin_release_all(&ps);
+	rc = in ? core_put(m, p, buf, tier_obj_size(o)) : core_get(m, buf, p, tier_obj_size(o));
+	int r2 = pin_release_all(&ps);
+	return rc ? rc : r2;
 }
 
 int tier_trainer_save(tier_trainer *t, const char *path)

@@ -11,6 +11,7 @@
 /* The matrix product: base_sgemm (row-major, strides as stored; OpenBLAS or loops). */
 #include "base/blas.h"
 #define core_gemm base_sgemm
+/* The public layer functions of tier/model.h are the CPU reference: -ENOTSUP on other contexts. */
 int core_check_dev(tier_dev *dev, const char *fn);
 
 /* The dense tensors of a decoder layer, one store object each (NULL where the layer has none). */
@@ -54,6 +55,8 @@ struct tier_model {
 	float scale, eps, theta;
 	int L, H, nh, nkv, hd, I, Ie, E, k, V;
 	int mixtral;  /* model_type mixtral: no q/k norms, top-k-then-softmax router, block_sparse_moe names */
+	int cuda;     /* a CUDA context: frozen weights bf16 in device memory, core/ops_cuda.h computes */
+	size_t wsz;   /* bytes per element of the frozen weights: 4 (fp32, CPU) or 2 (bf16, CUDA) */
 	tier_object *embed, *norm, *lm_head; /* lm_head == embed when tied */
 	model_layer *layers;
 	lora_group *groups;
@@ -72,9 +75,16 @@ void model_lora_ref(const tier_model *m, const lora_group *g, int proj, const fl
 		    tier_lora_ref *out);
 
 /* Fill every frozen object through fn (name: its HF tensor name; an expert object is named
- * "model.layers.L.mlp.experts.E" and holds gate, up, down). Sets have_data on success. */
+ * "model.layers.L.mlp.experts.E" and holds gate, up, down). fn writes n fp32 values into host
+ * memory; on CUDA they are rounded to bf16 and copied to the object. dfn (may be NULL) fills a
+ * bf16 device object directly instead, on CUDA. Sets have_data on success. */
 typedef int (*fill_fn)(tier_model *m, float *dst, size_t n, const char *name, void *arg);
-int model_fill_all(tier_model *m, fill_fn fn, void *arg);
+typedef int (*fill_dev_fn)(tier_model *m, void *dst, size_t n, const char *name, void *arg);
+int model_fill_all(tier_model *m, fill_fn fn, fill_dev_fn dfn, void *arg);
+
+/* Object memory from and to the host: plain copies on the CPU, synchronous cudaMemcpy on CUDA. */
+int core_put(const tier_model *m, void *dst, const void *src, size_t bytes);
+int core_get(const tier_model *m, void *dst, const void *src, size_t bytes);
 
 /* Objects pinned during one operation, released together (dirty as recorded). */
 #define PIN_MAX 4096
@@ -86,7 +96,8 @@ typedef struct {
 } pinset;
 /* Pin o in HBM (flags: TIER_ACQ_INIT for a fresh fill); *p its address. dirty: release dirty. */
 int pin(pinset *ps, tier_object *o, unsigned flags, int dirty, float **p);
-/* Release everything; returns the first error. */
+/* Release everything; returns the first error. On CUDA the caller waits for the stream first
+ * (the store may move or reuse a released copy at once). */
 int pin_release_all(pinset *ps);
 
 /* The trainer's model and step counter (for checkpoint.c). */

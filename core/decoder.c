@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <string.h>
 #include "core/decoder.h"
+#include "core/dec_ops.h"
 
 #define AL 64
 static size_t al(size_t n) { return (n + AL - 1) / AL * AL; }
@@ -23,6 +24,7 @@ int dec_shape_init(const tier_model *m, int batch, int seq, dec_shape *sh)
 	sh->moe.hidden = m->H;
 	sh->moe.inter = m->Ie > 0 ? m->Ie : 1;
 	sh->moe.aux_coef = m->cfg.output_router_logits ? (float)m->cfg.router_aux_loss_coef : 0.0f;
+	sh->moe.dtype = m->cuda ? TIER_MOE_BF16 : TIER_MOE_F32;
 	tier_attn_params_init(&sh->ap, batch, seq, m->nh, m->nkv, m->hd);
 	sh->rq = (tier_rope_params){ .tokens = sh->T, .seq = seq, .n_heads = m->nh, .head_dim = m->hd, .theta = m->theta };
 	sh->rk = sh->rq;
@@ -46,11 +48,12 @@ static int any_dense(const tier_model *m)
 	return 0;
 }
 
-/* The sizes of every buffer, in the order dec_bufs_bind hands them out; `bind` NULL only counts. */
+/* The sizes of every buffer, in the order dec_bufs_bind hands them out; `bind` NULL only counts.
+ * Every buffer is sized for fp32 (bf16 ones on CUDA use half). */
 static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bufs *b)
 {
 	size_t T = (size_t)sh->T, H = m->H, qd = (size_t)m->nh * m->hd, kvd = (size_t)m->nkv * m->hd;
-	size_t I = any_dense(m) ? (size_t)m->I : 0, off = 0;
+	size_t I = any_dense(m) ? (size_t)m->I : 0, off = 0, cu = m->cuda ? 1 : 0;
 	struct { float **p; size_t n; } f[] = {
 		{ &b->a, T * H }, { &b->r1, T }, { &b->qp, T * qd }, { &b->kp, T * kvd }, { &b->v, T * kvd },
 		{ &b->rq, T * m->nh }, { &b->rk, T * m->nkv }, { &b->q, T * qd }, { &b->k, T * kvd }, { &b->o, T * qd },
@@ -58,10 +61,11 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 		{ &b->u, T * I }, { &b->act, T * I }, { &b->mo, T * H }, { &b->dh1, T * H }, { &b->dtmp, T * H },
 		{ &b->db, T * H }, { &b->dq, T * qd }, { &b->dk, T * kvd }, { &b->dv, T * kvd }, { &b->dO, T * qd },
 		{ &b->dkp, T * kvd }, { &b->dact, T * I }, { &b->dg, T * I }, { &b->du, T * I },
+		{ &b->v32, cu * T * kvd }, { &b->dO16, cu * T * qd },
 	};
 	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
 		if (buf)
-			*f[i].p = (float *)(buf + off);
+			*f[i].p = f[i].n ? (float *)(buf + off) : NULL;
 		off += al(sizeof(float) * f[i].n);
 	}
 	size_t saved = any_moe(m) ? tier_moe_saved_bytes(&sh->moe, sh->T) : 0;
@@ -69,7 +73,9 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 		tier_moe_saved_bind(&sh->moe, sh->T, buf + off, saved, &b->ms);
 	off += al(saved);
 	/* one workspace for the largest user: the MoE block, attention, a LoRA linear */
-	size_t ws = 0, aw = 0, lw = sizeof(float) * 2 * T * (size_t)m->lora.r;
+	size_t ws = 0, aw = 0, out = H > qd ? H : qd, lw;
+	out = out > I ? out : I;
+	lw = dop_linear_ws(m, sh->T, (int)out, m->lora.r);
 	tier_moe_loras lo;
 	memset(&lo, 0, sizeof lo);
 	const float *dummy[1] = { NULL }; /* only the rank is read: LoRA "on" needs non-NULL arrays */
@@ -102,56 +108,62 @@ void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs
 /* Qwen3's per-head q/k RMSNorm; Mixtral has none (q, k are the projections). */
 static int qk_norm_fwd(const tier_model *m, int T, dec_bufs *b, const dec_weights *w)
 {
+	size_t nq = (size_t)T * m->nh * m->hd, nk = (size_t)T * m->nkv * m->hd;
 	if (m->mixtral) {
-		memcpy(b->q, b->qp, sizeof(float) * (size_t)T * m->nh * m->hd);
-		memcpy(b->k, b->kp, sizeof(float) * (size_t)T * m->nkv * m->hd);
-		return 0;
+		int rc = dop_to_act(m, nq, b->qp, b->q);
+		return rc ? rc : dop_to_act(m, nk, b->kp, b->k);
 	}
-	int rc = tier_rmsnorm_fwd(m->dev, T * m->nh, m->hd, m->eps, b->qp, w->w[W_QN], b->q, b->rq);
-	return rc ? rc : tier_rmsnorm_fwd(m->dev, T * m->nkv, m->hd, m->eps, b->kp, w->w[W_KN], b->k, b->rk);
+	int rc = dop_norm(m, T * m->nh, m->hd, b->qp, w->w[W_QN], b->q, b->rq);
+	return rc ? rc : dop_norm(m, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->k, b->rk);
 }
 
 /* Backward of qk_norm_fwd: d qp into b->dO (free by then), d kp into b->dkp. */
 static int qk_norm_bwd(const tier_model *m, int T, dec_bufs *b, const dec_weights *w)
 {
 	if (m->mixtral) {
-		memcpy(b->dO, b->dq, sizeof(float) * (size_t)T * m->nh * m->hd);
-		memcpy(b->dkp, b->dk, sizeof(float) * (size_t)T * m->nkv * m->hd);
-		return 0;
+		int rc = dop_copy(m, b->dO, b->dq, sizeof(float) * (size_t)T * m->nh * m->hd);
+		return rc ? rc : dop_copy(m, b->dkp, b->dk, sizeof(float) * (size_t)T * m->nkv * m->hd);
 	}
-	int rc = tier_rmsnorm_bwd(m->dev, T * m->nh, m->hd, b->qp, w->w[W_QN], b->rq, b->dq, b->dO, NULL);
-	return rc ? rc : tier_rmsnorm_bwd(m->dev, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->rk, b->dk, b->dkp, NULL);
+	int rc = dop_norm_bwd(m, T * m->nh, m->hd, b->qp, w->w[W_QN], b->rq, b->dq, b->dO);
+	return rc ? rc : dop_norm_bwd(m, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->rk, b->dk, b->dkp);
 }
 
 int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
 {
 	tier_dev *d = m->dev;
 	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
-	float *ws = b->ws;
-	if ((rc = tier_rmsnorm_fwd(d, T, H, m->eps, x, w->w[W_LN1], b->a, b->r1)) ||
-	    (rc = tier_linear_fwd(d, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->qp, ws)) ||
-	    (rc = tier_linear_fwd(d, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->kp, ws)) ||
-	    (rc = tier_linear_fwd(d, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], b->v, ws)) ||
-	    (rc = qk_norm_fwd(m, T, b, w)) ||
+	void *ws = b->ws;
+	/* the v projection is fp32; attention reads bf16 on CUDA (v32 -> v), fp32 in place on the CPU */
+	float *v32 = m->cuda ? b->v32 : b->v;
+	if ((rc = dop_norm(m, T, H, x, w->w[W_LN1], b->a, b->r1)) ||
+	    (rc = dop_linear(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->qp, ws)) ||
+	    (rc = dop_linear(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->kp, ws)) ||
+	    (rc = dop_linear(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], v32, ws)) ||
+	    (rc = dop_to_act(m, (size_t)T * kvd, v32, b->v)) || (rc = qk_norm_fwd(m, T, b, w)) ||
 	    (rc = tier_attn_rope_fwd(d, &sh->rq, NULL, b->q)) || (rc = tier_attn_rope_fwd(d, &sh->rk, NULL, b->k)) ||
 	    (rc = tier_attn_fwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, b->ws, b->ws_bytes)) ||
-	    (rc = tier_linear_fwd(d, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->h1, ws)))
+	    (rc = dop_linear(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->h1, ws)) ||
+	    (rc = dop_add(m, (size_t)T * H, b->h1, x, b->h1)))
 		return rc;
-	size_t n = (size_t)T * H;
-	for (size_t i = 0; i < n; i++)
-		b->h1[i] += x[i];
-	return tier_rmsnorm_fwd(d, T, H, m->eps, b->h1, w->w[W_LN2], b->b, b->r2);
+	return dop_norm(m, T, H, b->h1, w->w[W_LN2], b->b, b->r2);
 }
 
-int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int32_t *counts)
+int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int32_t *counts,
+	      int32_t *hidx)
 {
+	size_t n = (size_t)sh->T * m->k;
 	int rc = tier_moe_router_fwd(m->dev, &sh->moe.router, sh->T, m->H, b->b, w->w[W_ROUTER], NULL, b->ms.logits,
 				     b->ms.topk_idx, b->ms.topk_w);
+	const int32_t *idx = b->ms.topk_idx;
+	if (!rc && m->cuda) {
+		rc = core_get(m, hidx, b->ms.topk_idx, sizeof(int32_t) * n);
+		idx = hidx;
+	}
 	if (rc)
 		return rc;
 	memset(counts, 0, sizeof(int32_t) * (size_t)m->E);
-	for (int i = 0; i < sh->T * m->k; i++)
-		counts[b->ms.topk_idx[i]]++;
+	for (size_t i = 0; i < n; i++)
+		counts[idx[i]]++;
 	return 0;
 }
 
@@ -162,16 +174,11 @@ int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_wei
 	if (moe)
 		rc = tier_moe_layer_fwd(d, &sh->moe, T, b->b, w->w[W_ROUTER], NULL, &w->ex,
 					w->has_elora ? &w->elora : NULL, b->mo, &b->ms, b->ws, b->ws_bytes);
-	else if (!(rc = tier_linear_fwd(d, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->g, b->ws)) &&
-		 !(rc = tier_linear_fwd(d, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->u, b->ws)) &&
-		 !(rc = tier_swiglu_fwd(d, (size_t)T * I, b->g, b->u, b->act)))
-		rc = tier_linear_fwd(d, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], b->mo, b->ws);
-	if (rc)
-		return rc;
-	size_t n = (size_t)T * H;
-	for (size_t i = 0; i < n; i++)
-		out[i] = b->h1[i] + b->mo[i];
-	return 0;
+	else if (!(rc = dop_linear(m, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->g, b->ws)) &&
+		 !(rc = dop_linear(m, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->u, b->ws)) &&
+		 !(rc = dop_swiglu(m, (size_t)T * I, b->g, b->u, b->act)))
+		rc = dop_linear(m, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], b->mo, b->ws);
+	return rc ? rc : dop_add(m, (size_t)T * H, b->h1, b->mo, out);
 }
 
 /* Backward of the MLP half: b->db = d mlp / d b from dout. */
@@ -183,36 +190,48 @@ static int mlp_bwd(const tier_model *m, const dec_shape *sh, int moe, const dec_
 	if (moe)
 		return tier_moe_layer_bwd(d, &sh->moe, T, b->b, w->w[W_ROUTER], &w->ex, w->has_elora ? &w->elora : NULL,
 					  &b->ms, dout, d_aux, b->db, NULL, b->ws, b->ws_bytes);
-	if ((rc = tier_linear_bwd(d, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], dout, b->dact, 0, b->ws)) ||
-	    (rc = tier_swiglu_bwd(d, (size_t)T * I, b->g, b->u, b->dact, b->dg, b->du)) ||
-	    (rc = tier_linear_bwd(d, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->dg, b->db, 0, b->ws)))
+	if ((rc = dop_linear_bwd(m, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], dout, b->dact, 0, b->ws)) ||
+	    (rc = dop_swiglu_bwd(m, (size_t)T * I, b->g, b->u, b->dact, b->dg, b->du)) ||
+	    (rc = dop_linear_bwd(m, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->dg, b->db, 0, b->ws)))
 		return rc;
-	return tier_linear_bwd(d, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->du, b->db, 1, b->ws);
+	return dop_linear_bwd(m, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->du, b->db, 1, b->ws);
+}
+
+int dec_mlp_bwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b,
+		const float *dout, float d_aux)
+{
+	return mlp_bwd(m, sh, moe, w, b, dout, d_aux);
+}
+
+int dec_attn_bwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b,
+		 const float *dout, float *dx)
+{
+	tier_dev *d = m->dev;
+	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
+	size_t n = (size_t)T * H;
+	void *ws = b->ws;
+	/* attention's backward reads the gradient of o in bf16 on CUDA */
+	float *dO16 = m->cuda ? b->dO16 : b->dO;
+	if ((rc = dop_norm_bwd(m, T, H, b->h1, w->w[W_LN2], b->r2, b->db, b->dtmp)) ||
+	    (rc = dop_add(m, n, dout, b->dtmp, b->dh1)))
+		return rc;
+	if ((rc = dop_linear_bwd(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->dh1, b->dO, 0, ws)) ||
+	    (rc = dop_to_act(m, (size_t)T * qd, b->dO, dO16)) ||
+	    (rc = tier_attn_bwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, dO16, b->dq, b->dk, b->dv, b->ws,
+				b->ws_bytes)) ||
+	    (rc = tier_attn_rope_bwd(d, &sh->rq, NULL, b->dq)) || (rc = tier_attn_rope_bwd(d, &sh->rk, NULL, b->dk)) ||
+	    (rc = qk_norm_bwd(m, T, b, w)) ||
+	    (rc = dop_linear_bwd(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->dO, b->db, 0, ws)) ||
+	    (rc = dop_linear_bwd(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->dkp, b->db, 1, ws)) ||
+	    (rc = dop_linear_bwd(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], b->dv, b->db, 1, ws)) ||
+	    (rc = dop_norm_bwd(m, T, H, x, w->w[W_LN1], b->r1, b->db, b->dtmp)))
+		return rc;
+	return dop_add(m, n, b->dh1, b->dtmp, dx);
 }
 
 int dec_bwd(const tier_model *m, const dec_shape *sh, int moe, const float *x, const dec_weights *w, dec_bufs *b,
 	    const float *dout, float d_aux, float *dx)
 {
-	tier_dev *d = m->dev;
-	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
-	size_t n = (size_t)T * H;
-	float *ws = b->ws;
-	if ((rc = mlp_bwd(m, sh, moe, w, b, dout, d_aux)) ||
-	    (rc = tier_rmsnorm_bwd(d, T, H, b->h1, w->w[W_LN2], b->r2, b->db, b->dtmp, NULL)))
-		return rc;
-	for (size_t i = 0; i < n; i++)
-		b->dh1[i] = dout[i] + b->dtmp[i];
-	if ((rc = tier_linear_bwd(d, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->dh1, b->dO, 0, ws)) ||
-	    (rc = tier_attn_bwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, b->dO, b->dq, b->dk, b->dv, b->ws,
-				b->ws_bytes)) ||
-	    (rc = tier_attn_rope_bwd(d, &sh->rq, NULL, b->dq)) || (rc = tier_attn_rope_bwd(d, &sh->rk, NULL, b->dk)) ||
-	    (rc = qk_norm_bwd(m, T, b, w)) ||
-	    (rc = tier_linear_bwd(d, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->dO, b->db, 0, ws)) ||
-	    (rc = tier_linear_bwd(d, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->dkp, b->db, 1, ws)) ||
-	    (rc = tier_linear_bwd(d, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], b->dv, b->db, 1, ws)) ||
-	    (rc = tier_rmsnorm_bwd(d, T, H, x, w->w[W_LN1], b->r1, b->db, b->dtmp, NULL)))
-		return rc;
-	for (size_t i = 0; i < n; i++)
-		dx[i] = b->dh1[i] + b->dtmp[i];
-	return 0;
+	int rc = dec_mlp_bwd(m, sh, moe, w, b, dout, d_aux);
+	return rc ? rc : dec_attn_bwd(m, sh, x, w, b, dout, dx);
 }

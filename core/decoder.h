@@ -6,7 +6,8 @@
 #include "core/core_internal.h"
 #include "tier/attn.h"
 
-/* The addresses of one layer's weights and LoRA for one operation (pinned by the trainer). */
+/* The addresses of one layer's weights and LoRA for one operation (pinned by the trainer). On
+ * CUDA the weights and the LoRA a, b are bf16 (LoRA: bf16 copies of the fp32 master values). */
 typedef struct {
 	const float *w[W_NSLOTS];
 	tier_lora_ref lora[4];      /* q, k, v, o */
@@ -16,11 +17,13 @@ typedef struct {
 	int has_elora;
 } dec_weights;
 
-/* Per-layer activations the backward reads (recomputed from the layer input) and its scratch. */
+/* Per-layer activations the backward reads (recomputed from the layer input) and its scratch.
+ * On CUDA a, v, q, k, o, b, act and dO16 are bf16 (they feed products); the rest fp32. v32 and
+ * dO16 exist only on CUDA (the fp32 v projection and the bf16 gradient of o). */
 typedef struct {
-	float *a, *r1, *qp, *kp, *v, *rq, *rk, *q, *k, *o, *lse, *h1, *b, *r2, *g, *u, *act, *mo;
+	float *a, *r1, *qp, *kp, *v, *rq, *rk, *q, *k, *o, *lse, *h1, *b, *r2, *g, *u, *act, *mo, *v32;
 	tier_moe_saved ms;
-	float *dh1, *dtmp, *db, *dq, *dk, *dv, *dO, *dkp, *dact, *dg, *du;
+	float *dh1, *dtmp, *db, *dq, *dk, *dv, *dO, *dkp, *dact, *dg, *du, *dO16;
 	void *ws;
 	size_t ws_bytes;
 } dec_bufs;
@@ -40,11 +43,18 @@ void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs
 /* Attention half: x -> h1 = x + attn(norm1(x)), b = norm2(h1). */
 int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b);
 /* MLP half (moe: the router must have run into b->ms by dec_route): out = h1 + mlp(b). */
-int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int32_t *counts);
+/* counts [E] on the host; hidx: host scratch of T * k int32 (CUDA copies the choices there). */
+int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int32_t *counts,
+	      int32_t *hidx);
 int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b, float *out);
 /* Backward after the forward ran into b: dx [T, H] written from dout; LoRA grads accumulated;
  * d_aux as in tier_moe_layer_bwd. */
 int dec_bwd(const tier_model *m, const dec_shape *sh, int moe, const float *x, const dec_weights *w, dec_bufs *b,
 	    const float *dout, float d_aux, float *dx);
+/* dec_bwd in its two halves: the MLP's (b->db from dout), then the attention's (dx). */
+int dec_mlp_bwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b,
+		const float *dout, float d_aux);
+int dec_attn_bwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b,
+		 const float *dout, float *dx);
 
 #endif

@@ -12,8 +12,8 @@ int core_check_dev(tier_dev *dev, const char *fn)
 	if (!dev)
 		return tier_fail(-EINVAL, "%s: device context is NULL; open one with tier_dev_open", fn);
 	if (tier_dev_kind_of(dev) != TIER_DEV_CPU)
-		return tier_fail(-ENOTSUP, "%s: the trainer runs on the CPU only so far (no CUDA path yet); "
-				 "use a CPU context (--device cpu)", fn);
+		return tier_fail(-ENOTSUP, "%s: the layer functions of tier/model.h are the fp32 CPU reference; "
+				 "open a CPU context for them (the trainer's CUDA path has its own kernels)", fn);
 	return 0;
 }
 

@@ -30,8 +30,23 @@ EXTRA_DIST += tests/fuzz/corpus_safetensors tests/golden/check_safetensors.py
 
 ## the trainer: layers, the qwen3_moe model in the store, the step, data
 libtier_la_SOURCES += core/core_internal.h core/layers.c core/model.c core/model_io.c core/decoder.h \
-	core/decoder.c core/train.c core/checkpoint.c core/data.c
+	core/decoder.c core/dec_ops.h core/dec_ops.c core/train.c core/checkpoint.c core/data.c
 tierinclude_HEADERS += include/tier/model.h
+## the trainer's CUDA operations (stubs that return -ENOTSUP without CUDA)
+libtier_la_SOURCES += core/ops_cuda.h
+if HAVE_CUDA
+libtier_la_SOURCES += core/ops_cuda.cu
+else
+libtier_la_SOURCES += core/ops_nocuda.c
+endif
+EXTRA_DIST += core/ops_cuda.cu
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_ops_cuda
+TESTS += tests/test_ops_cuda
+tests_test_ops_cuda_SOURCES = tests/test_ops_cuda.c
+tests_test_ops_cuda_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_ops_cuda_LDFLAGS = $(TESTLD)
+endif
 ## tier-plan's arithmetic (cluster sizing)
 libtier_la_SOURCES += core/plan_model.c core/plan.c core/plan_calib.c
 tierinclude_HEADERS += include/tier/plan.h

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/core_internal.h"
+#include "core/ops_cuda.h"
+#include "tier/formats.h"
 
 static const char *const slot_names[W_NSLOTS] = {
 	"input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -217,56 +219,67 @@ static void fill_normal(float *p, size_t n, uint64_t seed, const char *name, dou
 		p[i] = (float)(std * tier_rng_normal(&r));
 }
 
-/* PEFT: A kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)); B zeros (or N(0, init_b_std)). */
+/* PEFT: A kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)); B zeros (or N(0, init_b_std)).
+ * Made on the host (h: g->n floats), the same values on every device. */
+static void lora_values(const tier_model *m, const lora_group *g, float *h)
+{
+	for (int j = 0; j < g->n_mods; j++) {
+		const lora_mod *md = &g->mods[j];
+		char key[96];
+		snprintf(key, sizeof key, "%d.%s.lora_A", g->layer, md->name);
+		tier_rng r;
+		tier_rng_seed(&r, name_hash(m->lora.seed, key));
+		double bound = 1.0 / sqrt((double)md->in);
+		for (size_t q = 0; q < (size_t)m->lora.r * md->in; q++)
+			h[md->a + q] = (float)((2.0 * tier_rng_uniform(&r) - 1.0) * bound);
+		snprintf(key, sizeof key, "%d.%s.lora_B", g->layer, md->name);
+		fill_normal(h + md->b, (size_t)md->out * m->lora.r, m->lora.seed, key, m->lora.init_b_std);
+	}
+}
+
 static int init_lora(tier_model *m)
 {
-	for (size_t i = 0; i < m->n_groups; i++) {
+	size_t most = 0;
+	for (size_t i = 0; i < m->n_groups; i++)
+		most = m->groups[i].n > most ? m->groups[i].n : most;
+	float *h = malloc(sizeof(float) * (most ? most : 1));
+	if (!h)
+		return tier_fail(-ENOMEM, "out of memory for LoRA initial values (%zu floats)", most);
+	int rc = 0;
+	for (size_t i = 0; i < m->n_groups && !rc; i++) {
 		lora_group *g = &m->groups[i];
 		pinset ps = { .s = m->s };
 		float *p, *o;
-		int rc = pin(&ps, g->param, TIER_ACQ_INIT, 1, &p);
-		if (!rc)
-			rc = pin(&ps, g->optim, TIER_ACQ_INIT, 1, &o);
-		if (rc) {
-			pin_release_all(&ps);
-			return rc;
+		if (!(rc = pin(&ps, g->param, TIER_ACQ_INIT, 1, &p)) && !(rc = pin(&ps, g->optim, TIER_ACQ_INIT, 1, &o))) {
+			lora_values(m, g, h);
+			if (!(rc = core_put(m, p, h, sizeof(float) * g->n)) &&
+			    !(rc = tier_dev_memset(m->dev, o, 0, sizeof(float) * 2 * g->n)))
+				rc = tier_dev_sync(m->dev);
 		}
-		for (int j = 0; j < g->n_mods; j++) {
-			lora_mod *md = &g->mods[j];
-			char key[96];
-			snprintf(key, sizeof key, "%d.%s.lora_A", g->layer, md->name);
-			tier_rng r;
-			tier_rng_seed(&r, name_hash(m->lora.seed, key));
-			double bound = 1.0 / sqrt((double)md->in);
-			for (size_t q = 0; q < (size_t)m->lora.r * md->in; q++)
-				p[md->a + q] = (float)((2.0 * tier_rng_uniform(&r) - 1.0) * bound);
-			snprintf(key, sizeof key, "%d.%s.lora_B", g->layer, md->name);
-			fill_normal(p + md->b, (size_t)md->out * m->lora.r, m->lora.seed, key, m->lora.init_b_std);
-		}
-		memset(o, 0, sizeof(float) * 2 * g->n);
 		g->t = 0;
-		if ((rc = pin_release_all(&ps)))
-			return rc;
+		int r2 = pin_release_all(&ps);
+		rc = rc ? rc : r2;
 	}
-	return 0;
+	free(h);
+	return rc;
 }
 
 static int create_objects(tier_model *m)
 {
 	int rc, rows, cols;
-	uint64_t esz = sizeof(float) * 3 * (uint64_t)m->Ie * m->H;
-	if ((rc = new_obj(m, sizeof(float) * (uint64_t)m->V * m->H, TIER_CLASS_DENSE, TIER_OBJ_FROZEN, &m->embed)) ||
-	    (rc = new_obj(m, sizeof(float) * (uint64_t)m->H, TIER_CLASS_DENSE, TIER_OBJ_FROZEN, &m->norm)))
+	uint64_t esz = m->wsz * 3 * (uint64_t)m->Ie * m->H, w = m->wsz;
+	if ((rc = new_obj(m, w * m->V * m->H, TIER_CLASS_DENSE, TIER_OBJ_FROZEN, &m->embed)) ||
+	    (rc = new_obj(m, w * m->H, TIER_CLASS_DENSE, TIER_OBJ_FROZEN, &m->norm)))
 		return rc;
 	if (m->cfg.tie_word_embeddings)
 		m->lm_head = m->embed;
-	else if ((rc = new_obj(m, sizeof(float) * (uint64_t)m->V * m->H, TIER_CLASS_DENSE, TIER_OBJ_FROZEN, &m->lm_head)))
+	else if ((rc = new_obj(m, w * m->V * m->H, TIER_CLASS_DENSE, TIER_OBJ_FROZEN, &m->lm_head)))
 		return rc;
 	for (int l = 0; l < m->L; l++) {
 		model_layer *ly = &m->layers[l];
 		for (int s = 0; s < W_NSLOTS; s++)
 			if (model_slot_shape(m, l, s, &rows, &cols) &&
-			    (rc = new_obj(m, sizeof(float) * (uint64_t)rows * (cols ? cols : 1), TIER_CLASS_DENSE,
+			    (rc = new_obj(m, w * rows * (cols ? cols : 1), TIER_CLASS_DENSE,
 					  TIER_OBJ_FROZEN, &ly->w[s])))
 				return rc;
 		if (!ly->moe)
@@ -296,6 +309,18 @@ static int create_objects(tier_model *m)
 	return init_lora(m);
 }
 
+static int model_check_dev(tier_dev *dev)
+{
+	if (!dev)
+		return tier_fail(-EINVAL, "tier_model_create: device context is NULL; open one with tier_dev_open");
+#ifndef TIER_HAVE_CUDA
+	if (tier_dev_kind_of(dev) != TIER_DEV_CPU)
+		return tier_fail(-ENOTSUP, "tier_model_create: this build has no CUDA; rebuild with --with-cuda or use a "
+				 "CPU context (--device cpu)");
+#endif
+	return 0;
+}
+
 int tier_model_create(tier_store *s, tier_dev *dev, const tier_hf_config *cfg, const tier_lora_cfg *lora,
 		      tier_model **out)
 {
@@ -304,13 +329,15 @@ int tier_model_create(tier_store *s, tier_dev *dev, const tier_hf_config *cfg, c
 	*out = NULL;
 	if (!s || !cfg || !lora)
 		return tier_fail(-EINVAL, "tier_model_create: store, config and LoRA settings are required");
-	int rc = core_check_dev(dev, "tier_model_create");
+	int rc = model_check_dev(dev);
 	if (rc || (rc = check_config(cfg)) || (rc = check_lora(lora)))
 		return rc;
 	tier_model *m = calloc(1, sizeof *m);
 	if (!m)
 		return tier_fail(-ENOMEM, "out of memory for the model");
 	m->s = s, m->dev = dev, m->cfg = *cfg, m->lora = *lora;
+	m->cuda = tier_dev_kind_of(dev) == TIER_DEV_CUDA;
+	m->wsz = m->cuda ? 2 : sizeof(float);
 	m->scale = lora->use_rslora ? lora->alpha / sqrtf((float)lora->r) : lora->alpha / (float)lora->r;
 	m->L = (int)cfg->num_hidden_layers, m->H = (int)cfg->hidden_size, m->nh = (int)cfg->num_attention_heads;
 	m->nkv = (int)cfg->num_key_value_heads, m->hd = (int)cfg->head_dim, m->I = (int)cfg->intermediate_size;
@@ -368,14 +395,39 @@ const tier_hf_config *tier_model_config(const tier_model *m) { return &m->cfg; }
 uint64_t tier_model_base_bytes(const tier_model *m) { return m->base_bytes; }
 uint64_t tier_model_lora_params(const tier_model *m) { return m->lora_n; }
 
-static int fill_obj(tier_model *m, tier_object *o, const char *name, fill_fn fn, void *arg)
+/* On CUDA the host values of one object are staged here, rounded to bf16 and copied over. */
+static int put_bf16(tier_model *m, void *dst, const float *h, size_t n)
+{
+	uint16_t *b = malloc(2 * (n ? n : 1));
+	if (!b)
+		return tier_fail(-ENOMEM, "out of host memory to convert %zu values to bf16", n);
+	for (size_t i = 0; i < n; i++)
+		b[i] = tier_f32_to_bf16(h[i]);
+	int rc = core_put(m, dst, b, 2 * n);
+	free(b);
+	return rc;
+}
+
+static int fill_obj(tier_model *m, tier_object *o, const char *name, fill_fn fn, fill_dev_fn dfn, void *arg)
 {
 	pinset ps = { .s = m->s };
-	float *p;
+	float *p, *h = NULL;
+	size_t n = tier_obj_size(o) / m->wsz;
 	int rc = pin(&ps, o, TIER_ACQ_INIT, 1, &p);
 	if (rc)
 		return rc;
-	rc = fn(m, p, tier_obj_size(o) / sizeof(float), name, arg);
+	if (m->cuda && dfn) {
+		if (!(rc = dfn(m, p, n, name, arg)))
+			rc = tier_dev_sync(m->dev);
+	} else if (m->cuda) {
+		if (!(h = malloc(sizeof(float) * (n ? n : 1))))
+			rc = tier_fail(-ENOMEM, "out of host memory to stage %s (%zu values)", name, n);
+		else if (!(rc = fn(m, h, n, name, arg)))
+			rc = put_bf16(m, p, h, n);
+		free(h);
+	} else {
+		rc = fn(m, p, n, name, arg);
+	}
 	if (rc) {
 		ps.dirty[0] = 1; /* the store wants INIT copies released dirty; the model stays unusable */
 		pin_release_all(&ps);
@@ -385,14 +437,14 @@ static int fill_obj(tier_model *m, tier_object *o, const char *name, fill_fn fn,
 }
 
 /* Walk every frozen object with its HF name (experts: "model.layers.L.mlp.experts.E"). */
-int model_fill_all(tier_model *m, fill_fn fn, void *arg)
+int model_fill_all(tier_model *m, fill_fn fn, fill_dev_fn dfn, void *arg)
 {
 	char name[128];
 	int rc;
 	m->have_data = 0;
-	if ((rc = fill_obj(m, m->embed, "model.embed_tokens.weight", fn, arg)) ||
-	    (rc = fill_obj(m, m->norm, "model.norm.weight", fn, arg)) ||
-	    (m->lm_head != m->embed && (rc = fill_obj(m, m->lm_head, "lm_head.weight", fn, arg))))
+	if ((rc = fill_obj(m, m->embed, "model.embed_tokens.weight", fn, dfn, arg)) ||
+	    (rc = fill_obj(m, m->norm, "model.norm.weight", fn, dfn, arg)) ||
+	    (m->lm_head != m->embed && (rc = fill_obj(m, m->lm_head, "lm_head.weight", fn, dfn, arg))))
 		return rc;
 	for (int l = 0; l < m->L; l++) {
 		model_layer *ly = &m->layers[l];
@@ -400,12 +452,12 @@ int model_fill_all(tier_model *m, fill_fn fn, void *arg)
 			if (!ly->w[s])
 				continue;
 			model_slot_name(m, l, s, name, sizeof name);
-			if ((rc = fill_obj(m, ly->w[s], name, fn, arg)))
+			if ((rc = fill_obj(m, ly->w[s], name, fn, dfn, arg)))
 				return rc;
 		}
 		for (int e = 0; ly->moe && e < m->E; e++) {
 			snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d", l, e);
-			if ((rc = fill_obj(m, ly->experts[e], name, fn, arg)))
+			if ((rc = fill_obj(m, ly->experts[e], name, fn, dfn, arg)))
 				return rc;
 		}
 	}
@@ -426,12 +478,33 @@ static int fill_random(tier_model *m, float *p, size_t n, const char *name, void
 	return 0;
 }
 
+/* On CUDA the weights are generated on the device (a 30B model would take minutes on the host):
+ * a counter-based generator keyed by the tensor's name, so the values differ from the CPU's but
+ * are as deterministic. */
+static int fill_random_dev(tier_model *m, void *p, size_t n, const char *name, void *arg)
+{
+	const struct rand_arg *ra = arg;
+	if (strstr(name, "norm"))
+		return opsc_fill_const(m->dev, n, 1.0f, p);
+	return opsc_fill_normal(m->dev, n, name_hash(ra->seed, name), (float)ra->std, p);
+}
+
 int tier_model_init_random(tier_model *m, uint64_t seed, double init_range)
 {
 	if (!m || !(init_range > 0) || !isfinite(init_range))
 		return tier_fail(-EINVAL, "tier_model_init_random: a model and a positive init range are required");
 	struct rand_arg ra = { seed, init_range };
-	return model_fill_all(m, fill_random, &ra);
+	return model_fill_all(m, fill_random, fill_random_dev, &ra);
+}
+
+int core_put(const tier_model *m, void *dst, const void *src, size_t bytes)
+{
+	return tier_dev_memcpy_h2d(m->dev, dst, src, bytes);
+}
+
+int core_get(const tier_model *m, void *dst, const void *src, size_t bytes)
+{
+	return tier_dev_memcpy_d2h(m->dev, dst, src, bytes);
 }
 
 int pin(pinset *ps, tier_object *o, unsigned flags, int dirty, float **p)

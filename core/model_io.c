@@ -57,7 +57,7 @@ int tier_model_load_hf(tier_model *m, const char *dir)
 	int rc = tier_ckpt_open(dir, &ck);
 	if (rc)
 		return rc;
-	rc = model_fill_all(m, fill_ckpt, ck);
+	rc = model_fill_all(m, fill_ckpt, NULL, ck);
 	tier_ckpt_close(ck);
 	return rc;
 }
@@ -85,15 +85,15 @@ static int walk_groups(tier_model *m, int which, tier_peft_adapter *a, int in)
 			const lora_mod *md = &g->mods[j];
 			tier_peft_module *pm = &a->modules[k];
 			size_t na = (size_t)m->lora.r * md->in, nb = (size_t)m->lora.r * md->out;
-			if (in) {
-				memcpy(p + md->a, pm->a, sizeof(float) * na);
-				memcpy(p + md->b, pm->b, sizeof(float) * nb);
-			} else {
-				memcpy(pm->a, p + md->a, sizeof(float) * na);
-				memcpy(pm->b, p + md->b, sizeof(float) * nb);
-			}
+			if (in && !(rc = core_put(m, p + md->a, pm->a, sizeof(float) * na)))
+				rc = core_put(m, p + md->b, pm->b, sizeof(float) * nb);
+			else if (!in && !(rc = core_get(m, pm->a, p + md->a, sizeof(float) * na)))
+				rc = core_get(m, pm->b, p + md->b, sizeof(float) * nb);
+			if (rc)
+				break;
 		}
-		if ((rc = pin_release_all(&ps)))
+		int r2 = pin_release_all(&ps);
+		if ((rc = rc ? rc : r2))
 			return rc;
 	}
 	return 0;

@@ -195,6 +195,17 @@ static int from_hf(const tier_hf_config *c, const char *path, tier_plan_model *m
 	return tier_plan_model_check(m);
 }
 
+int tier_plan_model_from_hf(const tier_hf_config *c, const char *name, tier_plan_model *out)
+{
+	if (!c || !out)
+		return tier_fail(-EINVAL, "tier_plan_model_from_hf: config and output are required");
+	tier_plan_model m;
+	int rc = from_hf(c, name ? name : "config", &m);
+	if (!rc)
+		*out = m;
+	return rc;
+}
+
 int tier_plan_model_load(const char *name_or_path, tier_plan_model *out)
 {
 	if (!name_or_path)

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/decoder.h"
+#include "core/dec_ops.h"
+#include "core/ops_cuda.h"
+#include "tier/formats.h"
 #include "tier/loss.h"
 
 struct tier_trainer {
@@ -28,8 +31,50 @@ struct tier_trainer {
 	int32_t *counts;       /* [E] */
 	int64_t *lcounts;      /* [L E]: tokens routed to each expert by the last step's (or eval's) forwards */
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
-	uint64_t min_hbm;
+	uint64_t min_hbm, hbm_cap;
+	/* CUDA: bf16 copies of one layer's LoRA (l16, in scratch) made by one batched conversion
+	 * (host segment lists cv_*, device table cvt); tokens, labels and the loss's scalars in device
+	 * memory; hidx: the router's choices copied back to count tokens per expert. */
+	uint16_t *l16;
+	size_t l16_off;
+	void *cvt;
+	const float **cv_src;
+	uint16_t **cv_dst;
+	size_t *cv_len;
+	int cv_n;
+	int32_t *tok_d, *lab_d, *hidx;
+	float *loss_d;
+	int64_t *count_d;
+	double *acc_d;
+	uint64_t part[TIER_NPARTS], mark; /* time by part of the step; the current part's start */
+	int profile;                      /* $TIER_PROFILE: wait for the device at the end of each part */
 };
+
+const char *tier_step_part_name(int part)
+{
+	static const char *const n[TIER_NPARTS] = { "embed", "attn_fwd", "route", "mlp_fwd", "loss",
+						    "mlp_bwd", "attn_bwd", "optim", "pin" };
+	return part >= 0 && part < TIER_NPARTS ? n[part] : NULL;
+}
+
+/* Charge the time since the last mark to `part`. */
+static void charge(tier_trainer *t, int part)
+{
+	if (t->profile)
+		tier_dev_sync(t->m->dev);
+	uint64_t now = tier_now_ns();
+	t->part[part] += now - t->mark;
+	t->mark = now;
+}
+
+/* pin() with its time counted (PIN overlaps the part it happens in). */
+static int tpin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, float **p)
+{
+	uint64_t t0 = tier_now_ns();
+	int rc = pin(&t->ps, o, flags, dirty, p);
+	t->part[TIER_PART_PIN] += tier_now_ns() - t0;
+	return rc;
+}
 
 void tier_train_cfg_init(tier_train_cfg *c)
 {
@@ -146,6 +191,30 @@ static uint64_t layer_bytes(const tier_model *m, int l)
 	return n;
 }
 
+/* Floats of LoRA parameters one layer's operation uses (attention, MLP and every expert group). */
+static size_t layer_lora_floats(const tier_model *m, int l)
+{
+	const model_layer *ly = &m->layers[l];
+	size_t n = (ly->attn ? ly->attn->n + 32 : 0) + (ly->mlp ? ly->mlp->n + 32 : 0);
+	for (int e = 0; ly->moe && ly->exp && e < m->E; e++)
+		n += ly->exp[e] ? ly->exp[e]->n + 32 : 0; /* + 32: each group's copy starts 64-byte aligned */
+	return n;
+}
+
+/* Scratch bytes the CUDA path adds: bf16 LoRA copies of the largest layer, the conversion table,
+ * tokens, labels and the loss's scalars. 0 on the CPU. */
+static uint64_t dev_extra_bytes(const tier_trainer *t)
+{
+	const tier_model *m = t->m;
+	if (!m->cuda)
+		return 0;
+	size_t most = 0, T = (size_t)t->sh.T;
+	for (int l = 0; l < m->L; l++)
+		most = layer_lora_floats(m, l) > most ? layer_lora_floats(m, l) : most;
+	return tier_align_up(2 * (most + 64), 256) + tier_align_up(opsc_many_table_bytes(m->E + 2), 256) +
+	       2 * tier_align_up(sizeof(int32_t) * T, 256) + 256;
+}
+
 int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **out)
 {
 	if (!out)
@@ -160,20 +229,24 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	if (!t)
 		return tier_fail(-ENOMEM, "out of memory for the trainer");
 	t->m = m, t->c = *c, t->ps.s = m->s;
+	const char *prof = getenv("TIER_PROFILE");
+	t->profile = prof && *prof && strcmp(prof, "0");
 	if ((rc = dec_shape_init(m, c->batch, c->seq, &t->sh)))
 		goto fail;
 	int T = t->sh.T, E = m->E > 0 ? m->E : 1;
 	tier_loss_params_init(&t->lp, T, m->V, m->H);
 	size_t lws = 0;
-	if ((rc = tier_loss_workspace_bytes(&t->lp, TIER_DEV_CPU, &lws)))
+	if ((rc = tier_loss_workspace_bytes(&t->lp, tier_dev_kind_of(m->dev), &lws)))
 		goto fail;
 	t->loss_ws = (lws + 63) / 64 * 64;
 	t->dec_bytes = dec_bufs_bytes(m, &t->sh);
 	size_t th = (sizeof(float) * (size_t)T * m->H + 63) / 64 * 64, tl = (sizeof(float) * (size_t)T + 63) / 64 * 64;
-	uint64_t sbytes = t->dec_bytes + 3 * th + tl + t->loss_ws;
+	uint64_t sbytes = t->dec_bytes + 3 * th + tl + t->loss_ws + dev_extra_bytes(t);
 	if (!(t->ckpt = calloc((size_t)m->L + 1, sizeof *t->ckpt)) || !(t->counts = calloc((size_t)E, sizeof(int32_t))) ||
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
-	    !(t->ptr = calloc(15 * (size_t)E, sizeof *t->ptr))) {
+	    !(t->ptr = calloc(15 * (size_t)E, sizeof *t->ptr)) || !(t->cv_src = calloc((size_t)E + 2, sizeof *t->cv_src)) ||
+	    !(t->cv_dst = calloc((size_t)E + 2, sizeof *t->cv_dst)) || !(t->cv_len = calloc((size_t)E + 2, sizeof(size_t))) ||
+	    !(t->hidx = calloc((size_t)T * (m->k > 0 ? m->k : 1), sizeof(int32_t)))) {
 		rc = tier_fail(-ENOMEM, "out of memory for the trainer's tables");
 		goto fail;
 	}
@@ -191,6 +264,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->min_hbm = tier_align_up(sbytes, 4096) + 2 * tier_align_up(th, 4096) + most;
 	tier_stats st;
 	tier_store_stats(m->s, &st);
+	t->hbm_cap = st.tier[TIER_HBM].capacity;
 	if (st.tier[TIER_HBM].capacity < t->min_hbm) {
 		char need[32], have[32];
 		rc = tier_fail(-ENOSPC, "the HBM budget (%s) cannot hold one layer's weights with the activations of a "
@@ -223,6 +297,10 @@ void tier_trainer_destroy(tier_trainer *t)
 	free(t->counts);
 	free(t->lcounts);
 	free(t->ptr);
+	free(t->cv_src);
+	free(t->cv_dst);
+	free(t->cv_len);
+	free(t->hidx);
 	free(t);
 }
 
@@ -259,7 +337,48 @@ static int scratch_begin(tier_trainer *t, pinset *sp)
 	t->gcur = (float *)c, t->gnext = (float *)(c + th), t->hn = (float *)(c + 2 * th);
 	t->lse = (float *)(c + 3 * th);
 	t->lws = c + 3 * th + (sizeof(float) * (size_t)t->sh.T + 63) / 64 * 64;
+	if (!t->m->cuda)
+		return 0;
+	uint64_t most = 0, T = (uint64_t)t->sh.T;
+	for (int l = 0; l < t->m->L; l++)
+		most = layer_lora_floats(t->m, l) > most ? layer_lora_floats(t->m, l) : most;
+	c = (char *)t->lws + t->loss_ws;
+	t->l16 = (uint16_t *)c, c += tier_align_up(2 * (most + 64), 256);
+	t->cvt = c, c += tier_align_up(opsc_many_table_bytes(t->m->E + 2), 256);
+	t->tok_d = (int32_t *)c, c += tier_align_up(sizeof(int32_t) * T, 256);
+	t->lab_d = (int32_t *)c, c += tier_align_up(sizeof(int32_t) * T, 256);
+	t->acc_d = (double *)c, t->loss_d = (float *)(c + 8), t->count_d = (int64_t *)(c + 16);
 	return 0;
+}
+
+/* CUDA: queue a bf16 copy of a group's n LoRA parameters p into the layer's l16 area; the copy's
+ * address is returned. An operation's copies are made by one launch in lora_convert. */
+static const void *lora_shadow(tier_trainer *t, const float *p, size_t n)
+{
+	uint16_t *dst = t->l16 + t->l16_off;
+	t->l16_off += (n + 31) / 32 * 32;
+	t->cv_src[t->cv_n] = p, t->cv_dst[t->cv_n] = dst, t->cv_len[t->cv_n++] = n;
+	return dst;
+}
+
+static int lora_convert(tier_trainer *t)
+{
+	int n = t->cv_n;
+	t->cv_n = 0;
+	return n ? opsc_to_bf16_many(t->m->dev, n, t->cv_src, (opsc_bf16 *const *)t->cv_dst, t->cv_len, t->cvt) : 0;
+}
+
+/* The LoRA reference of projection proj of g: fp32 parameters on the CPU, their bf16 copy at
+ * shadow on CUDA (same element offsets); gradients fp32 on both. */
+static void lora_ref(const tier_trainer *t, const lora_group *g, int proj, const float *param, const void *shadow,
+		     float *grad, tier_lora_ref *out)
+{
+	model_lora_ref(t->m, g, proj, param, grad, out);
+	if (!t->m->cuda || !out->a)
+		return;
+	const lora_mod *md = &g->mods[g->idx[proj]];
+	out->a = (const float *)((const uint16_t *)shadow + md->a);
+	out->b = (const float *)((const uint16_t *)shadow + md->b);
 }
 
 static void at_op(tier_trainer *t)
@@ -273,13 +392,13 @@ static int pin_group(tier_trainer *t, lora_group *g, int grads, float **param, f
 	*param = *grad = NULL;
 	if (!g)
 		return 0;
-	int rc = pin(&t->ps, g->param, 0, 0, param);
+	int rc = tpin(t, g->param, 0, 0, param);
 	if (rc || !grads)
 		return rc;
-	if ((rc = pin(&t->ps, g->grad, g->touched ? 0 : TIER_ACQ_INIT, 1, grad)))
+	if ((rc = tpin(t, g->grad, g->touched ? 0 : TIER_ACQ_INIT, 1, grad)))
 		return rc;
-	if (!g->touched)
-		memset(*grad, 0, sizeof(float) * g->n);
+	if (!g->touched && (rc = tier_dev_memset(t->m->dev, *grad, 0, sizeof(float) * g->n)))
+		return rc;
 	g->touched = 1;
 	return 0;
 }
@@ -295,19 +414,22 @@ static int pin_dense(tier_trainer *t, int l, int grads, dec_weights *w)
 	for (int s = 0; s < W_NSLOTS; s++) {
 		if (!ly->w[s])
 			continue;
-		if ((rc = pin(&t->ps, ly->w[s], 0, 0, &p)))
+		if ((rc = tpin(t, ly->w[s], 0, 0, &p)))
 			return rc;
 		w->w[s] = p;
 	}
+	t->l16_off = 0, t->cv_n = 0;
 	if ((rc = pin_group(t, ly->attn, grads, &p, &g)))
 		return rc;
+	const void *sh = m->cuda && p ? lora_shadow(t, p, ly->attn->n) : NULL;
 	for (int i = 0; i < 4; i++)
-		model_lora_ref(m, ly->attn, i, p, g, &w->lora[i]);
+		lora_ref(t, ly->attn, i, p, sh, g, &w->lora[i]);
 	if ((rc = pin_group(t, ly->mlp, grads, &p, &g)))
 		return rc;
+	sh = m->cuda && p ? lora_shadow(t, p, ly->mlp->n) : NULL;
 	for (int i = 0; i < 3; i++)
-		model_lora_ref(m, ly->mlp, i, p, g, &w->mlp[i]);
-	return 0;
+		lora_ref(t, ly->mlp, i, p, sh, g, &w->mlp[i]);
+	return lora_convert(t);
 }
 
 /* Route, then pin only the experts that received tokens (and their LoRA). */
@@ -315,7 +437,7 @@ static int pin_experts(tier_trainer *t, int l, int grads, dec_weights *w)
 {
 	tier_model *m = t->m;
 	model_layer *ly = &m->layers[l];
-	int E = m->E, rc = dec_route(m, &t->sh, w, &t->b, t->counts);
+	int E = m->E, rc = dec_route(m, &t->sh, w, &t->b, t->counts, t->hidx);
 	if (rc)
 		return rc;
 	const float **P = t->ptr;
@@ -333,21 +455,24 @@ static int pin_experts(tier_trainer *t, int l, int grads, dec_weights *w)
 		if (!t->counts[e])
 			continue;
 		float *p, *g;
-		if ((rc = pin(&t->ps, ly->experts[e], 0, 0, &p)))
+		if ((rc = tpin(t, ly->experts[e], 0, 0, &p)))
 			return rc;
-		gate[e] = p, up[e] = p + I * H, down[e] = p + 2 * I * H;
+		/* gate, up, down back to back, in the weights' element type */
+		gate[e] = p, up[e] = (const float *)((const char *)p + m->wsz * I * H);
+		down[e] = (const float *)((const char *)p + 2 * m->wsz * I * H);
 		if (!w->has_elora)
 			continue;
 		if ((rc = pin_group(t, ly->exp[e], grads, &p, &g)))
 			return rc;
+		const void *sh = m->cuda ? lora_shadow(t, p, ly->exp[e]->n) : NULL;
 		for (int j = 0; j < 3; j++) {
 			tier_lora_ref r;
-			model_lora_ref(m, ly->exp[e], j, p, g, &r);
+			lora_ref(t, ly->exp[e], j, p, sh, g, &r);
 			((const float **)lo[j]->a)[e] = r.a, ((const float **)lo[j]->b)[e] = r.b;
 			((float **)lo[j]->da)[e] = r.da, ((float **)lo[j]->db)[e] = r.db;
 		}
 	}
-	return 0;
+	return lora_convert(t);
 }
 
 /* Forward of layer l from its input x into out (NULL: backward's recompute, out into b->mo only). */
@@ -357,25 +482,58 @@ static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *o
 	int rc = pin_dense(t, l, grads, w);
 	if (rc || (rc = dec_attn_fwd(m, &t->sh, x, w, &t->b)))
 		return rc;
+	charge(t, TIER_PART_ATTN_FWD);
 	if (m->layers[l].moe && (rc = pin_experts(t, l, grads, w)))
 		return rc;
-	return dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out ? out : t->b.dtmp);
+	charge(t, TIER_PART_ROUTE);
+	rc = dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out ? out : t->b.dtmp);
+	charge(t, TIER_PART_MLP_FWD);
+	return rc;
 }
 
+/* End an operation: wait for its kernels (the store may move or reuse what is released), then
+ * release its pins. */
 static int op_end(tier_trainer *t, int rc)
 {
-	int r2 = pin_release_all(&t->ps);
-	return rc ? rc : r2;
+	int r1 = tier_dev_sync(t->m->dev), r2 = pin_release_all(&t->ps);
+	return rc ? rc : r1 ? r1 : r2;
+}
+
+/* Host values of n int32 for the device: the array itself on the CPU, a copy in `dev` on CUDA. */
+static int to_dev_ints(tier_trainer *t, const int32_t *h, int32_t *dev, size_t n, const int32_t **out)
+{
+	*out = h;
+	if (!t->m->cuda)
+		return 0;
+	*out = dev;
+	return core_put(t->m, dev, h, sizeof(int32_t) * n);
+}
+
+/* Copy n activations at src (fp32, or bf16 when is_act on CUDA) to the host as fp32. */
+static int get_f32(tier_trainer *t, float *dst, const void *src, size_t n, int is_act)
+{
+	if (!is_act || !t->m->cuda)
+		return core_get(t->m, dst, src, sizeof(float) * n);
+	uint16_t *h = (uint16_t *)dst + n; /* the upper half of dst holds the bf16 values first */
+	int rc = core_get(t->m, h, src, 2 * n);
+	for (size_t i = 0; i < n && !rc; i++)
+		dst[i] = tier_bf16_to_f32(h[i]);
+	return rc;
 }
 
 static int op_embed(tier_trainer *t, const int32_t *tokens)
 {
 	float *e, *x;
 	at_op(t);
-	int rc = pin(&t->ps, t->m->embed, 0, 0, &e);
-	if (!rc && !(rc = pin(&t->ps, t->ckpt[0], TIER_ACQ_INIT, 1, &x)))
-		rc = tier_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tokens, e, x);
-	return op_end(t, rc);
+	const int32_t *tok;
+	int rc = tpin(t, t->m->embed, 0, 0, &e);
+	if (!rc && !(rc = tpin(t, t->ckpt[0], TIER_ACQ_INIT, 1, &x)) &&
+	    !(rc = to_dev_ints(t, tokens, t->tok_d, (size_t)t->sh.T, &tok)))
+		rc = t->m->cuda ? opsc_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, (const opsc_bf16 *)e, x)
+				: tier_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, e, x);
+	rc = op_end(t, rc);
+	charge(t, TIER_PART_EMBED);
+	return rc;
 }
 
 static int op_fwd(tier_trainer *t, int l, float *hidden)
@@ -383,39 +541,46 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 	float *x, *y;
 	dec_weights w;
 	at_op(t);
-	int rc = pin(&t->ps, t->ckpt[l], 0, 0, &x);
-	if (!rc && !(rc = pin(&t->ps, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y)))
+	int rc = tpin(t, t->ckpt[l], 0, 0, &x);
+	if (!rc && !(rc = tpin(t, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y)))
 		rc = layer_fwd(t, l, 0, x, y, &w);
 	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute routes the same again */
 		for (int e = 0; e < t->m->E; e++)
 			t->lcounts[(size_t)l * t->m->E + e] += t->counts[e];
 	if (!rc && hidden)
-		memcpy(hidden, y, sizeof(float) * (size_t)t->sh.T * t->m->H);
-	return op_end(t, rc);
+		rc = get_f32(t, hidden, y, (size_t)t->sh.T * t->m->H, 0);
+	rc = op_end(t, rc);
+	charge(t, TIER_PART_MLP_FWD);
+	return rc;
 }
 
 /* Final norm and the loss; t->gcur gets d loss / d (last layer output). */
 static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grads, float *loss, float *hidden)
 {
 	tier_model *m = t->m;
-	float *nw, *W, *x;
-	int64_t count;
+	float *nw, *W, *x, *lossp = m->cuda ? t->loss_d : loss;
+	int64_t count, *countp = m->cuda ? t->count_d : &count;
+	const int32_t *lab;
 	int T = t->sh.T, rc;
 	at_op(t);
-	if ((rc = pin(&t->ps, m->norm, 0, 0, &nw)) || (rc = pin(&t->ps, m->lm_head, 0, 0, &W)) ||
-	    (rc = pin(&t->ps, t->ckpt[m->L], 0, 0, &x)) ||
-	    (rc = tier_rmsnorm_fwd(m->dev, T, m->H, m->eps, x, nw, t->hn, t->b.r1)))
+	if ((rc = tpin(t, m->norm, 0, 0, &nw)) || (rc = tpin(t, m->lm_head, 0, 0, &W)) ||
+	    (rc = tpin(t, t->ckpt[m->L], 0, 0, &x)) || (rc = to_dev_ints(t, labels, t->lab_d, (size_t)T, &lab)) ||
+	    (rc = dop_norm(m, T, m->H, x, nw, t->hn, t->b.r1)))
 		return op_end(t, rc);
-	if (hidden)
-		memcpy(hidden, t->hn, sizeof(float) * (size_t)T * m->H);
+	if (hidden && (rc = get_f32(t, hidden, t->hn, (size_t)T * m->H, 1)))
+		return op_end(t, rc);
 	if (grads)
-		rc = tier_loss_fwd_bwd(m->dev, &t->lp, t->hn, W, labels, dloss, t->lse, loss, &count, t->b.dtmp, NULL,
+		rc = tier_loss_fwd_bwd(m->dev, &t->lp, t->hn, W, lab, dloss, t->lse, lossp, countp, t->b.dtmp, NULL,
 				       t->lws, t->loss_ws);
 	else
-		rc = tier_loss_fwd(m->dev, &t->lp, t->hn, W, labels, t->lse, loss, &count, t->lws, t->loss_ws);
+		rc = tier_loss_fwd(m->dev, &t->lp, t->hn, W, lab, t->lse, lossp, countp, t->lws, t->loss_ws);
 	if (!rc && grads)
-		rc = tier_rmsnorm_bwd(m->dev, T, m->H, x, nw, t->b.r1, t->b.dtmp, t->gcur, NULL);
-	return op_end(t, rc);
+		rc = dop_norm_bwd(m, T, m->H, x, nw, t->b.r1, t->b.dtmp, t->gcur);
+	if (!rc && m->cuda)
+		rc = core_get(m, loss, t->loss_d, sizeof *loss);
+	rc = op_end(t, rc);
+	charge(t, TIER_PART_LOSS);
+	return rc;
 }
 
 static int op_bwd(tier_trainer *t, int l, float d_aux)
@@ -423,12 +588,17 @@ static int op_bwd(tier_trainer *t, int l, float d_aux)
 	float *x;
 	dec_weights w;
 	at_op(t);
-	int rc = pin(&t->ps, t->ckpt[l], 0, 0, &x);
-	if (!rc && !(rc = layer_fwd(t, l, 1, x, NULL, &w)))
-		rc = dec_bwd(t->m, &t->sh, t->m->layers[l].moe, x, &w, &t->b, t->gcur, d_aux, t->gnext);
+	int rc = tpin(t, t->ckpt[l], 0, 0, &x);
+	if (!rc && !(rc = layer_fwd(t, l, 1, x, NULL, &w)) &&
+	    !(rc = dec_mlp_bwd(t->m, &t->sh, t->m->layers[l].moe, &w, &t->b, t->gcur, d_aux))) {
+		charge(t, TIER_PART_MLP_BWD);
+		rc = dec_attn_bwd(t->m, &t->sh, x, &w, &t->b, t->gcur, t->gnext);
+	}
 	float *s = t->gcur;
 	t->gcur = t->gnext, t->gnext = s;
-	return op_end(t, rc);
+	rc = op_end(t, rc);
+	charge(t, TIER_PART_ATTN_BWD);
+	return rc;
 }
 
 /* One micro-batch forward (and backward when grads); *aux gets the router losses added. */
@@ -440,8 +610,8 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 	int rc = op_embed(t, tok);
 	if (!rc && hidden) {
 		float *x;
-		if (!(rc = pin(&t->ps, t->ckpt[0], 0, 0, &x)))
-			memcpy(hidden, x, sizeof(float) * th);
+		if (!(rc = tpin(t, t->ckpt[0], 0, 0, &x)))
+			rc = get_f32(t, hidden, x, th, 0);
 		rc = op_end(t, rc);
 	}
 	for (int l = 0; l < m->L && !rc; l++) {
@@ -467,54 +637,86 @@ static float lr_at(const tier_train_cfg *c, int64_t s)
 	return (float)(c->lr * (c->min_lr_ratio + (1.0 - c->min_lr_ratio) * cosv));
 }
 
+/* The optimizer's walks over the groups pin a batch of groups per operation (one wait on the
+ * device per batch, not per group): up to OPT_BATCH groups and an eighth of the HBM budget. */
+#define OPT_BATCH 256
+
+static int batch_full(tier_trainer *t, int *n, uint64_t *bytes, uint64_t add)
+{
+	*bytes += add;
+	if (++*n < OPT_BATCH && *bytes < t->hbm_cap / 8)
+		return 0;
+	*n = 0, *bytes = 0;
+	return 1;
+}
+
 static int grad_norm(tier_trainer *t, double *out)
 {
+	tier_model *m = t->m;
 	double ss = 0.0;
-	for (size_t i = 0; i < t->m->n_groups; i++) {
-		lora_group *g = &t->m->groups[i];
+	int rc = m->cuda ? tier_dev_memset(m->dev, t->acc_d, 0, sizeof(double)) : 0, in_batch = 0;
+	uint64_t bytes = 0;
+	for (size_t i = 0; i < m->n_groups && !rc; i++) {
+		lora_group *g = &m->groups[i];
 		float *p;
 		if (!g->touched)
 			continue;
-		int rc = pin(&t->ps, g->grad, 0, 0, &p);
-		if (rc)
-			return op_end(t, rc);
-		for (size_t j = 0; j < g->n; j++)
-			ss += (double)p[j] * p[j];
-		if ((rc = op_end(t, 0)))
-			return rc;
+		if ((rc = tpin(t, g->grad, 0, 0, &p)))
+			break;
+		if (m->cuda)
+			rc = opsc_sumsq(m->dev, g->n, p, t->acc_d);
+		else
+			for (size_t j = 0; j < g->n; j++)
+				ss += (double)p[j] * p[j];
+		if (!rc && batch_full(t, &in_batch, &bytes, tier_obj_size(g->grad)))
+			rc = op_end(t, 0);
 	}
+	if (!rc && m->cuda)
+		rc = core_get(m, &ss, t->acc_d, sizeof ss);
+	rc = op_end(t, rc);
 	*out = sqrt(ss);
-	return 0;
+	return rc;
 }
 
 /* PyTorch's AdamW: p *= 1 - lr wd; m, v moments; p -= lr mhat / (sqrt(vhat) + eps). Groups whose
  * gradients were never written in the step (experts that got no tokens) are skipped, as PyTorch
  * skips parameters whose grad is None. */
+static void adamw_cpu(const tier_train_cfg *c, size_t n, float *p, const float *gr, float *mm, float *vv, float lr,
+		      float bc1, float bc2, float gscale)
+{
+	float decay = 1.0f - lr * c->weight_decay;
+	for (size_t j = 0; j < n; j++) {
+		float gj = gr[j] * gscale;
+		mm[j] = c->beta1 * mm[j] + (1.0f - c->beta1) * gj;
+		vv[j] = c->beta2 * vv[j] + (1.0f - c->beta2) * gj * gj;
+		p[j] = p[j] * decay - lr * (mm[j] / bc1) / (sqrtf(vv[j] / bc2) + c->eps);
+	}
+}
+
 static int adamw(tier_trainer *t, float lr, float gscale)
 {
 	const tier_train_cfg *c = &t->c;
-	for (size_t i = 0; i < t->m->n_groups; i++) {
+	int rc = 0, in_batch = 0;
+	uint64_t bytes = 0;
+	for (size_t i = 0; i < t->m->n_groups && !rc; i++) {
 		lora_group *g = &t->m->groups[i];
 		float *p, *gr, *mv;
 		if (!g->touched)
 			continue;
-		int rc;
-		if ((rc = pin(&t->ps, g->param, 0, 1, &p)) || (rc = pin(&t->ps, g->grad, 0, 0, &gr)) ||
-		    (rc = pin(&t->ps, g->optim, 0, 1, &mv)))
-			return op_end(t, rc);
+		if ((rc = tpin(t, g->param, 0, 1, &p)) || (rc = tpin(t, g->grad, 0, 0, &gr)) ||
+		    (rc = tpin(t, g->optim, 0, 1, &mv)))
+			break;
 		g->t++;
 		float bc1 = 1.0f - powf(c->beta1, (float)g->t), bc2 = 1.0f - powf(c->beta2, (float)g->t);
-		float *mm = mv, *vv = mv + g->n, decay = 1.0f - lr * c->weight_decay;
-		for (size_t j = 0; j < g->n; j++) {
-			float gj = gr[j] * gscale;
-			mm[j] = c->beta1 * mm[j] + (1.0f - c->beta1) * gj;
-			vv[j] = c->beta2 * vv[j] + (1.0f - c->beta2) * gj * gj;
-			p[j] = p[j] * decay - lr * (mm[j] / bc1) / (sqrtf(vv[j] / bc2) + c->eps);
-		}
-		if ((rc = op_end(t, 0)))
-			return rc;
+		if (t->m->cuda)
+			rc = opsc_adamw(t->m->dev, g->n, p, gr, mv, mv + g->n, lr, c->beta1, c->beta2, c->eps,
+					1.0f - lr * c->weight_decay, bc1, bc2, gscale);
+		else
+			adamw_cpu(c, g->n, p, gr, mv, mv + g->n, lr, bc1, bc2, gscale);
+		if (!rc && batch_full(t, &in_batch, &bytes, 4 * tier_obj_size(g->grad)))
+			rc = op_end(t, 0);
 	}
-	return 0;
+	return op_end(t, rc);
 }
 
 static int check_tokens(const tier_trainer *t, const int32_t *tokens, const int32_t *labels, size_t n)
@@ -552,6 +754,8 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	uint64_t t0 = tier_now_ns();
 	pinset sp = { .s = t->m->s };
 	memset(r, 0, sizeof *r);
+	memset(t->part, 0, sizeof t->part);
+	t->mark = tier_now_ns();
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
@@ -572,6 +776,8 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 		at_op(t);
 		rc = adamw(t, lr, gs);
 	}
+	charge(t, TIER_PART_OPTIM);
+	memcpy(r->ns_part, t->part, sizeof r->ns_part);
 	int r2 = pin_release_all(&sp);
 	rc = rc ? rc : r2;
 	if (rc)

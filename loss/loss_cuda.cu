@@ -1,4 +1,4 @@
-/* loss_cuda.cu - the chunked loss on CUDA: cuBLASLt tile products (bf16 in, fp32 out) into the
+/* loss_cuda.cu - the chunked loss on CUDA: cuBLASLt tile products (opsc_gemm; bf16 in, fp32 out) into the
  * caller's workspace, fused kernels for the online log-sum-exp and for softmax minus one-hot.
  *
  * Per chunk of tokens and block of vocabulary: logits = H_c W_b^T (one GEMM), a row-statistics
@@ -8,11 +8,12 @@
  * block the fused entry reuses the forward's tile: two products (three with dW) in all. */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
-#include <cublasLt.h>
+#include <library_types.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include "loss/loss_impl.h"
+#include "core/ops_cuda.h"
 
 #define THREADS 512
 
@@ -182,82 +183,6 @@ static int cuda_check(const char *what)
 	return 0;
 }
 
-static uint32_t align_of(const void *p)
-{
-	uintptr_t a = (uintptr_t)p;
-	uint32_t al = 256;
-	while (al > 1 && a % al)
-		al >>= 1;
-	return al;
-}
-
-/* Column-major C[m x n] = alpha op(A) op(B) + beta C through cuBLASLt, fp32 accumulation. */
-typedef struct {
-	cublasOperation_t op;
-	const void *p;
-	cudaDataType_t type;
-	int ld;
-} lt_operand;
-
-static int lt_gemm(tier_dev *dev, int m, int n, int k, lt_operand A, lt_operand B, float beta, float *C, int ldc)
-{
-	cublasLtHandle_t h = (cublasLtHandle_t)tier_dev_blaslt(dev);
-	cudaStream_t stream = (cudaStream_t)tier_dev_stream(dev);
-	cublasLtMatmulDesc_t desc = NULL;
-	cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-	cublasLtMatmulPreference_t pref = NULL;
-	cublasLtMatmulHeuristicResult_t heur;
-	size_t ws_bytes = 0;
-	void *ws = tier_dev_blaslt_workspace(dev, &ws_bytes);
-	uint64_t wsb = ws_bytes;
-	uint32_t aa = align_of(A.p), ab = align_of(B.p), ac = align_of(C);
-	float alpha = 1.0f;
-	int found = 0, rc = 0;
-	cublasStatus_t st;
-	st = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &A.op, sizeof A.op);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &B.op, sizeof B.op);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&la, A.type, A.op == CUBLAS_OP_N ? m : k, A.op == CUBLAS_OP_N ? k : m, A.ld);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&lb, B.type, B.op == CUBLAS_OP_N ? k : n, B.op == CUBLAS_OP_N ? n : k, B.ld);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceCreate(&pref);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &heur, &found);
-	if (st == CUBLAS_STATUS_SUCCESS && found == 0)
-		st = CUBLAS_STATUS_NOT_SUPPORTED;
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmul(h, desc, &alpha, A.p, la, B.p, lb, &beta, C, lc, C, lc, &heur.algo, ws, ws_bytes, stream);
-	if (st != CUBLAS_STATUS_SUCCESS)
-		rc = tier_fail(-EIO, "loss: cuBLASLt product %d x %d x %d failed (status %d)", m, n, k, (int)st);
-	if (pref)
-		cublasLtMatmulPreferenceDestroy(pref);
-	if (lc)
-		cublasLtMatrixLayoutDestroy(lc);
-	if (lb)
-		cublasLtMatrixLayoutDestroy(lb);
-	if (la)
-		cublasLtMatrixLayoutDestroy(la);
-	if (desc)
-		cublasLtMatmulDescDestroy(desc);
-	return rc;
-}
-
 typedef struct {
 	tier_dev *dev;
 	const tier_loss_params *p;
@@ -274,8 +199,8 @@ static int tile_logits(const ctx *x, int64_t r0, int c, int64_t v0, int b)
 {
 	const __nv_bfloat16 *H = (const __nv_bfloat16 *)x->a->H, *W = (const __nv_bfloat16 *)x->a->W;
 	int D = (int)x->p->D;
-	lt_operand A = { CUBLAS_OP_T, W + v0 * D, CUDA_R_16BF, D }, B = { CUBLAS_OP_N, H + r0 * D, CUDA_R_16BF, D };
-	return lt_gemm(x->dev, b, c, D, A, B, 0.0f, x->L, b);
+	opsc_operand A = { 1, W + v0 * D, CUDA_R_16BF, D }, B = { 0, H + r0 * D, CUDA_R_16BF, D };
+	return opsc_gemm(x->dev, b, c, D, 1.0f, A, B, 0.0f, x->L, b);
 }
 
 /* dH_c += G W_b (column-major dH^T = W_b^T G^T); dW_b (+)= G^T H_c (column-major dW^T = H_c^T G). */
@@ -284,15 +209,15 @@ static int tile_grads(const ctx *x, int64_t r0, int c, int64_t v0, int b)
 	const __nv_bfloat16 *H = (const __nv_bfloat16 *)x->a->H, *W = (const __nv_bfloat16 *)x->a->W;
 	int D = (int)x->p->D, rc;
 	const __nv_bfloat16 *G = (const __nv_bfloat16 *)x->L;  /* dlogits over the logits, ld 2b */
-	lt_operand Wn = { CUBLAS_OP_N, W + v0 * D, CUDA_R_16BF, D }, Gn = { CUBLAS_OP_N, G, CUDA_R_16BF, 2 * b };
-	lt_operand Hn = { CUBLAS_OP_N, H + r0 * D, CUDA_R_16BF, D }, Gt = { CUBLAS_OP_T, G, CUDA_R_16BF, 2 * b };
+	opsc_operand Wn = { 0, W + v0 * D, CUDA_R_16BF, D }, Gn = { 0, G, CUDA_R_16BF, 2 * b };
+	opsc_operand Hn = { 0, H + r0 * D, CUDA_R_16BF, D }, Gt = { 1, G, CUDA_R_16BF, 2 * b };
 	grad_kernel<<<c, THREADS, 0, x->s>>>(x->L, b, (int)v0, x->a->labels + r0, x->a->lse + r0, x->sc, x->o);
 	if ((rc = cuda_check("gradient kernel")))
 		return rc;
-	if ((rc = lt_gemm(x->dev, D, c, b, Wn, Gn, v0 == 0 ? 0.0f : 1.0f, x->a->dH + r0 * D, D)))
+	if ((rc = opsc_gemm(x->dev, D, c, b, 1.0f, Wn, Gn, v0 == 0 ? 0.0f : 1.0f, x->a->dH + r0 * D, D)))
 		return rc;
 	if (x->a->dW)
-		rc = lt_gemm(x->dev, D, b, c, Hn, Gt, r0 == 0 ? 0.0f : 1.0f, x->a->dW + v0 * D, D);
+		rc = opsc_gemm(x->dev, D, b, c, 1.0f, Hn, Gt, r0 == 0 ? 0.0f : 1.0f, x->a->dW + v0 * D, D);
 	return rc;
 }
 

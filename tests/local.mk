@@ -14,6 +14,13 @@ TESTS += tests/test_golden
 tests_test_golden_SOURCES = tests/test_golden.c
 tests_test_golden_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_golden_LDFLAGS = $(TESTLD)
+## the same on the trainer's CUDA path (bf16; skipped without a GPU)
+check_PROGRAMS += tests/test_golden_cuda
+TESTS += tests/test_golden_cuda
+tests_test_golden_cuda_SOURCES = tests/test_golden.c
+tests_test_golden_cuda_CPPFLAGS = $(AM_CPPFLAGS) -DGOLDEN_CUDA
+tests_test_golden_cuda_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_golden_cuda_LDFLAGS = $(TESTLD)
 endif
 EXTRA_DIST += tests/golden/data tests/golden/make_fixtures.py tests/golden/check_peft_adapter.py \
 	tests/golden/README.md

@@ -1,7 +1,10 @@
 /* test_golden.c - tier against HF transformers + PEFT: the golden fixtures of tests/golden/ (small
  * random qwen3_moe and mixtral models, an adapter, and what HF computed for them; make_fixtures.py
  * writes them, README.md lists every key). Norm-wise relative errors ||a - b|| / ||b|| in fp64,
- * fp32 everywhere. Data: $TIER_TEST_SRCDIR/tests/golden/data (make check sets it; default "."). */
+ * fp32 everywhere. Data: $TIER_TEST_SRCDIR/tests/golden/data (make check sets it; default ".").
+ * Built with GOLDEN_CUDA (test_golden_cuda) it runs the whole model on the trainer's CUDA path
+ * (bf16 weights) for the cases whose head_dim the CUDA attention takes, at the bf16 bound 2e-2;
+ * without a GPU it is skipped (exit 77). */
 #include "config.h"
 #include <errno.h>
 #include <math.h>
@@ -18,7 +21,12 @@
 
 #ifdef TIER_HAVE_JANSSON
 
+#ifdef GOLDEN_CUDA
+#pragma GCC diagnostic ignored "-Wunused-function" /* the CPU-only checks are compiled but not listed */
+#define TOL 2e-2             /* the acceptance bound of the CUDA path: bf16 weights against fp32 */
+#else
 #define TOL 1e-4             /* the acceptance bound, fp32 against fp32 */
+#endif
 #define PEFT_PREFIX "base_model.model.model.layers."
 
 /* Each case and what its files must show (make_fixtures.py's CASES). */
@@ -31,9 +39,11 @@ static const gcase cases[] = {
 	{ "qwen3_moe_a", TIER_EXPERTS_PER_EXPERT, 0, 0 },
 	{ "qwen3_moe_b", TIER_EXPERTS_FUSED, 0, 1 },
 	{ "mixtral", TIER_EXPERTS_MIXTRAL, 1, 0 },
+	{ "qwen3_moe_c", TIER_EXPERTS_PER_EXPERT, 0, 0 }, /* head_dim 32: also on CUDA */
+	{ "mixtral_c", TIER_EXPERTS_MIXTRAL, 0, 0 },      /* head_dim 32: also on CUDA */
 };
 
-static tier_dev *cpu;
+static tier_dev *cpu, *tdev; /* tdev: the trainer's device (the CPU, or CUDA with GOLDEN_CUDA) */
 static char data_root[512];
 
 /* One case opened: its config, checkpoint and fixture file, and the sizes. */
@@ -583,10 +593,10 @@ static int rig_open(const fixture *f, trainer_rig *r)
 	tier_lora_cfg_init(&lc);
 	lc.r = 4, lc.alpha = 8, lc.use_rslora = 0;
 	lc.targets = TIER_LORA_Q | TIER_LORA_K | TIER_LORA_V | TIER_LORA_O | TIER_LORA_EXPERTS;
-	tier_store_config sc = { .dev = cpu, .capacity = { 64u << 20, 64u << 20, 0 } };
+	tier_store_config sc = { .dev = tdev, .capacity = { 64u << 20, 64u << 20, 0 } };
 	memset(r, 0, sizeof *r);
 	assert_int_equal(tier_store_create(&r->s, &sc), 0);
-	int rc = tier_model_create(r->s, cpu, &f->cfg, &lc, &r->m);
+	int rc = tier_model_create(r->s, tdev, &f->cfg, &lc, &r->m);
 	if (rc == -ENOTSUP)
 		return rc;
 	char dir[700];
@@ -802,7 +812,21 @@ int main(void)
 	snprintf(data_root, sizeof data_root, "%s/tests/golden/data", src && *src ? src : ".");
 	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0))
 		return 1;
+	tdev = cpu;
 	printf("# golden fixtures under %s\n", data_root);
+#ifdef GOLDEN_CUDA
+	if (!tier_cuda_available()) {
+		printf("# no CUDA device: skipped\n");
+		tier_dev_close(cpu);
+		return 77;
+	}
+	if (tier_dev_open(&tdev, TIER_DEV_CUDA, 0))
+		return fprintf(stderr, "%s\n", tier_last_error()), 1;
+	const struct CMUnitTest tests[] = {
+		{ "qwen3_moe_c: model_vs_hf (cuda)", test_model_vs_hf, NULL, NULL, (void *)&cases[3] },
+		{ "mixtral_c: model_vs_hf (cuda)", test_model_vs_hf, NULL, NULL, (void *)&cases[4] },
+	};
+#else
 #define CASE_TESTS(i, n)                                                                          \
 	{ n ": fixture_shapes", test_fixture_shapes, NULL, NULL, (void *)&cases[i] },             \
 	{ n ": fixture_loss", test_fixture_loss, NULL, NULL, (void *)&cases[i] },                 \
@@ -812,9 +836,13 @@ int main(void)
 	{ n ": model_vs_hf", test_model_vs_hf, NULL, NULL, (void *)&cases[i] }
 	const struct CMUnitTest tests[] = {
 		CASE_TESTS(0, "qwen3_moe_a"), CASE_TESTS(1, "qwen3_moe_b"), CASE_TESTS(2, "mixtral"),
+		CASE_TESTS(3, "qwen3_moe_c"), CASE_TESTS(4, "mixtral_c"),
 		cmocka_unit_test(test_wrong_checkpoint),
 	};
+#endif
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
+	if (tdev != cpu)
+		tier_dev_close(tdev);
 	tier_dev_close(cpu);
 	return rc;
 #else

@@ -29,8 +29,8 @@ typedef struct {
 	const char *trace; /* --trace FILE: record the store's accesses (docs/trace.md) */
 	uint64_t hbm, ddr, nvme;
 	char nvme_dir[4096];
-	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every;
-	double lora_alpha, lr, min_lr_ratio, wd, clip, init_range;
+	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every, hbm_max, hbm_set;
+	double lora_alpha, lr, min_lr_ratio, wd, clip, init_range, peak_tflops;
 	uint64_t seed;
 } run_opts;
 
@@ -74,11 +74,13 @@ static void usage(FILE *f)
 		"  --clip X             global gradient-norm clip, 0 for none (default 1)\n"
 		"  --seed N             seed of the weights, LoRA init and data order (default 1)\n"
 		"Store\n"
-		"  --hbm SIZE           HBM budget (default 14M)\n"
+		"  --hbm SIZE|max       HBM budget (default 14M on the CPU; on CUDA max: all the GPU's free\n"
+		"                       memory but a reserve for the CUDA context and libraries)\n"
 		"  --ddr SIZE           DDR budget (default 256M)\n"
 		"  --nvme DIR:SIZE      NVMe directory and budget (default: no NVMe tier)\n"
 		"  --policy P           lru, lfu, cost or schedule (default schedule)\n"
-		"  --device D           cpu or cuda (default cpu; cuda is not supported by the trainer yet)\n"
+		"  --device D           cpu or cuda (default cpu). cuda: bf16 weights, fp32 LoRA and optimizer\n"
+		"  --peak-tflops X      the GPU's dense bf16 peak for MFU (default: known for H100/H200, 989)\n"
 		"  --trace FILE         record every store access into FILE (docs/trace.md; replay it with tier-tune)\n"
 		"Output\n"
 		"  --out DIR            write the PEFT adapter (adapter_config.json, adapter_model.safetensors)\n"
@@ -100,7 +102,7 @@ enum {
 	O_MODEL = 256, O_INIT, O_CONFIG, O_INITR, O_DATA, O_R, O_ALPHA, O_RSLORA, O_TARGETS, O_STEPS, O_BATCH, O_SEQ,
 	O_MICRO, O_LR, O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_HBM, O_DDR, O_NVME, O_POLICY, O_DEVICE, O_OUT,
 	O_QUIET, O_HELP, O_CKPT, O_RESUME,
-	O_TRACE,
+	O_TRACE, O_PEAK,
 };
 static const struct option opts[] = {
 	{ "model", required_argument, NULL, O_MODEL }, { "init", required_argument, NULL, O_INIT },
@@ -118,7 +120,7 @@ static const struct option opts[] = {
 	{ "out", required_argument, NULL, O_OUT }, { "quiet", no_argument, NULL, O_QUIET },
 	{ "help", no_argument, NULL, O_HELP }, { "checkpoint-every", required_argument, NULL, O_CKPT },
 	{ "resume", required_argument, NULL, O_RESUME },
-	{ "trace", required_argument, NULL, O_TRACE },
+	{ "trace", required_argument, NULL, O_TRACE }, { "peak-tflops", required_argument, NULL, O_PEAK },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -179,6 +181,7 @@ static int parse_one(run_opts *o, int c, const char *a)
 	case O_WARMUP: return parse_int(name, a, 0, 100000000, &o->warmup);
 	case O_MINLR: return parse_real(name, a, 0, &o->min_lr_ratio);
 	case O_WD: return parse_real(name, a, 0, &o->wd);
+	case O_PEAK: return parse_real(name, a, 0, &o->peak_tflops);
 	case O_CLIP: return parse_real(name, a, 0, &o->clip);
 	case O_SEED: {
 		char *end;
@@ -186,6 +189,12 @@ static int parse_one(run_opts *o, int c, const char *a)
 		return *end || end == a || a[0] == '-' ? bad_arg(name, a, "a number") : 0;
 	}
 	case O_HBM: case O_DDR:
+		o->hbm_max = c == O_HBM ? !strcmp(a, "max") : o->hbm_max;
+		o->hbm_set |= c == O_HBM;
+		if (c == O_HBM && o->hbm_max) {
+			o->hbm = 0;
+			return 0;
+		}
 		if (tier_parse_size(a, c == O_HBM ? &o->hbm : &o->ddr)) {
 			fprintf(stderr, "tier-run: --%s: %s\n", name, tier_last_error());
 			return 1;
@@ -329,7 +338,36 @@ typedef struct {
 	FILE *log;
 	stats_log *slog; /* OUT/stats.jsonl (docs/stats-log.md) */
 	int tracing;     /* --trace: closed (and its write errors reported) before the store goes */
+	uint64_t hbm;    /* the HBM budget in effect (after clamping to the GPU) */
+	double flop_per_token, peak; /* MFU: 4 x active parameters per token; the GPU's peak (0: no MFU) */
+	uint64_t parts[TIER_NPARTS], step_ns; /* time by part of the step, summed over the steps */
 } job;
+
+/* The dense bf16 peak of the GPU in FLOP/s for MFU: --peak-tflops, else known parts, else 0. */
+static double gpu_peak(const tier_dev *dev, double given)
+{
+	if (given > 0)
+		return given * 1e12;
+	if (tier_dev_kind_of(dev) != TIER_DEV_CUDA)
+		return 0;
+	const char *n = tier_dev_name(dev);
+	if (strstr(n, "H200") || strstr(n, "H100") || strstr(n, "H800") || strstr(n, "GH200"))
+		return 989e12;
+	if (strstr(n, "A100") || strstr(n, "A800"))
+		return 312e12;
+	return 0;
+}
+
+/* MFU's accounting: 4 x active parameters per token (forward, backward for the activations, and
+ * the recompute of checkpointed layers), as the trainer issue defines it. */
+static double flop_per_token(const tier_hf_config *cfg)
+{
+	tier_plan_model pm;
+	tier_plan_params pp;
+	if (tier_plan_model_from_hf(cfg, "model", &pm) || tier_plan_count(&pm, &pp))
+		return 0;
+	return 4.0 * (double)pp.active;
+}
 
 static void job_close(job *j)
 {
@@ -372,11 +410,10 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	} else {
 		tier_model_config_default(cfg);
 	}
-	if (!strcmp(o->device, "cuda") || tier_dev_open(&j->dev, TIER_DEV_CPU, 0)) {
-		fprintf(stderr, "tier-run: --device cuda: the trainer runs on the CPU only so far (no CUDA path yet; "
-			"%s); use --device cpu\n", tier_strerror(-ENOTSUP));
-		return 1;
-	}
+	int cuda = !strcmp(o->device, "cuda");
+	if (tier_dev_open(&j->dev, cuda ? TIER_DEV_CUDA : TIER_DEV_CPU, 0))
+		return fail_lib("--device");
+	uint64_t hbm = cuda && (o->hbm_max || !o->hbm_set) ? UINT64_MAX / 4 : o->hbm; /* max: clamped by the store */
 	const char *data = o->data ? o->data : find_corpus();
 	if (!data)
 		return fprintf(stderr, "tier-run: the default corpus data/corpus.txt was not found; give --data FILE\n"), 1;
@@ -389,10 +426,16 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	if (tier_policy_parse(o->policy, &pol))
 		return fail_lib("--policy");
 	const char *dirs[1] = { o->nvme_dir };
-	tier_store_config sc = { .dev = j->dev, .capacity = { o->hbm, o->ddr, o->nvme }, .nvme_dirs = dirs,
-				 .n_nvme_dirs = o->nvme ? 1 : 0, .policy = pol, .publish_stats = 1 };
+	tier_store_config sc = { .dev = j->dev, .capacity = { hbm, o->ddr, o->nvme }, .nvme_dirs = dirs,
+				 .n_nvme_dirs = o->nvme ? 1 : 0, .policy = pol, .publish_stats = 1,
+				 .clamp_budgets = hbm == UINT64_MAX / 4 };
 	if (tier_store_create(&j->s, &sc))
 		return fail_lib("store");
+	tier_stats st0;
+	tier_store_stats(j->s, &st0);
+	j->hbm = st0.tier[TIER_HBM].capacity;
+	j->peak = gpu_peak(j->dev, o->peak_tflops);
+	j->flop_per_token = flop_per_token(cfg);
 	tier_store_set_job(j->s, "tier-run");
 	if (o->trace && tier_store_trace_open(j->s, o->trace))
 		return fail_lib("--trace");
@@ -437,7 +480,7 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 		       (long long)cfg->moe_intermediate_size, (long long)cfg->num_attention_heads,
 		       (long long)cfg->num_key_value_heads, tier_format_size(bytes, a, sizeof a), o->lora_r, o->targets,
 		       (unsigned long long)tier_model_lora_params(j->m), data,
-		       (unsigned long long)tier_data_count(j->d), tier_format_size(o->hbm, b, sizeof b),
+		       (unsigned long long)tier_data_count(j->d), tier_format_size(j->hbm, b, sizeof b),
 		       tier_dev_kind_of(j->dev) == TIER_DEV_CPU ? " (emulated)" : "",
 		       tier_format_size(tier_trainer_min_hbm(j->t), c, sizeof c), tier_format_size(o->ddr, d, sizeof d),
 		       o->policy, o->batch, o->seq, o->micro);
@@ -473,7 +516,8 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 	double head = 0, tail = 0;
 	int nh = 0, nt = 0, win = o->steps < 20 ? 1 : o->steps / 10;
 	if (!o->quiet)
-		printf("%6s %9s %9s %10s %8s %10s %8s\n", "step", "loss", "lr", "tokens/s", "hbm hit", "moved", "eta");
+		printf("%6s %9s %9s %10s %6s %8s %10s %8s\n", "step", "loss", "lr", "tokens/s", "mfu", "hbm hit", "moved",
+		       "eta");
 	int s0 = (int)tier_trainer_steps_done(j->t);
 	for (int s = s0; s < o->steps && !stop_sig; s++) {
 		for (int mb = 0; mb < nm; mb++)
@@ -495,8 +539,13 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 		char mv[32], eta[32];
 		fmt_eta(el / (s - s0 + 1) * (o->steps - s - 1), eta, sizeof eta);
 		if (!o->quiet)
-			printf("%6d %9.4f %9.2e %10.0f %7.1f%% %10s %8s\n", s + 1, r.loss, r.lr, tps, hit,
+		{
+			char mfu[16] = "-";
+			if (j->peak > 0 && j->flop_per_token > 0)
+				snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * tps * j->flop_per_token / j->peak);
+			printf("%6d %9.4f %9.2e %10.0f %6s %7.1f%% %10s %8s\n", s + 1, r.loss, r.lr, tps, mfu, hit,
 			       tier_format_size(now.bytes - prev.bytes, mv, sizeof mv), eta);
+		}
 		if (j->log)
 			fprintf(j->log, "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%lld,\"ns\":%llu,"
 				"\"hbm_hits\":%llu,\"hbm_misses\":%llu,\"bytes_moved\":%llu}\n", s + 1, r.loss, r.lr,
@@ -508,6 +557,9 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 		fflush(stdout);
 		prev = now;
 		*tokens += r.tokens;
+		for (int p = 0; p < TIER_NPARTS; p++)
+			j->parts[p] += r.ns_part[p];
+		j->step_ns += r.ns;
 		if (o->ckpt_every && ((s + 1) % o->ckpt_every == 0 || s + 1 == o->steps)) {
 			char path[4200];
 			snprintf(path, sizeof path, "%s/checkpoint.safetensors", o->out);
@@ -531,8 +583,20 @@ static void summary(job *j, const run_opts *o, double first, double last, double
 	tier_stats st;
 	char a[32], b[32], c[32];
 	tier_store_stats(j->s, &st);
+	double tps = el > 0 ? (double)tokens / el : 0.0;
 	printf("# done: %d steps in %.1f s, %.0f tokens/s; loss %.4f (first %d steps) -> %.4f (last)\n", o->steps, el,
-	       el > 0 ? (double)tokens / el : 0.0, first, o->steps < 20 ? 1 : o->steps / 10, last);
+	       tps, first, o->steps < 20 ? 1 : o->steps / 10, last);
+	if (j->peak > 0 && j->flop_per_token > 0)
+		printf("# MFU %.1f%% (4 x %.3g active parameters x %.0f tokens/s over a %.0f TFLOP/s peak, all steps "
+		       "including the first)\n", 100.0 * tps * j->flop_per_token / j->peak, j->flop_per_token / 4, tps,
+		       j->peak / 1e12);
+	if (j->step_ns) {
+		printf("# time by part of the step:");
+		for (int p = 0; p < TIER_NPARTS; p++)
+			printf(" %s %.1f%%%s", tier_step_part_name(p), 100.0 * (double)j->parts[p] / (double)j->step_ns,
+			       p + 1 < TIER_NPARTS ? "," : "");
+		printf(" (pin overlaps the others; TIER_PROFILE=1 for exact parts)\n");
+	}
 	for (int t = 0; t < TIER_NTIERS; t++) {
 		if (!st.tier[t].capacity)
 			continue;

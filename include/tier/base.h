@@ -97,6 +97,9 @@ void tier_host_free(void *p, int pinned);
 /* Copies between device and host on the compute stream, synchronous. 0 or -EIO. */
 int tier_dev_memcpy_h2d(tier_dev *dev, void *dst, const void *src, size_t n);
 int tier_dev_memcpy_d2h(tier_dev *dev, void *dst, const void *src, size_t n);
+/* Queued on the context's stream, not waited for (host memset / memcpy on a CPU context). */
+int tier_dev_memset(tier_dev *d, void *dst, int value, size_t n);
+int tier_dev_memcpy_d2d(tier_dev *d, void *dst, const void *src, size_t n);
 
 #ifdef __cplusplus
 }

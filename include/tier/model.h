@@ -147,7 +147,16 @@ typedef struct {
 	float lr;          /* the learning rate applied */
 	int64_t tokens;    /* tokens with a target in the step */
 	uint64_t ns;       /* wall time of the step */
+	/* Wall time by part (ns, summed over micro-batches; PIN is the part of the others spent
+	 * acquiring objects). Device work is asynchronous: a part is charged where the host waits for
+	 * it, unless $TIER_PROFILE=1 makes every part wait for the device at its end (slower, exact). */
+	uint64_t ns_part[9];
 } tier_step_result;
+enum { TIER_PART_EMBED, TIER_PART_ATTN_FWD, TIER_PART_ROUTE, TIER_PART_MLP_FWD, TIER_PART_LOSS,
+       TIER_PART_MLP_BWD, TIER_PART_ATTN_BWD, TIER_PART_OPTIM, TIER_PART_PIN, TIER_NPARTS };
+/* "embed", "attn_fwd", "route" (router and fetching the experts), "mlp_fwd", "loss", "mlp_bwd",
+ * "attn_bwd", "optim", "pin"; NULL out of range. */
+const char *tier_step_part_name(int part);
 
 typedef struct tier_trainer tier_trainer;
 /* Create a trainer for m: hands the step schedule to the store and creates the activation objects

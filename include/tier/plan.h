@@ -6,6 +6,7 @@
 #define TIER_PLAN_H
 
 #include <stdint.h>
+#include "tier/formats.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,6 +75,8 @@ int tier_plan_model_preset(const char *name, tier_plan_model *out);
 /* A preset name, or the path of an HF config.json (qwen3_moe, mixtral) read with tier_hf_config_load.
  * 0 or that function's error (with the file named). *out untouched on failure. Thread-safe. */
 int tier_plan_model_load(const char *name_or_path, tier_plan_model *out);
+/* The same from a config already read (name: what messages call it). 0 or -EINVAL. Thread-safe. */
+int tier_plan_model_from_hf(const tier_hf_config *c, const char *name, tier_plan_model *out);
 /* Check the shape (positive sizes, layer kinds adding up, top_k <= experts ...). 0 or -EINVAL naming
  * the field. Thread-safe. */
 int tier_plan_model_check(const tier_plan_model *m);

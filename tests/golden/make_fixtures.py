@@ -54,6 +54,21 @@ CASES = {
                           num_key_value_heads=2, vocab_size=97, num_local_experts=4, num_experts_per_tok=2,
                           max_position_embeddings=64, rms_norm_eps=1e-5, initializer_range=0.1,
                           tie_word_embeddings=False, router_aux_loss_coef=0.02)),
+    # The CUDA path's cases: head_dim 32 (the CUDA attention takes 32, 64, 96 or 128), the other
+    # sizes odd. qwen3_moe with a dense layer, per-expert keys; mixtral with 3 heads over 1 kv head.
+    "qwen3_moe_c": dict(
+        cls=Qwen3MoeForCausalLM, layout="per_expert", shard=None, seed=4051,
+        cfg=Qwen3MoeConfig(hidden_size=72, intermediate_size=50, moe_intermediate_size=26, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=101,
+                           num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
+                           decoder_sparse_step=1, tie_word_embeddings=False, max_position_embeddings=64,
+                           rms_norm_eps=1e-6, initializer_range=0.1, router_aux_loss_coef=0.001)),
+    "mixtral_c": dict(
+        cls=MixtralForCausalLM, layout="mixtral", shard=None, seed=5077,
+        cfg=MixtralConfig(hidden_size=96, intermediate_size=40, num_hidden_layers=2, num_attention_heads=3,
+                          num_key_value_heads=1, head_dim=32, vocab_size=89, num_local_experts=4,
+                          num_experts_per_tok=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+                          initializer_range=0.1, tie_word_embeddings=False, router_aux_loss_coef=0.02)),
 }
 
 

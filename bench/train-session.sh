@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# train-session.sh - the trainer on the GPU in one call: its CUDA tests (the small kernels, the
+# golden model against HF in bf16), then the Qwen3-30B-A3B-shaped benchmark of the trainer issue:
+# (a) no HBM cap, (b) --hbm 24G with the rest in DDR, (c) HF transformers + PEFT on the same shape
+# in the same run. Logs under OUT; a short table last.
+# usage: bench/train-session.sh BUILD_DIR OUT_DIR [STEPS [BATCH]] (STAGES=tests,a,b,c by default)
+set -u
+b=${1:?build dir}; out=${2:?out dir}; steps=${3:-6}; batch=${4:-1}; mkdir -p "$out"
+stages=${STAGES:-tests,a,b,c}
+export TIER_TEST_SRCDIR=$PWD
+sum="$out/summary.txt"; : > "$sum"
+step() { # limit name command...
+	local lim=$1 name=$2; shift 2
+	local t0=$SECONDS
+	timeout "$lim" "$@" > "$out/$name.log" 2>&1; local rc=$?
+	printf '%-22s rc=%-3d %4ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$sum"
+}
+has() { case ",$stages," in *",$1,"*) return 0;; esac; return 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+if has tests; then
+	for t in test_ops_cuda test_golden_cuda test_loss_cuda test_attn_cuda test_moe_cuda; do
+		step 120 "$t" "$b/tests/$t"
+	done
+fi
+cfg=bench/configs/qwen3-30b-a3b.json
+run=("$b/tier-run" --device cuda --init random --config "$cfg" --init-range 0.02 --seq 4096 --batch "$batch"
+     --steps "$steps" --warmup 1 --lr 1e-4 --lora-r 16 --lora-alpha 32 --lora-targets q,k,v,o,experts)
+has a && step 400 train-a "${run[@]}" --ddr 4G
+has b && step 500 train-b "${run[@]}" --hbm 24G --ddr 110G
+if has c; then
+	step 400 torch-attn python3 bench/train_torch.py --targets attn --seq 4096 --steps 4 --warmup 2
+	step 400 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing --seq 4096 --steps 4 --warmup 2
+fi
+for n in train-a train-b; do
+	[ -f "$out/$n.log" ] && { echo "== $n"; grep -E "^# (done|MFU|hbm|ddr|link)|^ +[0-9]+ " "$out/$n.log" | tail -12; }
+done
+for n in torch-attn torch-experts; do [ -f "$out/$n.log" ] && { echo "== $n"; grep '^{' "$out/$n.log"; }; done
+cat "$sum"

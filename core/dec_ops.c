@@ -1,0 +1,84 @@
+/* dec_ops.c - the decoder's operations dispatched by device: see dec_ops.h. */
+#include "config.h"
+#include <string.h>
+#include "core/dec_ops.h"
+#include "core/ops_cuda.h"
+
+int dop_norm(const tier_model *m, int rows, int dim, const float *x, const void *w, void *y, float *rstd)
+{
+	if (m->cuda)
+		return opsc_rmsnorm_fwd(m->dev, rows, dim, m->eps, x, w, y, rstd);
+	return tier_rmsnorm_fwd(m->dev, rows, dim, m->eps, x, w, y, rstd);
+}
+
+int dop_norm_bwd(const tier_model *m, int rows, int dim, const float *x, const void *w, const float *rstd,
+		 const float *dy, float *dx)
+{
+	if (m->cuda)
+		return opsc_rmsnorm_bwd(m->dev, rows, dim, x, w, rstd, dy, dx);
+	return tier_rmsnorm_bwd(m->dev, rows, dim, x, w, rstd, dy, dx, NULL);
+}
+
+size_t dop_linear_ws(const tier_model *m, int T, int out, int r)
+{
+	if (m->cuda)
+		return opsc_linear_ws_bytes(T, out, r);
+	tier_lora_ref l = { .rank = r };
+	float dummy = 0.0f;
+	l.a = l.b = r ? &dummy : NULL;
+	return sizeof(float) * tier_linear_ws_floats(T, &l);
+}
+
+int dop_linear(const tier_model *m, int T, int in, int out, const void *x, const void *w, const tier_lora_ref *l,
+	       float *y, void *ws)
+{
+	if (m->cuda)
+		return opsc_linear_fwd(m->dev, T, in, out, x, w, l, y, ws);
+	return tier_linear_fwd(m->dev, T, in, out, x, w, l, y, ws);
+}
+
+int dop_linear_bwd(const tier_model *m, int T, int in, int out, const void *x, const void *w,
+		   const tier_lora_ref *l, const float *dy, float *dx, int accumulate, void *ws)
+{
+	if (m->cuda)
+		return opsc_linear_bwd(m->dev, T, in, out, x, w, l, dy, dx, accumulate, ws);
+	return tier_linear_bwd(m->dev, T, in, out, x, w, l, dy, dx, accumulate, ws);
+}
+
+int dop_swiglu(const tier_model *m, size_t n, const float *g, const float *u, void *h)
+{
+	if (m->cuda)
+		return opsc_swiglu_fwd(m->dev, n, g, u, h);
+	return tier_swiglu_fwd(m->dev, n, g, u, h);
+}
+
+int dop_swiglu_bwd(const tier_model *m, size_t n, const float *g, const float *u, const float *dh, float *dg,
+		   float *du)
+{
+	if (m->cuda)
+		return opsc_swiglu_bwd(m->dev, n, g, u, dh, dg, du);
+	return tier_swiglu_bwd(m->dev, n, g, u, dh, dg, du);
+}
+
+int dop_add(const tier_model *m, size_t n, const float *a, const float *b, float *out)
+{
+	if (m->cuda)
+		return opsc_add(m->dev, n, a, b, out);
+	for (size_t i = 0; i < n; i++)
+		out[i] = a[i] + b[i];
+	return 0;
+}
+
+int dop_to_act(const tier_model *m, size_t n, const float *x, void *y)
+{
+	if (m->cuda)
+		return opsc_to_bf16(m->dev, n, x, y);
+	if (y != x)
+		memmove(y, x, sizeof(float) * n);
+	return 0;
+}
+
+int dop_copy(const tier_model *m, void *dst, const void *src, size_t bytes)
+{
+	return tier_dev_memcpy_d2d(m->dev, dst, src, bytes);
+}

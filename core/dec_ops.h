@@ -1,0 +1,30 @@
+/* dec_ops.h - (internal) the decoder's small operations on either device: the CPU reference
+ * (tier/model.h's layer functions, fp32 everywhere) or the CUDA kernels of core/ops_cuda.h (bf16
+ * weights and GEMM inputs, fp32 residual stream and gradients). Pointers typed void are "weight"
+ * (w) or "activation" (x, y of norms and linears) element types: fp32 on the CPU, bf16 on CUDA. */
+#ifndef TIER_CORE_DEC_OPS_H
+#define TIER_CORE_DEC_OPS_H
+
+#include "core/core_internal.h"
+
+/* Bytes per activation element that feeds a product: 4 on the CPU, 2 on CUDA. */
+static inline size_t dop_act_size(const tier_model *m) { return m->cuda ? 2 : sizeof(float); }
+
+int dop_norm(const tier_model *m, int rows, int dim, const float *x, const void *w, void *y, float *rstd);
+int dop_norm_bwd(const tier_model *m, int rows, int dim, const float *x, const void *w, const float *rstd,
+		 const float *dy, float *dx);
+/* Workspace bytes of a linear layer with `out` outputs and LoRA rank r (0: none). */
+size_t dop_linear_ws(const tier_model *m, int T, int out, int r);
+int dop_linear(const tier_model *m, int T, int in, int out, const void *x, const void *w, const tier_lora_ref *l,
+	       float *y, void *ws);
+int dop_linear_bwd(const tier_model *m, int T, int in, int out, const void *x, const void *w,
+		   const tier_lora_ref *l, const float *dy, float *dx, int accumulate, void *ws);
+int dop_swiglu(const tier_model *m, size_t n, const float *g, const float *u, void *h);
+int dop_swiglu_bwd(const tier_model *m, size_t n, const float *g, const float *u, const float *dh, float *dg,
+		   float *du);
+int dop_add(const tier_model *m, size_t n, const float *a, const float *b, float *out);
+/* y (activation type) = x (fp32): a copy on the CPU, a rounding to bf16 on CUDA. */
+int dop_to_act(const tier_model *m, size_t n, const float *x, void *y);
+int dop_copy(const tier_model *m, void *dst, const void *src, size_t bytes);
+
+#endif

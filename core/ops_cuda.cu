@@ -1,0 +1,650 @@
+/* ops_cuda.cu - the trainer's small CUDA operations (core/ops_cuda.h): RMSNorm, SwiGLU, embedding,
+ * conversions, the linear layer with LoRA on cuBLASLt, the optimizer's kernels, synthetic weights.
+ * bf16 storage, fp32 arithmetic; elementwise kernels are grid-stride loops over size_t indices
+ * (weights reach 1e9 elements). */
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include "core/ops_cuda.h"
+
+#define THREADS 256
+/* Grid-stride loops cap the grid: 8192 blocks of 256 threads are several waves on an H200 (132 SMs,
+ * 2048 threads each), enough to hide latency without launching millions of blocks for 1e9 elements. */
+#define MAX_BLOCKS 8192
+
+typedef __nv_bfloat16 bf16;
+
+static int cuda_dev(tier_dev *d, const char *op)
+{
+	if (!d || tier_dev_kind_of(d) != TIER_DEV_CUDA)
+		return tier_fail(-EINVAL, "%s: needs a CUDA device context", op);
+	return 0;
+}
+
+static cudaStream_t stream_of(tier_dev *d) { return (cudaStream_t)tier_dev_stream(d); }
+
+static int launched(const char *op, size_t n)
+{
+	cudaError_t e = cudaGetLastError();
+	if (e != cudaSuccess)
+		return tier_fail(-EIO, "%s (%zu elements): kernel launch failed: %s", op, n, cudaGetErrorString(e));
+	return 0;
+}
+
+static unsigned grid_for(size_t n)
+{
+	size_t b = (n + THREADS - 1) / THREADS;
+	return (unsigned)(b < MAX_BLOCKS ? b : MAX_BLOCKS);
+}
+
+#define GRID_STRIDE(i, n) \
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+/* Sum of v over the block (blockDim.x a multiple of 32); red: 33 floats of shared memory. Every
+ * thread gets the sum. The same reduction as moe/moe_cu.cuh, kept here so core/ needs no moe/ header. */
+__device__ static inline float block_sum(float v, float *red)
+{
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	for (int d = 16; d; d >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, d);
+	if (lane == 0)
+		red[warp] = v;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		float s = 0.0f;
+		for (int i = 0; i < nw; i++)
+			s += red[i];
+		red[32] = s;
+	}
+	__syncthreads();
+	v = red[32];
+	__syncthreads();
+	return v;
+}
+
+/* ---- RMSNorm: one block per row ------------------------------------------------------------- */
+
+static int row_threads(int dim)
+{
+	int t = (dim + 31) / 32 * 32;
+	return t < 512 ? t : 512;
+}
+
+__global__ void rmsnorm_fwd_kernel(int dim, float eps, const float *x, const bf16 *w, bf16 *y, float *rstd)
+{
+	__shared__ float red[33];
+	size_t row = blockIdx.x;
+	const float *xr = x + row * dim;
+	bf16 *yr = y + row * dim;
+	float s = 0.0f;
+	for (int j = threadIdx.x; j < dim; j += blockDim.x)
+		s += xr[j] * xr[j];
+	float r = rsqrtf(block_sum(s, red) / (float)dim + eps);
+	for (int j = threadIdx.x; j < dim; j += blockDim.x)  /* HF: (x * rstd) then times the weight */
+		yr[j] = __float2bfloat16_rn(xr[j] * r * __bfloat162float(w[j]));
+	if (threadIdx.x == 0 && rstd)
+		rstd[row] = r;
+}
+
+__global__ void rmsnorm_bwd_kernel(int dim, const float *x, const bf16 *w, const float *rstd, const float *dy,
+				   float *dx)
+{
+	__shared__ float red[33];
+	size_t row = blockIdx.x;
+	const float *xr = x + row * dim, *dyr = dy + row * dim;
+	float *dxr = dx + row * dim;
+	float s = 0.0f, r = rstd[row];
+	for (int j = threadIdx.x; j < dim; j += blockDim.x)
+		s += __bfloat162float(w[j]) * dyr[j] * xr[j];
+	float c = block_sum(s, red) * r * r * r / (float)dim;
+	for (int j = threadIdx.x; j < dim; j += blockDim.x)
+		dxr[j] = r * __bfloat162float(w[j]) * dyr[j] - xr[j] * c;
+}
+
+static int rows_check(const char *op, tier_dev *d, int rows, int dim)
+{
+	int rc = cuda_dev(d, op);
+	if (rc)
+		return rc;
+	if (rows < 0 || dim <= 0 || rows >= (1 << 30))
+		return tier_fail(-EINVAL, "%s: bad size rows=%d dim=%d", op, rows, dim);
+	return 0;
+}
+
+int opsc_rmsnorm_fwd(tier_dev *d, int rows, int dim, float eps, const float *x, const opsc_bf16 *w,
+		     opsc_bf16 *y, float *rstd)
+{
+	int rc = rows_check("opsc_rmsnorm_fwd", d, rows, dim);
+	if (rc || rows == 0)
+		return rc;
+	rmsnorm_fwd_kernel<<<rows, row_threads(dim), 0, stream_of(d)>>>(dim, eps, x, (const bf16 *)w, (bf16 *)y, rstd);
+	return launched("opsc_rmsnorm_fwd", (size_t)rows * dim);
+}
+
+int opsc_rmsnorm_bwd(tier_dev *d, int rows, int dim, const float *x, const opsc_bf16 *w, const float *rstd,
+		     const float *dy, float *dx)
+{
+	int rc = rows_check("opsc_rmsnorm_bwd", d, rows, dim);
+	if (rc || rows == 0)
+		return rc;
+	if (!rstd)
+		return tier_fail(-EINVAL, "opsc_rmsnorm_bwd: rows=%d dim=%d needs the forward's rstd", rows, dim);
+	rmsnorm_bwd_kernel<<<rows, row_threads(dim), 0, stream_of(d)>>>(dim, x, (const bf16 *)w, rstd, dy, dx);
+	return launched("opsc_rmsnorm_bwd", (size_t)rows * dim);
+}
+
+/* ---- SwiGLU, embedding, elementwise --------------------------------------------------------- */
+
+/* expf, not __expf: the backward is held to fp32 accuracy. */
+__device__ static inline float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+__global__ void swiglu_fwd_kernel(size_t n, const float *g, const float *u, bf16 *h)
+{
+	GRID_STRIDE(i, n) {
+		float gi = g[i];
+		h[i] = __float2bfloat16_rn(gi * sigmoid(gi) * u[i]);
+	}
+}
+
+/* d silu(g) / dg = s + g s (1 - s) with s = sigmoid(g). */
+__global__ void swiglu_bwd_kernel(size_t n, const float *g, const float *u, const float *dh, float *dg, float *du)
+{
+	GRID_STRIDE(i, n) {
+		float gi = g[i], s = sigmoid(gi), si = gi * s, dhi = dh[i];
+		dg[i] = dhi * u[i] * (s + si * (1.0f - s));
+		du[i] = dhi * si;
+	}
+}
+
+__global__ void embed_kernel(int T, int dim, const int32_t *tokens, const bf16 *table, float *out)
+{
+	for (int t = blockIdx.x; t < T; t += gridDim.x) {
+		const bf16 *row = table + (size_t)tokens[t] * dim;
+		float *o = out + (size_t)t * dim;
+		for (int j = threadIdx.x; j < dim; j += blockDim.x)
+			o[j] = __bfloat162float(row[j]);
+	}
+}
+
+__global__ void add_kernel(size_t n, const float *a, const float *b, float *out)
+{
+	GRID_STRIDE(i, n)
+		out[i] = a[i] + b[i];
+}
+
+__global__ void to_bf16_kernel(size_t n, const float *x, bf16 *y)
+{
+	GRID_STRIDE(i, n)
+		y[i] = __float2bfloat16_rn(x[i]);
+}
+
+/* Segment s = blockIdx.y (strided: gridDim.y is at most 65535). */
+__global__ void to_bf16_many_kernel(int n_seg, const float *const *src, bf16 *const *dst, const size_t *len)
+{
+	for (int s = blockIdx.y; s < n_seg; s += gridDim.y) {
+		const float *x = src[s];
+		bf16 *y = dst[s];
+		size_t n = len[s];
+		GRID_STRIDE(i, n)
+			y[i] = __float2bfloat16_rn(x[i]);
+	}
+}
+
+int opsc_swiglu_fwd(tier_dev *d, size_t n, const float *g, const float *u, opsc_bf16 *h)
+{
+	int rc = cuda_dev(d, "opsc_swiglu_fwd");
+	if (rc || n == 0)
+		return rc;
+	swiglu_fwd_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, g, u, (bf16 *)h);
+	return launched("opsc_swiglu_fwd", n);
+}
+
+int opsc_swiglu_bwd(tier_dev *d, size_t n, const float *g, const float *u, const float *dh, float *dg, float *du)
+{
+	int rc = cuda_dev(d, "opsc_swiglu_bwd");
+	if (rc || n == 0)
+		return rc;
+	swiglu_bwd_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, g, u, dh, dg, du);
+	return launched("opsc_swiglu_bwd", n);
+}
+
+int opsc_embed_fwd(tier_dev *d, int T, int vocab, int dim, const int32_t *tokens, const opsc_bf16 *table,
+		   float *out)
+{
+	int rc = cuda_dev(d, "opsc_embed_fwd");
+	if (rc)
+		return rc;
+	if (T < 0 || vocab <= 0 || dim <= 0)
+		return tier_fail(-EINVAL, "opsc_embed_fwd: bad size T=%d vocab=%d dim=%d", T, vocab, dim);
+	if (T == 0)
+		return 0;
+	int blocks = T < MAX_BLOCKS ? T : MAX_BLOCKS;
+	embed_kernel<<<blocks, row_threads(dim), 0, stream_of(d)>>>(T, dim, tokens, (const bf16 *)table, out);
+	return launched("opsc_embed_fwd", (size_t)T * dim);
+}
+
+int opsc_add(tier_dev *d, size_t n, const float *a, const float *b, float *out)
+{
+	int rc = cuda_dev(d, "opsc_add");
+	if (rc || n == 0)
+		return rc;
+	add_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, a, b, out);
+	return launched("opsc_add", n);
+}
+
+int opsc_to_bf16(tier_dev *d, size_t n, const float *x, opsc_bf16 *y)
+{
+	int rc = cuda_dev(d, "opsc_to_bf16");
+	if (rc || n == 0)
+		return rc;
+	to_bf16_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, x, (bf16 *)y);
+	return launched("opsc_to_bf16", n);
+}
+
+/* The table: n_seg source pointers, n_seg destination pointers, n_seg lengths. */
+size_t opsc_many_table_bytes(int n_seg)
+{
+	return n_seg > 0 ? (size_t)n_seg * (2 * sizeof(void *) + sizeof(size_t)) : 0;
+}
+
+static int many_check(int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len, void *table,
+		      size_t *max_len)
+{
+	*max_len = 0;
+	if (n_seg < 0 || (n_seg > 0 && (!src || !dst || !len || !table)))
+		return tier_fail(-EINVAL, "opsc_to_bf16_many: bad arguments (n_seg=%d, NULL array or table)", n_seg);
+	for (int i = 0; i < n_seg; i++) {
+		if (len[i] && (!src[i] || !dst[i]))
+			return tier_fail(-EINVAL, "opsc_to_bf16_many: segment %d of %zu elements has a NULL pointer", i,
+					 len[i]);
+		*max_len = len[i] > *max_len ? len[i] : *max_len;
+	}
+	return 0;
+}
+
+int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len,
+		      void *table)
+{
+	size_t max_len, np = (size_t)n_seg * sizeof(void *);
+	int rc = cuda_dev(d, "opsc_to_bf16_many");
+	if (rc || (rc = many_check(n_seg, src, dst, len, table, &max_len)) || max_len == 0)
+		return rc;
+	cudaStream_t s = stream_of(d);
+	/* From pageable host memory these return once the source is staged: the caller may reuse its
+	 * arrays at once, and the kernel below is ordered after the copies on the stream. */
+	char *t = (char *)table;
+	cudaError_t e = cudaMemcpyAsync(t, src, np, cudaMemcpyHostToDevice, s);
+	if (e == cudaSuccess)
+		e = cudaMemcpyAsync(t + np, dst, np, cudaMemcpyHostToDevice, s);
+	if (e == cudaSuccess)
+		e = cudaMemcpyAsync(t + 2 * np, len, (size_t)n_seg * sizeof(size_t), cudaMemcpyHostToDevice, s);
+	if (e != cudaSuccess)
+		return tier_fail(-EIO, "opsc_to_bf16_many: copying the table of %d segments failed: %s", n_seg,
+				 cudaGetErrorString(e));
+	/* Blocks per segment sized for the longest one, with the whole grid bounded to ~64k blocks. */
+	unsigned gy = n_seg < 65535 ? (unsigned)n_seg : 65535u, gx = grid_for(max_len);
+	if ((size_t)gx * gy > 65536)
+		gx = 65536 / gy > 0 ? 65536 / gy : 1;
+	to_bf16_many_kernel<<<dim3(gx, gy), THREADS, 0, s>>>(n_seg, (const float *const *)t, (bf16 *const *)(t + np),
+							     (const size_t *)(t + 2 * np));
+	return launched("opsc_to_bf16_many", max_len);
+}
+
+/* ---- Optimizer ------------------------------------------------------------------------------- */
+
+/* Squares in fp64 per thread, a warp and block reduction in fp64, one atomicAdd (double) per block. */
+__global__ void sumsq_kernel(size_t n, const float *x, double *acc)
+{
+	__shared__ double red[32];
+	double s = 0.0;
+	GRID_STRIDE(i, n) {
+		double v = x[i];
+		s += v * v;
+	}
+	for (int k = 16; k; k >>= 1)
+		s += __shfl_xor_sync(0xffffffffu, s, k);
+	if ((threadIdx.x & 31) == 0)
+		red[threadIdx.x >> 5] = s;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		double t = 0.0;
+		for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+			t += red[w];
+		atomicAdd(acc, t);
+	}
+}
+
+__global__ void adamw_kernel(size_t n, float *p, const float *g, float *m, float *v, float lr, float b1, float b2,
+			     float eps, float decay, float bc1, float bc2, float gscale)
+{
+	GRID_STRIDE(i, n) {
+		float gj = g[i] * gscale;
+		float mi = b1 * m[i] + (1.0f - b1) * gj, vi = b2 * v[i] + (1.0f - b2) * gj * gj;
+		m[i] = mi, v[i] = vi;
+		p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+	}
+}
+
+int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc)
+{
+	int rc = cuda_dev(d, "opsc_sumsq");
+	if (rc || n == 0)
+		return rc;
+	sumsq_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, x, acc);
+	return launched("opsc_sumsq", n);
+}
+
+int opsc_adamw(tier_dev *d, size_t n, float *p, const float *g, float *m, float *v, float lr, float b1, float b2,
+	       float eps, float decay, float bc1, float bc2, float gscale)
+{
+	int rc = cuda_dev(d, "opsc_adamw");
+	if (rc || n == 0)
+		return rc;
+	adamw_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, p, g, m, v, lr, b1, b2, eps, decay, bc1, bc2, gscale);
+	return launched("opsc_adamw", n);
+}
+
+/* ---- Synthetic weights ----------------------------------------------------------------------- */
+
+/* splitmix64's finaliser: element i of seed s hashes (mix(s) + (i + 1) golden), splitmix64's stream
+ * at position i, so a value depends on (seed, index) only, never on the launch shape. */
+__host__ __device__ static inline uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Box-Muller on the two 32-bit halves; u1 in (0, 1] so the log is finite (|z| <= 6.7). */
+__global__ void fill_normal_kernel(size_t n, uint64_t key, float std, bf16 *out)
+{
+	const float two32 = 2.3283064365386963e-10f; /* 2^-32 */
+	GRID_STRIDE(i, n) {
+		uint64_t h = mix64(key + (i + 1) * 0x9e3779b97f4a7c15ull);
+		float u1 = ((float)(uint32_t)(h >> 32) + 0.5f) * two32, u2 = (float)(uint32_t)h * two32;
+		float sn, cs;
+		sincospif(2.0f * u2, &sn, &cs);
+		out[i] = __float2bfloat16_rn(std * sqrtf(-2.0f * logf(u1)) * cs);
+	}
+}
+
+__global__ void fill_const_kernel(size_t n, float v, bf16 *out)
+{
+	bf16 b = __float2bfloat16_rn(v);
+	GRID_STRIDE(i, n)
+		out[i] = b;
+}
+
+int opsc_fill_normal(tier_dev *d, size_t n, uint64_t seed, float std, opsc_bf16 *out)
+{
+	int rc = cuda_dev(d, "opsc_fill_normal");
+	if (rc || n == 0)
+		return rc;
+	fill_normal_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, mix64(seed), std, (bf16 *)out);
+	return launched("opsc_fill_normal", n);
+}
+
+int opsc_fill_const(tier_dev *d, size_t n, float v, opsc_bf16 *out)
+{
+	int rc = cuda_dev(d, "opsc_fill_const");
+	if (rc || n == 0)
+		return rc;
+	fill_const_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, v, (bf16 *)out);
+	return launched("opsc_fill_const", n);
+}
+
+/* ---- cuBLASLt product ------------------------------------------------------------------------ */
+
+static uint32_t align_of(const void *p)
+{
+	uintptr_t a = (uintptr_t)p;
+	uint32_t al = 256;
+	while (al > 1 && a % al)
+		al >>= 1;
+	return al;
+}
+
+/* The descriptors of one product; gemm_free destroys whichever were created. */
+typedef struct {
+	cublasLtMatmulDesc_t desc;
+	cublasLtMatrixLayout_t la, lb, lc;
+	cublasLtMatmulPreference_t pref;
+} gemm_plan;
+
+static void gemm_free(gemm_plan *g)
+{
+	if (g->pref)
+		cublasLtMatmulPreferenceDestroy(g->pref);
+	if (g->lc)
+		cublasLtMatrixLayoutDestroy(g->lc);
+	if (g->lb)
+		cublasLtMatrixLayoutDestroy(g->lb);
+	if (g->la)
+		cublasLtMatrixLayoutDestroy(g->la);
+	if (g->desc)
+		cublasLtMatmulDescDestroy(g->desc);
+}
+
+/* Layouts as stored: A is m x k (k x m when transposed), B k x n (n x k), C m x n. */
+static cublasStatus_t gemm_describe(gemm_plan *g, int m, int n, int k, const opsc_operand *A, const opsc_operand *B,
+				    int ldc)
+{
+	cublasOperation_t ta = A->trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = B->trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+	cublasStatus_t st = cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatrixLayoutCreate(&g->la, (cudaDataType_t)A->type, A->trans ? k : m, A->trans ? m : k, A->ld);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatrixLayoutCreate(&g->lb, (cudaDataType_t)B->type, B->trans ? n : k, B->trans ? k : n, B->ld);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatrixLayoutCreate(&g->lc, CUDA_R_32F, m, n, ldc);
+	return st;
+}
+
+/* The real alignment of every pointer, so that odd sizes and offsets get kernels that can read them. */
+static cublasStatus_t gemm_prefer(gemm_plan *g, uint64_t wsb, const void *a, const void *b, const void *c)
+{
+	uint32_t aa = align_of(a), ab = align_of(b), ac = align_of(c);
+	cublasStatus_t st = cublasLtMatmulPreferenceCreate(&g->pref);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+	return st;
+}
+
+static int operand_ok(const opsc_operand *X, int rows)
+{
+	return (X->trans == 0 || X->trans == 1) && (X->type == CUDA_R_16BF || X->type == CUDA_R_32F) && X->p &&
+	       X->ld >= (rows > 1 ? rows : 1);
+}
+
+/* C = beta C for an empty sum (k = 0), which cuBLASLt does not take; beta 0 writes zeros (C unread). */
+__global__ void scale_kernel(int m, int n, float beta, float *C, int ldc)
+{
+	GRID_STRIDE(i, (size_t)m * n) {
+		float *c = C + (i / m) * ldc + i % m;
+		*c = beta == 0.0f ? 0.0f : beta * *c;
+	}
+}
+
+static int gemm_empty(tier_dev *d, int m, int n, float beta, float *C, int ldc)
+{
+	if (beta == 1.0f)
+		return 0;
+	scale_kernel<<<grid_for((size_t)m * n), THREADS, 0, stream_of(d)>>>(m, n, beta, C, ldc);
+	return launched("opsc_gemm (k=0)", (size_t)m * n);
+}
+
+int opsc_gemm(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, opsc_operand B, float beta, float *C,
+	      int ldc)
+{
+	gemm_plan g = { NULL, NULL, NULL, NULL, NULL };
+	cublasLtMatmulHeuristicResult_t heur;
+	size_t wsb = 0;
+	int found = 0, rc = cuda_dev(d, "opsc_gemm");
+	if (rc)
+		return rc;
+	if (m < 0 || n < 0 || k < 0 || !C || ldc < (m > 1 ? m : 1) || !operand_ok(&A, A.trans ? k : m) ||
+	    !operand_ok(&B, B.trans ? n : k))
+		return tier_fail(-EINVAL, "opsc_gemm: bad product %d x %d x %d (A trans %d type %d ld %d, B trans %d type %d "
+				 "ld %d, ldc %d)", m, n, k, A.trans, A.type, A.ld, B.trans, B.type, B.ld, ldc);
+	if (m == 0 || n == 0)
+		return 0;
+	if (k == 0)
+		return gemm_empty(d, m, n, beta, C, ldc);
+	cublasLtHandle_t h = (cublasLtHandle_t)tier_dev_blaslt(d);
+	void *ws = tier_dev_blaslt_workspace(d, &wsb);
+	cublasStatus_t st = gemm_describe(&g, m, n, k, &A, &B, ldc);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = gemm_prefer(&g, wsb, A.p, B.p, C);
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmulAlgoGetHeuristic(h, g.desc, g.la, g.lb, g.lc, g.lc, g.pref, 1, &heur, &found);
+	if (st == CUBLAS_STATUS_SUCCESS && found == 0)
+		st = CUBLAS_STATUS_NOT_SUPPORTED;
+	if (st == CUBLAS_STATUS_SUCCESS)
+		st = cublasLtMatmul(h, g.desc, &alpha, A.p, g.la, B.p, g.lb, &beta, C, g.lc, C, g.lc, &heur.algo, ws, wsb,
+				    stream_of(d));
+	if (st != CUBLAS_STATUS_SUCCESS)
+		rc = tier_fail(-EIO, "opsc_gemm: cuBLASLt product %d x %d x %d (A trans %d type %d ld %d, B trans %d type %d "
+			       "ld %d) failed: %s", m, n, k, A.trans, A.type, A.ld, B.trans, B.type, B.ld,
+			       cublasLtGetStatusString(st));
+	gemm_free(&g);
+	return rc;
+}
+
+/* ---- Linear layer with LoRA ------------------------------------------------------------------
+ * Row-major X [R, C] is column-major X^T [C, R] with ld C, so each row-major product is computed as
+ * its transpose: Y = X W^T becomes Y^T [out, T] = W (stored [in, out], transposed) X^T (stored
+ * [in, T]). Each call below spells out its mapping. */
+
+static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
+
+/* Workspace pieces, each 256-byte aligned: dy in bf16 [T, out]; x A^T (or dy B) in fp32 [T, r];
+ * its bf16 copy [T, r]; the bf16 dy B of the backward [T, r]. Same arithmetic in ops_nocuda.c. */
+typedef struct {
+	bf16 *dy16;
+	float *xa;
+	bf16 *xa16, *dxa16;
+} lin_ws;
+
+size_t opsc_linear_ws_bytes(int T, int out, int rank)
+{
+	size_t t = T > 0 ? (size_t)T : 0, o = out > 0 ? (size_t)out : 0, r = rank > 0 ? (size_t)rank : 0;
+	return al256(t * o * 2) + al256(t * r * 4) + 2 * al256(t * r * 2);
+}
+
+static lin_ws ws_split(void *ws, int T, int out, int r)
+{
+	lin_ws s;
+	char *p = (char *)ws;
+	s.dy16 = (bf16 *)p, p += al256((size_t)T * out * 2);
+	s.xa = (float *)p, p += al256((size_t)T * r * 4);
+	s.xa16 = (bf16 *)p, p += al256((size_t)T * r * 2);
+	s.dxa16 = (bf16 *)p;
+	return s;
+}
+
+static opsc_operand bf(int trans, const void *p, int ld)
+{
+	opsc_operand o = { trans, p, CUDA_R_16BF, ld };
+	return o;
+}
+
+static int lora_on(const tier_lora_ref *l) { return l && l->a; }
+
+static int linear_check(const char *op, tier_dev *d, int T, int in, int out, const void *x, const void *w,
+			const tier_lora_ref *l, const void *ws, int need_ws)
+{
+	int rc = cuda_dev(d, op);
+	if (rc)
+		return rc;
+	if (T < 0 || in <= 0 || out <= 0 || (T > 0 && (!x || !w)))
+		return tier_fail(-EINVAL, "%s: bad arguments T=%d in=%d out=%d (x %p, w %p)", op, T, in, out, x, w);
+	if (lora_on(l) && (!l->b || l->rank <= 0))
+		return tier_fail(-EINVAL, "%s: LoRA of rank %d on T=%d in=%d out=%d needs a and b", op, l->rank, T, in, out);
+	if ((need_ws || lora_on(l)) && !ws && T > 0)
+		return tier_fail(-EINVAL, "%s: T=%d in=%d out=%d needs a workspace of %zu bytes", op, T, in, out,
+				 opsc_linear_ws_bytes(T, out, lora_on(l) ? l->rank : 0));
+	return 0;
+}
+
+/* xa16 [T, r] = bf16(x A^T): column-major xa^T [r, T] = A (stored [in, r], transposed) x^T (stored [in, T]). */
+static int lora_xa(tier_dev *d, int T, int in, const opsc_bf16 *x, const tier_lora_ref *l, const lin_ws *s)
+{
+	int r = l->rank, rc = opsc_gemm(d, r, T, in, 1.0f, bf(1, l->a, in), bf(0, x, in), 0.0f, s->xa, r);
+	return rc ? rc : opsc_to_bf16(d, (size_t)T * r, s->xa, (opsc_bf16 *)s->xa16);
+}
+
+int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+		    const tier_lora_ref *lora, float *y, void *ws)
+{
+	int rc = linear_check("opsc_linear_fwd", d, T, in, out, x, w, lora, ws, 0);
+	if (rc || T == 0)
+		return rc;
+	/* y^T [out, T] = W (stored [in, out], transposed) x^T (stored [in, T]) */
+	if ((rc = opsc_gemm(d, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), 0.0f, y, out)) || !lora_on(lora))
+		return rc;
+	int r = lora->rank;
+	lin_ws s = ws_split(ws, T, out, r);
+	if ((rc = lora_xa(d, T, in, x, lora, &s)))
+		return rc;
+	/* y^T += scale B (stored [r, out], transposed) xa^T (stored [r, T]) */
+	return opsc_gemm(d, out, T, r, lora->scale, bf(1, lora->b, r), bf(0, s.xa16, r), 1.0f, y, out);
+}
+
+/* The adapter's part of the backward, after dy16 is in the workspace and dx holds dy W. */
+static int linear_bwd_lora(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const tier_lora_ref *l,
+			   float *dx, const lin_ws *s)
+{
+	int r = l->rank, rc;
+	if (l->db) {
+		if ((rc = lora_xa(d, T, in, x, l, s)))
+			return rc;
+		/* db^T [r, out] += scale xa^T (stored [r, T]) dy (stored [out, T], transposed) */
+		if ((rc = opsc_gemm(d, r, out, T, l->scale, bf(0, s->xa16, r), bf(1, s->dy16, out), 1.0f, l->db, r)))
+			return rc;
+	}
+	if (!l->da && !dx)
+		return 0;
+	/* dxa^T [r, T] = scale B^T (B stored [r, out]) dy^T (stored [out, T]); fp32 over xa, then bf16 */
+	if ((rc = opsc_gemm(d, r, T, out, l->scale, bf(0, l->b, r), bf(0, s->dy16, out), 0.0f, s->xa, r)) ||
+	    (rc = opsc_to_bf16(d, (size_t)T * r, s->xa, (opsc_bf16 *)s->dxa16)))
+		return rc;
+	/* da^T [in, r] += x^T (stored [in, T]) dxa (stored [r, T], transposed) */
+	if (l->da && (rc = opsc_gemm(d, in, r, T, 1.0f, bf(0, x, in), bf(1, s->dxa16, r), 1.0f, l->da, in)))
+		return rc;
+	/* dx^T [in, T] += A^T (A stored [in, r]) dxa^T (stored [r, T]) */
+	if (dx && (rc = opsc_gemm(d, in, T, r, 1.0f, bf(0, l->a, in), bf(0, s->dxa16, r), 1.0f, dx, in)))
+		return rc;
+	return 0;
+}
+
+int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+		    const tier_lora_ref *lora, const float *dy, float *dx, int accumulate, void *ws)
+{
+	int rc = linear_check("opsc_linear_bwd", d, T, in, out, x, w, lora, ws, 1);
+	int on = lora_on(lora);
+	if (rc || T == 0 || (!dx && (!on || (!lora->da && !lora->db))))
+		return rc;
+	lin_ws s = ws_split(ws, T, out, on ? lora->rank : 0);
+	if ((rc = opsc_to_bf16(d, (size_t)T * out, dy, (opsc_bf16 *)s.dy16)))
+		return rc;
+	/* dx^T [in, T] (+)= W^T (W stored [in, out]) dy^T (stored [out, T]) */
+	if (dx && (rc = opsc_gemm(d, in, T, out, 1.0f, bf(0, w, in), bf(0, s.dy16, out), accumulate ? 1.0f : 0.0f, dx,
+				  in)))
+		return rc;
+	return on ? linear_bwd_lora(d, T, in, out, x, lora, dx, &s) : 0;
+}

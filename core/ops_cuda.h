@@ -1,0 +1,94 @@
+/* ops_cuda.h - (internal) the trainer's small CUDA operations: everything around the attention,
+ * MoE and loss kernels that a decoder layer and the optimizer need on the GPU.
+ *
+ * Conventions (the CUDA path of the trainer): frozen weights are bf16; GEMM inputs (normalised
+ * activations, attention inputs and outputs) are bf16; the residual stream, projection outputs,
+ * every gradient, LoRA master parameters, gradients and AdamW moments are fp32. `bf16` below is
+ * __nv_bfloat16 stored as uint16_t in C. Every pointer is device memory of the context unless said
+ * otherwise; calls are queued on the context's stream and do not synchronise unless said so.
+ * Each returns 0 or -EIO with a message (a CUDA or cuBLASLt error), or -EINVAL for bad sizes.
+ * On a build without CUDA every function returns -ENOTSUP. */
+#ifndef TIER_CORE_OPS_CUDA_H
+#define TIER_CORE_OPS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tier/base.h"
+#include "tier/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint16_t opsc_bf16;
+
+/* y [rows, dim] (bf16) = x * rsqrt(mean(x^2) + eps) * w, statistics in fp32 as HF computes them;
+ * x fp32, w bf16 [dim]; rstd [rows] fp32 (may be NULL). */
+int opsc_rmsnorm_fwd(tier_dev *d, int rows, int dim, float eps, const float *x, const opsc_bf16 *w,
+		     opsc_bf16 *y, float *rstd);
+/* dx [rows, dim] fp32 written = r (w dy) - x r^3 / dim * sum(w dy x); x, dy fp32. */
+int opsc_rmsnorm_bwd(tier_dev *d, int rows, int dim, const float *x, const opsc_bf16 *w, const float *rstd,
+		     const float *dy, float *dx);
+
+/* h [n] (bf16) = silu(g) * u; g, u fp32. Backward: dg, du fp32 written from dh fp32. */
+int opsc_swiglu_fwd(tier_dev *d, size_t n, const float *g, const float *u, opsc_bf16 *h);
+int opsc_swiglu_bwd(tier_dev *d, size_t n, const float *g, const float *u, const float *dh, float *dg, float *du);
+
+/* out [T, dim] fp32 = table[tokens[t]] (table bf16 [vocab, dim]; tokens int32 device, checked
+ * by the caller to lie in 0..vocab-1). */
+int opsc_embed_fwd(tier_dev *d, int T, int vocab, int dim, const int32_t *tokens, const opsc_bf16 *table,
+		   float *out);
+
+/* out [n] = a + b (fp32; out may be a or b). */
+int opsc_add(tier_dev *d, size_t n, const float *a, const float *b, float *out);
+/* y [n] (bf16) = x (fp32), rounded to nearest even. */
+int opsc_to_bf16(tier_dev *d, size_t n, const float *x, opsc_bf16 *y);
+/* n_seg conversions at once (one launch): dst[i][0..len[i]) = bf16(src[i][...]). src, dst, len are
+ * HOST arrays of device pointers and lengths; table (device memory, opsc_many_table_bytes(n_seg)
+ * bytes) receives them (copied from the host, ordered on the stream). */
+size_t opsc_many_table_bytes(int n_seg);
+int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len,
+		      void *table);
+
+/* Linear layer with LoRA on bf16 operands, fp32 accumulation (cuBLASLt):
+ *   y [T, out] fp32 (written) = x W^T + scale (x A^T) B^T
+ * x bf16 [T, in], W bf16 [out, in]; lora->a bf16 [r, in] and lora->b bf16 [out, r] (passed in the
+ * float-typed fields of tier_lora_ref), da, db fp32 (accumulated in backward; NULL: frozen).
+ * lora NULL or lora->a NULL: no adapter. ws: opsc_linear_ws_bytes(T, out, r) device bytes. */
+size_t opsc_linear_ws_bytes(int T, int out, int rank);
+int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+		    const tier_lora_ref *lora, float *y, void *ws);
+/* Backward from dy fp32 [T, out]: dx [T, in] fp32 = dy W + scale (dy B) A (written, or added to
+ * when accumulate; NULL: not wanted); da += scale (dy B)^T x, db += scale dy^T (x A^T). dy is
+ * converted to bf16 in ws for the products. */
+int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+		    const tier_lora_ref *lora, const float *dy, float *dx, int accumulate, void *ws);
+
+/* *acc (device double) += sum x[i]^2 (fp32 x, summed in fp64 per block). */
+int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc);
+/* PyTorch's AdamW on fp32 p, g, m, v [n]: gj = g * gscale; m = b1 m + (1 - b1) gj;
+ * v = b2 v + (1 - b2) gj^2; p = p * decay - lr (m / bc1) / (sqrt(v / bc2) + eps). */
+int opsc_adamw(tier_dev *d, size_t n, float *p, const float *g, float *m, float *v, float lr, float b1, float b2,
+	       float eps, float decay, float bc1, float bc2, float gscale);
+
+/* Synthetic weights: out [n] bf16 = std * N(0, 1) from a counter-based generator keyed by
+ * (seed, index) (deterministic, independent of launch shape); opsc_fill_const writes v. */
+int opsc_fill_normal(tier_dev *d, size_t n, uint64_t seed, float std, opsc_bf16 *out);
+int opsc_fill_const(tier_dev *d, size_t n, float v, opsc_bf16 *out);
+
+/* Column-major cuBLASLt product C [m x n] fp32 = alpha op(A) op(B) + beta C, fp32 accumulation,
+ * A and B of type `type` (CUDA_R_16BF = 14 or CUDA_R_32F = 0), ld as stored; real alignments are
+ * passed to cuBLASLt so any size works. Used by the linear layer here and by loss/. */
+typedef struct {
+	int trans;       /* 0: op(X) = X, 1: op(X) = X^T */
+	const void *p;
+	int type;        /* cudaDataType_t */
+	int ld;
+} opsc_operand;
+int opsc_gemm(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, opsc_operand B, float beta, float *C,
+	      int ldc);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

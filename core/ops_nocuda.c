@@ -1,0 +1,102 @@
+/* ops_nocuda.c - core/ops_cuda.h in a build without CUDA: every operation fails with -ENOTSUP; the
+ * two size functions keep their arithmetic (the same as ops_cuda.cu) so that callers can plan. */
+#include <errno.h>
+#include "core/ops_cuda.h"
+
+#define NOCUDA(op) tier_fail(-ENOTSUP, "%s: libtier was built without CUDA (reconfigure --with-cuda)", op)
+
+static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
+
+size_t opsc_linear_ws_bytes(int T, int out, int rank)
+{
+	size_t t = T > 0 ? (size_t)T : 0, o = out > 0 ? (size_t)out : 0, r = rank > 0 ? (size_t)rank : 0;
+	return al256(t * o * 2) + al256(t * r * 4) + 2 * al256(t * r * 2);
+}
+
+size_t opsc_many_table_bytes(int n_seg)
+{
+	return n_seg > 0 ? (size_t)n_seg * (2 * sizeof(void *) + sizeof(size_t)) : 0;
+}
+
+int opsc_rmsnorm_fwd(tier_dev *d, int rows, int dim, float eps, const float *x, const opsc_bf16 *w,
+		     opsc_bf16 *y, float *rstd)
+{
+	return NOCUDA("opsc_rmsnorm_fwd");
+}
+
+int opsc_rmsnorm_bwd(tier_dev *d, int rows, int dim, const float *x, const opsc_bf16 *w, const float *rstd,
+		     const float *dy, float *dx)
+{
+	return NOCUDA("opsc_rmsnorm_bwd");
+}
+
+int opsc_swiglu_fwd(tier_dev *d, size_t n, const float *g, const float *u, opsc_bf16 *h)
+{
+	return NOCUDA("opsc_swiglu_fwd");
+}
+
+int opsc_swiglu_bwd(tier_dev *d, size_t n, const float *g, const float *u, const float *dh, float *dg, float *du)
+{
+	return NOCUDA("opsc_swiglu_bwd");
+}
+
+int opsc_embed_fwd(tier_dev *d, int T, int vocab, int dim, const int32_t *tokens, const opsc_bf16 *table,
+		   float *out)
+{
+	return NOCUDA("opsc_embed_fwd");
+}
+
+int opsc_add(tier_dev *d, size_t n, const float *a, const float *b, float *out)
+{
+	return NOCUDA("opsc_add");
+}
+
+int opsc_to_bf16(tier_dev *d, size_t n, const float *x, opsc_bf16 *y)
+{
+	return NOCUDA("opsc_to_bf16");
+}
+
+int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len,
+		      void *table)
+{
+	return NOCUDA("opsc_to_bf16_many");
+}
+
+int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+		    const tier_lora_ref *lora, float *y, void *ws)
+{
+	return NOCUDA("opsc_linear_fwd");
+}
+
+int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+		    const tier_lora_ref *lora, const float *dy, float *dx, int accumulate, void *ws)
+{
+	return NOCUDA("opsc_linear_bwd");
+}
+
+int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc)
+{
+	return NOCUDA("opsc_sumsq");
+}
+
+int opsc_adamw(tier_dev *d, size_t n, float *p, const float *g, float *m, float *v, float lr, float b1, float b2,
+	       float eps, float decay, float bc1, float bc2, float gscale)
+{
+	return NOCUDA("opsc_adamw");
+}
+
+int opsc_fill_normal(tier_dev *d, size_t n, uint64_t seed, float std, opsc_bf16 *out)
+{
+	return NOCUDA("opsc_fill_normal");
+}
+
+int opsc_fill_const(tier_dev *d, size_t n, float v, opsc_bf16 *out)
+{
+	return NOCUDA("opsc_fill_const");
+}
+
+int opsc_gemm(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, opsc_operand B, float beta, float *C,
+	      int ldc)
+{
+	return NOCUDA("opsc_gemm");
+}

@@ -1,0 +1,622 @@
+/* test_ops_cuda.c - the trainer's CUDA operations (core/ops_cuda.h) against fp64 references on the
+ * same bf16-rounded inputs: odd sizes, outputs poisoned with NaN, accumulation checked against the
+ * initial contents. Skips (exit 77) without a GPU. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+#include "tier/tier.h"
+#include "core/ops_cuda.h"
+
+#define TOL_BF16 1e-2  /* bf16 outputs, and products of bf16 operands (bf16 intermediates) */
+#define TOL_F32 1e-5   /* fp32 elementwise arithmetic */
+#define TOL_F64 1e-9   /* sums kept in fp64 */
+#define CUDA_R_16BF 14 /* cudaDataType_t values (library_types.h) without the CUDA headers */
+#define CUDA_R_32F 0
+
+static tier_rng rng;
+static tier_dev *cpu, *gpu;
+
+static void *up(const void *h, size_t n)
+{
+	void *d = NULL;
+	assert_int_equal(tier_dev_malloc(gpu, n ? n : 4, &d), 0);
+	if (n)
+		assert_int_equal(tier_dev_memcpy_h2d(gpu, d, h, n), 0);
+	return d;
+}
+
+static void *poisoned(size_t n)
+{
+	void *h = malloc(n ? n : 4), *d;
+	memset(h, 0xff, n ? n : 4);                              /* NaN as fp32 and as bf16 */
+	d = up(h, n);
+	free(h);
+	return d;
+}
+
+static void down(void *h, const void *d, size_t n)
+{
+	assert_int_equal(tier_dev_sync(gpu), 0);
+	assert_int_equal(tier_dev_memcpy_d2h(gpu, h, d, n), 0);
+}
+
+/* Random values rounded to bf16: bits for the GPU, the same values in fp64 for the reference. */
+static uint16_t *rand_bf16(double *ref, size_t n, float scale, float shift)
+{
+	uint16_t *b = malloc(2 * (n ? n : 1));
+	for (size_t i = 0; i < n; i++) {
+		b[i] = tier_f32_to_bf16(shift + scale * tier_rng_normal(&rng));
+		ref[i] = tier_bf16_to_f32(b[i]);
+	}
+	return b;
+}
+
+static float *rand_f32(double *ref, size_t n, float scale)
+{
+	float *f = malloc(4 * (n ? n : 1));
+	for (size_t i = 0; i < n; i++) {
+		f[i] = scale * tier_rng_normal(&rng);
+		if (ref)
+			ref[i] = f[i];
+	}
+	return f;
+}
+
+static double max_abs(const double *r, size_t n)
+{
+	double m = 0;
+	for (size_t i = 0; i < n; i++)
+		m = fabs(r[i]) > m ? fabs(r[i]) : m;
+	return m;
+}
+
+/* max |got - ref| / norm (norm 0: max |ref|); NaN anywhere is an infinite error. */
+static double err_f32(const float *got, const double *ref, size_t n, double norm)
+{
+	double e = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - ref[i]);
+		if (isnan(d))
+			return INFINITY;
+		e = d > e ? d : e;
+	}
+	norm = norm > 0 ? norm : max_abs(ref, n);
+	return norm > 0 ? e / norm : e;
+}
+
+static double err_bf16(const uint16_t *got, const double *ref, size_t n)
+{
+	float *f = malloc(4 * (n ? n : 1));
+	for (size_t i = 0; i < n; i++)
+		f[i] = tier_bf16_to_f32(got[i]);
+	double e = err_f32(f, ref, n, 0);
+	free(f);
+	return e;
+}
+
+static void check(const char *what, double err, double tol)
+{
+	print_message("  %-34s rel err %.3g (tol %.0g)\n", what, err, tol);
+	assert_true(err <= tol);
+}
+
+/* Y [M, N] += alpha op(X) op(Z), row-major: op(X) [M, K] is X [M, K] (tx 0) or X [K, M] transposed
+ * (tx 1); op(Z) [K, N] is Z [K, N] (tz 0) or Z [N, K] transposed (tz 1). */
+static void ref_mm(int M, int N, int K, double alpha, const double *X, int tx, const double *Z, int tz, double *Y)
+{
+	for (int m = 0; m < M; m++)
+		for (int n = 0; n < N; n++) {
+			double s = 0;
+			for (int k = 0; k < K; k++)
+				s += (tx ? X[(size_t)k * M + m] : X[(size_t)m * K + k]) *
+				     (tz ? Z[(size_t)n * K + k] : Z[(size_t)k * N + n]);
+			Y[(size_t)m * N + n] += alpha * s;
+		}
+}
+
+/* ---- cuBLASLt product ------------------------------------------------------------------------ */
+
+/* Column-major C [m x n] = alpha op(A) op(B) + beta C with padded lds, both operand types, every
+ * transpose pair; beta 0 must not read the poisoned C. */
+static void gemm_case(int type, int ta, int tb, float beta)
+{
+	int m = 13, n = 7, k = 29, esz = type == CUDA_R_16BF ? 2 : 4;
+	int ra = ta ? k : m, ca = ta ? m : k, rb = tb ? n : k, cb = tb ? k : n, lda = ra + 3, ldb = rb + 1, ldc = m + 2;
+	size_t na = (size_t)lda * ca, nb = (size_t)ldb * cb, nc = (size_t)ldc * n;
+	double *a = calloc(na, 8), *b = calloc(nb, 8), *c = calloc(nc, 8);
+	uint16_t *ab = type == CUDA_R_16BF ? rand_bf16(a, na, 1.0f, 0) : NULL, *bb = ab ? rand_bf16(b, nb, 1.0f, 0) : NULL;
+	float *af = ab ? NULL : rand_f32(a, na, 1.0f), *bf = ab ? NULL : rand_f32(b, nb, 1.0f);
+	float *c0 = rand_f32(c, nc, 1.0f), *cg = malloc(4 * nc);
+	void *dA = up(ab ? (void *)ab : (void *)af, na * esz), *dB = up(bb ? (void *)bb : (void *)bf, nb * esz);
+	void *dC = beta == 0 ? poisoned(4 * nc) : up(c0, 4 * nc);
+	char name[64];
+	for (int j = 0; j < n; j++)
+		for (int i = 0; i < m; i++) {
+			double s = 0, *ci = &c[i + (size_t)j * ldc];
+			for (int l = 0; l < k; l++)
+				s += (ta ? a[l + (size_t)i * lda] : a[i + (size_t)l * lda]) *
+				     (tb ? b[j + (size_t)l * ldb] : b[l + (size_t)j * ldb]);
+			*ci = 0.5 * s + (beta == 0 ? 0 : beta * *ci);
+		}
+	opsc_operand A = { ta, dA, type, lda }, B = { tb, dB, type, ldb };
+	assert_int_equal(opsc_gemm(gpu, m, n, k, 0.5f, A, B, beta, dC, ldc), 0);
+	down(cg, dC, 4 * nc);
+	for (int j = 0; j < n; j++)                     /* padding rows below m untouched, then skipped */
+		for (int i = m; i < ldc; i++) {
+			float *gi = &cg[i + (size_t)j * ldc];
+			uint32_t bits;
+			memcpy(&bits, gi, 4);
+			assert_true(beta == 0 ? bits == 0xffffffffu : *gi == c0[i + (size_t)j * ldc]);
+			*gi = (float)c[i + (size_t)j * ldc];
+		}
+	snprintf(name, sizeof name, "gemm %s %c%c beta %.2g", ab ? "bf16" : "fp32", ta ? 'T' : 'N', tb ? 'T' : 'N', beta);
+	check(name, err_f32(cg, c, nc, 0), TOL_BF16);
+	tier_dev_free(gpu, dA), tier_dev_free(gpu, dB), tier_dev_free(gpu, dC);
+	free(a), free(b), free(c), free(ab), free(bb), free(af), free(bf), free(c0), free(cg);
+}
+
+static void test_gemm(void **state)
+{
+	(void)state;
+	for (int type = 0; type < 2; type++)
+		for (int t = 0; t < 4; t++)
+			gemm_case(type ? CUDA_R_16BF : CUDA_R_32F, t & 1, t >> 1, t == 3 ? 0.0f : 0.25f);
+	/* k = 0: C = beta C; beta 0 writes zeros over the poison */
+	float c[6], z[6] = { 0 };
+	void *dC = poisoned(sizeof c), *dA = poisoned(64);
+	opsc_operand A = { 0, dA, CUDA_R_16BF, 2 }, B = { 0, dA, CUDA_R_16BF, 1 };
+	assert_int_equal(opsc_gemm(gpu, 2, 3, 0, 1.0f, A, B, 0.0f, dC, 2), 0);
+	down(c, dC, sizeof c);
+	assert_memory_equal(c, z, sizeof c);
+	tier_dev_free(gpu, dC), tier_dev_free(gpu, dA);
+}
+
+/* ---- Linear layer with LoRA ------------------------------------------------------------------ */
+
+enum { NO_LORA, LORA, LORA_FROZEN };
+
+typedef struct {
+	int T, in, out, r;
+	double scale;
+	double *x, *w, *a, *b, *dy;
+	uint16_t *xb, *wb, *ab, *bb;
+	float *dyf;
+	void *dx_, *dw_, *da_, *db_, *ddy;
+} lin;
+
+static void lin_init(lin *L)
+{
+	size_t T = L->T, in = L->in, out = L->out, r = L->r;
+	L->x = malloc(8 * T * in), L->w = malloc(8 * out * in), L->a = malloc(8 * r * in), L->b = malloc(8 * out * r);
+	L->dy = malloc(8 * T * out);
+	L->xb = rand_bf16(L->x, T * in, 1.0f, 0), L->wb = rand_bf16(L->w, out * in, 1.0f / sqrtf((float)in), 0);
+	/* A and B of the same size as W's contribution, so that a LoRA mistake shows */
+	L->ab = rand_bf16(L->a, r * in, 1.0f / sqrtf((float)in), 0), L->bb = rand_bf16(L->b, out * r, 0.5f / sqrtf((float)r), 0);
+	uint16_t *dyb = rand_bf16(L->dy, T * out, 1.0f, 0);      /* dy exact in bf16: its conversion is exact */
+	L->dyf = malloc(4 * T * out);
+	for (size_t i = 0; i < T * out; i++)
+		L->dyf[i] = (float)L->dy[i];
+	free(dyb);
+	L->dx_ = up(L->xb, 2 * T * in), L->dw_ = up(L->wb, 2 * out * in), L->da_ = up(L->ab, 2 * r * in);
+	L->db_ = up(L->bb, 2 * out * r), L->ddy = up(L->dyf, 4 * T * out);
+}
+
+static void lin_free(lin *L)
+{
+	free(L->x), free(L->w), free(L->a), free(L->b), free(L->dy), free(L->xb), free(L->wb), free(L->ab), free(L->bb);
+	free(L->dyf);
+	tier_dev_free(gpu, L->dx_), tier_dev_free(gpu, L->dw_), tier_dev_free(gpu, L->da_), tier_dev_free(gpu, L->db_);
+	tier_dev_free(gpu, L->ddy);
+}
+
+static void lin_fwd(const lin *L, const tier_lora_ref *lr, void *ws)
+{
+	size_t Tout = (size_t)L->T * L->out;
+	double *y = calloc(Tout, 8), *ylora = calloc(Tout, 8), *xa = calloc((size_t)L->T * L->r, 8);
+	float *yg = malloc(4 * Tout);
+	void *dy = poisoned(4 * Tout);
+	ref_mm(L->T, L->out, L->in, 1, L->x, 0, L->w, 1, y);              /* x W^T */
+	if (lr) {
+		ref_mm(L->T, L->r, L->in, 1, L->x, 0, L->a, 1, xa);       /* x A^T */
+		ref_mm(L->T, L->out, L->r, L->scale, xa, 0, L->b, 1, ylora);
+		assert_true(max_abs(ylora, Tout) > 0.1 * max_abs(y, Tout));
+		for (size_t i = 0; i < Tout; i++)
+			y[i] += ylora[i];
+	}
+	assert_int_equal(opsc_linear_fwd(gpu, L->T, L->in, L->out, L->dx_, L->dw_, lr, dy, ws), 0);
+	down(yg, dy, 4 * Tout);
+	check(lr ? "linear fwd y (LoRA)" : "linear fwd y", err_f32(yg, y, Tout, 0), TOL_BF16);
+	free(y), free(ylora), free(xa), free(yg);
+	tier_dev_free(gpu, dy);
+}
+
+/* got (accumulated onto init) against init + grad, relative to the gradient alone. */
+static void check_acc(const char *what, const void *dev, const float *init, const double *grad, size_t n)
+{
+	float *g = malloc(4 * n);
+	double *tot = malloc(8 * n);
+	down(g, dev, 4 * n);
+	for (size_t i = 0; i < n; i++)
+		tot[i] = (init ? init[i] : 0) + grad[i];
+	check(what, err_f32(g, tot, n, max_abs(grad, n)), TOL_BF16);
+	free(g), free(tot);
+}
+
+/* trainable: the adapter gets da, db (accumulated onto random contents); else it is frozen. */
+static void lin_bwd(const lin *L, tier_lora_ref *lr, int trainable, int accumulate, int want_dx, void *ws)
+{
+	int T = L->T, in = L->in, out = L->out, r = L->r;
+	size_t nx = (size_t)T * in, na = (size_t)r * in, nb = (size_t)out * r;
+	double *dx = calloc(nx, 8), *da = calloc(na, 8), *db = calloc(nb, 8), *xa = calloc((size_t)T * r, 8);
+	double *dxa = calloc((size_t)T * r, 8);
+	float *dx0 = rand_f32(NULL, nx, 1.0f), *da0 = rand_f32(NULL, na, 0.1f), *db0 = rand_f32(NULL, nb, 0.1f);
+	void *ddx = !want_dx ? NULL : accumulate ? up(dx0, 4 * nx) : poisoned(4 * nx);
+	void *dda = up(da0, 4 * na), *ddb = up(db0, 4 * nb);
+	ref_mm(T, in, out, 1, L->dy, 0, L->w, 0, dx);                       /* dy W */
+	if (lr) {
+		ref_mm(T, r, in, 1, L->x, 0, L->a, 1, xa);                  /* x A^T */
+		ref_mm(out, r, T, L->scale, L->dy, 1, xa, 0, db);           /* scale dy^T xa */
+		ref_mm(T, r, out, L->scale, L->dy, 0, L->b, 0, dxa);        /* scale dy B */
+		ref_mm(r, in, T, 1, dxa, 1, L->x, 0, da);                   /* dxa^T x */
+		ref_mm(T, in, r, 1, dxa, 0, L->a, 0, dx);                   /* dx += dxa A */
+		lr->da = trainable ? dda : NULL, lr->db = trainable ? ddb : NULL;
+	}
+	assert_int_equal(opsc_linear_bwd(gpu, T, in, out, L->dx_, L->dw_, lr, L->ddy, ddx, accumulate, ws), 0);
+	if (want_dx)
+		check_acc(accumulate ? "linear bwd dx (accumulated)" : "linear bwd dx", ddx, accumulate ? dx0 : NULL, dx, nx);
+	if (lr && lr->da)
+		check_acc("linear bwd da (accumulated)", dda, da0, da, na);
+	if (lr && lr->db)
+		check_acc("linear bwd db (accumulated)", ddb, db0, db, nb);
+	free(dx), free(da), free(db), free(xa), free(dxa), free(dx0), free(da0), free(db0);
+	if (ddx)
+		tier_dev_free(gpu, ddx);
+	tier_dev_free(gpu, dda), tier_dev_free(gpu, ddb);
+}
+
+static void linear_case(int mode, int accumulate, int want_dx)
+{
+	lin L = { .T = 37, .in = 91, .out = 53, .r = 5, .scale = 2.0 };
+	tier_lora_ref ref, *lr = NULL;
+	lin_init(&L);
+	memset(&ref, 0, sizeof ref);
+	if (mode != NO_LORA) {
+		ref.a = (const float *)L.da_, ref.b = (const float *)L.db_, ref.rank = L.r, ref.scale = (float)L.scale;
+		lr = &ref;
+	}
+	print_message("linear T=%d in=%d out=%d %s accumulate %d dx %d\n", L.T, L.in, L.out,
+		      mode == NO_LORA ? "no LoRA" : mode == LORA ? "LoRA r=5" : "frozen LoRA r=5", accumulate, want_dx);
+	void *ws = poisoned(opsc_linear_ws_bytes(L.T, L.out, lr ? L.r : 0));
+	lin_fwd(&L, lr, ws);
+	lin_bwd(&L, lr, mode == LORA, accumulate, want_dx, ws);
+	tier_dev_free(gpu, ws);
+	lin_free(&L);
+}
+
+static void test_linear(void **state)
+{
+	(void)state;
+	linear_case(NO_LORA, 0, 1);
+	linear_case(NO_LORA, 1, 1);
+	linear_case(LORA, 0, 1);
+	linear_case(LORA, 1, 1);
+	linear_case(LORA_FROZEN, 0, 1);
+	linear_case(LORA_FROZEN, 1, 1);
+	linear_case(LORA, 0, 0);
+}
+
+/* ---- Row and elementwise kernels ------------------------------------------------------------- */
+
+static void rmsnorm_case(int rows, int dim)
+{
+	size_t n = (size_t)rows * dim;
+	double *x = malloc(8 * n), *w = malloc(8 * dim), *dy = malloc(8 * n), *y = malloc(8 * n), *dx = malloc(8 * n);
+	double *r = malloc(8 * rows);
+	float *xf = rand_f32(x, n, 3.0f), *dyf = rand_f32(dy, n, 1.0f), *rg = malloc(4 * rows), *dxg = malloc(4 * n);
+	uint16_t *wb = rand_bf16(w, dim, 0.1f, 1.0f), *yg = malloc(2 * n);
+	const float eps = 1e-6f;
+	for (int i = 0; i < rows; i++) {
+		const double *xr = x + (size_t)i * dim, *dyr = dy + (size_t)i * dim;
+		double ss = 0, s = 0;
+		for (int j = 0; j < dim; j++)
+			ss += xr[j] * xr[j], s += w[j] * dyr[j] * xr[j];
+		r[i] = 1 / sqrt(ss / dim + eps);
+		for (int j = 0; j < dim; j++) {
+			y[(size_t)i * dim + j] = xr[j] * r[i] * w[j];
+			dx[(size_t)i * dim + j] = r[i] * w[j] * dyr[j] - xr[j] * r[i] * r[i] * r[i] / dim * s;
+		}
+	}
+	void *dX = up(xf, 4 * n), *dW = up(wb, 2 * dim), *dY = poisoned(2 * n), *dR = poisoned(4 * rows);
+	void *dDY = up(dyf, 4 * n), *dDX = poisoned(4 * n);
+	assert_int_equal(opsc_rmsnorm_fwd(gpu, rows, dim, eps, dX, dW, dY, dR), 0);
+	assert_int_equal(opsc_rmsnorm_bwd(gpu, rows, dim, dX, dW, dR, dDY, dDX), 0);
+	down(yg, dY, 2 * n), down(rg, dR, 4 * rows), down(dxg, dDX, 4 * n);
+	print_message("rmsnorm rows=%d dim=%d\n", rows, dim);
+	check("rmsnorm fwd y (bf16)", err_bf16(yg, y, n), TOL_BF16);
+	check("rmsnorm fwd rstd", err_f32(rg, r, rows, 0), TOL_F32);
+	check("rmsnorm bwd dx", err_f32(dxg, dx, n, 0), TOL_F32);
+	tier_dev_free(gpu, dX), tier_dev_free(gpu, dW), tier_dev_free(gpu, dY), tier_dev_free(gpu, dR);
+	tier_dev_free(gpu, dDY), tier_dev_free(gpu, dDX);
+	free(x), free(w), free(dy), free(y), free(dx), free(r), free(xf), free(dyf), free(rg), free(dxg), free(wb), free(yg);
+}
+
+static void test_rmsnorm(void **state)
+{
+	(void)state;
+	rmsnorm_case(29, 77);
+	rmsnorm_case(5, 1537);
+}
+
+static void test_swiglu(void **state)
+{
+	size_t n = 1001;
+	double *g = malloc(8 * n), *u = malloc(8 * n), *dh = malloc(8 * n), *h = malloc(8 * n);
+	double *dg = malloc(8 * n), *du = malloc(8 * n);
+	float *gf = rand_f32(g, n, 3.0f), *uf = rand_f32(u, n, 1.0f), *dhf = rand_f32(dh, n, 1.0f);
+	float *dgg = malloc(4 * n), *dug = malloc(4 * n);
+	uint16_t *hg = malloc(2 * n);
+	(void)state;
+	for (size_t i = 0; i < n; i++) {
+		double s = 1 / (1 + exp(-g[i]));
+		h[i] = g[i] * s * u[i];
+		dg[i] = dh[i] * u[i] * s * (1 + g[i] * (1 - s));
+		du[i] = dh[i] * g[i] * s;
+	}
+	void *dG = up(gf, 4 * n), *dU = up(uf, 4 * n), *dDH = up(dhf, 4 * n), *dH = poisoned(2 * n);
+	void *dDG = poisoned(4 * n), *dDU = poisoned(4 * n);
+	assert_int_equal(opsc_swiglu_fwd(gpu, n, dG, dU, dH), 0);
+	assert_int_equal(opsc_swiglu_bwd(gpu, n, dG, dU, dDH, dDG, dDU), 0);
+	down(hg, dH, 2 * n), down(dgg, dDG, 4 * n), down(dug, dDU, 4 * n);
+	check("swiglu fwd h (bf16), n=1001", err_bf16(hg, h, n), TOL_BF16);
+	check("swiglu bwd dg", err_f32(dgg, dg, n, 0), TOL_F32);
+	check("swiglu bwd du", err_f32(dug, du, n, 0), TOL_F32);
+	tier_dev_free(gpu, dG), tier_dev_free(gpu, dU), tier_dev_free(gpu, dDH), tier_dev_free(gpu, dH);
+	tier_dev_free(gpu, dDG), tier_dev_free(gpu, dDU);
+	free(g), free(u), free(dh), free(h), free(dg), free(du), free(gf), free(uf), free(dhf), free(dgg), free(dug);
+	free(hg);
+}
+
+static void test_embed(void **state)
+{
+	int T = 37, vocab = 50, dim = 77;
+	double *tab = malloc(8 * (size_t)vocab * dim);
+	uint16_t *tb = rand_bf16(tab, (size_t)vocab * dim, 1.0f, 0);
+	int32_t tok[37];
+	float *out = malloc(4 * (size_t)T * dim);
+	(void)state;
+	for (int t = 0; t < T; t++)
+		tok[t] = t == 0 ? 0 : t == 1 ? vocab - 1 : (int32_t)tier_rng_below(&rng, (uint64_t)vocab);
+	void *dTok = up(tok, sizeof tok), *dTab = up(tb, 2 * (size_t)vocab * dim), *dOut = poisoned(4 * (size_t)T * dim);
+	assert_int_equal(opsc_embed_fwd(gpu, T, vocab, dim, dTok, dTab, dOut), 0);
+	down(out, dOut, 4 * (size_t)T * dim);
+	for (int t = 0; t < T; t++)
+		for (int j = 0; j < dim; j++)
+			assert_true(out[(size_t)t * dim + j] == (float)tab[(size_t)tok[t] * dim + j]);
+	tier_dev_free(gpu, dTok), tier_dev_free(gpu, dTab), tier_dev_free(gpu, dOut);
+	free(tab), free(tb), free(out);
+}
+
+static void test_add(void **state)
+{
+	size_t n = 1001;
+	double *a = malloc(8 * n), *b = malloc(8 * n), *s = malloc(8 * n);
+	float *af = rand_f32(a, n, 1.0f), *bf = rand_f32(b, n, 1.0f), *g = malloc(4 * n);
+	(void)state;
+	for (size_t i = 0; i < n; i++)
+		s[i] = a[i] + b[i];
+	void *dA = up(af, 4 * n), *dB = up(bf, 4 * n), *dO = poisoned(4 * n);
+	assert_int_equal(opsc_add(gpu, n, dA, dB, dO), 0);
+	down(g, dO, 4 * n);
+	check("add, n=1001", err_f32(g, s, n, 0), TOL_F32);
+	assert_int_equal(opsc_add(gpu, n, dA, dB, dA), 0);      /* in place */
+	down(g, dA, 4 * n);
+	check("add in place", err_f32(g, s, n, 0), TOL_F32);
+	tier_dev_free(gpu, dA), tier_dev_free(gpu, dB), tier_dev_free(gpu, dO);
+	free(a), free(b), free(s), free(af), free(bf), free(g);
+}
+
+/* Bit-exact against the host's round-to-nearest-even, over more elements than one grid covers. */
+static void test_to_bf16(void **state)
+{
+	size_t n = 2100003;
+	float *x = rand_f32(NULL, n, 10.0f);
+	uint16_t *g = malloc(2 * n);
+	uint32_t ties[] = { 0x3f808000u, 0x3f818000u, 0xbf808000u, 0x7f7fffffu, 0x7f800000u, 0x00000001u };
+	(void)state;
+	for (size_t i = 0; i < sizeof ties / sizeof ties[0]; i++)
+		memcpy(&x[i], &ties[i], 4);
+	void *dX = up(x, 4 * n), *dY = poisoned(2 * n);
+	assert_int_equal(opsc_to_bf16(gpu, n, dX, dY), 0);
+	down(g, dY, 2 * n);
+	for (size_t i = 0; i < n; i++)
+		if (g[i] != tier_f32_to_bf16(x[i]))
+			fail_msg("to_bf16: element %zu (%a) gave 0x%04x, expected 0x%04x", i, (double)x[i], g[i],
+				 tier_f32_to_bf16(x[i]));
+	tier_dev_free(gpu, dX), tier_dev_free(gpu, dY);
+	free(x), free(g);
+}
+
+/* Five segments (one empty), each destination one element longer and that element left poisoned. */
+static void test_to_bf16_many(void **state)
+{
+	enum { NS = 5 };
+	size_t len[NS] = { 1000, 0, 1, 77, 3000 };
+	const float *src[NS];
+	opsc_bf16 *dst[NS];
+	float *h[NS];
+	void *table = poisoned(opsc_many_table_bytes(NS));
+	(void)state;
+	assert_int_equal(opsc_many_table_bytes(NS), NS * 24);
+	for (int s = 0; s < NS; s++) {
+		h[s] = rand_f32(NULL, len[s], 5.0f);
+		src[s] = up(h[s], 4 * len[s]);
+		dst[s] = poisoned(2 * (len[s] + 1));
+	}
+	assert_int_equal(opsc_to_bf16_many(gpu, NS, src, dst, len, table), 0);
+	for (int s = 0; s < NS; s++) {
+		uint16_t *g = malloc(2 * (len[s] + 1));
+		down(g, dst[s], 2 * (len[s] + 1));
+		for (size_t i = 0; i < len[s]; i++)
+			assert_int_equal(g[i], tier_f32_to_bf16(h[s][i]));
+		assert_int_equal(g[len[s]], 0xffff);
+		free(g), free(h[s]);
+		tier_dev_free(gpu, (void *)src[s]), tier_dev_free(gpu, dst[s]);
+	}
+	assert_int_equal(opsc_to_bf16_many(gpu, 0, NULL, NULL, NULL, NULL), 0);
+	tier_dev_free(gpu, table);
+}
+
+/* ---- Optimizer ------------------------------------------------------------------------------- */
+
+static void test_sumsq(void **state)
+{
+	size_t n = 1000003;
+	float *x = rand_f32(NULL, n, 1.0f);
+	double acc0 = 1.5, ref = 0, got;
+	(void)state;
+	for (size_t i = 0; i < n; i++)
+		ref += (double)x[i] * x[i];
+	void *dX = up(x, 4 * n), *dAcc = up(&acc0, 8);
+	assert_int_equal(opsc_sumsq(gpu, n, dX, dAcc), 0);
+	assert_int_equal(opsc_sumsq(gpu, 77, dX, dAcc), 0);   /* accumulates: a second, short call */
+	for (size_t i = 0; i < 77; i++)
+		ref += (double)x[i] * x[i];
+	down(&got, dAcc, 8);
+	ref += acc0;
+	print_message("  sumsq n=%zu + 77: %.12g (ref %.12g)\n", n, got, ref);
+	assert_true(fabs(got - ref) <= TOL_F64 * ref);
+	tier_dev_free(gpu, dX), tier_dev_free(gpu, dAcc);
+	free(x);
+}
+
+/* One AdamW step at t = 3 with weight decay and a gradient scale; p is judged on its update. */
+static void test_adamw(void **state)
+{
+	size_t n = 1001;
+	const float lr = 0.1f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, decay = 1.0f - 0.1f * 0.01f, gs = 0.5f;
+	const float bc1 = 1.0f - b1 * b1 * b1, bc2 = 1.0f - b2 * b2 * b2;
+	float *p = rand_f32(NULL, n, 1.0f), *g = rand_f32(NULL, n, 1.0f), *m = rand_f32(NULL, n, 0.1f);
+	float *v = rand_f32(NULL, n, 0.1f), *pg = malloc(4 * n), *mg = malloc(4 * n), *vg = malloc(4 * n);
+	double *pr = malloc(8 * n), *mr = malloc(8 * n), *vr = malloc(8 * n), *dp = malloc(8 * n);
+	(void)state;
+	for (size_t i = 0; i < n; i++) {
+		v[i] = v[i] * v[i];                                  /* second moments are >= 0 */
+		double gj = (double)g[i] * gs;
+		mr[i] = b1 * (double)m[i] + (1 - (double)b1) * gj;
+		vr[i] = b2 * (double)v[i] + (1 - (double)b2) * gj * gj;
+		pr[i] = p[i] * (double)decay - lr * (mr[i] / bc1) / (sqrt(vr[i] / bc2) + eps);
+		dp[i] = pr[i] - p[i];
+	}
+	void *dP = up(p, 4 * n), *dG = up(g, 4 * n), *dM = up(m, 4 * n), *dV = up(v, 4 * n);
+	assert_int_equal(opsc_adamw(gpu, n, dP, dG, dM, dV, lr, b1, b2, eps, decay, bc1, bc2, gs), 0);
+	down(pg, dP, 4 * n), down(mg, dM, 4 * n), down(vg, dV, 4 * n);
+	check("adamw p (relative to the update)", err_f32(pg, pr, n, max_abs(dp, n)), TOL_F32);
+	check("adamw m", err_f32(mg, mr, n, 0), TOL_F32);
+	check("adamw v", err_f32(vg, vr, n, 0), TOL_F32);
+	tier_dev_free(gpu, dP), tier_dev_free(gpu, dG), tier_dev_free(gpu, dM), tier_dev_free(gpu, dV);
+	free(p), free(g), free(m), free(v), free(pg), free(mg), free(vg), free(pr), free(mr), free(vr), free(dp);
+}
+
+/* ---- Synthetic weights ----------------------------------------------------------------------- */
+
+static uint16_t *normal_of(size_t n, uint64_t seed, float std)
+{
+	uint16_t *h = malloc(2 * n);
+	void *d = poisoned(2 * n);
+	assert_int_equal(opsc_fill_normal(gpu, n, seed, std, d), 0);
+	down(h, d, 2 * n);
+	tier_dev_free(gpu, d);
+	return h;
+}
+
+static void test_fill(void **state)
+{
+	size_t n = 1000001, tails = 0, differ = 0;
+	const float std = 0.02f;
+	uint16_t *a = normal_of(n, 1234, std), *b = normal_of(n, 1234, std), *c = normal_of(n, 1235, std);
+	uint16_t *small = normal_of(1000, 1234, std);
+	double s = 0, ss = 0, mean, sd;
+	(void)state;
+	for (size_t i = 0; i < n; i++) {
+		double z = tier_bf16_to_f32(a[i]) / std;
+		assert_true(isfinite(z));
+		s += z, ss += z * z, tails += fabs(z) > 2;
+		differ += a[i] != c[i];
+	}
+	mean = s / n, sd = sqrt(ss / n - mean * mean);
+	print_message("  fill_normal n=%zu: mean %.2e std, std %.4f of asked, %.4f beyond 2 std, %.3f differ "
+		      "with another seed\n", n, mean, sd, (double)tails / n, (double)differ / n);
+	assert_true(fabs(mean) < 5e-3);                         /* 5 standard errors of the mean */
+	assert_true(fabs(sd - 1) < 0.02);
+	assert_true(fabs((double)tails / n - 0.0455) < 3e-3);
+	assert_memory_equal(a, b, 2 * n);                        /* same seed, same values */
+	assert_memory_equal(a, small, 2 * 1000);                 /* independent of the launch shape */
+	assert_true(differ > n * 9 / 10);
+	free(a), free(b), free(c), free(small);
+
+	uint16_t *k = malloc(2 * 1001);
+	void *d = poisoned(2 * 1001);
+	assert_int_equal(opsc_fill_const(gpu, 1001, 1.0f / 3, d), 0);
+	down(k, d, 2 * 1001);
+	for (int i = 0; i < 1001; i++)
+		assert_int_equal(k[i], tier_f32_to_bf16(1.0f / 3));
+	tier_dev_free(gpu, d);
+	free(k);
+}
+
+/* ---- Argument checks ------------------------------------------------------------------------- */
+
+static void test_bad_args(void **state)
+{
+	void *p = poisoned(4096);
+	tier_lora_ref half = { .a = p, .b = NULL, .rank = 4, .scale = 1 };
+	opsc_operand A = { 0, p, CUDA_R_16BF, 4 }, B = { 0, p, CUDA_R_16BF, 8 };
+	(void)state;
+	assert_int_equal(opsc_add(cpu, 4, p, p, p), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "CUDA device"));
+	assert_int_equal(opsc_rmsnorm_fwd(gpu, -1, 8, 1e-6f, p, p, p, NULL), -EINVAL);
+	assert_int_equal(opsc_rmsnorm_bwd(gpu, 2, 8, p, p, NULL, p, p), -EINVAL);
+	assert_int_equal(opsc_linear_fwd(gpu, 4, 8, 8, p, p, &half, p, p), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "opsc_linear_fwd"));
+	assert_int_equal(opsc_gemm(gpu, 8, 2, 2, 1.0f, A, B, 0.0f, p, 8), -EINVAL);  /* lda 4 < m 8 */
+	assert_non_null(strstr(tier_last_error(), "8 x 2 x 2"));
+	A.ld = 8, A.type = 3;
+	assert_int_equal(opsc_gemm(gpu, 8, 2, 2, 1.0f, A, B, 0.0f, p, 8), -EINVAL);  /* not bf16 or fp32 */
+	assert_int_equal(opsc_linear_bwd(gpu, 0, 8, 8, NULL, NULL, NULL, NULL, NULL, 0, NULL), 0);
+	tier_dev_free(gpu, p);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_rmsnorm),
+		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
+		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
+		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_fill),     cmocka_unit_test(test_bad_args),
+	};
+	uint64_t seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
+	int rc;
+	if (!tier_cuda_available()) {
+		printf("# test_ops_cuda: no CUDA device, skipped\n");
+		return 77;
+	}
+	printf("# test_ops_cuda seed %llu (TIER_SEED=%llu reproduces)\n", (unsigned long long)seed,
+	       (unsigned long long)seed);
+	tier_rng_seed(&rng, seed);
+	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0) || tier_dev_open(&gpu, TIER_DEV_CUDA, 0)) {
+		fprintf(stderr, "test_ops_cuda: %s\n", tier_last_error());
+		return 1;
+	}
+	rc = cmocka_run_group_tests(tests, NULL, NULL);
+	tier_dev_close(gpu);
+	tier_dev_close(cpu);
+	return rc;
+}
