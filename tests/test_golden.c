@@ -630,20 +630,30 @@ static float *logits_of(const fixture *f, const float *hid)
 	return z;
 }
 
-/* Hidden states and logits of one evaluation against the fixture's (prefix "" or "lora."). */
-static int check_hidden(const fixture *f, const char *pre, const float *hid)
+/* The references a model evaluation is compared with: HF + PEFT in fp32 (""), and on CUDA also
+ * the same on the bf16-rounded weights and adapter that the CUDA path computes with ("bf16w.",
+ * make_fixtures.py's bf16_reference). The last one is the one asserted; the others are printed. */
+#ifdef GOLDEN_CUDA
+static const char *const refs[] = { "", "bf16w." };
+#else
+static const char *const refs[] = { "" };
+#endif
+#define NREFS ((int)(sizeof refs / sizeof refs[0]))
+
+/* Hidden states and logits of one evaluation against reference rp (prefix pre "" or "lora."). */
+static int check_hidden(const fixture *f, const char *rp, const char *pre, const float *hid)
 {
-	char name[64], what[160];
+	char name[96], what[160];
 	int ok = 1;
 	size_t TH = (size_t)f->T * f->H;
 	for (int l = 0; l <= f->L + 1; l++) {
 		if (l == 0 && *pre)
 			continue;                             /* the adapter does not touch the embeddings */
 		if (l <= f->L)
-			snprintf(name, sizeof name, "%shidden.%d", pre, l);
+			snprintf(name, sizeof name, "%s%shidden.%d", rp, pre, l);
+		else if (!*pre)
+			snprintf(name, sizeof name, "%sfinal_norm", rp);
 		else
-			snprintf(name, sizeof name, "%s", *pre ? "" : "final_norm");
-		if (!name[0])
 			continue;                             /* no lora.final_norm: the logits cover it */
 		float *want = fx_act(f, name);
 		snprintf(what, sizeof what, "%s %s", f->c->name, name);
@@ -652,7 +662,7 @@ static int check_hidden(const fixture *f, const char *pre, const float *hid)
 	}
 	float *z = logits_of(f, hid), *want;
 	uint64_t lsh[3] = { (uint64_t)f->B, (uint64_t)f->S, (uint64_t)f->V };
-	snprintf(name, sizeof name, "%slogits", pre);
+	snprintf(name, sizeof name, "%s%slogits", rp, pre);
 	want = fx_read(f, name, TIER_DT_F32, 3, lsh);
 	snprintf(what, sizeof what, "%s %s (tier's final hidden x lm_head)", f->c->name, name);
 	ok &= check_close(what, z, want, (size_t)f->T * f->V, TOL);
@@ -693,8 +703,8 @@ static void export_for_peft(const fixture *f, tier_model *m, const float *hid, c
 	free(z);
 }
 
-/* Every LoRA gradient of the last evaluation against grad.<PEFT key>. */
-static int check_grads(const fixture *f, tier_model *m)
+/* Every LoRA gradient of the last evaluation against <rp>grad.<PEFT key>. */
+static int check_grads(const fixture *f, const char *rp, tier_model *m)
 {
 	tier_peft_adapter *g;
 	char key[256], what[200];
@@ -704,7 +714,8 @@ static int check_grads(const fixture *f, tier_model *m)
 		const tier_peft_module *mod = &g->modules[i];
 		for (int half = 0; half < 2; half++) {
 			uint64_t sh[2] = { half ? (uint64_t)mod->out : (uint64_t)g->r, half ? (uint64_t)g->r : (uint64_t)mod->in };
-			snprintf(key, sizeof key, "grad." PEFT_PREFIX "%d.%s.lora_%c.weight", mod->layer, mod->module, "AB"[half]);
+			snprintf(key, sizeof key, "%sgrad." PEFT_PREFIX "%d.%s.lora_%c.weight", rp, mod->layer, mod->module,
+				 "AB"[half]);
 			float *want = fx_read(f, key, TIER_DT_F32, 2, sh);
 			snprintf(what, sizeof what, "%s d %d.%s.%c", f->c->name, mod->layer, mod->module, "AB"[half]);
 			/* an expert without tokens has zero gradients: rel_err is then the absolute norm */
@@ -755,16 +766,24 @@ static void test_model_vs_hf(void **state)
 			hid[i] = NAN;
 		if (tier_trainer_eval(r.t, tok, lab, pass, &loss, hid))
 			fail_msg("%s", tier_last_error());
-		float *want = fx_scalar(&f, pass ? "lora.loss" : "loss");
-		char what[128];
-		snprintf(what, sizeof what, "%s %sloss", f.c->name, pass ? "lora." : "");
-		ok &= check_close(what, &loss, want, 1, TOL);
-		ok &= check_hidden(&f, pass ? "lora." : "", hid);
-		if (pass) {
-			ok &= check_grads(&f, r.m);
-			export_for_peft(&f, r.m, hid, ids);
+		for (int k = 0; k < NREFS; k++) {
+			char what[128], name[64];
+			int okk = 1;
+			printf("# %s against %s\n", f.c->name, *refs[k] ? "HF + PEFT on the bf16-rounded weights and adapter "
+			       "(asserted)" : k + 1 < NREFS ? "HF + PEFT in fp32 (printed only)" : "HF + PEFT");
+			snprintf(name, sizeof name, "%s%sloss", refs[k], pass ? "lora." : "");
+			float *want = fx_scalar(&f, name);
+			snprintf(what, sizeof what, "%s %s", f.c->name, name);
+			okk &= check_close(what, &loss, want, 1, TOL);
+			okk &= check_hidden(&f, refs[k], pass ? "lora." : "", hid);
+			if (pass)
+				okk &= check_grads(&f, refs[k], r.m);
+			if (k == NREFS - 1)
+				ok &= okk;
+			free(want);
 		}
-		free(want);
+		if (pass)
+			export_for_peft(&f, r.m, hid, ids);
 	}
 	assert_true(ok);
 	tier_peft_free(a);

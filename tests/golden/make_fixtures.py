@@ -57,14 +57,14 @@ CASES = {
     # The CUDA path's cases: head_dim 32 (the CUDA attention takes 32, 64, 96 or 128), the other
     # sizes odd. qwen3_moe with a dense layer, per-expert keys; mixtral with 3 heads over 1 kv head.
     "qwen3_moe_c": dict(
-        cls=Qwen3MoeForCausalLM, layout="per_expert", shard=None, seed=4051,
+        cls=Qwen3MoeForCausalLM, layout="per_expert", shard=None, seed=4079, bf16_ref=True,
         cfg=Qwen3MoeConfig(hidden_size=72, intermediate_size=50, moe_intermediate_size=26, num_hidden_layers=3,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=101,
                            num_experts=6, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
                            decoder_sparse_step=1, tie_word_embeddings=False, max_position_embeddings=64,
                            rms_norm_eps=1e-6, initializer_range=0.1, router_aux_loss_coef=0.001)),
     "mixtral_c": dict(
-        cls=MixtralForCausalLM, layout="mixtral", shard=None, seed=5077,
+        cls=MixtralForCausalLM, layout="mixtral", shard=None, seed=5108, bf16_ref=True,
         cfg=MixtralConfig(hidden_size=96, intermediate_size=40, num_hidden_layers=2, num_attention_heads=3,
                           num_key_value_heads=1, head_dim=32, vocab_size=89, num_local_experts=4,
                           num_experts_per_tok=2, max_position_embeddings=64, rms_norm_eps=1e-5,
@@ -322,6 +322,49 @@ def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
+def bf16_round(t):
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+def bf16_reference(cdir, mdir, cfg, adapter, ids, labels, gmap):
+    """The CUDA path stores the base weights in bf16 and multiplies with bf16 copies of LoRA A and
+    B. This is HF + PEFT in fp32 on exactly those values (weights and adapter rounded to bf16), so
+    a comparison with it measures the trainer's arithmetic, not the storage format: keys bf16w.*
+    (loss, hidden.L, final_norm, logits, lora.loss, lora.hidden.L, lora.logits, grad.<key>)."""
+    where, keys, shapes, starts = gmap
+    rdir, radir = os.path.join(cdir, "bf16.tmp"), os.path.join(cdir, "bf16a.tmp")
+    m = load_base(mdir)
+    with torch.no_grad():
+        for _, prm in m.named_parameters():
+            prm.copy_(bf16_round(prm))
+    m.save_pretrained(rdir, safe_serialization=True)
+    write_adapter(radir, cfg, {k: bf16_round(v) for k, v in adapter.items()})
+    fx, nl = {}, cfg.num_hidden_layers
+    base = load_base(rdir)
+    with torch.no_grad():
+        out, caught = run(base, ids, labels, base.model)
+    fx["bf16w.loss"], fx["bf16w.logits"] = out.loss.reshape(1), out.logits
+    fx["bf16w.hidden.0"], fx["bf16w.final_norm"] = caught["embed"], caught["final_norm"]
+    for L in range(nl):
+        fx[f"bf16w.hidden.{L + 1}"] = caught[f"layer.{L}"]
+    pm = load_peft(rdir, radir)
+    lout, lcaught = run(pm, ids, labels, pm.base_model.model.model)
+    lout.loss.backward()
+    flat_g = torch.zeros(starts[keys[-1]] + shapes[keys[-1]][0] * shapes[keys[-1]][1])
+    for pname, prm in lora_params(pm).items():
+        pos, idx = where[pname]
+        flat_g[idx] = prm.grad.reshape(-1)[pos]
+    for k in keys:
+        n = shapes[k][0] * shapes[k][1]
+        fx[f"bf16w.grad.{k}"] = flat_g[starts[k]:starts[k] + n].reshape(shapes[k]).clone()
+    fx["bf16w.lora.loss"], fx["bf16w.lora.logits"] = lout.loss.detach().reshape(1), lout.logits.detach()
+    for L in range(nl):
+        fx[f"bf16w.lora.hidden.{L + 1}"] = lcaught[f"layer.{L}"].detach()
+    shutil.rmtree(rdir)
+    shutil.rmtree(radir)
+    return fx
+
+
 def make_case(name, case, root):
     cfg = case["cfg"]
     cdir = os.path.join(root, name)
@@ -394,6 +437,8 @@ def make_case(name, case, root):
     e_ref = rel(lout.logits.detach(), ref.logits)
     assert e_ref < 1e-5, f"{name}: PEFT's LoRA logits differ from merged weights by {e_ref:.2e}"
     assert rel(lout.logits.detach(), out.logits) > 1e-2, f"{name}: the adapter hardly changes the logits"
+    if case.get("bf16_ref"):
+        fx.update(bf16_reference(cdir, mdir, cfg, adapter, ids, labels, (where, keys, shapes, starts)))
 
     save_sorted({k: v.detach().contiguous() for k, v in fx.items()}, os.path.join(cdir, "fixture.safetensors"),
                 metadata={"format": "pt", "case": name, "transformers": transformers.__version__,
