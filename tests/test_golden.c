@@ -3,8 +3,9 @@
  * writes them, README.md lists every key). Norm-wise relative errors ||a - b|| / ||b|| in fp64,
  * fp32 everywhere. Data: $TIER_TEST_SRCDIR/tests/golden/data (make check sets it; default ".").
  * Built with GOLDEN_CUDA (test_golden_cuda) it runs the whole model on the trainer's CUDA path
- * (bf16 weights) for the cases whose head_dim the CUDA attention takes, at the bf16 bound 2e-2;
- * without a GPU it is skipped (exit 77). */
+ * (bf16 weights) for the cases whose head_dim the CUDA attention takes: loss, hidden states and
+ * logits within the bf16 bound 2e-2 of HF on the same bf16-rounded weights; LoRA gradients on the
+ * scale of HF's own bf16 arithmetic (check_grads_bf16). Without a GPU it is skipped (exit 77). */
 #include "config.h"
 #include <errno.h>
 #include <math.h>
@@ -635,8 +636,10 @@ static float *logits_of(const fixture *f, const float *hid)
  * make_fixtures.py's bf16_reference). The last one is the one asserted; the others are printed. */
 #ifdef GOLDEN_CUDA
 static const char *const refs[] = { "", "bf16w." };
+#define GOLDEN_BF16 1 /* gradients: check_grads_bf16 */
 #else
 static const char *const refs[] = { "" };
+#define GOLDEN_BF16 0
 #endif
 #define NREFS ((int)(sizeof refs / sizeof refs[0]))
 
@@ -727,6 +730,49 @@ static int check_grads(const fixture *f, const char *rp, tier_model *m)
 	return ok;
 }
 
+#ifdef GOLDEN_CUDA
+/* The LoRA gradients of the CUDA path against HF's fp32 ones, on the scale of what bf16 costs HF
+ * itself (hfbf16.*: HF + PEFT run in bf16, make_fixtures.py's hf_bf16): FlashAttention's test rule.
+ * Each tensor: error <= max(TOL, 2 x HF-bf16's error); all tensors together: error <= HF-bf16's. */
+static int check_grads_bf16(const fixture *f, tier_model *m)
+{
+	tier_peft_adapter *g;
+	char key[256], what[200];
+	double d2 = 0, h2 = 0, r2 = 0;
+	int ok = 1;
+	assert_int_equal(tier_model_lora_export(m, 1, &g), 0);
+	for (size_t i = 0; i < g->n_modules; i++) {
+		const tier_peft_module *mod = &g->modules[i];
+		for (int half = 0; half < 2; half++) {
+			uint64_t sh[2] = { half ? (uint64_t)mod->out : (uint64_t)g->r, half ? (uint64_t)g->r : (uint64_t)mod->in };
+			size_t n = sh[0] * sh[1];
+			const float *got = half ? mod->b : mod->a;
+			snprintf(key, sizeof key, "grad." PEFT_PREFIX "%d.%s.lora_%c.weight", mod->layer, mod->module, "AB"[half]);
+			float *want = fx_read(f, key, TIER_DT_F32, 2, sh);
+			snprintf(key, sizeof key, "hfbf16.grad." PEFT_PREFIX "%d.%s.lora_%c.weight", mod->layer, mod->module,
+				 "AB"[half]);
+			float *hf = fx_read(f, key, TIER_DT_F32, 2, sh);
+			double e = rel_err(got, want, n), eh = rel_err(hf, want, n), bound = fmax(TOL, 2 * eh);
+			for (size_t j = 0; j < n; j++) {
+				d2 += ((double)got[j] - want[j]) * ((double)got[j] - want[j]);
+				h2 += ((double)hf[j] - want[j]) * ((double)hf[j] - want[j]);
+				r2 += (double)want[j] * want[j];
+			}
+			snprintf(what, sizeof what, "%s d %d.%s.%c", f->c->name, mod->layer, mod->module, "AB"[half]);
+			printf("#   %-50s tier %.2e  HF bf16 %.2e  bound %.2e  %s\n", what, e, eh, bound,
+			       e <= bound ? "ok" : "MISMATCH");
+			ok &= e <= bound;
+			free(want), free(hf);
+		}
+	}
+	double et = sqrt(d2 / r2), eh = sqrt(h2 / r2);
+	printf("# %s: all LoRA gradients against HF fp32: tier (CUDA, bf16) %.2e, HF + PEFT in bf16 %.2e: %s\n",
+	       f->c->name, et, eh, et <= eh ? "ok" : "MISMATCH");
+	tier_peft_free(g);
+	return ok && et <= eh;
+}
+#endif
+
 static void test_model_vs_hf(void **state)
 {
 	fixture f;
@@ -776,12 +822,16 @@ static void test_model_vs_hf(void **state)
 			snprintf(what, sizeof what, "%s %s", f.c->name, name);
 			okk &= check_close(what, &loss, want, 1, TOL);
 			okk &= check_hidden(&f, refs[k], pass ? "lora." : "", hid);
-			if (pass)
+			if (pass && !GOLDEN_BF16)
 				okk &= check_grads(&f, refs[k], r.m);
 			if (k == NREFS - 1)
 				ok &= okk;
 			free(want);
 		}
+#ifdef GOLDEN_CUDA
+		if (pass)
+			ok &= check_grads_bf16(&f, r.m);
+#endif
 		if (pass)
 			export_for_peft(&f, r.m, hid, ids);
 	}

@@ -362,6 +362,27 @@ def bf16_reference(cdir, mdir, cfg, adapter, ids, labels, gmap):
         fx[f"bf16w.lora.hidden.{L + 1}"] = lcaught[f"layer.{L}"].detach()
     shutil.rmtree(rdir)
     shutil.rmtree(radir)
+    fx.update(hf_bf16(mdir, os.path.join(cdir, "adapter"), cfg, ids, labels, gmap))
+    return fx
+
+
+def hf_bf16(mdir, adir, cfg, ids, labels, gmap):
+    """HF + PEFT's own bf16 training arithmetic (model and adapter cast to bf16, as torch runs a
+    bf16 model): keys hfbf16.* (lora.loss, lora.logits, grad.<key>), stored in fp32. Its distance
+    from the fp32 fixture is what bf16 costs HF itself; test_golden_cuda holds tier's CUDA path
+    to the same scale for the gradients (FlashAttention's test method)."""
+    where, keys, shapes, starts = gmap
+    pm = load_peft(mdir, adir).to(torch.bfloat16)
+    out = pm(input_ids=ids, labels=labels)
+    out.loss.backward()
+    flat_g = torch.zeros(starts[keys[-1]] + shapes[keys[-1]][0] * shapes[keys[-1]][1])
+    for pname, prm in lora_params(pm).items():
+        pos, idx = where[pname]
+        flat_g[idx] = prm.grad.float().reshape(-1)[pos]
+    fx = {"hfbf16.lora.loss": out.loss.detach().float().reshape(1), "hfbf16.lora.logits": out.logits.detach().float()}
+    for k in keys:
+        n = shapes[k][0] * shapes[k][1]
+        fx[f"hfbf16.grad.{k}"] = flat_g[starts[k]:starts[k] + n].reshape(shapes[k]).clone()
     return fx
 
 
@@ -439,6 +460,9 @@ def make_case(name, case, root):
     assert rel(lout.logits.detach(), out.logits) > 1e-2, f"{name}: the adapter hardly changes the logits"
     if case.get("bf16_ref"):
         fx.update(bf16_reference(cdir, mdir, cfg, adapter, ids, labels, (where, keys, shapes, starts)))
+        errs = sorted(rel(fx[f"hfbf16.grad.{k}"], fx[f"grad.{k}"]) for k in keys if fx[f"grad.{k}"].norm() > 0)
+        print(f"{name}: HF bf16 vs fp32: lora logits {rel(fx['hfbf16.lora.logits'], fx['lora.logits']):.2e}, "
+              f"LoRA gradients median {errs[len(errs) // 2]:.2e} max {errs[-1]:.2e}")
 
     save_sorted({k: v.detach().contiguous() for k, v in fx.items()}, os.path.join(cdir, "fixture.safetensors"),
                 metadata={"format": "pt", "case": name, "transformers": transformers.__version__,
