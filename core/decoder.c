@@ -48,30 +48,48 @@ static int any_dense(const tier_model *m)
 	return 0;
 }
 
+typedef struct { float **p; size_t n; } piece;
+
+static void carve(const piece *f, size_t n, char *buf, size_t *off)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (buf)
+			*f[i].p = f[i].n ? (float *)(buf + *off) : NULL;
+		*off += al(sizeof(float) * f[i].n);
+	}
+}
+
 /* The sizes of every buffer, in the order dec_bufs_bind hands them out; `bind` NULL only counts.
- * Every buffer is sized for fp32 (bf16 ones on CUDA use half). */
+ * Every buffer is sized for fp32 (bf16 ones on CUDA use half). What the backward reads of the
+ * forward comes first, in two contiguous halves (save[0]: attention, save[1]: MLP or MoE) that
+ * the operator cache can keep instead of recomputing them; then the gradients, then the workspace. */
 static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bufs *b)
 {
 	size_t T = (size_t)sh->T, H = m->H, qd = (size_t)m->nh * m->hd, kvd = (size_t)m->nkv * m->hd;
 	size_t I = any_dense(m) ? (size_t)m->I : 0, off = 0, cu = m->cuda ? 1 : 0;
-	struct { float **p; size_t n; } f[] = {
+	const piece fa[] = {
 		{ &b->a, T * H }, { &b->r1, T }, { &b->qp, T * qd }, { &b->kp, T * kvd }, { &b->v, T * kvd },
 		{ &b->rq, T * m->nh }, { &b->rk, T * m->nkv }, { &b->q, T * qd }, { &b->k, T * kvd }, { &b->o, T * qd },
-		{ &b->lse, T * m->nh }, { &b->h1, T * H }, { &b->b, T * H }, { &b->r2, T }, { &b->g, T * I },
-		{ &b->u, T * I }, { &b->act, T * I }, { &b->mo, T * H }, { &b->dh1, T * H }, { &b->dtmp, T * H },
-		{ &b->db, T * H }, { &b->dq, T * qd }, { &b->dk, T * kvd }, { &b->dv, T * kvd }, { &b->dO, T * qd },
-		{ &b->dkp, T * kvd }, { &b->dact, T * I }, { &b->dg, T * I }, { &b->du, T * I },
-		{ &b->v32, cu * T * kvd }, { &b->dO16, cu * T * qd },
+		{ &b->lse, T * m->nh }, { &b->h1, T * H }, { &b->b, T * H }, { &b->r2, T },
 	};
-	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-		if (buf)
-			*f[i].p = f[i].n ? (float *)(buf + off) : NULL;
-		off += al(sizeof(float) * f[i].n);
-	}
+	const piece fm[] = { { &b->g, T * I }, { &b->u, T * I }, { &b->act, T * I } };
+	const piece fg[] = {
+		{ &b->mo, T * H }, { &b->dh1, T * H }, { &b->dtmp, T * H }, { &b->db, T * H }, { &b->dq, T * qd },
+		{ &b->dk, T * kvd }, { &b->dv, T * kvd }, { &b->dO, T * qd }, { &b->dkp, T * kvd }, { &b->dact, T * I },
+		{ &b->dg, T * I }, { &b->du, T * I }, { &b->v32, cu * T * kvd }, { &b->dO16, cu * T * qd },
+	};
+	carve(fa, sizeof fa / sizeof fa[0], buf, &off);
+	size_t mlp0 = off;
+	carve(fm, sizeof fm / sizeof fm[0], buf, &off);
 	size_t saved = any_moe(m) ? tier_moe_saved_bytes(&sh->moe, sh->T) : 0;
 	if (buf && saved)
 		tier_moe_saved_bind(&sh->moe, sh->T, buf + off, saved, &b->ms);
 	off += al(saved);
+	if (buf) {
+		b->save[0] = buf, b->save_bytes[0] = mlp0;
+		b->save[1] = buf + mlp0, b->save_bytes[1] = off - mlp0;
+	}
+	carve(fg, sizeof fg / sizeof fg[0], buf, &off);
 	/* one workspace for the largest user: the MoE block, attention, a LoRA linear */
 	size_t ws = 0, aw = 0, out = H > qd ? H : qd, lw;
 	out = out > I ? out : I;

@@ -26,6 +26,8 @@ typedef struct {
 	float *dh1, *dtmp, *db, *dq, *dk, *dv, *dO, *dkp, *dact, *dg, *du, *dO16;
 	void *ws;
 	size_t ws_bytes;
+	void *save[2];          /* what the backward reads of the forward: [0] attention, [1] MLP / MoE */
+	size_t save_bytes[2];
 } dec_bufs;
 
 typedef struct {

@@ -12,6 +12,7 @@
 #include "core/dec_ops.h"
 #include "core/ops_cuda.h"
 #include "tier/formats.h"
+#include "tier/cache.h"
 #include "tier/loss.h"
 
 struct tier_trainer {
@@ -47,6 +48,9 @@ struct tier_trainer {
 	int64_t *count_d;
 	double *acc_d;
 	uint64_t part[TIER_NPARTS], mark; /* time by part of the step; the current part's start */
+	tier_cache *cache;                /* the operator cache (NULL: full recompute) */
+	int offer;                        /* a training forward: offer its results to the cache */
+	uint32_t mb;                      /* the current micro-batch (the cache's key) */
 	int profile;                      /* $TIER_PROFILE: wait for the device at the end of each part */
 };
 
@@ -215,6 +219,17 @@ static uint64_t dev_extra_bytes(const tier_trainer *t)
 	       2 * tier_align_up(sizeof(int32_t) * T, 256) + 256;
 }
 
+static int cache_open(tier_trainer *t)
+{
+	if (!t->c.opcache || !*t->c.opcache)
+		return 0;
+	tier_cache_config cc;
+	int rc = tier_cache_config_parse(t->c.opcache, &cc);
+	if (rc)
+		return tier_fail(rc, "--op-cache: %s", tier_last_error());
+	return tier_cache_create(&t->cache, t->m->s, t->m->dev, &cc, NULL);
+}
+
 int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **out)
 {
 	if (!out)
@@ -273,7 +288,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 			       tier_format_size(t->min_hbm, need, sizeof need));
 		goto fail;
 	}
-	if ((rc = set_schedule(t)))
+	if ((rc = set_schedule(t)) || (rc = cache_open(t)))
 		goto fail;
 	*out = t;
 	return 0;
@@ -287,6 +302,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	if (!t)
 		return;
 	pin_release_all(&t->ps);
+	tier_cache_destroy(t->cache);
 	if (t->scratch)
 		tier_obj_destroy(t->m->s, t->scratch);
 	for (int l = 0; t->ckpt && l <= t->m->L; l++)
@@ -305,6 +321,16 @@ void tier_trainer_destroy(tier_trainer *t)
 }
 
 uint64_t tier_trainer_min_hbm(const tier_trainer *t) { return t->min_hbm; }
+
+int tier_trainer_cache_stats(tier_trainer *t, tier_cache_stats *out)
+{
+	if (!t || !out)
+		return tier_fail(-EINVAL, "tier_trainer_cache_stats: trainer and output are required");
+	if (!t->cache)
+		return tier_fail(-ENOENT, "the trainer has no operator cache (no --op-cache rules)");
+	tier_cache_stats_get(t->cache, out);
+	return 0;
+}
 int64_t tier_trainer_steps_done(const tier_trainer *t) { return t->step; }
 
 int tier_trainer_expert_counts(const tier_trainer *t, int layer, int64_t *out)
@@ -475,18 +501,73 @@ static int pin_experts(tier_trainer *t, int l, int grads, dec_weights *w)
 	return lora_convert(t);
 }
 
-/* Forward of layer l from its input x into out (NULL: backward's recompute, out into b->mo only). */
+/* ---- The operator cache: two entries per layer and micro-batch, the halves of dec_bufs.save ---- */
+static tier_cache_key ckey(const tier_trainer *t, int l, int half)
+{
+	return (tier_cache_key){ .layer = (uint32_t)l, .op = (uint32_t)half, .microbatch = t->mb };
+}
+
+/* What recomputing a half costs (the cache weighs it against the bytes it would hold). */
+static tier_op_cost half_cost(const tier_trainer *t, int l, int half)
+{
+	const tier_model *m = t->m;
+	double T = t->sh.T, H = m->H, qd = (double)m->nh * m->hd, kvd = (double)m->nkv * m->hd;
+	tier_op_cost c = { .kind = TIER_OP_MATMUL, .bytes = (double)t->b.save_bytes[half] };
+	if (half == 0) /* q, k, v, o projections and causal attention (half of the seq x seq scores) */
+		c.kind = TIER_OP_ATTENTION, c.flops = 2 * T * H * (qd + 2 * kvd) + 2 * T * qd * H + 2 * T * t->sh.seq * qd;
+	else if (m->layers[l].moe)
+		c.kind = TIER_OP_GROUPED_GEMM, c.flops = 2 * T * m->k * 3 * H * m->Ie + 2 * T * H * m->E;
+	else
+		c.flops = 2 * T * 3 * H * m->I;
+	return c;
+}
+
+static int cache_offer(tier_trainer *t, int l)
+{
+	for (int h = 0; h < 2 && t->cache; h++) {
+		tier_op_cost c = half_cost(t, l, h);
+		int rc = t->b.save_bytes[h] ? tier_cache_offer(t->cache, ckey(t, l, h), t->b.save[h], t->b.save_bytes[h],
+							       &c, tier_dev_stream(t->m->dev), NULL) : 0;
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* Backward: bring half h of layer l's forward back from the cache. 1 when restored, 0 when it
+ * must be recomputed (a miss) or on an error (*rc set). */
+static int cache_restore(tier_trainer *t, int l, int h, int *rc)
+{
+	void *p;
+	if (!t->cache || *rc)
+		return 0;
+	int r = tier_cache_get(t->cache, ckey(t, l, h), &p);
+	if (r)
+		return *rc = r < 0 ? r : 0, 0;
+	/* the entry is freed on release: the copy must be done by then */
+	if (!(*rc = dop_copy(t->m, t->b.save[h], p, t->b.save_bytes[h])))
+		*rc = tier_dev_sync(t->m->dev);
+	int r2 = tier_cache_release(t->cache, ckey(t, l, h), 1);
+	*rc = *rc ? *rc : r2;
+	return !*rc;
+}
+
+/* Forward of layer l from its input x into out (NULL: backward's recompute, out into b->mo only,
+ * each half taken from the operator cache when it kept it). */
 static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *out, dec_weights *w)
 {
 	tier_model *m = t->m;
-	int rc = pin_dense(t, l, grads, w);
-	if (rc || (rc = dec_attn_fwd(m, &t->sh, x, w, &t->b)))
+	int rc = pin_dense(t, l, grads, w), bwd = out == NULL;
+	if (!(bwd && cache_restore(t, l, 0, &rc)) && !rc)
+		rc = dec_attn_fwd(m, &t->sh, x, w, &t->b);
+	if (rc)
 		return rc;
 	charge(t, TIER_PART_ATTN_FWD);
 	if (m->layers[l].moe && (rc = pin_experts(t, l, grads, w)))
 		return rc;
 	charge(t, TIER_PART_ROUTE);
-	rc = dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out ? out : t->b.dtmp);
+	if (!(bwd && cache_restore(t, l, 1, &rc)) && !rc)
+		rc = dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out ? out : t->b.dtmp);
 	charge(t, TIER_PART_MLP_FWD);
 	return rc;
 }
@@ -544,6 +625,8 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 	int rc = tpin(t, t->ckpt[l], 0, 0, &x);
 	if (!rc && !(rc = tpin(t, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y)))
 		rc = layer_fwd(t, l, 0, x, y, &w);
+	if (!rc && t->offer)
+		rc = cache_offer(t, l);
 	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute routes the same again */
 		for (int e = 0; e < t->m->E; e++)
 			t->lcounts[(size_t)l * t->m->E + e] += t->counts[e];
@@ -588,6 +671,8 @@ static int op_bwd(tier_trainer *t, int l, float d_aux)
 	float *x;
 	dec_weights w;
 	at_op(t);
+	if (t->cache && l > 0) /* the next layer's entries, if they spilled to DDR, come back meanwhile */
+		tier_cache_prefetch_backward(t->cache, (uint32_t)l - 1, t->mb);
 	int rc = tpin(t, t->ckpt[l], 0, 0, &x);
 	if (!rc && !(rc = layer_fwd(t, l, 1, x, NULL, &w)) &&
 	    !(rc = dec_mlp_bwd(t->m, &t->sh, t->m->layers[l].moe, &w, &t->b, t->gcur, d_aux))) {
@@ -607,6 +692,7 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 {
 	tier_model *m = t->m;
 	size_t th = (size_t)t->sh.T * m->H;
+	t->offer = grads && t->cache;
 	int rc = op_embed(t, tok);
 	if (!rc && hidden) {
 		float *x;
@@ -755,6 +841,8 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	pinset sp = { .s = t->m->s };
 	memset(r, 0, sizeof *r);
 	memset(t->part, 0, sizeof t->part);
+	if (t->cache) /* entries a failed step left behind must not stand in for this step's */
+		tier_cache_end_microbatch(t->cache, UINT32_MAX);
 	t->mark = tier_now_ns();
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
@@ -764,6 +852,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	float dloss = 1.0f / (float)nm, loss_sum = 0.0f;
 	for (int mb = 0; mb < nm && !rc; mb++) {
 		float l = 0.0f;
+		t->mb = (uint32_t)mb;
 		rc = micro(t, tokens + mb * T, labels + mb * T, dloss, 1, &l, &r->aux, NULL);
 		loss_sum += l;
 	}
@@ -809,6 +898,9 @@ int tier_trainer_eval(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	t->op = 0;
 	if ((rc = scratch_begin(t, &sp)))
 		return rc;
+	t->mb = 0;
+	if (t->cache)
+		tier_cache_end_microbatch(t->cache, UINT32_MAX);
 	rc = micro(t, tokens, labels, 1.0f, grads, loss, &aux, hidden);
 	int r2 = pin_release_all(&sp);
 	*loss += aux;

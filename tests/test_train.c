@@ -38,6 +38,9 @@ typedef struct {
 	int32_t *tok, *lab;
 } rig;
 
+static const char *rig_opcache; /* operator cache rules of the next rig (NULL: none) */
+static int rig_micro = 1;        /* micro-batches of the next rig */
+
 static int rig_open(rig *r, const tier_hf_config *c, const tier_lora_cfg *lc, uint64_t hbm, int batch, int seq,
 		    uint64_t wseed, double init)
 {
@@ -50,6 +53,7 @@ static int rig_open(rig *r, const tier_hf_config *c, const tier_lora_cfg *lc, ui
 		return rc;
 	tier_train_cfg_init(&r->tc);
 	r->tc.batch = batch, r->tc.seq = seq, r->tc.steps = 30, r->tc.warmup = 0, r->tc.lr = 1e-2f;
+	r->tc.opcache = rig_opcache, r->tc.micro_batches = rig_micro;
 	if ((rc = tier_trainer_create(r->m, &r->tc, &r->t)))
 		return rc;
 	size_t T = (size_t)batch * seq * 4;
@@ -180,7 +184,7 @@ static uint64_t run_losses(const tier_hf_config *c, uint64_t hbm, int steps, flo
 	lc.r = 4;
 	rig r;
 	assert_int_equal(rig_open(&r, c, &lc, hbm, 2, 8, seed + 5, 0.1), 0);
-	fill_batch(&r, (int)c->vocab_size, seed + 6, 16);
+	fill_batch(&r, (int)c->vocab_size, seed + 6, 16 * rig_micro);
 	for (int s = 0; s < steps; s++) {
 		tier_step_result res;
 		int rc = tier_trainer_step(r.t, r.tok, r.lab, &res);
@@ -188,6 +192,15 @@ static uint64_t run_losses(const tier_hf_config *c, uint64_t hbm, int steps, flo
 			printf("# step %d: %s\n", s, tier_last_error());
 		assert_int_equal(rc, 0);
 		out[s] = res.loss;
+	}
+	tier_cache_stats cs;
+	if (!tier_trainer_cache_stats(r.t, &cs))
+		printf("# op cache %s: %llu hits (%llu from ddr), %llu misses, %llu dropped\n", rig_opcache,
+		       (unsigned long long)(cs.total.hits[0] + cs.total.hits[1]), (unsigned long long)cs.total.hits[1],
+		       (unsigned long long)cs.total.misses, (unsigned long long)cs.total.dropped);
+	if (rig_opcache) { /* the runs below keep some results: make sure the test exercises hits */
+		assert_int_equal(tier_trainer_cache_stats(r.t, &cs), 0);
+		assert_true(cs.total.hits[0] + cs.total.hits[1] > 0);
 	}
 	tier_stats st;
 	tier_store_stats(r.s, &st);
@@ -238,6 +251,32 @@ static void test_store_transparent(void **state)
 	assert_int_equal(rig_open(&r, &c, &lc, need - 1, 2, 8, 1, 0.1), -ENOSPC);
 	assert_non_null(strstr(tier_last_error(), "--hbm"));
 	rig_close(&r);
+}
+
+/* The operator cache changes no number: results kept (all of them, or some: the rest dropped
+ * and recomputed) give the losses of full recomputation, over two micro-batches. */
+static void test_opcache_transparent(void **state)
+{
+	(void)state;
+	tier_hf_config c;
+	tiny_config(&c);
+	float a[6], b[6], d[6];
+	rig_micro = 2;
+	run_losses(&c, 64u << 20, 6, a);
+	rig_opcache = "all:hbm=16M";
+	run_losses(&c, 64u << 20, 6, b);
+	assert_memory_equal(a, b, sizeof a);
+	rig_opcache = "attention,grouped_gemm:hbm=48k:ddr=8M";
+	run_losses(&c, 64u << 20, 6, d);
+	assert_memory_equal(a, d, sizeof a);
+	rig_opcache = "nonsense";
+	rig r;
+	tier_lora_cfg lc;
+	tier_lora_cfg_init(&lc);
+	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 8, 1, 0.1), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "op-cache"));
+	rig_close(&r);
+	rig_opcache = NULL, rig_micro = 1;
 }
 
 static void test_bad_input(void **state)
@@ -753,6 +792,7 @@ int main(void)
 		cmocka_unit_test(test_lora_grads_fd_mixtral),
 		cmocka_unit_test(test_loss_falls_and_determinism),
 		cmocka_unit_test(test_store_transparent),
+		cmocka_unit_test(test_opcache_transparent),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_data),
 		cmocka_unit_test(test_load_hf),

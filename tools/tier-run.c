@@ -27,6 +27,7 @@ int store_demo_main(int argc, char **argv);
 typedef struct {
 	const char *model, *init, *config, *data, *out, *policy, *device, *targets, *resume;
 	const char *trace; /* --trace FILE: record the store's accesses (docs/trace.md) */
+	const char *opcache; /* --op-cache RULES (tier_cache_config_parse) */
 	uint64_t hbm, ddr, nvme;
 	char nvme_dir[4096];
 	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every, hbm_max, hbm_set;
@@ -82,6 +83,9 @@ static void usage(FILE *f)
 		"  --device D           cpu or cuda (default cpu). cuda: bf16 weights, fp32 LoRA and optimizer\n"
 		"  --peak-tflops X      the GPU's dense bf16 peak for MFU (default: known for H100/H200, 989)\n"
 		"  --trace FILE         record every store access into FILE (docs/trace.md; replay it with tier-tune)\n"
+		"  --op-cache RULES     keep forward results for the backward instead of recomputing them, e.g.\n"
+		"                       \"all:hbm=40G\" or \"attention:layers=0-47/2:hbm=8G:ddr=32G\" (docs/opcache.md;\n"
+		"                       default none: every layer is recomputed in the backward)\n"
 		"Output\n"
 		"  --out DIR            write the PEFT adapter (adapter_config.json, adapter_model.safetensors)\n"
 		"                       and train_log.jsonl there (created if missing; checked before training),\n"
@@ -102,7 +106,7 @@ enum {
 	O_MODEL = 256, O_INIT, O_CONFIG, O_INITR, O_DATA, O_R, O_ALPHA, O_RSLORA, O_TARGETS, O_STEPS, O_BATCH, O_SEQ,
 	O_MICRO, O_LR, O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_HBM, O_DDR, O_NVME, O_POLICY, O_DEVICE, O_OUT,
 	O_QUIET, O_HELP, O_CKPT, O_RESUME,
-	O_TRACE, O_PEAK,
+	O_TRACE, O_PEAK, O_OPCACHE,
 };
 static const struct option opts[] = {
 	{ "model", required_argument, NULL, O_MODEL }, { "init", required_argument, NULL, O_INIT },
@@ -121,6 +125,7 @@ static const struct option opts[] = {
 	{ "help", no_argument, NULL, O_HELP }, { "checkpoint-every", required_argument, NULL, O_CKPT },
 	{ "resume", required_argument, NULL, O_RESUME },
 	{ "trace", required_argument, NULL, O_TRACE }, { "peak-tflops", required_argument, NULL, O_PEAK },
+	{ "op-cache", required_argument, NULL, O_OPCACHE },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -223,6 +228,15 @@ static int parse_one(run_opts *o, int c, const char *a)
 	case O_CKPT: return parse_int(name, a, 1, 100000000, &o->ckpt_every);
 	case O_RESUME: o->resume = a; return 0;
 	case O_TRACE: o->trace = a; return 0;
+	case O_OPCACHE: {
+		tier_cache_config cc;
+		if (tier_cache_config_parse(a, &cc)) {
+			fprintf(stderr, "tier-run: --op-cache %s: %s\n", a, tier_last_error());
+			return 1;
+		}
+		o->opcache = a;
+		return 0;
+	}
 	}
 	return 1;
 }
@@ -459,7 +473,7 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	tier_train_cfg_init(&tc);
 	tc.batch = o->batch, tc.seq = o->seq, tc.micro_batches = o->micro, tc.steps = o->steps;
 	tc.warmup = o->warmup, tc.lr = (float)o->lr, tc.min_lr_ratio = (float)o->min_lr_ratio;
-	tc.weight_decay = (float)o->wd, tc.clip = (float)o->clip;
+	tc.weight_decay = (float)o->wd, tc.clip = (float)o->clip, tc.opcache = o->opcache;
 	if (tier_trainer_create(j->m, &tc, &j->t))
 		return fail_lib("trainer");
 	if (o->resume && tier_trainer_load(j->t, o->resume))
@@ -611,6 +625,14 @@ static void summary(job *j, const run_opts *o, double first, double last, double
 		if (st.link[l].bytes)
 			printf("# link %-10s %10s in %llu transfers\n", st.link_name[l],
 			       tier_format_size(st.link[l].bytes, c, sizeof c), (unsigned long long)st.link[l].transfers);
+	tier_cache_stats cs;
+	if (!tier_trainer_cache_stats(j->t, &cs))
+		printf("# op cache: %llu offers, %llu kept in hbm, %llu in ddr, %llu dropped; %llu hits, %llu misses "
+		       "(%.3g recompute FLOP saved); peak %s in hbm\n", (unsigned long long)cs.total.offers,
+		       (unsigned long long)cs.total.admitted[0], (unsigned long long)cs.total.admitted[1],
+		       (unsigned long long)(cs.total.dropped + cs.total.rejected),
+		       (unsigned long long)(cs.total.hits[0] + cs.total.hits[1]), (unsigned long long)cs.total.misses,
+		       cs.total.flops_saved, tier_format_size(cs.peak[0], a, sizeof a));
 	printf("# prefetch: %llu issued, %llu on time, %llu late, %llu missed\n", (unsigned long long)st.prefetch.issued,
 	       (unsigned long long)st.prefetch.on_time, (unsigned long long)st.prefetch.late,
 	       (unsigned long long)st.prefetch.missed);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include "tier/base.h"
 #include "tier/store.h"
+#include "tier/cache.h"
 #include "tier/formats.h"
 
 #ifdef __cplusplus
@@ -135,6 +136,10 @@ typedef struct {
 	float lr, min_lr_ratio; /* cosine from lr down to lr * min_lr_ratio */
 	float beta1, beta2, eps, weight_decay; /* AdamW (PyTorch's form: decoupled decay) */
 	float clip;             /* global gradient-norm clip (0: none) */
+	/* Operator cache (cache/): rules in tier_cache_config_parse's syntax, e.g. "all:hbm=40G". Each
+	 * layer offers its forward's results (attention half, MLP half) and the backward uses what was
+	 * kept instead of recomputing it. NULL or "": none (full recompute, the default). */
+	const char *opcache;
 } tier_train_cfg;
 /* batch 4, seq 64, 1 micro-batch, 100 steps, warmup 5, lr 2e-3, min_lr_ratio 0.1, betas 0.9/0.999,
  * eps 1e-8, weight decay 0, clip 1. */
@@ -173,6 +178,8 @@ uint64_t tier_trainer_min_hbm(const tier_trainer *t);
  * (token or label out of range), or the store's error (the step is then lost: LoRA weights are
  * as before unless the failure hit the optimizer update itself). */
 int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *labels, tier_step_result *r);
+/* The operator cache's counters since the trainer was made: 0, or -ENOENT without a cache. */
+int tier_trainer_cache_stats(tier_trainer *t, tier_cache_stats *out);
 
 /* Optimizer steps taken (the next step's index: its learning rate and, in tier-run, its data). */
 int64_t tier_trainer_steps_done(const tier_trainer *t);
