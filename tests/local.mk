@@ -24,3 +24,12 @@ tests_test_golden_cuda_LDFLAGS = $(TESTLD)
 endif
 EXTRA_DIST += tests/golden/data tests/golden/make_fixtures.py tests/golden/check_peft_adapter.py \
 	tests/golden/README.md
+## The planted-LoRA recovery test: data from the base model plus a known
+## low-rank delta; a fresh LoRA trained on it comes within 5% of the teacher's cross-entropy.
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_planted_lora
+TESTS += tests/test_planted_lora
+tests_test_planted_lora_SOURCES = tests/test_planted_lora.c
+tests_test_planted_lora_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_planted_lora_LDFLAGS = $(TESTLD)
+endif
