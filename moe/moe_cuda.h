@@ -23,9 +23,9 @@ int moe_cuda_router_fwd(tier_dev *dev, const tier_moe_router_cfg *cfg, int T, in
 int moe_cuda_permute(tier_dev *dev, int T, int k, int E, int H, int capacity, const int32_t *topk_idx,
 		     const void *x, int32_t *offsets, int32_t *row_pair, int32_t *pair_row, int32_t *counts,
 		     void *xg);
-/* xg rows 0..offsets[E]-1 = x[row_pair[r] / k] (the gather alone, as backward redoes it). */
-int moe_cuda_gather(tier_dev *dev, int T, int k, int E, int H, const int32_t *offsets, const int32_t *row_pair,
-		    const void *x, void *xg);
+/* xg [pair_row[p]] = x[p / k] for every kept pair p (the gather alone, as backward redoes it: one
+ * warp per token reads its row once); rows of no pair are left alone. */
+int moe_cuda_gather(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const void *x, void *xg);
 int moe_cuda_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
 			 const void *y, float *out);
 

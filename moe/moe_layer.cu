@@ -106,7 +106,7 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	    (rc = offsets_sane(fn, E, n, off)) ||
 	    (rc = moe_cuda_experts_check(fn, E, off, w, lora)))
 		return rc;
-	if (off[E] > 0 && (rc = moe_cuda_gather(dev, T, k, E, H, s->offsets, s->row_pair, x, b + l.xg)))
+	if (off[E] > 0 && (rc = moe_cuda_gather(dev, T, k, H, s->pair_row, x, b + l.xg)))
 		return rc;
 	if ((rc = moe_cuda_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, d_out, b + l.dy, dtw)) ||
 	    (off[E] > 0 && (rc = moe_cuda_experts_bwd(dev, E, H, I, off, w, lora, b + l.xg, s->g, s->u, b + l.dy, dxg,

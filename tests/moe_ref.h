@@ -224,4 +224,164 @@ static inline void ref_swiglu(int H, int I, const double *x, const double *gate,
 	free(g);
 }
 
+/* ---- the CUDA path's bf16 storage, emulated ------------------------------------------------------
+ * The CUDA block (moe/moe_experts.cu, moe_bwd.cu, moe_layer.cu) stores in bf16: the gathered rows
+ * xg, LoRA's Z = X A^T (forward and backward) and dZ = s dY B, h = silu(g) u, the expert output y
+ * (rounded once after the down product and again after the down adapter adds to it), combine's
+ * backward dy = w d_out, the SwiGLU backward's dG and dU, and the router's d_logits before the two
+ * products with x and W_r. Everything else is fp32 (g, u, dh, dxg, dx, logits, LoRA gradients).
+ * The row references below compute in fp64 and, with rnd set, round to bf16 at exactly those
+ * points, so that a CUDA result can be held to what its storage allows (rnd 0: the plain fp64
+ * reference). Round to nearest even, as __float2bfloat16 does. */
+static inline double ref_bf16(double v)
+{
+	float f = (float)v;
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return v; /* NaN stays NaN */
+	u += 0x7fffu + ((u >> 16) & 1u);
+	u &= 0xffff0000u;
+	memcpy(&f, &u, 4);
+	return f;
+}
+static inline double ref_rnd(int rnd, double v) { return rnd ? ref_bf16(v) : v; }
+
+/* One expert's three weights and its adapters (a[q] NULL: none on projection q = gate, up, down). */
+typedef struct {
+	const float *gate, *up, *down;      /* [I, H], [I, H], [H, I] */
+	const float *a[3], *b[3];           /* [r, in], [out, r] */
+	double *da[3], *db[3];              /* increments, accumulated (NULL: not wanted) */
+	int r;
+	double s;
+} ref_expert;
+
+/* y [out] = W x, W [out, in] (fp64). */
+static inline void ref_dense(int in, int out, const double *x, const float *W, double *y)
+{
+	for (int o = 0; o < out; o++) {
+		double acc = 0.0;
+		for (int i = 0; i < in; i++)
+			acc += (double)W[(size_t)o * in + i] * x[i];
+		y[o] = acc;
+	}
+}
+/* y [out] += s B z with z = R(A x) [r] (an adapter's forward; nothing when a is NULL). */
+static inline void ref_lora_add(int rnd, int in, int out, const double *x, const float *a, const float *b, int r,
+				double s, double *y)
+{
+	if (!a)
+		return;
+	double *z = malloc(sizeof(double) * (size_t)r);
+	ref_dense(in, r, x, a, z);
+	for (int q = 0; q < r; q++)
+		z[q] = ref_rnd(rnd, z[q]);
+	for (int o = 0; o < out; o++) {
+		double acc = 0.0;
+		for (int q = 0; q < r; q++)
+			acc += (double)b[(size_t)o * r + q] * z[q];
+		y[o] += s * acc;
+	}
+	free(z);
+}
+
+/* Forward of one row x [H]: g, u [I] (fp32, as stored), y [H] (bf16 with rnd). */
+static inline void ref_row_fwd(int rnd, int H, int I, const ref_expert *w, const float *xr, float *g, float *u, float *y)
+{
+	int m = H > I ? H : I;
+	double *x = malloc(sizeof(double) * 3 * (size_t)m), *t = x + m, *h = t + m;
+	for (int i = 0; i < H; i++)
+		x[i] = xr[i];
+	ref_dense(H, I, x, w->gate, t);
+	ref_lora_add(rnd, H, I, x, w->a[0], w->b[0], w->r, w->s, t);
+	for (int i = 0; i < I; i++)
+		g[i] = (float)t[i];
+	ref_dense(H, I, x, w->up, t);
+	ref_lora_add(rnd, H, I, x, w->a[1], w->b[1], w->r, w->s, t);
+	for (int i = 0; i < I; i++) {
+		u[i] = (float)t[i];
+		h[i] = ref_rnd(rnd, g[i] * ref_sigmoid(g[i]) * u[i]);
+	}
+	ref_dense(I, H, h, w->down, t);
+	for (int o = 0; o < H; o++)
+		t[o] = ref_rnd(rnd, t[o]); /* the down product writes bf16 y, ... */
+	if (w->a[2]) {                     /* ... to which the adapter adds, rounding again */
+		ref_lora_add(rnd, I, H, h, w->a[2], w->b[2], w->r, w->s, t);
+		for (int o = 0; o < H; o++)
+			t[o] = ref_rnd(rnd, t[o]);
+	}
+	for (int o = 0; o < H; o++)
+		y[o] = (float)t[o];
+	free(x);
+}
+
+/* Backward of a projection's adapter for one row: from dY [out] (as stored), input x [in]:
+ * dZ = R(s B^T dY), Z = R(A x); db += s dY Z^T, da += dZ x^T, dx [in] += A^T dZ. */
+static inline void ref_lora_row_bwd(int rnd, int in, int out, const float *a, const float *b, int r, double s,
+				    double *da, double *db, const double *x, const double *dY, double *dx)
+{
+	double *dz = malloc(sizeof(double) * 2 * (size_t)r), *z = dz + r;
+	for (int q = 0; q < r; q++) {
+		double acc = 0.0, az = 0.0;
+		for (int o = 0; o < out; o++)
+			acc += (double)b[(size_t)o * r + q] * dY[o];
+		for (int i = 0; i < in; i++)
+			az += (double)a[(size_t)q * in + i] * x[i];
+		dz[q] = ref_rnd(rnd, s * acc);
+		z[q] = ref_rnd(rnd, az);
+	}
+	for (int o = 0; db && o < out; o++)
+		for (int q = 0; q < r; q++)
+			db[(size_t)o * r + q] += s * dY[o] * z[q];
+	for (int q = 0; da && q < r; q++)
+		for (int i = 0; i < in; i++)
+			da[(size_t)q * in + i] += dz[q] * x[i];
+	for (int i = 0; i < in; i++) {
+		double acc = 0.0;
+		for (int q = 0; q < r; q++)
+			acc += (double)a[(size_t)q * in + i] * dz[q];
+		dx[i] += acc;
+	}
+	free(dz);
+}
+
+/* Backward of one row: from x [H], the saved g, u [I] and dy [H] (as stored), dx [H] (fp32, as
+ * stored) written and the adapters' increments accumulated. */
+static inline void ref_row_bwd(int rnd, int H, int I, const ref_expert *w, const float *xr, const float *g,
+			       const float *u, const float *dyr, float *dxr)
+{
+	int m = H > I ? H : I;
+	double *x = malloc(sizeof(double) * 7 * (size_t)m), *h = x + m, *dy = h + m, *dh = dy + m, *dG = dh + m;
+	double *dU = dG + m, *dx = dU + m;
+	for (int i = 0; i < H; i++)
+		x[i] = xr[i], dy[i] = dyr[i];
+	for (int i = 0; i < I; i++) /* CUDA recomputes h (bf16) for the down adapter */
+		h[i] = ref_rnd(rnd, g[i] * ref_sigmoid(g[i]) * u[i]);
+	for (int i = 0; i < I; i++) {
+		double acc = 0.0;
+		for (int o = 0; o < H; o++)
+			acc += (double)w->down[(size_t)o * I + i] * dy[o];
+		dh[i] = acc;
+	}
+	if (w->a[2])
+		ref_lora_row_bwd(rnd, I, H, w->a[2], w->b[2], w->r, w->s, w->da[2], w->db[2], h, dy, dh);
+	for (int i = 0; i < I; i++) {
+		double d = (float)dh[i], sg = ref_sigmoid(g[i]); /* dh is stored in fp32 */
+		dG[i] = ref_rnd(rnd, d * u[i] * sg * (1.0 + g[i] * (1.0 - sg)));
+		dU[i] = ref_rnd(rnd, d * g[i] * sg);
+	}
+	for (int o = 0; o < H; o++) {
+		double acc = 0.0;
+		for (int i = 0; i < I; i++)
+			acc += (double)w->gate[(size_t)i * H + o] * dG[i] + (double)w->up[(size_t)i * H + o] * dU[i];
+		dx[o] = acc;
+	}
+	for (int q = 0; q < 2; q++)
+		if (w->a[q])
+			ref_lora_row_bwd(rnd, H, I, w->a[q], w->b[q], w->r, w->s, w->da[q], w->db[q], x, q == 0 ? dG : dU, dx);
+	for (int o = 0; o < H; o++)
+		dxr[o] = (float)dx[o];
+	free(x);
+}
+
 #endif

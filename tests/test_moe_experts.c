@@ -1,5 +1,6 @@
 /* test_moe_experts.c - grouped SwiGLU experts (separate and fused gate_up, both orders), LoRA on
- * gate/up/down, empty experts; forward against fp64, backward (dx, dA, dB) by central differences. */
+ * gate/up/down, empty experts; forward against fp64, backward (dx, dA, dB) by central differences;
+ * and the row references that test_moe_cuda's bf16 emulation is built on, against the same. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -58,6 +59,61 @@ static double fd(const ecase *c, const int32_t *off, const double *xg, double **
 	b = ref_loss(c, off, xg, gd, ud, dd, lb, R, NULL);
 	*p = keep;
 	return (a - b) / (2 * eps);
+}
+
+/* The row references of tests/moe_ref.h with their bf16 rounding off (test_moe_cuda's yardstick
+ * with it on) compute the same function as the CPU experts: g, u, y forward; dxg and the adapters'
+ * increments (over da0, db0) backward from dy = R. */
+static void check_row_ref(const ecase *c, const int32_t *off, float **gate, float **up, float **down, lbuf *lb,
+			  const float *xg, const float *g, const float *u, const float *y, const float *R,
+			  const float *dxg, double **da0[3], double **db0[3])
+{
+	int E = c->E, H = c->H, I = c->I, r = c->r, n = off[E];
+	const size_t ins[3] = { (size_t)H, (size_t)H, (size_t)I }, outs[3] = { (size_t)I, (size_t)I, (size_t)H };
+	float *g2 = malloc(4 * (size_t)n * I + 4), *u2 = malloc(4 * (size_t)n * I + 4), *y2 = malloc(4 * (size_t)n * H + 4);
+	float *dx2 = malloc(4 * (size_t)n * H + 4);
+	double **ia[3] = { 0 }, **ib[3] = { 0 };
+	for (int q = 0; q < 3; q++)
+		if (lb[q].a) {
+			ia[q] = calloc((size_t)E, sizeof(double *)), ib[q] = calloc((size_t)E, sizeof(double *));
+			for (int e = 0; e < E; e++)
+				ia[q][e] = calloc(r * ins[q], sizeof(double)), ib[q][e] = calloc(outs[q] * r, sizeof(double));
+		}
+	for (int e = 0; e < E; e++) {
+		ref_expert ex = { .gate = gate[e], .up = up[e], .down = down[e], .r = r, .s = 0.5 };
+		for (int q = 0; q < 3; q++)
+			if (lb[q].a && !(q == 1 && c->frozen_up))
+				ex.a[q] = lb[q].a[e], ex.b[q] = lb[q].b[e], ex.da[q] = ia[q][e], ex.db[q] = ib[q][e];
+			else if (lb[q].a)
+				ex.a[q] = lb[q].a[e], ex.b[q] = lb[q].b[e];
+		for (int row = off[e]; row < off[e + 1]; row++) {
+			ref_row_fwd(0, H, I, &ex, xg + (size_t)row * H, g2 + (size_t)row * I, u2 + (size_t)row * I,
+				    y2 + (size_t)row * H);
+			ref_row_bwd(0, H, I, &ex, xg + (size_t)row * H, g2 + (size_t)row * I, u2 + (size_t)row * I,
+				    R + (size_t)row * H, dx2 + (size_t)row * H);
+		}
+	}
+	double *gd = ref_dup(g2, (size_t)n * I), *ud = ref_dup(u2, (size_t)n * I), *yd = ref_dup(y2, (size_t)n * H);
+	double *dxd = ref_dup(dx2, (size_t)n * H);
+	assert_true(ref_relerr(g, gd, (size_t)n * I) <= REF_TOL);
+	assert_true(ref_relerr(u, ud, (size_t)n * I) <= REF_TOL);
+	assert_true(ref_relerr(y, yd, (size_t)n * H) <= REF_TOL);
+	assert_true(ref_relerr(dxg, dxd, (size_t)n * H) <= REF_TOL);
+	for (int q = 0; q < 3; q++)
+		for (int e = 0; lb[q].a && e < E; e++) {
+			size_t na = r * ins[q], nb = outs[q] * r;
+			float *inc = malloc(4 * (na > nb ? na : nb));
+			for (size_t i = 0; i < na; i++)
+				inc[i] = (float)(lb[q].da[e][i] - da0[q][e][i]);
+			assert_true(ref_relerr(inc, ia[q][e], na) <= REF_TOL);
+			for (size_t i = 0; i < nb; i++)
+				inc[i] = (float)(lb[q].db[e][i] - db0[q][e][i]);
+			assert_true(ref_relerr(inc, ib[q][e], nb) <= REF_TOL);
+			free(inc);
+		}
+	for (int q = 0; q < 3; q++)
+		ref_afree((void **)ia[q], E), ref_afree((void **)ib[q], E);
+	free(g2), free(u2), free(y2), free(dx2), free(gd), free(ud), free(yd), free(dxd);
 }
 
 static void run_case(const ecase *c)
@@ -141,6 +197,7 @@ static void run_case(const ecase *c)
 			da0[q] = darr(lb[q].da, E, (size_t)r * ins[q]), db0[q] = darr(lb[q].db, E, (size_t)outs[q] * r);
 	ref_poison(dxg, 4 * (size_t)n * H);
 	assert_int_equal(tier_moe_experts_bwd(dev, E, H, I, off, &w, &lo, xg, g, u, R, dxg, ws), 0);
+	check_row_ref(c, off, gate, up, down, lb, xg, g, u, y, R, dxg, da0, db0);
 	double *dxr = malloc(8 * (size_t)n * H + 8);
 	for (size_t i = 0; i < (size_t)n * H; i++)
 		dxr[i] = fd(c, off, xd, gd, ud, dd, lb, Rd, &xd[i]);
@@ -210,6 +267,18 @@ static void test_swiglu_lora(void **state)
 	run_case(&(ecase){ 4, 6, 10, 2, all, 1, TIER_MOE_GATE_FIRST, 7, 0 });
 }
 
+/* ref_bf16 rounds to the nearest bf16, ties to even, as __float2bfloat16 does. */
+static void test_ref_bf16(void **state)
+{
+	(void)state;
+	assert_true(ref_bf16(1.0) == 1.0);
+	assert_true(ref_bf16(1.0 + 1.0 / 256) == 1.0);               /* a tie: down to the even 1.0 */
+	assert_true(ref_bf16(1.0 + 3.0 / 256) == 1.0 + 4.0 / 256);   /* a tie: up to the even 1 + 2^-6 */
+	assert_true(ref_bf16(1.0 + 1.5 / 256) == 1.0 + 2.0 / 256);   /* above the tie */
+	assert_true(ref_bf16(-1.0 - 0.9 / 256) == -1.0 && ref_bf16(-1.0 - 1.1 / 256) == -1.0 - 2.0 / 256);
+	assert_true(ref_bf16(0.0) == 0.0 && isinf(ref_bf16(INFINITY)) && isnan(ref_bf16(NAN)));
+}
+
 static void test_bad_input(void **state)
 {
 	(void)state;
@@ -255,7 +324,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_swiglu_plain), cmocka_unit_test(test_swiglu_fused_orders),
-		cmocka_unit_test(test_swiglu_lora), cmocka_unit_test(test_bad_input),
+		cmocka_unit_test(test_swiglu_lora), cmocka_unit_test(test_ref_bf16), cmocka_unit_test(test_bad_input),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -157,8 +157,8 @@ int tier_moe_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair
  * tier_moe_combine_bwd, tier_moe_router_weights_bwd and tier_moe_experts_fwd / _bwd run on CUDA;
  * tier_moe_router_linear_bwd and tier_moe_aux_fwd / _bwd answer -ENOTSUP there (the layer does
  * them). The layer and the experts steps synchronise the stream once per call to read the expert
- * offsets (and the layer's aux statistics) on the host; the other steps do not synchronise. Limits on CUDA: the router keeps
- * an x row and 3 E floats in shared memory (H up to about 50000 on an H200, else -EINVAL); any H, I
+ * offsets (and the layer's aux statistics) on the host; the other steps do not synchronise. Limits on CUDA: H up to
+ * 2^20 (the router's product runs on cuBLASLt, its selection keeps one token's E scores in a warp's registers); any I
  * and LoRA rank (no multiple-of-8 rule: cuBLASLt is told the real alignment). docs/moe.md. */
 typedef enum {
 	TIER_MOE_F32 = 0,  /* fp32 storage: the CPU reference */
