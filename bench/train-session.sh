@@ -26,13 +26,15 @@ cfg=bench/configs/qwen3-30b-a3b.json
 run=("$b/tier-run" --device cuda --init random --config "$cfg" --init-range 0.02 --seq 4096 --batch "$batch"
      --steps "$steps" --warmup 1 --lr 1e-4 --lora-r 16 --lora-alpha 32 --lora-targets q,k,v,o,experts)
 has a && step 400 train-a "${run[@]}" --ddr 4G
+has a && step 400 train-a-cache "${run[@]}" --ddr 4G --op-cache "all:hbm=${CACHE_HBM:-48G}"
 has b && step 500 train-b "${run[@]}" --hbm 24G --ddr 110G
+has b && step 500 train-b-cache "${run[@]}" --hbm 24G --ddr 110G --op-cache "all:hbm=${CACHE_HBM_B:-6G}:ddr=32G"
 if has c; then
 	step 400 torch-attn python3 bench/train_torch.py --targets attn --seq 4096 --steps 4 --warmup 2
 	step 400 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing --seq 4096 --steps 4 --warmup 2
 fi
-for n in train-a train-b; do
-	[ -f "$out/$n.log" ] && { echo "== $n"; grep -E "^# (done|MFU|hbm|ddr|link)|^ +[0-9]+ " "$out/$n.log" | tail -12; }
+for n in train-a train-a-cache train-b train-b-cache; do
+	[ -f "$out/$n.log" ] && { echo "== $n"; grep -E "^# (done|MFU|hbm|ddr|link|op cache|time by)|^ +[0-9]+ |rror" "$out/$n.log" | tail -14; }
 done
 for n in torch-attn torch-experts; do [ -f "$out/$n.log" ] && { echo "== $n"; grep '^{' "$out/$n.log"; }; done
 cat "$sum"

@@ -30,7 +30,7 @@ typedef struct {
 	const char *opcache; /* --op-cache RULES (tier_cache_config_parse) */
 	uint64_t hbm, ddr, nvme;
 	char nvme_dir[4096];
-	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every, hbm_max, hbm_set;
+	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every, hbm_max, hbm_set, pwin;
 	double lora_alpha, lr, min_lr_ratio, wd, clip, init_range, peak_tflops;
 	uint64_t seed;
 } run_opts;
@@ -80,6 +80,7 @@ static void usage(FILE *f)
 		"  --ddr SIZE           DDR budget (default 256M)\n"
 		"  --nvme DIR:SIZE      NVMe directory and budget (default: no NVMe tier)\n"
 		"  --policy P           lru, lfu, cost or schedule (default schedule)\n"
+		"  --prefetch-window N  operations of the step's schedule fetched ahead (default 2; 0: none)\n"
 		"  --device D           cpu or cuda (default cpu). cuda: bf16 weights, fp32 LoRA and optimizer\n"
 		"  --peak-tflops X      the GPU's dense bf16 peak for MFU (default: known for H100/H200, 989)\n"
 		"  --trace FILE         record every store access into FILE (docs/trace.md; replay it with tier-tune)\n"
@@ -106,7 +107,7 @@ enum {
 	O_MODEL = 256, O_INIT, O_CONFIG, O_INITR, O_DATA, O_R, O_ALPHA, O_RSLORA, O_TARGETS, O_STEPS, O_BATCH, O_SEQ,
 	O_MICRO, O_LR, O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_HBM, O_DDR, O_NVME, O_POLICY, O_DEVICE, O_OUT,
 	O_QUIET, O_HELP, O_CKPT, O_RESUME,
-	O_TRACE, O_PEAK, O_OPCACHE,
+	O_TRACE, O_PEAK, O_OPCACHE, O_PWIN,
 };
 static const struct option opts[] = {
 	{ "model", required_argument, NULL, O_MODEL }, { "init", required_argument, NULL, O_INIT },
@@ -125,7 +126,7 @@ static const struct option opts[] = {
 	{ "help", no_argument, NULL, O_HELP }, { "checkpoint-every", required_argument, NULL, O_CKPT },
 	{ "resume", required_argument, NULL, O_RESUME },
 	{ "trace", required_argument, NULL, O_TRACE }, { "peak-tflops", required_argument, NULL, O_PEAK },
-	{ "op-cache", required_argument, NULL, O_OPCACHE },
+	{ "op-cache", required_argument, NULL, O_OPCACHE }, { "prefetch-window", required_argument, NULL, O_PWIN },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -228,6 +229,7 @@ static int parse_one(run_opts *o, int c, const char *a)
 	case O_CKPT: return parse_int(name, a, 1, 100000000, &o->ckpt_every);
 	case O_RESUME: o->resume = a; return 0;
 	case O_TRACE: o->trace = a; return 0;
+	case O_PWIN: return parse_int(name, a, 0, 64, &o->pwin);
 	case O_OPCACHE: {
 		tier_cache_config cc;
 		if (tier_cache_config_parse(a, &cc)) {
@@ -451,6 +453,8 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	j->peak = gpu_peak(j->dev, o->peak_tflops);
 	j->flop_per_token = flop_per_token(cfg);
 	tier_store_set_job(j->s, "tier-run");
+	if (o->pwin >= 0)
+		tier_store_set_prefetch_window(j->s, (unsigned)o->pwin);
 	if (o->trace && tier_store_trace_open(j->s, o->trace))
 		return fail_lib("--trace");
 	j->tracing = o->trace != NULL;
@@ -658,7 +662,7 @@ int main(int argc, char **argv)
 		return store_demo_main(argc - 1, argv + 1);
 	run_opts o = { .policy = "schedule", .device = "cpu", .targets = "q,k,v,o,experts", .hbm = 14ull << 20,
 		       .ddr = 256ull << 20, .lora_r = 8, .steps = 800, .batch = 4, .seq = 64, .micro = 1, .warmup = 20,
-		       .lora_alpha = 16, .lr = 1e-2, .min_lr_ratio = 0.1, .clip = 1, .init_range = 0.1, .seed = 1 };
+		       .lora_alpha = 16, .pwin = -1, .lr = 1e-2, .min_lr_ratio = 0.1, .clip = 1, .init_range = 0.1, .seed = 1 };
 	char *kept[64];
 	char **keep = kept;
 	int nkeep = 0, c, rc = 0;
