@@ -3,7 +3,9 @@
  * Each level (HBM, then DDR) is replayed on its own: the HBM level sees the HBM acquires and dirty
  * releases; what it misses (and what it writes back) becomes the DDR level's stream, together with
  * the DDR acquires. Victims are found by a scan of the level's cached objects (a few hundred in
- * practice), keyed as the store's policies key them. */
+ * practice), keyed as the store's policies key them. The bytes each level moves are charged to the
+ * operation of the request that moved them; the overlap timeline then lays those transfers out
+ * behind the compute of the operations before, as the store's prefetch window does. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -20,7 +22,7 @@ const char *sim_policy_name(sim_policy p)
 	return (unsigned)p < SIM_NPOL ? n[p] : "?";
 }
 
-int sim_trace_add(sim_trace *t, uint32_t obj, uint32_t step, int tier, int kind)
+static int push(sim_trace *t, sim_req q)
 {
 	if (t->n == t->cap) {
 		size_t cap = t->cap ? 2 * t->cap : 4096;
@@ -29,8 +31,41 @@ int sim_trace_add(sim_trace *t, uint32_t obj, uint32_t step, int tier, int kind)
 			return tier_fail(-ENOMEM, "out of memory for %zu trace requests", cap);
 		t->req = r, t->cap = cap;
 	}
-	t->req[t->n++] = (sim_req){ .obj = obj, .step = step, .tier = (uint8_t)tier, .kind = (uint8_t)kind };
+	t->req[t->n++] = q;
 	return 0;
+}
+
+/* Count the open operation (the first request falls in it). */
+static void op_count(sim_trace *t, uint32_t step)
+{
+	if (!t->nops || step < t->step_lo)
+		t->step_lo = step;
+	if (!t->nops || step > t->step_hi)
+		t->step_hi = step;
+	t->nops++;
+	t->op_open = 0;
+}
+
+void sim_trace_op(sim_trace *t, uint32_t step, int keep)
+{
+	t->op_open = 1; /* an open operation still empty is replaced: it had no request */
+	if (keep)
+		op_count(t, step);
+}
+
+uint32_t sim_trace_steps(const sim_trace *t)
+{
+	return t->nops ? t->step_hi - t->step_lo + 1 : 1;
+}
+
+int sim_trace_add(sim_trace *t, uint32_t obj, uint32_t step, int tier, int kind)
+{
+	int open = t->op_open || !t->nops;
+	int rc = push(t, (sim_req){ .obj = obj, .step = step, .op = (uint32_t)(open ? t->nops : t->nops - 1),
+				     .tier = (uint8_t)tier, .kind = (uint8_t)kind });
+	if (!rc && open)
+		op_count(t, step);
+	return rc;
 }
 
 int sim_trace_object(sim_trace *t, uint32_t obj, uint64_t size)
@@ -98,6 +133,10 @@ static int idmap_grow(idmap *m)
 
 static int load_rec(sim_trace *t, idmap *m, const tier_trace_rec *r)
 {
+	if (r->kind == TIER_TRC_AT_OP || r->kind == TIER_TRC_STEP) {
+		sim_trace_op(t, r->step, r->kind == TIER_TRC_AT_OP);
+		return 0;
+	}
 	int acc = r->kind == TIER_TRC_ACQUIRE, dirty = r->kind == TIER_TRC_RELEASE && r->hit;
 	if ((!acc && !dirty) || r->tier > TIER_DDR)
 		return 0;
@@ -159,6 +198,8 @@ typedef struct {
 	sim_trace *down;         /* the lower level's stream (NULL at the last level) */
 	uint64_t *rd, *wr;       /* bytes read up into / written down from this level */
 	uint64_t hits, misses, cold;
+	uint64_t *op_bytes;      /* per operation: bytes over this level's link (NULL: not kept) */
+	uint64_t *op_in;         /* per operation: bytes read up into this level (HBM only; or NULL) */
 } level;
 
 static double key(const level *L, uint32_t i)
@@ -185,17 +226,28 @@ static size_t pick(const level *L)
 	return best;
 }
 
-static int write_down(level *L, uint32_t i, uint32_t step)
+/* Bytes over this level's link, charged to the operation of request q. */
+static void charge(level *L, const sim_req *q, uint64_t bytes, int up)
 {
-	*L->wr += L->t->size[i];
-	return L->down ? sim_trace_add(L->down, i, step, 1, SIM_WRITEBACK) : 0;
+	*(up ? L->rd : L->wr) += bytes;
+	if (L->op_bytes)
+		L->op_bytes[q->op] += bytes;
+	if (up && L->op_in)
+		L->op_in[q->op] += bytes;
 }
 
-static int evict(level *L, size_t k, uint32_t step)
+static int write_down(level *L, uint32_t i, const sim_req *q)
+{
+	charge(L, q, L->t->size[i], 0);
+	return L->down ? push(L->down, (sim_req){ .obj = i, .step = q->step, .op = q->op, .tier = 1,
+						  .kind = SIM_WRITEBACK }) : 0;
+}
+
+static int evict(level *L, size_t k, const sim_req *q)
 {
 	uint32_t i = L->cached[k];
 	sim_obj *o = &L->o[i];
-	int rc = o->dirty ? write_down(L, i, step) : 0;
+	int rc = o->dirty ? write_down(L, i, q) : 0;
 	o->in = o->dirty = 0;
 	L->used -= L->t->size[i];
 	L->cached[k] = L->cached[--L->ncached];
@@ -204,17 +256,17 @@ static int evict(level *L, size_t k, uint32_t step)
 }
 
 /* Make room for object i and cache it; MIN bypasses when i is needed later than every victim. */
-static int insert(level *L, uint32_t i, int dirty, uint32_t step)
+static int insert(level *L, uint32_t i, int dirty, const sim_req *q)
 {
 	uint64_t sz = L->t->size[i];
 	sim_obj *o = &L->o[i];
 	if (sz > L->cap)
-		return dirty ? write_down(L, i, step) : 0;
+		return dirty ? write_down(L, i, q) : 0;
 	while (L->used + sz > L->cap) {
 		size_t k = pick(L);
 		if (L->p == SIM_MIN && L->o[L->cached[k]].next != NEVER && (o->next == NEVER || o->next >= L->o[L->cached[k]].next))
-			return dirty ? write_down(L, i, step) : 0;
-		int rc = evict(L, k, step);
+			return dirty ? write_down(L, i, q) : 0;
+		int rc = evict(L, k, q);
 		if (rc)
 			return rc;
 	}
@@ -242,7 +294,7 @@ static int level_run(level *L, const sim_trace *s)
 		sim_obj *o = &L->o[q->obj];
 		int rc = 0;
 		if (q->tier != L->tier) { /* a DDR request passes the HBM level, in its place in time */
-			if (L->down && (rc = sim_trace_add(L->down, q->obj, q->step, q->tier, q->kind)))
+			if (L->down && (rc = push(L->down, *q)))
 				return rc;
 			continue;
 		}
@@ -256,7 +308,7 @@ static int level_run(level *L, const sim_trace *s)
 			if (o->in)
 				o->dirty = 1;
 			else
-				rc = insert(L, q->obj, 1, q->step);
+				rc = insert(L, q->obj, 1, q);
 			o->seen = 1;
 			if (rc)
 				return rc;
@@ -273,11 +325,12 @@ static int level_run(level *L, const sim_trace *s)
 			L->cold++; /* first touch: the caller fills it (TIER_ACQ_INIT); new data, dirty */
 		} else {
 			L->misses++;
-			*L->rd += L->t->size[q->obj];
-			if (L->down && (rc = sim_trace_add(L->down, q->obj, q->step, 1, SIM_ACCESS)))
+			charge(L, q, L->t->size[q->obj], 1);
+			if (L->down && (rc = push(L->down, (sim_req){ .obj = q->obj, .step = q->step, .op = q->op,
+								      .tier = 1, .kind = SIM_ACCESS })))
 				return rc;
 		}
-		if ((rc = insert(L, q->obj, first, q->step)))
+		if ((rc = insert(L, q->obj, first, q)))
 			return rc;
 	}
 	return 0;
@@ -318,17 +371,101 @@ static int run_level(level *L, const sim_trace *s)
 	return rc;
 }
 
+/* ---- the overlap timeline ------------------------------------------------------------------------ */
+
+/* The operation at whose start operation i's transfer is issued: the earliest k in i-w .. i-1 where
+ * what k holds and the data of k+1 .. i fit in HBM (the store tries at each tier_store_at_op of the
+ * window and a declined prefetch is tried again at the next); i itself (a demand fetch) if none. */
+static size_t issue_op(const sim_op *op, size_t i, unsigned w, uint64_t cap)
+{
+	size_t at = i, lo = i > w ? i - w : 0;
+	uint64_t need = op[i].in;
+	for (size_t k = i; k-- > lo && need <= cap;) { /* need only grows as k goes back */
+		if (op[k].ws <= cap - need)
+			at = k;
+		need += op[k].in;
+	}
+	return at;
+}
+
+double sim_overlap(sim_op *op, size_t n, double op_s, unsigned window, uint64_t hbm_cap)
+{
+	double now = 0, link = 0, total = 0; /* now: the start of operation i; link: free from then on */
+	for (size_t i = 0; i < n; i++) {
+		sim_op *o = &op[i];
+		o->start_s = o->ready_s = now, o->stall_s = 0, o->demand = 0;
+		if (o->xfer_s > 0) { /* transfers take the link one at a time, in operation order */
+			size_t k = issue_op(op, i, window, hbm_cap);
+			o->demand = k == i;
+			o->ready_s = fmax(op[k].start_s, link) + o->xfer_s;
+			link = o->ready_s;
+			o->stall_s = fmax(0, o->ready_s - now);
+		}
+		total += o->stall_s;
+		now += o->stall_s + op_s;
+	}
+	return total;
+}
+
+/* Operations in the trace: nops, or more if a caller set request ops by hand. */
+static size_t trace_ops(const sim_trace *t)
+{
+	size_t n = t->nops;
+	for (size_t i = 0; i < t->n; i++)
+		n = t->req[i].op >= n ? (size_t)t->req[i].op + 1 : n;
+	return n;
+}
+
+/* Fill the operations from the per-op bytes of the replay (ob: pcie, nvme, in) and run the timeline. */
+static int timeline(const sim_trace *t, const sim_config *c, sim_op *ops, const uint64_t *ob, size_t nops,
+		    sim_result *r)
+{
+	uint32_t *last = calloc(t->nobj ? t->nobj : 1, sizeof *last); /* last op + 1 that held the object */
+	if (!last)
+		return tier_fail(-ENOMEM, "out of memory for the overlap timeline");
+	for (size_t i = 0; i < nops; i++)
+		ops[i] = (sim_op){ .xfer_s = (double)ob[i] / (c->gbps[0] * 1e9) + (double)ob[nops + i] / (c->gbps[1] * 1e9),
+				   .in = ob[2 * nops + i] };
+	for (size_t n = 0; n < t->n; n++) {
+		const sim_req *q = &t->req[n];
+		if (q->tier == 0 && q->kind == SIM_ACCESS && last[q->obj] != q->op + 1u) {
+			ops[q->op].ws += t->size[q->obj];
+			last[q->obj] = q->op + 1u;
+		}
+	}
+	free(last);
+	r->overlap_s = sim_overlap(ops, nops, c->op_s, c->window, c->cap[0]);
+	r->compute_s = (double)nops * c->op_s;
+	for (size_t i = 0; i < nops; i++) {
+		r->xfer_ops += ops[i].xfer_s > 0;
+		r->demand_ops += ops[i].xfer_s > 0 && ops[i].demand;
+		r->stalled_ops += ops[i].stall_s > 0;
+	}
+	return 0;
+}
+
 int sim_run(const sim_trace *t, sim_policy p, const sim_config *c, sim_result *r)
 {
 	memset(r, 0, sizeof *r);
+	r->overlap_s = NAN;
 	if ((unsigned)p >= SIM_NPOL || !c->cap[0] || !c->cap[1] || !(c->gbps[0] > 0) || !(c->gbps[1] > 0) ||
-	    !(c->half_life > 0))
-		return tier_fail(-EINVAL, "simulator: policy, capacities, link rates and half-life must be positive");
+	    !(c->half_life > 0) || !(c->op_s < INFINITY))
+		return tier_fail(-EINVAL, "simulator: policy, capacities, link rates and half-life must be positive, "
+					  "the compute per operation finite");
+	int tl = c->op_s >= 0;
+	size_t nops = tl ? trace_ops(t) : 0, m = nops ? nops : 1;
+	uint64_t *ob = tl ? calloc(3 * m, sizeof *ob) : NULL; /* per op: pcie bytes, nvme bytes, bytes into HBM */
+	sim_op *ops = tl ? malloc(m * sizeof *ops) : NULL;
+	if (tl && (!ob || !ops)) {
+		free(ob);
+		free(ops);
+		return tier_fail(-ENOMEM, "out of memory for %zu operations", nops);
+	}
 	sim_trace down = { .size = t->size, .id = t->id, .nobj = t->nobj };
 	level h = { .t = t, .p = p, .tier = 0, .hl = c->half_life, .cap = c->cap[0], .down = &down,
-		    .rd = &r->bytes[0][0], .wr = &r->bytes[0][1] };
+		    .rd = &r->bytes[0][0], .wr = &r->bytes[0][1], .op_bytes = ob, .op_in = ob ? ob + 2 * m : NULL };
 	level d = { .t = t, .p = p, .tier = 1, .hl = c->half_life, .cap = c->cap[1], .rd = &r->bytes[1][0],
-		    .wr = &r->bytes[1][1] };
+		    .wr = &r->bytes[1][1], .op_bytes = ob ? ob + m : NULL };
 	int rc = run_level(&h, t);
 	if (!rc)
 		rc = run_level(&d, &down);
@@ -337,5 +474,11 @@ int sim_run(const sim_trace *t, sim_policy p, const sim_config *c, sim_result *r
 	free(down.req);
 	for (int l = 0; l < 2; l++)
 		r->stall_s += (double)(r->bytes[l][0] + r->bytes[l][1]) / (c->gbps[l] * 1e9);
+	if (!rc && tl && nops)
+		rc = timeline(t, c, ops, ob, nops, r);
+	else if (!rc && tl)
+		r->overlap_s = 0; /* no operation, nothing to wait for */
+	free(ob);
+	free(ops);
 	return rc;
 }
