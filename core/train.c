@@ -248,6 +248,11 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->profile = prof && *prof && strcmp(prof, "0");
 	if ((rc = dec_shape_init(m, c->batch, c->seq, &t->sh)))
 		goto fail;
+	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
+	if ((rc = tier_attn_workspace_bytes(m->dev, &t->sh.ap, &aws))) {
+		rc = tier_fail(rc, "%s; this model cannot train on this device (use --device cpu)", tier_last_error());
+		goto fail;
+	}
 	int T = t->sh.T, E = m->E > 0 ? m->E : 1;
 	tier_loss_params_init(&t->lp, T, m->V, m->H);
 	size_t lws = 0;
