@@ -12,10 +12,13 @@ void tier_clear_error(void) { last_msg[0] = '\0'; }
 
 int tier_fail(int code, const char *fmt, ...)
 {
+	/* formatted aside first: callers may pass tier_last_error() itself to extend the message */
+	char msg[sizeof last_msg];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
+	memcpy(last_msg, msg, sizeof msg);
 	tier_log(TIER_LOG_DEBUG, "error %s: %s", tier_strerror(code), last_msg);
 	return code;
 }

@@ -54,6 +54,11 @@ static void test_error_message_is_per_thread(void **state)
 	assert_int_equal(tier_fail(-ENOSPC, "disk %s full", "x"), -ENOSPC);
 	assert_string_equal(tier_last_error(), "disk x full");
 	assert_string_equal(tier_strerror(-ENOSPC), "ENOSPC");
+	/* a caller may extend the last message with itself (the buffers must not overlap inside) */
+	tier_fail(-EINVAL, "%s; use --device cpu", tier_last_error());
+	assert_string_equal(tier_last_error(), "disk x full; use --device cpu");
+	tier_fail(-EINVAL, "context: %s", tier_last_error());
+	assert_string_equal(tier_last_error(), "context: disk x full; use --device cpu");
 }
 
 static void test_pattern_windows_agree(void **state)
