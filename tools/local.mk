@@ -25,6 +25,9 @@ EXTRA_DIST += tests/test_tools.sh
 TESTS += tests/test_prefetch_bench.sh
 TESTS += tests/test_report.sh
 EXTRA_DIST += tests/test_report.sh
+## tier-stat on a job of several ranks (-p PID,PID, --run DIR with rankN/ or tier.N.pid)
+TESTS += tests/test_stat_ranks.sh
+EXTRA_DIST += tests/test_stat_ranks.sh
 EXTRA_DIST += tests/test_prefetch_bench.sh
 
 ## tier-plan: cluster sizing (the arithmetic is core/plan*.c)
