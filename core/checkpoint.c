@@ -20,15 +20,19 @@ static void group_name(const lora_group *g, char *buf, size_t len)
 		snprintf(buf, len, "layers.%d.experts.%d", g->layer, g->expert);
 }
 
-/* Copy a group's object out (in = 0) or in (in = 1) through host buffer buf. */
-static int obj_copy(tier_model *m, tier_object *o, float *buf, int in)
+/* Copy a group's part of its parameters (k = 0) or AdamW moments (k = 1) out (in = 0) or in
+ * (in = 1) through host buffer buf: n floats (2 n for the moments, m then v) at the group's
+ * offset in objects it may share with the layer's other experts. */
+static int group_copy(tier_model *m, const lora_group *g, int k, float *buf, int in)
 {
 	pinset ps = { .s = m->s };
 	float *p;
-	int rc = pin(&ps, o, in ? TIER_ACQ_INIT : 0, in, &p);
+	int rc = pin(&ps, k ? g->optim : g->param, 0, in, &p);
 	if (rc)
 		return rc;
-	rc = in ? core_put(m, p, buf, tier_obj_size(o)) : core_get(m, buf, p, tier_obj_size(o));
+	size_t n = (k ? 2 : 1) * g->n, bytes = sizeof(float) * n;
+	p += (k ? 2 : 1) * g->off;
+	rc = in ? core_put(m, p, buf, bytes) : core_get(m, buf, p, bytes);
 	int r2 = pin_release_all(&ps);
 	return rc ? rc : r2;
 }
@@ -51,12 +55,11 @@ int tier_trainer_save(tier_trainer *t, const char *path)
 		char base[80];
 		group_name(g, base, sizeof base);
 		for (int k = 0; k < 2 && !rc; k++) {
-			tier_object *o = k ? g->optim : g->param;
-			if (!(bufs[2 * i + k] = malloc(tier_obj_size(o)))) {
+			if (!(bufs[2 * i + k] = malloc(sizeof(float) * (k ? 2 : 1) * g->n))) {
 				rc = tier_fail(-ENOMEM, "out of memory for the checkpoint of %s", base);
 				break;
 			}
-			rc = obj_copy(m, o, bufs[2 * i + k], 0);
+			rc = group_copy(m, g, k, bufs[2 * i + k], 0);
 			snprintf(names[2 * i + k], sizeof names[0], "%s.%s", base, k ? "adamw" : "lora");
 			w[2 * i + k] = (tier_st_wtensor){ .name = names[2 * i + k], .dtype = TIER_DT_F32, .ndim = 1,
 							  .shape = { (k ? 2 : 1) * g->n }, .data = bufs[2 * i + k] };
@@ -130,10 +133,9 @@ int tier_trainer_load(tier_trainer *t, const char *path)
 		char base[80], name[96];
 		group_name(g, base, sizeof base);
 		for (int k = 0; k < 2 && !rc; k++) {
-			tier_object *o = k ? g->optim : g->param;
 			snprintf(name, sizeof name, "%s.%s", base, k ? "adamw" : "lora");
-			if (!(rc = read_exact(st, path, name, buf, tier_obj_size(o))))
-				rc = obj_copy(m, o, buf, 1);
+			if (!(rc = read_exact(st, path, name, buf, sizeof(float) * (k ? 2 : 1) * g->n)))
+				rc = group_copy(m, g, k, buf, 1);
 		}
 		g->t = steps[i];
 	}

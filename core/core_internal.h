@@ -27,14 +27,24 @@ typedef struct {
 	size_t a, b;    /* float offsets of A [r, in] and B [out, r] in the group */
 } lora_mod;
 
-/* One group of LoRA modules with its three objects: parameters, gradients, AdamW moments (m, v). */
-typedef struct {
+/* One group of LoRA modules and where it lives: three objects, parameters, gradients and AdamW
+ * moments. The attention and dense-MLP groups own theirs. The expert groups of a layer share one
+ * set, owned by expert 0's group, each at its own offset: a layer's expert LoRA moves as three
+ * large objects, not 3 E small ones (small objects cost the store a write-back each). */
+typedef struct lora_group {
 	int layer, kind, expert;
 	lora_mod mods[4];
 	int n_mods;
 	int idx[4];           /* proj -> index in mods, -1 when not a target */
 	size_t n;             /* floats of parameters */
-	tier_object *param, *grad, *optim;
+	tier_object *param, *grad, *optim; /* the owner's objects (shared by the members) */
+	size_t off;           /* this group's float offset in param and grad; 2 off in optim (m then v) */
+	struct lora_group *own; /* the owner of the objects (the group itself unless an expert's) */
+	int n_members;        /* owner: groups sharing its objects, consecutive in m->groups from it */
+	size_t n_total;       /* owner: floats in its param object */
+	int zeroed;           /* owner: its gradient object was zeroed in this step */
+	float *pin_param, *pin_grad; /* owner: its objects' addresses while pinned by operation pin_seq */
+	uint64_t pin_seq;
 	int64_t t;            /* AdamW steps this group took (bias correction) */
 	int touched;          /* gradients written since they were last zeroed */
 } lora_group;

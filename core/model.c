@@ -240,28 +240,62 @@ static void lora_values(const tier_model *m, const lora_group *g, float *h)
 static int init_lora(tier_model *m)
 {
 	size_t most = 0;
-	for (size_t i = 0; i < m->n_groups; i++)
-		most = m->groups[i].n > most ? m->groups[i].n : most;
+	for (size_t i = 0; i < m->n_groups; i += m->groups[i].n_members)
+		most = m->groups[i].n_total > most ? m->groups[i].n_total : most;
 	float *h = malloc(sizeof(float) * (most ? most : 1));
 	if (!h)
 		return tier_fail(-ENOMEM, "out of memory for LoRA initial values (%zu floats)", most);
 	int rc = 0;
-	for (size_t i = 0; i < m->n_groups && !rc; i++) {
-		lora_group *g = &m->groups[i];
+	for (size_t i = 0; i < m->n_groups && !rc; i += m->groups[i].n_members) {
+		lora_group *own = &m->groups[i];
 		pinset ps = { .s = m->s };
 		float *p, *o;
-		if (!(rc = pin(&ps, g->param, TIER_ACQ_INIT, 1, &p)) && !(rc = pin(&ps, g->optim, TIER_ACQ_INIT, 1, &o))) {
-			lora_values(m, g, h);
-			if (!(rc = core_put(m, p, h, sizeof(float) * g->n)) &&
-			    !(rc = tier_dev_memset(m->dev, o, 0, sizeof(float) * 2 * g->n)))
+		if (!(rc = pin(&ps, own->param, TIER_ACQ_INIT, 1, &p)) && !(rc = pin(&ps, own->optim, TIER_ACQ_INIT, 1, &o))) {
+			for (int j = 0; j < own->n_members; j++) {
+				lora_values(m, own + j, h + own[j].off);
+				own[j].t = 0;
+			}
+			if (!(rc = core_put(m, p, h, sizeof(float) * own->n_total)) &&
+			    !(rc = tier_dev_memset(m->dev, o, 0, sizeof(float) * 2 * own->n_total)))
 				rc = tier_dev_sync(m->dev);
 		}
-		g->t = 0;
 		int r2 = pin_release_all(&ps);
 		rc = rc ? rc : r2;
+		if (rc == -ENOSPC) {
+			char a[32];
+			rc = tier_fail(rc, "%s; raise --hbm: a layer's LoRA set (%s of parameters and 2x that of AdamW "
+				       "moments) is made in HBM", tier_last_error(),
+				       tier_format_size(sizeof(float) * own->n_total, a, sizeof a));
+		}
 	}
 	free(h);
 	return rc;
+}
+
+/* Groups i.. (the attention or MLP group alone, or all the expert groups of a layer) get one set
+ * of objects, owned by group i, each member at its offset. */
+static int share_objects(tier_model *m, size_t i)
+{
+	lora_group *own = &m->groups[i];
+	size_t end = i + 1, total = own->n;
+	own->off = 0;
+	while (own->kind == LG_EXPERT && end < m->n_groups && m->groups[end].kind == LG_EXPERT &&
+	       m->groups[end].layer == own->layer) {
+		m->groups[end].off = total;
+		total += m->groups[end++].n;
+	}
+	own->n_members = (int)(end - i), own->n_total = total;
+	own->own = own; /* set first: a failure below leaves the owner's objects to tier_model_destroy */
+	int rc;
+	if ((rc = tier_obj_create(m->s, sizeof(float) * total, TIER_CLASS_LORA, 0, &own->param)) ||
+	    (rc = tier_obj_create(m->s, sizeof(float) * total, TIER_CLASS_LORA, 0, &own->grad)) ||
+	    (rc = tier_obj_create(m->s, sizeof(float) * 2 * total, TIER_CLASS_OPTIM, 0, &own->optim)))
+		return rc;
+	for (size_t j = i; j < end; j++) {
+		lora_group *g = &m->groups[j];
+		g->own = own, g->param = own->param, g->grad = own->grad, g->optim = own->optim;
+	}
+	return 0;
 }
 
 static int create_objects(tier_model *m)
@@ -301,11 +335,10 @@ static int create_objects(tier_model *m)
 		else
 			ly->exp[g->expert] = g;
 		m->lora_n += g->n;
-		if ((rc = tier_obj_create(m->s, sizeof(float) * g->n, TIER_CLASS_LORA, 0, &g->param)) ||
-		    (rc = tier_obj_create(m->s, sizeof(float) * g->n, TIER_CLASS_LORA, 0, &g->grad)) ||
-		    (rc = tier_obj_create(m->s, sizeof(float) * 2 * g->n, TIER_CLASS_OPTIM, 0, &g->optim)))
-			return rc;
 	}
+	for (size_t i = 0; i < m->n_groups; i += m->groups[i].n_members)
+		if ((rc = share_objects(m, i)))
+			return rc;
 	return init_lora(m);
 }
 
@@ -382,6 +415,8 @@ void tier_model_destroy(tier_model *m)
 		free(ly->exp);
 	}
 	for (size_t i = 0; m->groups && i < m->n_groups; i++) {
+		if (m->groups[i].own != &m->groups[i])
+			continue; /* a member: the owner frees the shared objects */
 		obj_free(m->s, m->groups[i].param);
 		obj_free(m->s, m->groups[i].grad);
 		obj_free(m->s, m->groups[i].optim);

@@ -81,6 +81,7 @@ static int walk_groups(tier_model *m, int which, tier_peft_adapter *a, int in)
 		}
 		if ((rc = pin(&ps, o, 0, in, &p)))
 			return rc;
+		p += g->off; /* the group's place in objects it may share with a layer's other experts */
 		for (int j = 0; j < g->n_mods; j++, k++) {
 			const lora_mod *md = &g->mods[j];
 			tier_peft_module *pm = &a->modules[k];

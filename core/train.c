@@ -50,6 +50,7 @@ struct tier_trainer {
 	uint64_t part[TIER_NPARTS], mark; /* time by part of the step; the current part's start */
 	tier_cache *cache;                /* the operator cache (NULL: full recompute) */
 	int offer;                        /* a training forward: offer its results to the cache */
+	uint64_t op_seq;                  /* operations ended (pin_group's cache key); starts at 1 */
 	uint32_t mb;                      /* the current micro-batch (the cache's key) */
 	int profile;                      /* $TIER_PROFILE: wait for the device at the end of each part */
 };
@@ -113,7 +114,7 @@ static size_t add_ids(uint64_t *ids, size_t n, tier_object *o)
 
 static size_t group_ids(uint64_t *ids, size_t n, const lora_group *g, int grads)
 {
-	if (!g)
+	if (!g || g->own != g) /* a member of a layer's expert set: its owner lists the objects */
 		return n;
 	n = add_ids(ids, n, g->param);
 	return grads ? add_ids(ids, n, g->grad) : n;
@@ -165,7 +166,7 @@ static int set_schedule(tier_trainer *t)
 		p += n;
 	}
 	size_t n = 0;
-	for (size_t g = 0; g < m->n_groups; g++) {
+	for (size_t g = 0; g < m->n_groups; g += m->groups[g].n_members) {
 		n = group_ids(p, n, &m->groups[g], 1);
 		n = add_ids(p, n, m->groups[g].optim);
 	}
@@ -191,7 +192,7 @@ static uint64_t layer_bytes(const tier_model *m, int l)
 	for (int i = 0; i < 2; i++)
 		n += gs[i] ? 2 * rsz(gs[i]->param) : 0;
 	for (int e = 0; ly->moe && e < m->E; e++)
-		n += rsz(ly->experts[e]) + (ly->exp && ly->exp[e] ? 2 * rsz(ly->exp[e]->param) : 0);
+		n += rsz(ly->experts[e]) + (ly->exp && ly->exp[e] && ly->exp[e]->own == ly->exp[e] ? 2 * rsz(ly->exp[e]->param) : 0);
 	return n;
 }
 
@@ -243,7 +244,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	tier_trainer *t = calloc(1, sizeof *t);
 	if (!t)
 		return tier_fail(-ENOMEM, "out of memory for the trainer");
-	t->m = m, t->c = *c, t->ps.s = m->s;
+	t->m = m, t->c = *c, t->ps.s = m->s, t->op_seq = 1;
 	const char *prof = getenv("TIER_PROFILE");
 	t->profile = prof && *prof && strcmp(prof, "0");
 	if ((rc = dec_shape_init(m, c->batch, c->seq, &t->sh)))
@@ -276,7 +277,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 		if ((rc = tier_obj_create(m->s, th, TIER_CLASS_ACT, 0, &t->ckpt[l])))
 			goto fail;
 	uint64_t most = rsz(m->embed) + rsz(m->lm_head) + rsz(m->norm), opt = 0;
-	for (size_t g = 0; g < m->n_groups; g++) /* the optimizer pins one group's three objects */
+	for (size_t g = 0; g < m->n_groups; g += m->groups[g].n_members) /* the optimizer pins a set's objects */
 		opt = 4 * rsz(m->groups[g].param) > opt ? 4 * rsz(m->groups[g].param) : opt;
 	most = opt > most ? opt : most;
 	for (int l = 0; l < m->L; l++)
@@ -423,13 +424,27 @@ static int pin_group(tier_trainer *t, lora_group *g, int grads, float **param, f
 	*param = *grad = NULL;
 	if (!g)
 		return 0;
-	int rc = tpin(t, g->param, 0, 0, param);
-	if (rc || !grads)
+	/* a set's objects are pinned once per operation, for all its members (a second acquire of a
+	 * copy being filled with TIER_ACQ_INIT would be refused) */
+	lora_group *own = g->own;
+	int rc;
+	if (own->pin_seq != t->op_seq) {
+		own->pin_param = own->pin_grad = NULL;
+		own->pin_seq = t->op_seq;
+	}
+	if (!own->pin_param && (rc = tpin(t, own->param, 0, 0, &own->pin_param)))
 		return rc;
-	if ((rc = tpin(t, g->grad, g->touched ? 0 : TIER_ACQ_INIT, 1, grad)))
-		return rc;
-	if (!g->touched && (rc = tier_dev_memset(t->m->dev, *grad, 0, sizeof(float) * g->n)))
-		return rc;
+	*param = own->pin_param + g->off;
+	if (!grads)
+		return 0;
+	if (!own->pin_grad) { /* the first use in a step zeroes the whole object (every member's part) */
+		if ((rc = tpin(t, own->grad, own->zeroed ? 0 : TIER_ACQ_INIT, 1, &own->pin_grad)))
+			return rc;
+		if (!own->zeroed && (rc = tier_dev_memset(t->m->dev, own->pin_grad, 0, sizeof(float) * own->n_total)))
+			return rc;
+		own->zeroed = 1;
+	}
+	*grad = own->pin_grad + g->off;
 	g->touched = 1;
 	return 0;
 }
@@ -581,6 +596,7 @@ static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *o
  * release its pins. */
 static int op_end(tier_trainer *t, int rc)
 {
+	t->op_seq++; /* the sets' cached addresses (pin_group) die with the pins */
 	int r1 = tier_dev_sync(t->m->dev), r2 = pin_release_all(&t->ps);
 	return rc ? rc : r1 ? r1 : r2;
 }
@@ -747,17 +763,18 @@ static int grad_norm(tier_trainer *t, double *out)
 	double ss = 0.0;
 	int rc = m->cuda ? tier_dev_memset(m->dev, t->acc_d, 0, sizeof(double)) : 0, in_batch = 0;
 	uint64_t bytes = 0;
-	for (size_t i = 0; i < m->n_groups && !rc; i++) {
+	/* whole gradient objects: the parts of experts that got no tokens were zeroed with the rest */
+	for (size_t i = 0; i < m->n_groups && !rc; i += m->groups[i].n_members) {
 		lora_group *g = &m->groups[i];
 		float *p;
-		if (!g->touched)
+		if (!g->zeroed)
 			continue;
 		if ((rc = tpin(t, g->grad, 0, 0, &p)))
 			break;
 		if (m->cuda)
-			rc = opsc_sumsq(m->dev, g->n, p, t->acc_d);
+			rc = opsc_sumsq(m->dev, g->n_total, p, t->acc_d);
 		else
-			for (size_t j = 0; j < g->n; j++)
+			for (size_t j = 0; j < g->n_total; j++)
 				ss += (double)p[j] * p[j];
 		if (!rc && batch_full(t, &in_batch, &bytes, tier_obj_size(g->grad)))
 			rc = op_end(t, 0);
@@ -784,27 +801,36 @@ static void adamw_cpu(const tier_train_cfg *c, size_t n, float *p, const float *
 	}
 }
 
-static int adamw(tier_trainer *t, float lr, float gscale)
+/* AdamW on one group's part of its set's objects (p, gr, mv: the set's addresses). */
+static int adamw_group(tier_trainer *t, lora_group *g, float *p, float *gr, float *mv, float lr, float gscale)
 {
 	const tier_train_cfg *c = &t->c;
+	g->t++;
+	float bc1 = 1.0f - powf(c->beta1, (float)g->t), bc2 = 1.0f - powf(c->beta2, (float)g->t);
+	p += g->off, gr += g->off, mv += 2 * g->off;
+	if (t->m->cuda)
+		return opsc_adamw(t->m->dev, g->n, p, gr, mv, mv + g->n, lr, c->beta1, c->beta2, c->eps,
+				  1.0f - lr * c->weight_decay, bc1, bc2, gscale);
+	adamw_cpu(c, g->n, p, gr, mv, mv + g->n, lr, bc1, bc2, gscale);
+	return 0;
+}
+
+static int adamw(tier_trainer *t, float lr, float gscale)
+{
 	int rc = 0, in_batch = 0;
 	uint64_t bytes = 0;
-	for (size_t i = 0; i < t->m->n_groups && !rc; i++) {
-		lora_group *g = &t->m->groups[i];
+	for (size_t i = 0; i < t->m->n_groups && !rc; i += t->m->groups[i].n_members) {
+		lora_group *own = &t->m->groups[i];
 		float *p, *gr, *mv;
-		if (!g->touched)
+		if (!own->zeroed)
 			continue;
-		if ((rc = tpin(t, g->param, 0, 1, &p)) || (rc = tpin(t, g->grad, 0, 0, &gr)) ||
-		    (rc = tpin(t, g->optim, 0, 1, &mv)))
+		if ((rc = tpin(t, own->param, 0, 1, &p)) || (rc = tpin(t, own->grad, 0, 0, &gr)) ||
+		    (rc = tpin(t, own->optim, 0, 1, &mv)))
 			break;
-		g->t++;
-		float bc1 = 1.0f - powf(c->beta1, (float)g->t), bc2 = 1.0f - powf(c->beta2, (float)g->t);
-		if (t->m->cuda)
-			rc = opsc_adamw(t->m->dev, g->n, p, gr, mv, mv + g->n, lr, c->beta1, c->beta2, c->eps,
-					1.0f - lr * c->weight_decay, bc1, bc2, gscale);
-		else
-			adamw_cpu(c, g->n, p, gr, mv, mv + g->n, lr, bc1, bc2, gscale);
-		if (!rc && batch_full(t, &in_batch, &bytes, 4 * tier_obj_size(g->grad)))
+		for (int j = 0; j < own->n_members && !rc; j++)
+			if (own[j].touched)
+				rc = adamw_group(t, own + j, p, gr, mv, lr, gscale);
+		if (!rc && batch_full(t, &in_batch, &bytes, 4 * tier_obj_size(own->grad)))
 			rc = op_end(t, 0);
 	}
 	return op_end(t, rc);
@@ -828,7 +854,7 @@ static int check_tokens(const tier_trainer *t, const int32_t *tokens, const int3
 static void zero_grads(tier_trainer *t)
 {
 	for (size_t i = 0; i < t->m->n_groups; i++)
-		t->m->groups[i].touched = 0;
+		t->m->groups[i].touched = 0, t->m->groups[i].zeroed = 0;
 }
 
 int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *labels, tier_step_result *r)
