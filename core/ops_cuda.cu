@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "core/ops_cuda.h"
+#include "base/cuda_reduce.cuh"
 
 #define THREADS 256
 /* Grid-stride loops cap the grid: 8192 blocks of 256 threads are several waves on an H200 (132 SMs,
@@ -42,28 +43,6 @@ static unsigned grid_for(size_t n)
 
 #define GRID_STRIDE(i, n) \
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
-/* Sum of v over the block (blockDim.x a multiple of 32); red: 33 floats of shared memory. Every
- * thread gets the sum. The same reduction as moe/moe_cu.cuh, kept here so core/ needs no moe/ header. */
-__device__ static inline float block_sum(float v, float *red)
-{
-	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	for (int d = 16; d; d >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, d);
-	if (lane == 0)
-		red[warp] = v;
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		float s = 0.0f;
-		for (int i = 0; i < nw; i++)
-			s += red[i];
-		red[32] = s;
-	}
-	__syncthreads();
-	v = red[32];
-	__syncthreads();
-	return v;
-}
 
 /* ---- RMSNorm: one block per row ------------------------------------------------------------- */
 

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <errno.h>
 #include "moe/moe_internal.h"
+#include "base/cuda_reduce.cuh"
 
 #define CUDA_TRY(call)                                                                             \
 	do {                                                                                       \
@@ -28,47 +29,5 @@ static inline int moe_cuda_dev(tier_dev *dev, const char *fn)
 }
 
 static inline cudaStream_t moe_stream(tier_dev *dev) { return (cudaStream_t)tier_dev_stream(dev); }
-
-/* Sum of v over the block (blockDim.x a multiple of 32, <= 1024); red: 33 floats of shared memory.
- * Every thread gets the sum; red may be reused after the call. */
-__device__ static inline float block_sum(float v, float *red)
-{
-	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	for (int d = 16; d; d >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, d);
-	if (lane == 0)
-		red[warp] = v;
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		float s = 0.0f;
-		for (int i = 0; i < nw; i++)
-			s += red[i];
-		red[32] = s;
-	}
-	__syncthreads();
-	v = red[32];
-	__syncthreads();
-	return v;
-}
-
-__device__ static inline float block_max(float v, float *red)
-{
-	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-	for (int d = 16; d; d >>= 1)
-		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
-	if (lane == 0)
-		red[warp] = v;
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		float s = red[0];
-		for (int i = 1; i < nw; i++)
-			s = fmaxf(s, red[i]);
-		red[32] = s;
-	}
-	__syncthreads();
-	v = red[32];
-	__syncthreads();
-	return v;
-}
 
 #endif

@@ -1,0 +1,47 @@
+/* cuda_reduce.cuh - block-wide reductions shared by the CUDA sources (moe/, core/). */
+#ifndef TIER_BASE_CUDA_REDUCE_CUH
+#define TIER_BASE_CUDA_REDUCE_CUH
+
+/* Sum of v over the block (blockDim.x a multiple of 32, <= 1024); red: 33 floats of shared memory.
+ * Every thread gets the sum; red may be reused after the call. */
+__device__ static inline float block_sum(float v, float *red)
+{
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	for (int d = 16; d; d >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, d);
+	if (lane == 0)
+		red[warp] = v;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		float s = 0.0f;
+		for (int i = 0; i < nw; i++)
+			s += red[i];
+		red[32] = s;
+	}
+	__syncthreads();
+	v = red[32];
+	__syncthreads();
+	return v;
+}
+
+__device__ static inline float block_max(float v, float *red)
+{
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+	for (int d = 16; d; d >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
+	if (lane == 0)
+		red[warp] = v;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		float s = red[0];
+		for (int i = 1; i < nw; i++)
+			s = fmaxf(s, red[i]);
+		red[32] = s;
+	}
+	__syncthreads();
+	v = red[32];
+	__syncthreads();
+	return v;
+}
+
+#endif
