@@ -73,6 +73,8 @@ struct tier_model {
 	size_t n_groups;
 	uint64_t base_bytes, lora_n;
 	int have_data;
+	tier_progress_fn progress; /* tier_model_set_progress */
+	void *progress_arg;
 };
 
 /* Shape of a dense slot of layer l: rows x cols (cols 0 for a vector); 0 when the layer has none. */

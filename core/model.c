@@ -471,15 +471,34 @@ static int fill_obj(tier_model *m, tier_object *o, const char *name, fill_fn fn,
 	return pin_release_all(&ps);
 }
 
+void tier_model_set_progress(tier_model *m, tier_progress_fn fn, void *arg)
+{
+	if (m)
+		m->progress = fn, m->progress_arg = arg;
+}
+
+/* fill_obj, then the progress callback with the bytes filled so far. */
+static int fill_next(tier_model *m, tier_object *o, const char *name, fill_fn fn, fill_dev_fn dfn, void *arg,
+		     uint64_t *done)
+{
+	int rc = fill_obj(m, o, name, fn, dfn, arg);
+	if (!rc && m->progress) {
+		*done += tier_obj_size(o);
+		m->progress(*done, m->base_bytes, m->progress_arg);
+	}
+	return rc;
+}
+
 /* Walk every frozen object with its HF name (experts: "model.layers.L.mlp.experts.E"). */
 int model_fill_all(tier_model *m, fill_fn fn, fill_dev_fn dfn, void *arg)
 {
 	char name[128];
+	uint64_t done = 0;
 	int rc;
 	m->have_data = 0;
-	if ((rc = fill_obj(m, m->embed, "model.embed_tokens.weight", fn, dfn, arg)) ||
-	    (rc = fill_obj(m, m->norm, "model.norm.weight", fn, dfn, arg)) ||
-	    (m->lm_head != m->embed && (rc = fill_obj(m, m->lm_head, "lm_head.weight", fn, dfn, arg))))
+	if ((rc = fill_next(m, m->embed, "model.embed_tokens.weight", fn, dfn, arg, &done)) ||
+	    (rc = fill_next(m, m->norm, "model.norm.weight", fn, dfn, arg, &done)) ||
+	    (m->lm_head != m->embed && (rc = fill_next(m, m->lm_head, "lm_head.weight", fn, dfn, arg, &done))))
 		return rc;
 	for (int l = 0; l < m->L; l++) {
 		model_layer *ly = &m->layers[l];
@@ -487,12 +506,12 @@ int model_fill_all(tier_model *m, fill_fn fn, fill_dev_fn dfn, void *arg)
 			if (!ly->w[s])
 				continue;
 			model_slot_name(m, l, s, name, sizeof name);
-			if ((rc = fill_obj(m, ly->w[s], name, fn, dfn, arg)))
+			if ((rc = fill_next(m, ly->w[s], name, fn, dfn, arg, &done)))
 				return rc;
 		}
 		for (int e = 0; ly->moe && e < m->E; e++) {
 			snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d", l, e);
-			if ((rc = fill_obj(m, ly->experts[e], name, fn, dfn, arg)))
+			if ((rc = fill_next(m, ly->experts[e], name, fn, dfn, arg, &done)))
 				return rc;
 		}
 	}

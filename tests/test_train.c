@@ -480,6 +480,15 @@ static void tiny_tensors(ckpt_w *w, ckpt_w *fused)
 	}
 }
 
+/* The load's progress callback: calls, bytes never going back, the last total. */
+typedef struct { int calls, backwards; uint64_t done, total; } prog_seen;
+static void on_progress(uint64_t done, uint64_t total, void *arg)
+{
+	prog_seen *p = arg;
+	p->backwards += done < p->done || done > total;
+	p->calls++, p->done = done, p->total = total;
+}
+
 static float load_and_eval(const tier_hf_config *c, const char *dir, int *rc_out)
 {
 	tier_lora_cfg lc;
@@ -491,8 +500,12 @@ static float load_and_eval(const tier_hf_config *c, const char *dir, int *rc_out
 	tier_model *m;
 	assert_int_equal(tier_model_create(s, cpu, c, &lc, &m), 0);
 	float loss = NAN;
+	prog_seen ps = { 0 };
+	tier_model_set_progress(m, on_progress, &ps);
 	*rc_out = tier_model_load_hf(m, dir);
-	if (!*rc_out) {
+	if (!*rc_out) { /* one call per object, the last with every byte */
+		assert_true(ps.calls > 3 && !ps.backwards);
+		assert_true(ps.done == ps.total && ps.total == tier_model_base_bytes(m));
 		tier_train_cfg tc;
 		tier_train_cfg_init(&tc);
 		tc.batch = 2, tc.seq = 5;

@@ -408,6 +408,32 @@ static int fail_lib(const char *what)
 }
 
 /* Model, store, data, trainer; 0, or 1 with a message printed. */
+static void fmt_eta(double s, char *buf, size_t len);
+
+/* Loading or making the base weights: a line every 2 s (rewritten in place on a terminal, 4 times
+ * a second), with bytes, rate and ETA; nothing for a fill shorter than that. */
+typedef struct {
+	const char *what;
+	uint64_t t0, last;
+	int tty, printed;
+} load_progress;
+
+static void on_load_progress(uint64_t done, uint64_t total, void *arg)
+{
+	load_progress *p = arg;
+	uint64_t now = tier_now_ns();
+	if (done < total ? now - p->last < (p->tty ? 250000000ull : 2000000000ull) : !p->printed)
+		return;
+	p->last = now, p->printed = 1;
+	double el = (double)(now - p->t0) / 1e9, rate = el > 0 ? (double)done / el : 0;
+	char a[32], b[32], eta[32];
+	fmt_eta(rate > 0 ? (double)(total - done) / rate : 0, eta, sizeof eta);
+	printf("%s# %s the base weights: %s of %s, %.2f GB/s, ETA %s%s", p->tty ? "\r" : "", p->what,
+	       tier_format_size(done, a, sizeof a), tier_format_size(total, b, sizeof b), rate / 1e9, eta,
+	       p->tty && done < total ? "   " : "\n");
+	fflush(stdout);
+}
+
 static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 {
 	char path[4200], a[32], b[32], c[32], d[32];
@@ -466,6 +492,9 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	if (tier_model_create(j->s, j->dev, cfg, &lc, &j->m))
 		return fail_lib("model");
 	uint64_t t0 = tier_now_ns();
+	load_progress lp = { .what = o->model ? "loading" : "making", .t0 = t0, .last = t0, .tty = isatty(1) };
+	if (!o->quiet)
+		tier_model_set_progress(j->m, on_load_progress, &lp);
 	if (o->model ? tier_model_load_hf(j->m, o->model) : tier_model_init_random(j->m, o->seed, o->init_range))
 		return fail_lib(o->model ? "loading the checkpoint" : "making the weights");
 	double secs = (double)(tier_now_ns() - t0) / 1e9;

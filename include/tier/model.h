@@ -115,6 +115,11 @@ int tier_model_init_random(tier_model *m, uint64_t seed, double init_range);
  * experts; F32/BF16/F16 converted to fp32). -ENOENT/-EBADMSG naming the tensor that is missing or
  * has the wrong shape. A failed load leaves the model without data (load again). */
 int tier_model_load_hf(tier_model *m, const char *dir);
+/* Progress of tier_model_load_hf and tier_model_init_random: fn(done, total, arg) after each
+ * object, with the bytes of base weights written so far and in all (done == total at the end of
+ * a successful fill). NULL fn: none. */
+typedef void (*tier_progress_fn)(uint64_t done, uint64_t total, void *arg);
+void tier_model_set_progress(tier_model *m, tier_progress_fn fn, void *arg);
 const tier_hf_config *tier_model_config(const tier_model *m);
 uint64_t tier_model_base_bytes(const tier_model *m);  /* bytes of all frozen weights */
 uint64_t tier_model_lora_params(const tier_model *m); /* trainable parameters */
