@@ -48,35 +48,38 @@ static int any_dense(const tier_model *m)
 	return 0;
 }
 
-typedef struct { float **p; size_t n; } piece;
+typedef struct { float **p; size_t n, esz; } piece; /* esz 0: fp32 */
 
 static void carve(const piece *f, size_t n, char *buf, size_t *off)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (buf)
 			*f[i].p = f[i].n ? (float *)(buf + *off) : NULL;
-		*off += al(sizeof(float) * f[i].n);
+		*off += al((f[i].esz ? f[i].esz : sizeof(float)) * f[i].n);
 	}
 }
 
 /* The sizes of every buffer, in the order dec_bufs_bind hands them out; `bind` NULL only counts.
- * Every buffer is sized for fp32 (bf16 ones on CUDA use half). What the backward reads of the
+ * Buffers that feed products (a, q, k, v, o, b, act, dO16) take the activation type (bf16 on
+ * CUDA), the rest fp32. What the backward reads of the
  * forward comes first, in two contiguous halves (save[0]: attention, save[1]: MLP or MoE) that
  * the operator cache can keep instead of recomputing them; then the gradients, then the workspace. */
 static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bufs *b)
 {
 	size_t T = (size_t)sh->T, H = m->H, qd = (size_t)m->nh * m->hd, kvd = (size_t)m->nkv * m->hd;
 	size_t I = any_dense(m) ? (size_t)m->I : 0, off = 0, cu = m->cuda ? 1 : 0;
+	size_t A = dop_act_size(m);
 	const piece fa[] = {
-		{ &b->a, T * H }, { &b->r1, T }, { &b->qp, T * qd }, { &b->kp, T * kvd }, { &b->v, T * kvd },
-		{ &b->rq, T * m->nh }, { &b->rk, T * m->nkv }, { &b->q, T * qd }, { &b->k, T * kvd }, { &b->o, T * qd },
-		{ &b->lse, T * m->nh }, { &b->h1, T * H }, { &b->b, T * H }, { &b->r2, T },
+		{ &b->a, T * H, A }, { &b->r1, T, 0 }, { &b->qp, T * qd, 0 }, { &b->kp, T * kvd, 0 }, { &b->v, T * kvd, A },
+		{ &b->rq, T * m->nh, 0 }, { &b->rk, T * m->nkv, 0 }, { &b->q, T * qd, A }, { &b->k, T * kvd, A },
+		{ &b->o, T * qd, A }, { &b->lse, T * m->nh, 0 }, { &b->h1, T * H, 0 }, { &b->b, T * H, A }, { &b->r2, T, 0 },
 	};
-	const piece fm[] = { { &b->g, T * I }, { &b->u, T * I }, { &b->act, T * I } };
+	const piece fm[] = { { &b->g, T * I, 0 }, { &b->u, T * I, 0 }, { &b->act, T * I, A } };
 	const piece fg[] = {
-		{ &b->mo, T * H }, { &b->dh1, T * H }, { &b->dtmp, T * H }, { &b->db, T * H }, { &b->dq, T * qd },
-		{ &b->dk, T * kvd }, { &b->dv, T * kvd }, { &b->dO, T * qd }, { &b->dkp, T * kvd }, { &b->dact, T * I },
-		{ &b->dg, T * I }, { &b->du, T * I }, { &b->v32, cu * T * kvd }, { &b->dO16, cu * T * qd },
+		{ &b->mo, T * H, 0 }, { &b->dh1, T * H, 0 }, { &b->dtmp, T * H, 0 }, { &b->db, T * H, 0 },
+		{ &b->dq, T * qd, 0 }, { &b->dk, T * kvd, 0 }, { &b->dv, T * kvd, 0 }, { &b->dO, T * qd, 0 },
+		{ &b->dkp, T * kvd, 0 }, { &b->dact, T * I, 0 }, { &b->dg, T * I, 0 }, { &b->du, T * I, 0 },
+		{ &b->v32, cu * T * kvd, 0 }, { &b->dO16, cu * T * qd, A },
 	};
 	carve(fa, sizeof fa / sizeof fa[0], buf, &off);
 	size_t mlp0 = off;
