@@ -16,6 +16,15 @@ echo "# a short job writes an adapter and a log"
 cat "$tmp/a.out"
 [ -s "$tmp/out/adapter_config.json" ] && [ -s "$tmp/out/adapter_model.safetensors" ] || fail "no adapter in --out"
 [ "$(wc -l <"$tmp/out/train_log.jsonl")" = 4 ] || fail "train_log.jsonl should have 4 lines"
+# each line: JSON whose time by part (pin aside: it overlaps the others) adds up to at most the step
+python3 - "$tmp/out/train_log.jsonl" <<'PY' || fail "train_log.jsonl: bad time by part"
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    parts = sum(v for k, v in r["ns_part"].items() if k != "pin")
+    assert 0 < parts <= r["ns"], (parts, r["ns"])
+    assert r["mfu"] is None and r["tokens_per_s"] > 0
+PY
 grep -q '"lora_alpha": *16' "$tmp/out/adapter_config.json" || fail "adapter_config.json lacks lora_alpha 16"
 grep -q '^# done: 4 steps' "$tmp/a.out" || fail "no summary line"
 grep -q 'hbm (emulated)' "$tmp/a.out" || fail "the summary does not name the emulated hbm tier"

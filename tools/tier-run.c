@@ -554,6 +554,26 @@ static void fmt_eta(double s, char *buf, size_t len)
 		snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
 }
 
+/* One line of OUT/train_log.jsonl: the step's figures, MFU (null without a known GPU peak) and
+ * its time by part (tier_step_result.ns_part). */
+static void log_step(job *j, int s, const tier_step_result *r, const counters *now, const counters *prev,
+		     double tps)
+{
+	fprintf(j->log, "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%lld,\"ns\":%llu,"
+		"\"hbm_hits\":%llu,\"hbm_misses\":%llu,\"bytes_moved\":%llu,\"tokens_per_s\":%.1f,\"mfu\":", s + 1,
+		r->loss, r->lr, r->grad_norm, (long long)r->tokens, (unsigned long long)r->ns,
+		(unsigned long long)(now->hits - prev->hits), (unsigned long long)(now->misses - prev->misses),
+		(unsigned long long)(now->bytes - prev->bytes), tps);
+	if (j->peak > 0 && j->flop_per_token > 0)
+		fprintf(j->log, "%.4f", tps * j->flop_per_token / j->peak);
+	else
+		fprintf(j->log, "null");
+	fprintf(j->log, ",\"ns_part\":{");
+	for (int p = 0; p < TIER_NPARTS; p++)
+		fprintf(j->log, "%s\"%s\":%llu", p ? "," : "", tier_step_part_name(p), (unsigned long long)r->ns_part[p]);
+	fprintf(j->log, "}}\n");
+}
+
 static int train(job *j, const run_opts *o, double *first, double *last, double *elapsed, int64_t *tokens)
 {
 	int nm = o->micro;
@@ -594,11 +614,7 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 			       tier_format_size(now.bytes - prev.bytes, mv, sizeof mv), eta);
 		}
 		if (j->log)
-			fprintf(j->log, "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens\":%lld,\"ns\":%llu,"
-				"\"hbm_hits\":%llu,\"hbm_misses\":%llu,\"bytes_moved\":%llu}\n", s + 1, r.loss, r.lr,
-				r.grad_norm, (long long)r.tokens, (unsigned long long)r.ns,
-				(unsigned long long)(now.hits - prev.hits), (unsigned long long)(now.misses - prev.misses),
-				(unsigned long long)(now.bytes - prev.bytes));
+			log_step(j, s, &r, &now, &prev, tps);
 		if (j->slog && stats_log_step(j->slog, s + 1, &r, &st, j->t))
 			return 2;
 		fflush(stdout);
