@@ -19,14 +19,14 @@ int dop_norm_bwd(const tier_model *m, int rows, int dim, const float *x, const v
 	return tier_rmsnorm_bwd(m->dev, rows, dim, x, w, rstd, dy, dx, NULL);
 }
 
-size_t dop_linear_ws(const tier_model *m, int T, int out, int r)
+size_t dop_linear_ws(const tier_model *m, int T, int in, int out, int r)
 {
 	if (m->cuda)
 		return opsc_linear_ws_bytes(T, out, r);
-	tier_lora_ref l = { .rank = r };
+	tier_lora_ref l = { .rank = r, .dropout = m->lora.dropout };
 	float dummy = 0.0f;
 	l.a = l.b = r ? &dummy : NULL;
-	return sizeof(float) * tier_linear_ws_floats(T, &l);
+	return sizeof(float) * tier_linear_ws_floats(T, in, &l);
 }
 
 int dop_linear(const tier_model *m, int T, int in, int out, const void *x, const void *w, const tier_lora_ref *l,

@@ -13,8 +13,9 @@ static inline size_t dop_act_size(const tier_model *m) { return m->cuda ? 2 : si
 int dop_norm(const tier_model *m, int rows, int dim, const float *x, const void *w, void *y, float *rstd);
 int dop_norm_bwd(const tier_model *m, int rows, int dim, const float *x, const void *w, const float *rstd,
 		 const float *dy, float *dx);
-/* Workspace bytes of a linear layer with `out` outputs and LoRA rank r (0: none). */
-size_t dop_linear_ws(const tier_model *m, int T, int out, int r);
+/* Workspace bytes of the model's linear layers: at most `in` inputs and `out` outputs, LoRA rank r
+ * (0: none) with the model's LoRA dropout. */
+size_t dop_linear_ws(const tier_model *m, int T, int in, int out, int r);
 int dop_linear(const tier_model *m, int T, int in, int out, const void *x, const void *w, const tier_lora_ref *l,
 	       float *y, void *ws);
 int dop_linear_bwd(const tier_model *m, int T, int in, int out, const void *x, const void *w,

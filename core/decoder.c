@@ -96,7 +96,7 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	/* one workspace for the largest user: the MoE block, attention, a LoRA linear */
 	size_t ws = 0, aw = 0, out = H > qd ? H : qd, lw;
 	out = out > I ? out : I;
-	lw = dop_linear_ws(m, sh->T, (int)out, m->lora.r);
+	lw = dop_linear_ws(m, sh->T, (int)out, (int)out, m->lora.r); /* out: the largest of H, q dim, I */
 	tier_moe_loras lo;
 	memset(&lo, 0, sizeof lo);
 	const float *dummy[1] = { NULL }; /* only the rank is read: LoRA "on" needs non-NULL arrays */

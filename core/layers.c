@@ -82,9 +82,35 @@ int tier_rmsnorm_bwd(tier_dev *dev, int rows, int dim, const float *x, const flo
 
 static int has_lora(const tier_lora_ref *l) { return l && l->a && l->b; }
 
-size_t tier_linear_ws_floats(int T, const tier_lora_ref *lora)
+size_t tier_linear_ws_floats(int T, int in, const tier_lora_ref *lora)
 {
-	return has_lora(lora) && T > 0 && lora->rank > 0 ? 2 * (size_t)T * lora->rank : 0;
+	if (!has_lora(lora) || T <= 0 || lora->rank <= 0)
+		return 0;
+	return 2 * (size_t)T * lora->rank + (lora->dropout > 0 && in > 0 ? (size_t)T * in : 0);
+}
+
+/* A counter-based hash of (key, t, i) (splitmix64's finaliser twice): the mask needs no state. */
+int tier_lora_keep(uint64_t key, float p, int64_t t, int64_t i)
+{
+	uint64_t z = key ^ ((uint64_t)t * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)i * 0xc2b2ae3d27d4eb4full);
+	for (int k = 0; k < 2; k++) {
+		z += 0x9e3779b97f4a7c15ull;
+		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+		z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+		z ^= z >> 31;
+	}
+	return (double)(z >> 11) * 0x1.0p-53 >= (double)p;
+}
+
+/* out[t, i] = in[t, i] * keep(t, i) / (1 - p): the adapter's view of x (out may be in). */
+static void lora_mask(const tier_lora_ref *l, int T, int in, const float *x, float *out)
+{
+	float s = 1.0f / (1.0f - l->dropout);
+	for (int t = 0; t < T; t++)
+		for (int i = 0; i < in; i++) {
+			size_t k = (size_t)t * in + i;
+			out[k] = tier_lora_keep(l->mask_key, l->dropout, t, i) ? x[k] * s : 0.0f;
+		}
 }
 
 static int lora_check(const char *fn, const tier_lora_ref *l, float *ws)
@@ -95,6 +121,8 @@ static int lora_check(const char *fn, const tier_lora_ref *l, float *ws)
 		return tier_fail(-EINVAL, "%s: LoRA needs both A and B (one is NULL)", fn);
 	if (l->rank < 1 || !isfinite(l->scale))
 		return tier_fail(-EINVAL, "%s: LoRA rank %d must be >= 1 and the scale finite", fn, l->rank);
+	if (!(l->dropout >= 0.0f && l->dropout < 1.0f))
+		return tier_fail(-EINVAL, "%s: LoRA dropout %g must be in [0, 1)", fn, l->dropout);
 	if (!ws)
 		return tier_fail(-EINVAL, "%s: ws is NULL; LoRA needs tier_linear_ws_floats floats of scratch", fn);
 	return 0;
@@ -113,7 +141,12 @@ int tier_linear_fwd(tier_dev *dev, int T, int in, int out, const float *x, const
 	core_gemm(0, 1, T, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
 	if (has_lora(lora)) {
 		int r = lora->rank;
-		core_gemm(0, 1, T, r, in, 1.0f, x, in, lora->a, in, 0.0f, ws, r);            /* xa = x A^T */
+		const float *xl = x; /* the adapter's input: x, or x through the dropout mask */
+		if (lora->dropout > 0) {
+			lora_mask(lora, T, in, x, ws + 2 * (size_t)T * r);
+			xl = ws + 2 * (size_t)T * r;
+		}
+		core_gemm(0, 1, T, r, in, 1.0f, xl, in, lora->a, in, 0.0f, ws, r);           /* xa = x A^T */
 		core_gemm(0, 1, T, out, r, lora->scale, ws, r, lora->b, r, 1.0f, y, out);   /* y += s xa B^T */
 	}
 	return 0;
@@ -134,16 +167,27 @@ int tier_linear_bwd(tier_dev *dev, int T, int in, int out, const float *x, const
 	if (!has_lora(lora))
 		return 0;
 	int r = lora->rank;
-	float s = lora->scale, *xa = ws, *dyb = ws + (size_t)T * r;
+	float s = lora->scale, *xa = ws, *dyb = ws + (size_t)T * r, *xd = ws + 2 * (size_t)T * r;
+	const float *xl = x; /* the adapter's input, as in the forward */
+	if (lora->dropout > 0) {
+		lora_mask(lora, T, in, x, xd);
+		xl = xd;
+	}
 	core_gemm(0, 0, T, r, out, 1.0f, dy, out, lora->b, r, 0.0f, dyb, r); /* dyb = dy B [T, r] */
 	if (lora->db) {
-		core_gemm(0, 1, T, r, in, 1.0f, x, in, lora->a, in, 0.0f, xa, r); /* recomputed, not kept */
+		core_gemm(0, 1, T, r, in, 1.0f, xl, in, lora->a, in, 0.0f, xa, r); /* recomputed, not kept */
 		core_gemm(1, 0, out, r, T, s, dy, out, xa, r, 1.0f, lora->db, r);
 	}
 	if (lora->da)
-		core_gemm(1, 0, r, in, T, s, dyb, r, x, in, 1.0f, lora->da, in);
-	if (dx)
+		core_gemm(1, 0, r, in, T, s, dyb, r, xl, in, 1.0f, lora->da, in);
+	if (dx && lora->dropout > 0) { /* through the mask: (s dyb A) * keep / (1 - p) */
+		core_gemm(0, 0, T, in, r, s, dyb, r, lora->a, in, 0.0f, xd, in);
+		lora_mask(lora, T, in, xd, xd);
+		for (size_t k = 0; k < (size_t)T * in; k++)
+			dx[k] += xd[k];
+	} else if (dx) {
 		core_gemm(0, 0, T, in, r, s, dyb, r, lora->a, in, 1.0f, dx, in);
+	}
 	return 0;
 }
 

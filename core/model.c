@@ -133,9 +133,12 @@ static int check_lora(const tier_lora_cfg *l)
 		return tier_fail(-EINVAL, "LoRA: r %d must be 1..4096 and lora_alpha %g positive", l->r, l->alpha);
 	if (!(l->targets & 0x3f))
 		return tier_fail(-EINVAL, "LoRA: no target modules; name some of q,k,v,o,mlp,experts");
-	if (l->dropout != 0.0f)
-		return tier_fail(-ENOTSUP, "LoRA dropout %g: only 0 is supported so far (the MoE expert kernels take "
-				 "no dropout mask); use --lora-dropout 0", l->dropout);
+	if (!(l->dropout >= 0.0f && l->dropout < 1.0f))
+		return tier_fail(-EINVAL, "LoRA dropout %g must be in [0, 1)", l->dropout);
+	if (l->dropout > 0 && (l->targets & TIER_LORA_EXPERTS))
+		return tier_fail(-ENOTSUP, "LoRA dropout %g on expert projections: not supported (PEFT's LoRA on fused "
+				 "experts takes none either); drop experts from --lora-targets or use --lora-dropout 0",
+				 l->dropout);
 	return 0;
 }
 
@@ -365,6 +368,9 @@ int tier_model_create(tier_store *s, tier_dev *dev, const tier_hf_config *cfg, c
 	int rc = model_check_dev(dev);
 	if (rc || (rc = check_config(cfg)) || (rc = check_lora(lora)))
 		return rc;
+	if (lora->dropout > 0 && tier_dev_kind_of(dev) == TIER_DEV_CUDA)
+		return tier_fail(-ENOTSUP, "LoRA dropout %g: the CUDA path has no dropout mask yet (the CPU path has); "
+				 "use --lora-dropout 0 on CUDA", lora->dropout);
 	tier_model *m = calloc(1, sizeof *m);
 	if (!m)
 		return tier_fail(-ENOMEM, "out of memory for the model");

@@ -114,6 +114,7 @@ int tier_model_lora_export(tier_model *m, int which, tier_peft_adapter **out)
 		return tier_fail(-ENOMEM, "out of memory for an adapter of %zu modules", n);
 	}
 	a->r = m->lora.r, a->lora_alpha = m->lora.alpha, a->use_rslora = m->lora.use_rslora, a->dtype = TIER_DT_F32;
+	a->lora_dropout = m->lora.dropout;
 	size_t k = 0;
 	for (size_t i = 0; i < m->n_groups; i++)
 		for (int j = 0; j < m->groups[i].n_mods; j++, k++) {

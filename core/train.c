@@ -50,6 +50,7 @@ struct tier_trainer {
 	uint64_t part[TIER_NPARTS], mark; /* time by part of the step; the current part's start */
 	tier_cache *cache;                /* the operator cache (NULL: full recompute) */
 	int offer;                        /* a training forward: offer its results to the cache */
+	int training;                     /* a training step (LoRA dropout on), not an evaluation */
 	uint64_t op_seq;                  /* operations ended (pin_group's cache key); starts at 1 */
 	uint32_t mb;                      /* the current micro-batch (the cache's key) */
 	int profile;                      /* $TIER_PROFILE: wait for the device at the end of each part */
@@ -406,6 +407,13 @@ static void lora_ref(const tier_trainer *t, const lora_group *g, int proj, const
 		     float *grad, tier_lora_ref *out)
 {
 	model_lora_ref(t->m, g, proj, param, grad, out);
+	if (out->a && t->training && t->m->lora.dropout > 0) {
+		/* one mask per (step, micro-batch, layer, projection): the backward's recompute sees the
+		 * forward's (eval runs without dropout, as PEFT in eval mode) */
+		out->dropout = t->m->lora.dropout;
+		out->mask_key = t->m->lora.seed ^ ((uint64_t)t->step << 40) ^ ((uint64_t)t->mb << 28) ^
+				((uint64_t)g->layer << 8) ^ (uint64_t)(g->kind * 4 + proj);
+	}
 	if (!t->m->cuda || !out->a)
 		return;
 	const lora_mod *md = &g->mods[g->idx[proj]];
@@ -883,8 +891,9 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	float dloss = 1.0f / (float)nm, loss_sum = 0.0f;
 	for (int mb = 0; mb < nm && !rc; mb++) {
 		float l = 0.0f;
-		t->mb = (uint32_t)mb;
+		t->mb = (uint32_t)mb, t->training = 1;
 		rc = micro(t, tokens + mb * T, labels + mb * T, dloss, 1, &l, &r->aux, NULL);
+		t->training = 0;
 		loss_sum += l;
 	}
 	double norm = 0.0;

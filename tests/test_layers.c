@@ -169,7 +169,7 @@ static void test_linear_lora(void **state)
 		size_t big = (size_t)T * (in > out ? in : out) + (size_t)r * (in > out ? in : out);
 		double *want = malloc(sizeof(double) * big);
 		tier_lora_ref lo = { .a = A, .b = B, .da = dA, .db = dB, .rank = r, .scale = s };
-		assert_int_equal(tier_linear_ws_floats(T, &lo), 2 * (size_t)T * r);
+		assert_int_equal(tier_linear_ws_floats(T, in, &lo), 2 * (size_t)T * r);
 		assert_int_equal(tier_linear_fwd(cpu, T, in, out, x, W, &lo, y, ws), 0);
 		ref_linear(T, in, out, r, s, x, W, A, B, want);
 		close_to(y, want, (size_t)T * out, 1e-5);
@@ -193,6 +193,94 @@ static void test_linear_lora(void **state)
 		free(x), free(W), free(A), free(B), free(R), free(y), free(dx), free(dA), free(dB), free(ws), free(want);
 		free(dx2);
 	}
+}
+
+/* LoRA dropout (PEFT's lora_dropout): the mask keeps about 1 - p of the elements and depends on the
+ * key; the layer and its gradients equal an fp64 reference that feeds the adapter the masked and
+ * rescaled input; the mean over many masks is the layer without dropout. */
+static void test_linear_dropout(void **state)
+{
+	(void)state;
+	int kept = 0, n = 200000, differ = 0;
+	for (int k = 0; k < n; k++)
+		kept += tier_lora_keep(77, 0.25f, k / 500, k % 500);
+	double f = (double)kept / n; /* binomial: sd 0.001 */
+	printf("# dropout 0.25: kept %.4f of %d\n", f, n);
+	assert_true(f > 0.745 && f < 0.755);
+	for (int k = 0; k < 1000; k++) {
+		assert_int_equal(tier_lora_keep(77, 0.25f, 3, k), tier_lora_keep(77, 0.25f, 3, k));
+		differ += tier_lora_keep(77, 0.25f, 3, k) != tier_lora_keep(78, 0.25f, 3, k);
+	}
+	assert_true(differ > 250); /* about 2 p (1 - p) = 37.5% */
+	int T = 9, in = 33, out = 17, r = 4;
+	float s = 0.5f, p = 0.3f, keep = 1.0f / (1.0f - p);
+	float *x = rnd((size_t)T * in, 1), *W = rnd((size_t)out * in, 0.5f), *A = rnd((size_t)r * in, 0.5f);
+	float *B = rnd((size_t)out * r, 0.5f), *R = rnd((size_t)T * out, 1), *y = poisoned((size_t)T * out);
+	float *dx = poisoned((size_t)T * in), *dA = calloc((size_t)r * in, 4), *dB = calloc((size_t)out * r, 4);
+	tier_lora_ref lo = { .a = A, .b = B, .da = dA, .db = dB, .rank = r, .scale = s, .dropout = p, .mask_key = 1234 };
+	size_t nws = tier_linear_ws_floats(T, in, &lo);
+	assert_int_equal(nws, 2 * (size_t)T * r + (size_t)T * in);
+	float *ws = poisoned(nws);
+	assert_int_equal(tier_linear_fwd(cpu, T, in, out, x, W, &lo, y, ws), 0);
+	assert_int_equal(tier_linear_bwd(cpu, T, in, out, x, W, &lo, R, dx, 0, ws), 0);
+	double *xm = malloc(sizeof(double) * T * in), *xa = calloc((size_t)T * r, 8), *dyb = calloc((size_t)T * r, 8);
+	double *wy = malloc(sizeof(double) * T * out), *wdx = malloc(sizeof(double) * T * in);
+	double *wdA = calloc((size_t)r * in, 8), *wdB = calloc((size_t)out * r, 8);
+	for (int t = 0; t < T; t++)
+		for (int i = 0; i < in; i++)
+			xm[t * in + i] = tier_lora_keep(1234, p, t, i) ? (double)x[t * in + i] * keep : 0.0;
+	for (int t = 0; t < T; t++) {
+		for (int q = 0; q < r; q++)
+			for (int i = 0; i < in; i++)
+				xa[t * r + q] += xm[t * in + i] * A[q * in + i];
+		for (int q = 0; q < r; q++)
+			for (int o = 0; o < out; o++)
+				dyb[t * r + q] += (double)R[t * out + o] * B[o * r + q];
+		for (int o = 0; o < out; o++) {
+			double v = 0;
+			for (int i = 0; i < in; i++)
+				v += (double)x[t * in + i] * W[o * in + i];
+			for (int q = 0; q < r; q++)
+				v += s * xa[t * r + q] * B[o * r + q];
+			wy[t * out + o] = v;
+		}
+		for (int i = 0; i < in; i++) {
+			double v = 0, l = 0;
+			for (int o = 0; o < out; o++)
+				v += (double)R[t * out + o] * W[o * in + i];
+			for (int q = 0; q < r; q++)
+				l += s * dyb[t * r + q] * A[q * in + i];
+			wdx[t * in + i] = v + (tier_lora_keep(1234, p, t, i) ? l * keep : 0.0);
+		}
+		for (int q = 0; q < r; q++) {
+			for (int i = 0; i < in; i++)
+				wdA[q * in + i] += s * dyb[t * r + q] * xm[t * in + i];
+			for (int o = 0; o < out; o++)
+				wdB[o * r + q] += s * (double)R[t * out + o] * xa[t * r + q];
+		}
+	}
+	close_to(y, wy, (size_t)T * out, 1e-5);
+	close_to(dx, wdx, (size_t)T * in, 1e-5);
+	close_to(dA, wdA, (size_t)r * in, 1e-5);
+	close_to(dB, wdB, (size_t)out * r, 1e-5);
+	/* the mean over many masks of the adapter's term is the undropped one */
+	int K = 4000, To = 2, io = 8;
+	double mean[2 * 17] = { 0 }, want[2 * 17], lt = 0, dev = 0;
+	for (int k = 0; k < K; k++) {
+		lo.mask_key = 5000 + (uint64_t)k;
+		assert_int_equal(tier_linear_fwd(cpu, To, io, out, x, W, &lo, y, ws), 0);
+		for (int j = 0; j < To * out; j++)
+			mean[j] += (double)y[j] / K;
+	}
+	ref_linear(To, io, out, r, s, x, W, A, B, want);
+	double *base = malloc(sizeof(double) * To * out);
+	ref_linear(To, io, out, 0, s, x, W, A, B, base);
+	for (int j = 0; j < To * out; j++)
+		lt += (want[j] - base[j]) * (want[j] - base[j]), dev += (mean[j] - want[j]) * (mean[j] - want[j]);
+	printf("# mean over %d masks: %.3f of the adapter's term away\n", K, sqrt(dev / lt));
+	assert_true(sqrt(dev / lt) < 0.05);
+	free(x), free(W), free(A), free(B), free(R), free(y), free(dx), free(dA), free(dB), free(ws), free(xm);
+	free(xa), free(dyb), free(wy), free(wdx), free(wdA), free(wdB), free(base);
 }
 
 static void test_embedding(void **state)
@@ -266,6 +354,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_linear_lora),
+		cmocka_unit_test(test_linear_dropout),
 		cmocka_unit_test(test_embedding),
 		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_bad_input),

@@ -253,6 +253,44 @@ static void test_store_transparent(void **state)
 	rig_close(&r);
 }
 
+/* LoRA dropout: training steps use it (their losses differ from dropout 0's after the first
+ * update) and evaluation does not (equal losses); dropout on expert targets is refused. */
+static void test_lora_dropout(void **state)
+{
+	(void)state;
+	tier_hf_config c;
+	tiny_config(&c);
+	float loss[2][6], ev[2];
+	for (int v = 0; v < 2; v++) {
+		tier_lora_cfg lc;
+		tier_lora_cfg_init(&lc);
+		lc.targets = TIER_LORA_Q | TIER_LORA_K | TIER_LORA_V | TIER_LORA_O | TIER_LORA_MLP;
+		lc.init_b_std = 0.2f, lc.dropout = v ? 0.3f : 0.0f, lc.seed = 7;
+		rig r;
+		assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);
+		fill_batch(&r, (int)c.vocab_size, 11, 16);
+		assert_int_equal(tier_trainer_eval(r.t, r.tok, r.lab, 0, &ev[v], NULL), 0);
+		for (int st = 0; st < 6; st++) {
+			tier_step_result res;
+			assert_int_equal(tier_trainer_step(r.t, r.tok, r.lab, &res), 0);
+			loss[v][st] = res.loss;
+		}
+		rig_close(&r);
+	}
+	printf("# dropout 0 / 0.3: eval %.6f / %.6f; step 1 %.6f / %.6f, step 6 %.6f / %.6f\n", ev[0], ev[1], loss[0][0],
+	       loss[1][0], loss[0][5], loss[1][5]);
+	assert_true(ev[0] == ev[1]);
+	assert_true(loss[0][0] != loss[1][0]); /* B != 0 from the start: the masked adapter changes the loss */
+	assert_true(loss[1][5] < loss[1][0]);
+	tier_lora_cfg lc;
+	tier_lora_cfg_init(&lc);
+	lc.dropout = 0.1f; /* the default targets include the experts */
+	rig r;
+	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 8, 3, 0.1), -ENOTSUP);
+	assert_non_null(strstr(tier_last_error(), "expert"));
+	rig_close(&r);
+}
+
 /* The operator cache changes no number: results kept (all of them, or some: the rest dropped
  * and recomputed) give the losses of full recomputation, over two micro-batches. */
 static void test_opcache_transparent(void **state)
@@ -806,6 +844,7 @@ int main(void)
 		cmocka_unit_test(test_loss_falls_and_determinism),
 		cmocka_unit_test(test_store_transparent),
 		cmocka_unit_test(test_opcache_transparent),
+		cmocka_unit_test(test_lora_dropout),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_data),
 		cmocka_unit_test(test_load_hf),

@@ -31,7 +31,7 @@ typedef struct {
 	uint64_t hbm, ddr, nvme;
 	char nvme_dir[4096];
 	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every, hbm_max, hbm_set, pwin;
-	double lora_alpha, lr, min_lr_ratio, wd, clip, init_range, peak_tflops;
+	double lora_alpha, lr, min_lr_ratio, wd, clip, init_range, peak_tflops, dropout;
 	uint64_t seed;
 } run_opts;
 
@@ -62,6 +62,8 @@ static void usage(FILE *f)
 		"  --lora-r N           rank (default 8)\n"
 		"  --lora-alpha X       lora_alpha; scale alpha / r (default 16)\n"
 		"  --rslora             scale alpha / sqrt(r)\n"
+		"  --lora-dropout P     PEFT's lora_dropout on the adapters' input while training (default 0;\n"
+		"                       attention and dense-MLP targets, CPU only so far)\n"
 		"  --lora-targets LIST  comma-separated q,k,v,o,mlp,experts (or attn, all); default q,k,v,o,experts\n"
 		"Training\n"
 		"  --steps N            optimizer steps (default 800)\n"
@@ -107,7 +109,7 @@ enum {
 	O_MODEL = 256, O_INIT, O_CONFIG, O_INITR, O_DATA, O_R, O_ALPHA, O_RSLORA, O_TARGETS, O_STEPS, O_BATCH, O_SEQ,
 	O_MICRO, O_LR, O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_HBM, O_DDR, O_NVME, O_POLICY, O_DEVICE, O_OUT,
 	O_QUIET, O_HELP, O_CKPT, O_RESUME,
-	O_TRACE, O_PEAK, O_OPCACHE, O_PWIN,
+	O_TRACE, O_PEAK, O_OPCACHE, O_PWIN, O_DROPOUT,
 };
 static const struct option opts[] = {
 	{ "model", required_argument, NULL, O_MODEL }, { "init", required_argument, NULL, O_INIT },
@@ -127,6 +129,7 @@ static const struct option opts[] = {
 	{ "resume", required_argument, NULL, O_RESUME },
 	{ "trace", required_argument, NULL, O_TRACE }, { "peak-tflops", required_argument, NULL, O_PEAK },
 	{ "op-cache", required_argument, NULL, O_OPCACHE }, { "prefetch-window", required_argument, NULL, O_PWIN },
+	{ "lora-dropout", required_argument, NULL, O_DROPOUT },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -178,6 +181,10 @@ static int parse_one(run_opts *o, int c, const char *a)
 	case O_R: return parse_int(name, a, 1, 4096, &o->lora_r);
 	case O_ALPHA: return parse_real(name, a, 1e-30, &o->lora_alpha);
 	case O_RSLORA: o->rslora = 1; return 0;
+	case O_DROPOUT:
+		if (parse_real(name, a, 0, &o->dropout))
+			return 1;
+		return o->dropout < 1 ? 0 : bad_arg(name, a, "a probability in [0, 1)");
 	case O_TARGETS: o->targets = a; return 0;
 	case O_STEPS: return parse_int(name, a, 1, 100000000, &o->steps);
 	case O_BATCH: return parse_int(name, a, 1, 1 << 20, &o->batch);
@@ -487,6 +494,7 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	tier_lora_cfg lc;
 	tier_lora_cfg_init(&lc);
 	lc.r = o->lora_r, lc.alpha = (float)o->lora_alpha, lc.use_rslora = o->rslora, lc.seed = o->seed;
+	lc.dropout = (float)o->dropout;
 	if (tier_lora_targets_parse(o->targets, &lc.targets))
 		return fail_lib("--lora-targets");
 	if (tier_model_create(j->s, j->dev, cfg, &lc, &j->m))

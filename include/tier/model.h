@@ -33,17 +33,25 @@ int tier_rmsnorm_fwd(tier_dev *dev, int rows, int dim, float eps, const float *x
 int tier_rmsnorm_bwd(tier_dev *dev, int rows, int dim, const float *x, const float *w, const float *rstd,
 		     const float *dy, float *dx, float *dw);
 
-/* LoRA on one linear layer. a, b NULL: no adapter. da, db (accumulated) NULL: frozen adapter. */
+/* LoRA on one linear layer. a, b NULL: no adapter. da, db (accumulated) NULL: frozen adapter.
+ * dropout p > 0 (PEFT's lora_dropout, training): the adapter sees x with each element kept with
+ * probability 1 - p and scaled by 1 / (1 - p); the mask is a function of (mask_key, token,
+ * feature), so a forward, its recompute and its backward with the same key agree. */
 typedef struct {
 	const float *a; /* [r, in] */
 	const float *b; /* [out, r] */
 	float *da, *db;
 	int rank;
 	float scale;    /* lora_alpha / r (or / sqrt(r), rsLoRA) */
+	float dropout;  /* in [0, 1); 0: none */
+	uint64_t mask_key;
 } tier_lora_ref;
 
-/* Floats of scratch that tier_linear_fwd and _bwd need: 2 * T * rank (0 without LoRA). */
-size_t tier_linear_ws_floats(int T, const tier_lora_ref *lora);
+/* Floats of scratch that tier_linear_fwd and _bwd need: 2 * T * rank, plus T * in with dropout
+ * (0 without LoRA). */
+size_t tier_linear_ws_floats(int T, int in, const tier_lora_ref *lora);
+/* 1 when element (t, i) of the input is kept by the dropout mask of (key, p). */
+int tier_lora_keep(uint64_t key, float p, int64_t t, int64_t i);
 /* y [T, out] = x W^T + scale (x A^T) B^T. ws: tier_linear_ws_floats floats (NULL when 0). */
 int tier_linear_fwd(tier_dev *dev, int T, int in, int out, const float *x, const float *w,
 		    const tier_lora_ref *lora, float *y, float *ws);
@@ -80,7 +88,8 @@ typedef struct {
 	float alpha;        /* lora_alpha; scale = alpha / r, or alpha / sqrt(r) with use_rslora */
 	int use_rslora;
 	unsigned targets;   /* TIER_LORA_* bits */
-	float dropout;      /* lora_dropout: only 0 is supported (-ENOTSUP otherwise, see docs) */
+	float dropout;      /* lora_dropout in [0, 1): attention and dense-MLP targets on the CPU (-ENOTSUP for
+	                     * expert targets, as PEFT's fused experts, and on CUDA so far) */
 	uint64_t seed;      /* A: kaiming-uniform(a=sqrt(5)) as PEFT, i.e. U(-1/sqrt(in), 1/sqrt(in)) */
 	float init_b_std;   /* 0: B = 0 as PEFT; > 0: B ~ N(0, std) (tests, golden fixtures) */
 } tier_lora_cfg;
@@ -90,9 +99,9 @@ void tier_lora_cfg_init(tier_lora_cfg *c); /* r 8, alpha 16, q,k,v,o,experts, dr
  * A qwen3_moe (or mixtral) model whose weights are store objects: one DENSE frozen object per (layer, tensor)
  * (norms, q/k/v/o, q/k norms, router, dense MLP), one EXPERT frozen object per (layer, expert)
  * holding gate [I, H], up [I, H], down [H, I] back to back; embed_tokens, model.norm and lm_head
- * (the embedding itself when tied) DENSE frozen. LoRA: one LORA object of parameters per group
- * (a layer's attention projections, its dense MLP, or one expert), one LORA object of gradients
- * and one OPTIM object of AdamW moments (m then v) per group. */
+ * (the embedding itself when tied) DENSE frozen. LoRA: one LORA object of parameters, one LORA
+ * object of gradients and one OPTIM object of AdamW moments per group (a layer's attention
+ * projections or its dense MLP), and one such set per layer for all its experts' groups. */
 typedef struct tier_model tier_model;
 
 /* The default job's model: 6 layers, H 128, 4 heads / 2 KV heads of 32, 16 experts of I 128, k 2,
