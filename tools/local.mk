@@ -1,7 +1,7 @@
 ## tools/local.mk - the programs: tier-stat (watch a job's store), tier-run (the LoRA trainer;
 ## `tier-run --store-demo` is the store demonstration), tier-bench (benchmarks, one subcommand per part).
 bin_PROGRAMS += tier-stat tier-run tier-bench
-tier_stat_SOURCES = tools/tier-stat.c tools/stat_report.c tools/stat_report.h tools/stat_plot.c
+tier_stat_SOURCES = tools/tier-stat.c tools/stat_ranks.c tools/stat_ranks.h tools/stat_report.c tools/stat_report.h tools/stat_plot.c
 tier_stat_LDADD = libtier.la $(TIER_DEP_LIBS) $(CAIRO_LIBS)
 tier_run_SOURCES = tools/tier-run.c tools/store_demo.c tools/stats_log.c tools/stats_log.h
 tier_run_CPPFLAGS = $(AM_CPPFLAGS) -DTIER_PKGDATADIR='"$(pkgdatadir)"'
