@@ -8,53 +8,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "core/decoder.h"
+#include "core/trainer.h"
 #include "core/dec_ops.h"
 #include "core/ops_cuda.h"
 #include "tier/formats.h"
-#include "tier/cache.h"
-#include "tier/loss.h"
-
-struct tier_trainer {
-	tier_model *m;
-	tier_train_cfg c;
-	dec_shape sh;
-	dec_bufs b;
-	tier_object *scratch;  /* ACT, discardable: the buffers above, the loss's lse and workspace */
-	tier_object **ckpt;    /* [L + 1] ACT: the input of each layer (ckpt[L]: the last output) */
-	size_t dec_bytes, loss_ws;
-	tier_loss_params lp;
-	float *gcur, *gnext, *lse, *hn;  /* in scratch: gradient ping-pong [T, H], loss lse [T], final norm [T, H] */
-	void *lws;
-	pinset ps;             /* the current operation's pins */
-	size_t op;             /* index into the schedule */
-	int64_t step;
-	int32_t *counts;       /* [E] */
-	int64_t *lcounts;      /* [L E]: tokens routed to each expert by the last step's (or eval's) forwards */
-	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
-	uint64_t min_hbm, hbm_cap;
-	/* CUDA: bf16 copies of one layer's LoRA (l16, in scratch) made by one batched conversion
-	 * (host segment lists cv_*, device table cvt); tokens, labels and the loss's scalars in device
-	 * memory; hidx: the router's choices copied back to count tokens per expert. */
-	uint16_t *l16;
-	size_t l16_off;
-	void *cvt;
-	const float **cv_src;
-	uint16_t **cv_dst;
-	size_t *cv_len;
-	int cv_n;
-	int32_t *tok_d, *lab_d, *hidx;
-	float *loss_d;
-	int64_t *count_d;
-	double *acc_d;
-	uint64_t part[TIER_NPARTS], mark; /* time by part of the step; the current part's start */
-	tier_cache *cache;                /* the operator cache (NULL: full recompute) */
-	int offer;                        /* a training forward: offer its results to the cache */
-	int training;                     /* a training step (LoRA dropout on), not an evaluation */
-	uint64_t op_seq;                  /* operations ended (pin_group's cache key); starts at 1 */
-	uint32_t mb;                      /* the current micro-batch (the cache's key) */
-	int profile;                      /* $TIER_PROFILE: wait for the device at the end of each part */
-};
 
 const char *tier_step_part_name(int part)
 {
@@ -64,7 +21,7 @@ const char *tier_step_part_name(int part)
 }
 
 /* Charge the time since the last mark to `part`. */
-static void charge(tier_trainer *t, int part)
+void trainer_charge(tier_trainer *t, int part)
 {
 	if (t->profile)
 		tier_dev_sync(t->m->dev);
@@ -74,7 +31,7 @@ static void charge(tier_trainer *t, int part)
 }
 
 /* pin() with its time counted (PIN overlaps the part it happens in). */
-static int tpin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, float **p)
+int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, float **p)
 {
 	uint64_t t0 = tier_now_ns();
 	int rc = pin(&t->ps, o, flags, dirty, p);
@@ -101,81 +58,6 @@ static int check_cfg(const tier_train_cfg *c)
 		return tier_fail(-EINVAL, "training: lr >= 0, min_lr_ratio in [0, 1], betas in [0, 1), eps > 0, weight "
 				 "decay >= 0 and clip >= 0 are required");
 	return 0;
-}
-
-/* ---- The schedule ---------------------------------------------------------------------------- */
-enum { OP_EMBED, OP_FWD, OP_LOSS, OP_BWD, OP_OPTIM };
-
-static size_t add_ids(uint64_t *ids, size_t n, tier_object *o)
-{
-	if (o)
-		ids[n++] = tier_obj_id(o);
-	return n;
-}
-
-static size_t group_ids(uint64_t *ids, size_t n, const lora_group *g, int grads)
-{
-	if (!g || g->own != g) /* a member of a layer's expert set: its owner lists the objects */
-		return n;
-	n = add_ids(ids, n, g->param);
-	return grads ? add_ids(ids, n, g->grad) : n;
-}
-
-/* The objects of layer l's forward (bwd = 1: backward) operation. */
-static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
-{
-	const tier_model *m = t->m;
-	const model_layer *ly = &m->layers[l];
-	size_t n = 0;
-	for (int s = 0; s < W_NSLOTS; s++)
-		n = add_ids(ids, n, ly->w[s]);
-	n = group_ids(ids, n, ly->attn, bwd);
-	n = group_ids(ids, n, ly->mlp, bwd);
-	for (int e = 0; ly->moe && e < m->E; e++) {
-		n = add_ids(ids, n, ly->experts[e]);
-		n = group_ids(ids, n, ly->exp ? ly->exp[e] : NULL, bwd);
-	}
-	n = add_ids(ids, n, t->ckpt[l]);
-	return bwd ? n : add_ids(ids, n, t->ckpt[l + 1]);
-}
-
-static int set_schedule(tier_trainer *t)
-{
-	tier_model *m = t->m;
-	int L = m->L, per = L * 2 + 2, nops = per * t->c.micro_batches + 1;
-	size_t cap = (size_t)W_NSLOTS + 4 + 4 * (size_t)m->E + 3 * m->n_groups + 8;
-	tier_sched_op *ops = calloc((size_t)nops, sizeof *ops);
-	uint64_t *pool = calloc((size_t)per * cap + 3 * m->n_groups + 8, sizeof *pool), *p = pool;
-	if (!ops || !pool) {
-		free(ops);
-		free(pool);
-		return tier_fail(-ENOMEM, "out of memory for the step schedule");
-	}
-	for (int i = 0; i < per; i++) {
-		size_t n = 0;
-		if (i == 0) {
-			n = add_ids(p, add_ids(p, 0, m->embed), t->ckpt[0]);
-		} else if (i <= L) {
-			n = layer_ids(t, i - 1, 0, p);
-		} else if (i == L + 1) {
-			n = add_ids(p, add_ids(p, add_ids(p, 0, m->norm), m->lm_head), t->ckpt[L]);
-		} else {
-			n = layer_ids(t, 2 * L + 1 - i, 1, p);
-		}
-		for (int mb = 0; mb < t->c.micro_batches; mb++)
-			ops[mb * per + i] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
-		p += n;
-	}
-	size_t n = 0;
-	for (size_t g = 0; g < m->n_groups; g += m->groups[g].n_members) {
-		n = group_ids(p, n, &m->groups[g], 1);
-		n = add_ids(p, n, m->groups[g].optim);
-	}
-	ops[nops - 1] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
-	int rc = tier_store_set_schedule(m->s, ops, (size_t)nops, 1);
-	free(ops);
-	free(pool);
-	return rc;
 }
 
 /* ---- Creation ---------------------------------------------------------------------------------- */
@@ -219,17 +101,6 @@ static uint64_t dev_extra_bytes(const tier_trainer *t)
 		most = layer_lora_floats(m, l) > most ? layer_lora_floats(m, l) : most;
 	return tier_align_up(2 * (most + 64), 256) + tier_align_up(opsc_many_table_bytes(m->E + 2), 256) +
 	       2 * tier_align_up(sizeof(int32_t) * T, 256) + 256;
-}
-
-static int cache_open(tier_trainer *t)
-{
-	if (!t->c.opcache || !*t->c.opcache)
-		return 0;
-	tier_cache_config cc;
-	int rc = tier_cache_config_parse(t->c.opcache, &cc);
-	if (rc)
-		return tier_fail(rc, "--op-cache: %s", tier_last_error());
-	return tier_cache_create(&t->cache, t->m->s, t->m->dev, &cc, NULL);
 }
 
 int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **out)
@@ -295,7 +166,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 			       tier_format_size(t->min_hbm, need, sizeof need));
 		goto fail;
 	}
-	if ((rc = set_schedule(t)) || (rc = cache_open(t)))
+	if ((rc = trainer_set_schedule(t)) || (rc = trainer_cache_open(t)))
 		goto fail;
 	*out = t;
 	return 0;
@@ -440,13 +311,13 @@ static int pin_group(tier_trainer *t, lora_group *g, int grads, float **param, f
 		own->pin_param = own->pin_grad = NULL;
 		own->pin_seq = t->op_seq;
 	}
-	if (!own->pin_param && (rc = tpin(t, own->param, 0, 0, &own->pin_param)))
+	if (!own->pin_param && (rc = trainer_pin(t, own->param, 0, 0, &own->pin_param)))
 		return rc;
 	*param = own->pin_param + g->off;
 	if (!grads)
 		return 0;
 	if (!own->pin_grad) { /* the first use in a step zeroes the whole object (every member's part) */
-		if ((rc = tpin(t, own->grad, own->zeroed ? 0 : TIER_ACQ_INIT, 1, &own->pin_grad)))
+		if ((rc = trainer_pin(t, own->grad, own->zeroed ? 0 : TIER_ACQ_INIT, 1, &own->pin_grad)))
 			return rc;
 		if (!own->zeroed && (rc = tier_dev_memset(t->m->dev, own->pin_grad, 0, sizeof(float) * own->n_total)))
 			return rc;
@@ -468,7 +339,7 @@ static int pin_dense(tier_trainer *t, int l, int grads, dec_weights *w)
 	for (int s = 0; s < W_NSLOTS; s++) {
 		if (!ly->w[s])
 			continue;
-		if ((rc = tpin(t, ly->w[s], 0, 0, &p)))
+		if ((rc = trainer_pin(t, ly->w[s], 0, 0, &p)))
 			return rc;
 		w->w[s] = p;
 	}
@@ -509,7 +380,7 @@ static int pin_experts(tier_trainer *t, int l, int grads, dec_weights *w)
 		if (!t->counts[e])
 			continue;
 		float *p, *g;
-		if ((rc = tpin(t, ly->experts[e], 0, 0, &p)))
+		if ((rc = trainer_pin(t, ly->experts[e], 0, 0, &p)))
 			return rc;
 		/* gate, up, down back to back, in the weights' element type */
 		gate[e] = p, up[e] = (const float *)((const char *)p + m->wsz * I * H);
@@ -529,80 +400,29 @@ static int pin_experts(tier_trainer *t, int l, int grads, dec_weights *w)
 	return lora_convert(t);
 }
 
-/* ---- The operator cache: two entries per layer and micro-batch, the halves of dec_bufs.save ---- */
-static tier_cache_key ckey(const tier_trainer *t, int l, int half)
-{
-	return (tier_cache_key){ .layer = (uint32_t)l, .op = (uint32_t)half, .microbatch = t->mb };
-}
-
-/* What recomputing a half costs (the cache weighs it against the bytes it would hold). */
-static tier_op_cost half_cost(const tier_trainer *t, int l, int half)
-{
-	const tier_model *m = t->m;
-	double T = t->sh.T, H = m->H, qd = (double)m->nh * m->hd, kvd = (double)m->nkv * m->hd;
-	tier_op_cost c = { .kind = TIER_OP_MATMUL, .bytes = (double)t->b.save_bytes[half] };
-	if (half == 0) /* q, k, v, o projections and causal attention (half of the seq x seq scores) */
-		c.kind = TIER_OP_ATTENTION, c.flops = 2 * T * H * (qd + 2 * kvd) + 2 * T * qd * H + 2 * T * t->sh.seq * qd;
-	else if (m->layers[l].moe)
-		c.kind = TIER_OP_GROUPED_GEMM, c.flops = 2 * T * m->k * 3 * H * m->Ie + 2 * T * H * m->E;
-	else
-		c.flops = 2 * T * 3 * H * m->I;
-	return c;
-}
-
-static int cache_offer(tier_trainer *t, int l)
-{
-	for (int h = 0; h < 2 && t->cache; h++) {
-		tier_op_cost c = half_cost(t, l, h);
-		int rc = t->b.save_bytes[h] ? tier_cache_offer(t->cache, ckey(t, l, h), t->b.save[h], t->b.save_bytes[h],
-							       &c, tier_dev_stream(t->m->dev), NULL) : 0;
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
-/* Backward: bring half h of layer l's forward back from the cache. 1 when restored, 0 when it
- * must be recomputed (a miss) or on an error (*rc set). */
-static int cache_restore(tier_trainer *t, int l, int h, int *rc)
-{
-	void *p;
-	if (!t->cache || *rc)
-		return 0;
-	int r = tier_cache_get(t->cache, ckey(t, l, h), &p);
-	if (r)
-		return *rc = r < 0 ? r : 0, 0;
-	/* the entry is freed on release: the copy must be done by then */
-	if (!(*rc = dop_copy(t->m, t->b.save[h], p, t->b.save_bytes[h])))
-		*rc = tier_dev_sync(t->m->dev);
-	int r2 = tier_cache_release(t->cache, ckey(t, l, h), 1);
-	*rc = *rc ? *rc : r2;
-	return !*rc;
-}
-
 /* Forward of layer l from its input x into out (NULL: backward's recompute, out into b->mo only,
  * each half taken from the operator cache when it kept it). */
 static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *out, dec_weights *w)
 {
 	tier_model *m = t->m;
 	int rc = pin_dense(t, l, grads, w), bwd = out == NULL;
-	if (!(bwd && cache_restore(t, l, 0, &rc)) && !rc)
+	if (!(bwd && trainer_cache_restore(t, l, 0, &rc)) && !rc)
 		rc = dec_attn_fwd(m, &t->sh, x, w, &t->b);
 	if (rc)
 		return rc;
-	charge(t, TIER_PART_ATTN_FWD);
+	trainer_charge(t, TIER_PART_ATTN_FWD);
 	if (m->layers[l].moe && (rc = pin_experts(t, l, grads, w)))
 		return rc;
-	charge(t, TIER_PART_ROUTE);
-	if (!(bwd && cache_restore(t, l, 1, &rc)) && !rc)
+	trainer_charge(t, TIER_PART_ROUTE);
+	if (!(bwd && trainer_cache_restore(t, l, 1, &rc)) && !rc)
 		rc = dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out ? out : t->b.dtmp);
-	charge(t, TIER_PART_MLP_FWD);
+	trainer_charge(t, TIER_PART_MLP_FWD);
 	return rc;
 }
 
 /* End an operation: wait for its kernels (the store may move or reuse what is released), then
  * release its pins. */
-static int op_end(tier_trainer *t, int rc)
+int trainer_op_end(tier_trainer *t, int rc)
 {
 	t->op_seq++; /* the sets' cached addresses (pin_group) die with the pins */
 	int r1 = tier_dev_sync(t->m->dev), r2 = pin_release_all(&t->ps);
@@ -636,13 +456,13 @@ static int op_embed(tier_trainer *t, const int32_t *tokens)
 	float *e, *x;
 	at_op(t);
 	const int32_t *tok;
-	int rc = tpin(t, t->m->embed, 0, 0, &e);
-	if (!rc && !(rc = tpin(t, t->ckpt[0], TIER_ACQ_INIT, 1, &x)) &&
+	int rc = trainer_pin(t, t->m->embed, 0, 0, &e);
+	if (!rc && !(rc = trainer_pin(t, t->ckpt[0], TIER_ACQ_INIT, 1, &x)) &&
 	    !(rc = to_dev_ints(t, tokens, t->tok_d, (size_t)t->sh.T, &tok)))
 		rc = t->m->cuda ? opsc_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, (const opsc_bf16 *)e, x)
 				: tier_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, e, x);
-	rc = op_end(t, rc);
-	charge(t, TIER_PART_EMBED);
+	rc = trainer_op_end(t, rc);
+	trainer_charge(t, TIER_PART_EMBED);
 	return rc;
 }
 
@@ -651,18 +471,18 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 	float *x, *y;
 	dec_weights w;
 	at_op(t);
-	int rc = tpin(t, t->ckpt[l], 0, 0, &x);
-	if (!rc && !(rc = tpin(t, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y)))
+	int rc = trainer_pin(t, t->ckpt[l], 0, 0, &x);
+	if (!rc && !(rc = trainer_pin(t, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y)))
 		rc = layer_fwd(t, l, 0, x, y, &w);
 	if (!rc && t->offer)
-		rc = cache_offer(t, l);
+		rc = trainer_cache_offer(t, l);
 	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute routes the same again */
 		for (int e = 0; e < t->m->E; e++)
 			t->lcounts[(size_t)l * t->m->E + e] += t->counts[e];
 	if (!rc && hidden)
 		rc = get_f32(t, hidden, y, (size_t)t->sh.T * t->m->H, 0);
-	rc = op_end(t, rc);
-	charge(t, TIER_PART_MLP_FWD);
+	rc = trainer_op_end(t, rc);
+	trainer_charge(t, TIER_PART_MLP_FWD);
 	return rc;
 }
 
@@ -675,12 +495,12 @@ static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grad
 	const int32_t *lab;
 	int T = t->sh.T, rc;
 	at_op(t);
-	if ((rc = tpin(t, m->norm, 0, 0, &nw)) || (rc = tpin(t, m->lm_head, 0, 0, &W)) ||
-	    (rc = tpin(t, t->ckpt[m->L], 0, 0, &x)) || (rc = to_dev_ints(t, labels, t->lab_d, (size_t)T, &lab)) ||
+	if ((rc = trainer_pin(t, m->norm, 0, 0, &nw)) || (rc = trainer_pin(t, m->lm_head, 0, 0, &W)) ||
+	    (rc = trainer_pin(t, t->ckpt[m->L], 0, 0, &x)) || (rc = to_dev_ints(t, labels, t->lab_d, (size_t)T, &lab)) ||
 	    (rc = dop_norm(m, T, m->H, x, nw, t->hn, t->b.r1)))
-		return op_end(t, rc);
+		return trainer_op_end(t, rc);
 	if (hidden && (rc = get_f32(t, hidden, t->hn, (size_t)T * m->H, 1)))
-		return op_end(t, rc);
+		return trainer_op_end(t, rc);
 	if (grads)
 		rc = tier_loss_fwd_bwd(m->dev, &t->lp, t->hn, W, lab, dloss, t->lse, lossp, countp, t->b.dtmp, NULL,
 				       t->lws, t->loss_ws);
@@ -690,8 +510,8 @@ static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grad
 		rc = dop_norm_bwd(m, T, m->H, x, nw, t->b.r1, t->b.dtmp, t->gcur);
 	if (!rc && m->cuda)
 		rc = core_get(m, loss, t->loss_d, sizeof *loss);
-	rc = op_end(t, rc);
-	charge(t, TIER_PART_LOSS);
+	rc = trainer_op_end(t, rc);
+	trainer_charge(t, TIER_PART_LOSS);
 	return rc;
 }
 
@@ -702,16 +522,16 @@ static int op_bwd(tier_trainer *t, int l, float d_aux)
 	at_op(t);
 	if (t->cache && l > 0) /* the next layer's entries, if they spilled to DDR, come back meanwhile */
 		tier_cache_prefetch_backward(t->cache, (uint32_t)l - 1, t->mb);
-	int rc = tpin(t, t->ckpt[l], 0, 0, &x);
+	int rc = trainer_pin(t, t->ckpt[l], 0, 0, &x);
 	if (!rc && !(rc = layer_fwd(t, l, 1, x, NULL, &w)) &&
 	    !(rc = dec_mlp_bwd(t->m, &t->sh, t->m->layers[l].moe, &w, &t->b, t->gcur, d_aux))) {
-		charge(t, TIER_PART_MLP_BWD);
+		trainer_charge(t, TIER_PART_MLP_BWD);
 		rc = dec_attn_bwd(t->m, &t->sh, x, &w, &t->b, t->gcur, t->gnext);
 	}
 	float *s = t->gcur;
 	t->gcur = t->gnext, t->gnext = s;
-	rc = op_end(t, rc);
-	charge(t, TIER_PART_ATTN_BWD);
+	rc = trainer_op_end(t, rc);
+	trainer_charge(t, TIER_PART_ATTN_BWD);
 	return rc;
 }
 
@@ -725,9 +545,9 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 	int rc = op_embed(t, tok);
 	if (!rc && hidden) {
 		float *x;
-		if (!(rc = tpin(t, t->ckpt[0], 0, 0, &x)))
+		if (!(rc = trainer_pin(t, t->ckpt[0], 0, 0, &x)))
 			rc = get_f32(t, hidden, x, th, 0);
-		rc = op_end(t, rc);
+		rc = trainer_op_end(t, rc);
 	}
 	for (int l = 0; l < m->L && !rc; l++) {
 		rc = op_fwd(t, l, hidden ? hidden + (l + 1) * th : NULL);
@@ -739,109 +559,6 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 	for (int l = m->L - 1; l >= 0 && !rc && grads; l--)
 		rc = op_bwd(t, l, dloss);
 	return rc;
-}
-
-/* ---- AdamW ------------------------------------------------------------------------------------- */
-static float lr_at(const tier_train_cfg *c, int64_t s)
-{
-	if (s < c->warmup)
-		return c->lr * (float)(s + 1) / (float)c->warmup;
-	double span = c->steps - c->warmup, prog = span > 0 ? (double)(s - c->warmup) / span : 1.0;
-	prog = prog > 1 ? 1 : prog;
-	double cosv = 0.5 * (1.0 + cos(M_PI * prog));
-	return (float)(c->lr * (c->min_lr_ratio + (1.0 - c->min_lr_ratio) * cosv));
-}
-
-/* The optimizer's walks over the groups pin a batch of groups per operation (one wait on the
- * device per batch, not per group): up to OPT_BATCH groups and an eighth of the HBM budget. */
-#define OPT_BATCH 256
-
-static int batch_full(tier_trainer *t, int *n, uint64_t *bytes, uint64_t add)
-{
-	*bytes += add;
-	if (++*n < OPT_BATCH && *bytes < t->hbm_cap / 8)
-		return 0;
-	*n = 0, *bytes = 0;
-	return 1;
-}
-
-static int grad_norm(tier_trainer *t, double *out)
-{
-	tier_model *m = t->m;
-	double ss = 0.0;
-	int rc = m->cuda ? tier_dev_memset(m->dev, t->acc_d, 0, sizeof(double)) : 0, in_batch = 0;
-	uint64_t bytes = 0;
-	/* whole gradient objects: the parts of experts that got no tokens were zeroed with the rest */
-	for (size_t i = 0; i < m->n_groups && !rc; i += m->groups[i].n_members) {
-		lora_group *g = &m->groups[i];
-		float *p;
-		if (!g->zeroed)
-			continue;
-		if ((rc = tpin(t, g->grad, 0, 0, &p)))
-			break;
-		if (m->cuda)
-			rc = opsc_sumsq(m->dev, g->n_total, p, t->acc_d);
-		else
-			for (size_t j = 0; j < g->n_total; j++)
-				ss += (double)p[j] * p[j];
-		if (!rc && batch_full(t, &in_batch, &bytes, tier_obj_size(g->grad)))
-			rc = op_end(t, 0);
-	}
-	if (!rc && m->cuda)
-		rc = core_get(m, &ss, t->acc_d, sizeof ss);
-	rc = op_end(t, rc);
-	*out = sqrt(ss);
-	return rc;
-}
-
-/* PyTorch's AdamW: p *= 1 - lr wd; m, v moments; p -= lr mhat / (sqrt(vhat) + eps). Groups whose
- * gradients were never written in the step (experts that got no tokens) are skipped, as PyTorch
- * skips parameters whose grad is None. */
-static void adamw_cpu(const tier_train_cfg *c, size_t n, float *p, const float *gr, float *mm, float *vv, float lr,
-		      float bc1, float bc2, float gscale)
-{
-	float decay = 1.0f - lr * c->weight_decay;
-	for (size_t j = 0; j < n; j++) {
-		float gj = gr[j] * gscale;
-		mm[j] = c->beta1 * mm[j] + (1.0f - c->beta1) * gj;
-		vv[j] = c->beta2 * vv[j] + (1.0f - c->beta2) * gj * gj;
-		p[j] = p[j] * decay - lr * (mm[j] / bc1) / (sqrtf(vv[j] / bc2) + c->eps);
-	}
-}
-
-/* AdamW on one group's part of its set's objects (p, gr, mv: the set's addresses). */
-static int adamw_group(tier_trainer *t, lora_group *g, float *p, float *gr, float *mv, float lr, float gscale)
-{
-	const tier_train_cfg *c = &t->c;
-	g->t++;
-	float bc1 = 1.0f - powf(c->beta1, (float)g->t), bc2 = 1.0f - powf(c->beta2, (float)g->t);
-	p += g->off, gr += g->off, mv += 2 * g->off;
-	if (t->m->cuda)
-		return opsc_adamw(t->m->dev, g->n, p, gr, mv, mv + g->n, lr, c->beta1, c->beta2, c->eps,
-				  1.0f - lr * c->weight_decay, bc1, bc2, gscale);
-	adamw_cpu(c, g->n, p, gr, mv, mv + g->n, lr, bc1, bc2, gscale);
-	return 0;
-}
-
-static int adamw(tier_trainer *t, float lr, float gscale)
-{
-	int rc = 0, in_batch = 0;
-	uint64_t bytes = 0;
-	for (size_t i = 0; i < t->m->n_groups && !rc; i += t->m->groups[i].n_members) {
-		lora_group *own = &t->m->groups[i];
-		float *p, *gr, *mv;
-		if (!own->zeroed)
-			continue;
-		if ((rc = tpin(t, own->param, 0, 1, &p)) || (rc = tpin(t, own->grad, 0, 0, &gr)) ||
-		    (rc = tpin(t, own->optim, 0, 1, &mv)))
-			break;
-		for (int j = 0; j < own->n_members && !rc; j++)
-			if (own[j].touched)
-				rc = adamw_group(t, own + j, p, gr, mv, lr, gscale);
-		if (!rc && batch_full(t, &in_batch, &bytes, 4 * tier_obj_size(own->grad)))
-			rc = op_end(t, 0);
-	}
-	return op_end(t, rc);
 }
 
 static int check_tokens(const tier_trainer *t, const int32_t *tokens, const int32_t *labels, size_t n)
@@ -898,14 +615,14 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	}
 	double norm = 0.0;
 	if (!rc)
-		rc = grad_norm(t, &norm);
-	float lr = lr_at(&t->c, t->step);
+		rc = trainer_grad_norm(t, &norm);
+	float lr = trainer_lr_at(&t->c, t->step);
 	float gs = t->c.clip > 0 && norm > t->c.clip ? (float)(t->c.clip / (norm + 1e-6)) : 1.0f;
 	if (!rc) {
 		at_op(t);
-		rc = adamw(t, lr, gs);
+		rc = trainer_adamw(t, lr, gs);
 	}
-	charge(t, TIER_PART_OPTIM);
+	trainer_charge(t, TIER_PART_OPTIM);
 	memcpy(r->ns_part, t->part, sizeof r->ns_part);
 	int r2 = pin_release_all(&sp);
 	rc = rc ? rc : r2;

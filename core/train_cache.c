@@ -1,0 +1,70 @@
+/* train_cache.c - the operator cache under the training step: two entries per layer and
+ * micro-batch, the halves of dec_bufs.save (docs/trainer.md). */
+#include "config.h"
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/trainer.h"
+#include "core/dec_ops.h"
+
+int trainer_cache_open(tier_trainer *t)
+{
+	if (!t->c.opcache || !*t->c.opcache)
+		return 0;
+	tier_cache_config cc;
+	int rc = tier_cache_config_parse(t->c.opcache, &cc);
+	if (rc)
+		return tier_fail(rc, "--op-cache: %s", tier_last_error());
+	return tier_cache_create(&t->cache, t->m->s, t->m->dev, &cc, NULL);
+}
+
+static tier_cache_key ckey(const tier_trainer *t, int l, int half)
+{
+	return (tier_cache_key){ .layer = (uint32_t)l, .op = (uint32_t)half, .microbatch = t->mb };
+}
+
+/* What recomputing a half costs (the cache weighs it against the bytes it would hold). */
+static tier_op_cost half_cost(const tier_trainer *t, int l, int half)
+{
+	const tier_model *m = t->m;
+	double T = t->sh.T, H = m->H, qd = (double)m->nh * m->hd, kvd = (double)m->nkv * m->hd;
+	tier_op_cost c = { .kind = TIER_OP_MATMUL, .bytes = (double)t->b.save_bytes[half] };
+	if (half == 0) /* q, k, v, o projections and causal attention (half of the seq x seq scores) */
+		c.kind = TIER_OP_ATTENTION, c.flops = 2 * T * H * (qd + 2 * kvd) + 2 * T * qd * H + 2 * T * t->sh.seq * qd;
+	else if (m->layers[l].moe)
+		c.kind = TIER_OP_GROUPED_GEMM, c.flops = 2 * T * m->k * 3 * H * m->Ie + 2 * T * H * m->E;
+	else
+		c.flops = 2 * T * 3 * H * m->I;
+	return c;
+}
+
+int trainer_cache_offer(tier_trainer *t, int l)
+{
+	for (int h = 0; h < 2 && t->cache; h++) {
+		tier_op_cost c = half_cost(t, l, h);
+		int rc = t->b.save_bytes[h] ? tier_cache_offer(t->cache, ckey(t, l, h), t->b.save[h], t->b.save_bytes[h],
+							       &c, tier_dev_stream(t->m->dev), NULL) : 0;
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* Backward: bring half h of layer l's forward back from the cache. 1 when restored, 0 when it
+ * must be recomputed (a miss) or on an error (*rc set). */
+int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc)
+{
+	void *p;
+	if (!t->cache || *rc)
+		return 0;
+	int r = tier_cache_get(t->cache, ckey(t, l, h), &p);
+	if (r)
+		return *rc = r < 0 ? r : 0, 0;
+	/* the entry is freed on release: the copy must be done by then */
+	if (!(*rc = dop_copy(t->m, t->b.save[h], p, t->b.save_bytes[h])))
+		*rc = tier_dev_sync(t->m->dev);
+	int r2 = tier_cache_release(t->cache, ckey(t, l, h), 1);
+	*rc = *rc ? *rc : r2;
+	return !*rc;
+}

@@ -1,0 +1,79 @@
+/* train_sched.c - the training step's schedule for the store: the objects of every operation. */
+#include "config.h"
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/trainer.h"
+
+static size_t add_ids(uint64_t *ids, size_t n, tier_object *o)
+{
+	if (o)
+		ids[n++] = tier_obj_id(o);
+	return n;
+}
+
+static size_t group_ids(uint64_t *ids, size_t n, const lora_group *g, int grads)
+{
+	if (!g || g->own != g) /* a member of a layer's expert set: its owner lists the objects */
+		return n;
+	n = add_ids(ids, n, g->param);
+	return grads ? add_ids(ids, n, g->grad) : n;
+}
+
+/* The objects of layer l's forward (bwd = 1: backward) operation. */
+static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
+{
+	const tier_model *m = t->m;
+	const model_layer *ly = &m->layers[l];
+	size_t n = 0;
+	for (int s = 0; s < W_NSLOTS; s++)
+		n = add_ids(ids, n, ly->w[s]);
+	n = group_ids(ids, n, ly->attn, bwd);
+	n = group_ids(ids, n, ly->mlp, bwd);
+	for (int e = 0; ly->moe && e < m->E; e++) {
+		n = add_ids(ids, n, ly->experts[e]);
+		n = group_ids(ids, n, ly->exp ? ly->exp[e] : NULL, bwd);
+	}
+	n = add_ids(ids, n, t->ckpt[l]);
+	return bwd ? n : add_ids(ids, n, t->ckpt[l + 1]);
+}
+
+int trainer_set_schedule(tier_trainer *t)
+{
+	tier_model *m = t->m;
+	int L = m->L, per = L * 2 + 2, nops = per * t->c.micro_batches + 1;
+	size_t cap = (size_t)W_NSLOTS + 4 + 4 * (size_t)m->E + 3 * m->n_groups + 8;
+	tier_sched_op *ops = calloc((size_t)nops, sizeof *ops);
+	uint64_t *pool = calloc((size_t)per * cap + 3 * m->n_groups + 8, sizeof *pool), *p = pool;
+	if (!ops || !pool) {
+		free(ops);
+		free(pool);
+		return tier_fail(-ENOMEM, "out of memory for the step schedule");
+	}
+	for (int i = 0; i < per; i++) {
+		size_t n = 0;
+		if (i == 0) {
+			n = add_ids(p, add_ids(p, 0, m->embed), t->ckpt[0]);
+		} else if (i <= L) {
+			n = layer_ids(t, i - 1, 0, p);
+		} else if (i == L + 1) {
+			n = add_ids(p, add_ids(p, add_ids(p, 0, m->norm), m->lm_head), t->ckpt[L]);
+		} else {
+			n = layer_ids(t, 2 * L + 1 - i, 1, p);
+		}
+		for (int mb = 0; mb < t->c.micro_batches; mb++)
+			ops[mb * per + i] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
+		p += n;
+	}
+	size_t n = 0;
+	for (size_t g = 0; g < m->n_groups; g += m->groups[g].n_members) {
+		n = group_ids(p, n, &m->groups[g], 1);
+		n = add_ids(p, n, m->groups[g].optim);
+	}
+	ops[nops - 1] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
+	int rc = tier_store_set_schedule(m->s, ops, (size_t)nops, 1);
+	free(ops);
+	free(pool);
+	return rc;
+}

@@ -1,0 +1,74 @@
+/* trainer.h - (internal) the trainer's state and what its sources share: train.c (creation, the
+ * operations, the step), train_sched.c (the step's schedule for the store), train_optim.c (the
+ * gradient norm and AdamW) and train_cache.c (the operator cache's entries). */
+#ifndef TIER_CORE_TRAINER_H
+#define TIER_CORE_TRAINER_H
+
+#include "core/decoder.h"
+#include "tier/cache.h"
+#include "tier/loss.h"
+
+struct tier_trainer {
+	tier_model *m;
+	tier_train_cfg c;
+	dec_shape sh;
+	dec_bufs b;
+	tier_object *scratch;  /* ACT, discardable: the buffers above, the loss's lse and workspace */
+	tier_object **ckpt;    /* [L + 1] ACT: the input of each layer (ckpt[L]: the last output) */
+	size_t dec_bytes, loss_ws;
+	tier_loss_params lp;
+	float *gcur, *gnext, *lse, *hn;  /* in scratch: gradient ping-pong [T, H], loss lse [T], final norm [T, H] */
+	void *lws;
+	pinset ps;             /* the current operation's pins */
+	size_t op;             /* index into the schedule */
+	int64_t step;
+	int32_t *counts;       /* [E] */
+	int64_t *lcounts;      /* [L E]: tokens routed to each expert by the last step's (or eval's) forwards */
+	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
+	uint64_t min_hbm, hbm_cap;
+	/* CUDA: bf16 copies of one layer's LoRA (l16, in scratch) made by one batched conversion
+	 * (host segment lists cv_*, device table cvt); tokens, labels and the loss's scalars in device
+	 * memory; hidx: the router's choices copied back to count tokens per expert. */
+	uint16_t *l16;
+	size_t l16_off;
+	void *cvt;
+	const float **cv_src;
+	uint16_t **cv_dst;
+	size_t *cv_len;
+	int cv_n;
+	int32_t *tok_d, *lab_d, *hidx;
+	float *loss_d;
+	int64_t *count_d;
+	double *acc_d;
+	uint64_t part[TIER_NPARTS], mark; /* time by part of the step; the current part's start */
+	tier_cache *cache;                /* the operator cache (NULL: full recompute) */
+	int offer;                        /* a training forward: offer its results to the cache */
+	int training;                     /* a training step (LoRA dropout on), not an evaluation */
+	uint64_t op_seq;                  /* operations ended (pin_group's cache key); starts at 1 */
+	uint32_t mb;                      /* the current micro-batch (the cache's key) */
+	int profile;                      /* $TIER_PROFILE: wait for the device at the end of each part */
+};
+
+/* train.c: charge the time since the last mark to a part of the step; pin an object for the
+ * current operation (timed); end an operation (wait for the device, release its pins). */
+void trainer_charge(tier_trainer *t, int part);
+int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, float **p);
+int trainer_op_end(tier_trainer *t, int rc);
+
+/* train_sched.c: hand the step's operations (objects, forward then backward, then the optimizer)
+ * to the store's prefetcher and schedule-aware policy. */
+int trainer_set_schedule(tier_trainer *t);
+
+/* train_optim.c: the learning rate of step s; the global LoRA gradient norm; AdamW on every group
+ * that received gradients. */
+float trainer_lr_at(const tier_train_cfg *c, int64_t s);
+int trainer_grad_norm(tier_trainer *t, double *out);
+int trainer_adamw(tier_trainer *t, float lr, float gscale);
+
+/* train_cache.c: the operator cache from the config's rules (none when empty); offer layer l's
+ * forward results; restore half h of them in the backward (1 restored, 0 recompute; *rc on error). */
+int trainer_cache_open(tier_trainer *t);
+int trainer_cache_offer(tier_trainer *t, int l);
+int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc);
+
+#endif
