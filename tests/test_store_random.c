@@ -249,7 +249,13 @@ static void run_policy(tier_policy_kind pol)
 	test_store ts;
 	const char *env = getenv("TIER_STORE_OPS");
 	uint64_t nops = env ? strtoull(env, NULL, 10) : getenv("TIER_VALGRIND") && atoi(getenv("TIER_VALGRIND")) ? 3000 : 100000;
-	uint64_t seed = tier_now_ns() ^ (uint64_t)pol;
+	const char *se = getenv("TIER_TEST_SEED"), *only = getenv("TIER_TEST_POLICY");
+	uint64_t seed = se && *se ? strtoull(se, NULL, 0) : tier_now_ns() ^ (uint64_t)pol;
+	if (only && *only && strcmp(only, tier_policy_name(pol)))
+		skip();
+	/* printed first, so that a failure can be replayed (TIER_TEST_SEED, TIER_TEST_POLICY) */
+	printf("# policy %s: seed %" PRIu64 "\n", tier_policy_name(pol), seed);
+	fflush(stdout);
 	memset(&w, 0, sizeof w);
 	tier_rng_seed(&w.rng, seed);
 	assert_int_equal(test_store_open(&ts, pol, 4u << 20, 8u << 20, 64u << 20, (int)(seed & 1)), 0);
