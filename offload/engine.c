@@ -155,11 +155,48 @@ void job_chunk_done(job *j, int err, const char *fmt, ...)
 		job_finish(j);
 }
 
+/* ---- test hooks: widen the windows in which transfers are in flight ------------------------ */
+
+/* Internal (tests): while `on`, the worker threads start no chunk (those running finish). The
+ * io_uring thread is not held: a test that needs file I/O held creates the engine with no_uring. */
+void offload_hold(tier_offload *off, int on);
+void offload_hold(tier_offload *off, int on)
+{
+	pthread_mutex_lock(&off->mu);
+	off->held = on != 0;
+	pthread_cond_broadcast(&off->cv);
+	pthread_mutex_unlock(&off->mu);
+}
+
+/* Internal (tests): each worker chunk sleeps a random 0..max_us before and after moving its bytes,
+ * and the io_uring thread before each request; 0 turns it off. */
+void offload_jitter(tier_offload *off, unsigned max_us);
+void offload_jitter(tier_offload *off, unsigned max_us)
+{
+	atomic_store(&off->jitter_us, max_us);
+}
+
+void offload_jitter_sleep(tier_offload *off)
+{
+	static _Thread_local uint64_t x;
+	unsigned max = atomic_load(&off->jitter_us);
+	if (!max)
+		return;
+	if (!x)
+		x = tier_now_ns() | 1;
+	x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+	uint64_t ns = (x % ((uint64_t)max + 1)) * 1000u;
+	struct timespec ts = { (time_t)(ns / 1000000000u), (long)(ns % 1000000000u) };
+	while (nanosleep(&ts, &ts) && errno == EINTR)
+		;
+}
+
 static void chunk_run(tier_offload *off, chunk *c)
 {
 	job *j = c->job;
 	char msg[OFF_MSG] = "";
 	int rc = 0;
+	offload_jitter_sleep(off);
 	job_chunk_start(j);
 	if (atomic_load(&j->err)) { /* first error wins: the rest of the transfer is moot */
 		job_chunk_done(j, 0, "%s", "");
@@ -177,6 +214,7 @@ static void chunk_run(tier_offload *off, chunk *c)
 		memcpy((char *)j->x.dst.ptr + c->off, (const char *)j->x.src.ptr + c->off, c->len);
 	if (!rc)
 		link_wait_until(until);
+	offload_jitter_sleep(off);
 	job_chunk_done(j, rc, "%s", msg);
 }
 
@@ -185,7 +223,7 @@ static void *worker_main(void *arg)
 	tier_offload *off = arg;
 	for (;;) {
 		pthread_mutex_lock(&off->mu);
-		while (!off->head && !off->stopping)
+		while ((!off->head || off->held) && !off->stopping)
 			pthread_cond_wait(&off->cv, &off->mu);
 		chunk *c = off->head;
 		if (!c) {

@@ -90,11 +90,13 @@ typedef struct off_cuda off_cuda;
 
 struct tier_offload {
 	tier_offload_config cfg;
-	/* worker pool: a FIFO of chunks. Synchronization: mu guards head, tail, stopping, running. */
+	/* worker pool: a FIFO of chunks. Synchronization: mu guards head, tail, stopping, running, held. */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	chunk *head, *tail;
 	int stopping;
+	int held;                  /* tests (offload_hold): the workers start no chunk while set */
+	atomic_uint jitter_us;     /* tests (offload_jitter): random sleep before and after each chunk */
 	unsigned nthreads;
 	pthread_t *threads;
 	off_link links[TIER_NLINKS];
@@ -117,6 +119,8 @@ void job_chunk_start(job *j);
 /* Book `bytes` on a capped link; returns the time (ns) the booking ends, 0 when uncapped. */
 uint64_t link_book(tier_offload *off, tier_link link, uint64_t bytes);
 void link_wait_until(uint64_t t_ns);
+/* Tests: the random sleep set by offload_jitter (none when off). */
+void offload_jitter_sleep(tier_offload *off);
 /* Resolve a chunk's file and memory ends. */
 void chunk_ends(const chunk *c, int *fd, uint64_t *foff, char **mem, int *is_read);
 

@@ -159,6 +159,7 @@ static void *ring_main(void *arg)
 			wait_head = c->next;
 			if (!wait_head)
 				wait_tail = NULL;
+			offload_jitter_sleep(off);
 			job_chunk_start(c->job);
 			int rc = prep_chunk(off, u, c, sqe);
 			if (rc) {

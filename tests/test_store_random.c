@@ -13,6 +13,8 @@
 #include "tier/tier.h"
 #include "store_util.h"
 
+void offload_jitter(tier_offload *off, unsigned max_us); /* internal: random sleeps in the movers */
+
 #define MAX_OBJS 160
 #define MAX_HELD 3
 #define MAX_LIVE_BYTES (40ull << 20)
@@ -260,6 +262,11 @@ static void run_policy(tier_policy_kind pol)
 	tier_rng_seed(&w.rng, seed);
 	assert_int_equal(test_store_open(&ts, pol, 4u << 20, 8u << 20, 64u << 20, (int)(seed & 1)), 0);
 	w.s = ts.s;
+	/* TIER_TEST_JITTER_US: the movers sleep up to this long around each transfer, so that transfers
+	 * stay in flight across many store calls (the races a busy machine shows once in hundreds of runs) */
+	const char *jit = getenv("TIER_TEST_JITTER_US");
+	if (jit && *jit)
+		offload_jitter(tier_store_offload(w.s), (unsigned)strtoul(jit, NULL, 10));
 	set_schedule(&w);
 	uint64_t t0 = tier_now_ns();
 	for (uint64_t i = 0; i < nops; i++)

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,8 @@
 #include <cmocka.h>
 #include "tier/tier.h"
 #include "store_util.h"
+
+void offload_hold(tier_offload *off, int on); /* internal: the worker threads start no transfer while on */
 
 #define NTHREADS 4
 #define NFROZEN 12
@@ -197,10 +200,75 @@ static void test_threads(void **state)
 	test_store_close(&ts);
 }
 
+typedef struct {
+	tier_store *s;
+	tier_object *o;
+} unhold_arg;
+
+/* Lift the hold once the main thread's acquire has pinned the DDR copy: then the acquire either
+ * returned (sharing the transfer) or waits for it without the lock, whatever the scheduling. */
+static void *unhold_when_pinned(void *p)
+{
+	unhold_arg *a = p;
+	while (tier_obj_pins(a->s, a->o, TIER_DDR) == 0)
+		sched_yield();
+	offload_hold(tier_store_offload(a->s), 0);
+	return NULL;
+}
+
+/* A prefetch still in flight when the object is rewritten carries the old version: an acquire with
+ * a fence must not share it (CI once read a stale DDR copy this way, lfu, "differs at byte 0 in
+ * ddr"). The workers are held so that the prefetch is in flight at the rewrite and the acquire. */
+static void test_stale_prefetch_not_shared(void **state)
+{
+	enum { SIZE = 5114 };
+	char dir[256];
+	const char *dirs[1] = { dir };
+	tier_offload_config oc = { .no_uring = 1 }; /* file reads on the workers, which can be held */
+	tier_store_config cfg = { .capacity = { 1u << 20, 1u << 20, 8u << 20 }, .nvme_dirs = dirs, .n_nvme_dirs = 1,
+				  .policy = TIER_POLICY_LFU, .offload_config = &oc };
+	tier_store *s;
+	tier_object *o;
+	void *addr, *hbm;
+	tier_fence *f = NULL;
+	(void)state;
+	assert_int_equal(test_tmpdir(dir, sizeof dir), 0);
+	assert_int_equal(tier_store_create(&s, &cfg), 0);
+	assert_int_equal(tier_obj_create(s, SIZE, TIER_CLASS_EXPERT, 0, &o), 0);
+	assert_int_equal(tier_acquire(s, o, TIER_HBM, TIER_ACQ_INIT, &addr, NULL), 0);
+	tier_pattern_fill(addr, SIZE, 1, 0);
+	assert_int_equal(tier_release(s, o, TIER_HBM, 1), 0);
+	assert_int_equal(tier_migrate(s, o, TIER_NVME), 0); /* version 1 in NVMe only */
+	assert_int_equal(tier_acquire(s, o, TIER_HBM, 0, &hbm, NULL), 0); /* held for writing */
+	offload_hold(tier_store_offload(s), 1);
+	assert_int_equal(tier_prefetch(s, o, TIER_DDR), 0); /* reads version 1 from NVMe, held */
+	tier_pattern_fill(hbm, SIZE, 2, 0);
+	assert_int_equal(tier_release(s, o, TIER_HBM, 1), 0); /* version 2: the prefetch is stale */
+	pthread_t th;
+	unhold_arg a = { s, o };
+	assert_int_equal(pthread_create(&th, NULL, unhold_when_pinned, &a), 0);
+	int rc = tier_acquire(s, o, TIER_DDR, 0, &addr, &f);
+	pthread_join(th, NULL);
+	assert_int_equal(rc, 0);
+	if (f) {
+		assert_int_equal(tier_fence_wait(f), 0);
+		tier_fence_put(f);
+	}
+	size_t good = tier_pattern_check(addr, SIZE, 2, 0);
+	if (good != SIZE)
+		fail_msg("the DDR copy differs from version 2 at byte %zu (%s)", good,
+			 tier_pattern_check(addr, SIZE, 1, 0) == SIZE ? "it is version 1: the stale prefetch was shared" : "garbage");
+	assert_int_equal(tier_release(s, o, TIER_DDR, 0), 0);
+	assert_int_equal(tier_store_check(s), 0);
+	tier_store_destroy(s);
+	assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_threads),
+		cmocka_unit_test(test_stale_prefetch_not_shared),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

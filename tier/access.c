@@ -238,7 +238,12 @@ static int acquire_locked(tier_store *s, tier_object *o, tier_id t, unsigned fla
 			if (o->copy[u].filling)
 				return tier_fail(-EBUSY, "object %" PRIu64 " is being filled (TIER_ACQ_INIT in %s not yet released)",
 						 o->id, tier_name((tier_id)u));
-		if (c->state == TIER_COPY_LOADING && !c->failed && (!fence || flags & TIER_ACQ_INIT)) {
+		/* A transfer started before the object's last dirty release carries the old version
+		 * (c->version < o->version): it will settle stale, so it is waited for (its extent cannot be
+		 * reused before) and never shared through the fence below. Sharing it returned the old
+		 * bytes as current whenever the transfer outlived the rewrite (seen once in CI). */
+		int stale = c->version != o->version;
+		if (c->state == TIER_COPY_LOADING && !c->failed && (!fence || flags & TIER_ACQ_INIT || stale)) {
 			if (tries >= 3)
 				return tier_fail(-EBUSY, "object %" PRIu64 " keeps being reloaded into %s by other threads: retry",
 						 o->id, tier_name(t));
@@ -266,7 +271,7 @@ static int acquire_locked(tier_store *s, tier_object *o, tier_id t, unsigned fla
 			s->cls[t][o->cls].hits++;
 			return pin_out(s, c, addr);
 		}
-		if (c->state == TIER_COPY_LOADING && !c->failed) { /* fence out: share the transfer */
+		if (c->state == TIER_COPY_LOADING && !c->failed) { /* fence out: share the (current) transfer */
 			if (c->prefetched)
 				s->pf.late++;
 			c->prefetched = 0;
