@@ -4,15 +4,7 @@
 # one hang cannot eat the lease. usage: bench/gpu-session.sh BUILD_DIR OUT_DIR
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
-export TIER_TEST_SRCDIR=$PWD
-sum="$out/summary.txt"; : > "$sum"
-step() { # limit name command...
-	local lim=$1 name=$2; shift 2
-	local t0=$SECONDS
-	timeout "$lim" "$@" > "$out/$name.log" 2>&1; local rc=$?
-	printf '%-22s rc=%-3d %4ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$sum"
-}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+. "$(dirname "$0")/session-lib.sh"
 d=$(mktemp -d /tmp/tier-nvme.XXXXXX)
 for t in test_base test_backend test_offload test_offload_cuda test_loss_cuda test_attn_cuda \
 	 test_moe_router test_moe_layer test_moe_cuda; do

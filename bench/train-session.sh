@@ -7,16 +7,8 @@
 set -u
 b=${1:?build dir}; out=${2:?out dir}; steps=${3:-6}; batch=${4:-1}; mkdir -p "$out"
 stages=${STAGES:-tests,a,b,c}
-export TIER_TEST_SRCDIR=$PWD
-sum="$out/summary.txt"; : > "$sum"
-step() { # limit name command...
-	local lim=$1 name=$2; shift 2
-	local t0=$SECONDS
-	timeout "$lim" "$@" > "$out/$name.log" 2>&1; local rc=$?
-	printf '%-22s rc=%-3d %4ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$sum"
-}
+. "$(dirname "$0")/session-lib.sh"
 has() { case ",$stages," in *",$1,"*) return 0;; esac; return 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 if has tests; then
 	for t in test_ops_cuda test_golden_cuda test_loss_cuda test_attn_cuda test_moe_cuda; do
 		step 120 "$t" "$b/tests/$t"

@@ -442,9 +442,9 @@ static int put_bf16(tier_model *m, void *dst, const float *h, size_t n)
 	uint16_t *b = malloc(2 * (n ? n : 1));
 	if (!b)
 		return tier_fail(-ENOMEM, "out of host memory to convert %zu values to bf16", n);
-	for (size_t i = 0; i < n; i++)
-		b[i] = tier_f32_to_bf16(h[i]);
-	int rc = core_put(m, dst, b, 2 * n);
+	int rc = tier_dtype_convert(b, TIER_DT_BF16, h, TIER_DT_F32, n);
+	if (!rc)
+		rc = core_put(m, dst, b, 2 * n);
 	free(b);
 	return rc;
 }

@@ -89,9 +89,10 @@ static size_t layer_lora_floats(const tier_model *m, int l)
 	return n;
 }
 
-/* Scratch bytes the CUDA path adds: bf16 LoRA copies of the largest layer, the conversion table,
- * tokens, labels and the loss's scalars. 0 on the CPU. */
-static uint64_t dev_extra_bytes(const tier_trainer *t)
+/* The scratch the CUDA path adds after the loss workspace: bf16 LoRA copies of the largest layer,
+ * the conversion table, tokens, labels and the loss's scalars. Carved at c (NULL: only counted);
+ * returns its bytes, 0 on the CPU. */
+static uint64_t dev_extra(tier_trainer *t, char *c)
 {
 	const tier_model *m = t->m;
 	if (!m->cuda)
@@ -99,8 +100,20 @@ static uint64_t dev_extra_bytes(const tier_trainer *t)
 	size_t most = 0, T = (size_t)t->sh.T;
 	for (int l = 0; l < m->L; l++)
 		most = layer_lora_floats(m, l) > most ? layer_lora_floats(m, l) : most;
-	return tier_align_up(2 * (most + 64), 256) + tier_align_up(opsc_many_table_bytes(m->E + 2), 256) +
-	       2 * tier_align_up(sizeof(int32_t) * T, 256) + 256;
+	struct { void **p; uint64_t bytes; } part[] = {
+		{ (void **)&t->l16, 2 * (most + 64) }, { &t->cvt, opsc_many_table_bytes(m->E + 2) },
+		{ (void **)&t->tok_d, sizeof(int32_t) * T }, { (void **)&t->lab_d, sizeof(int32_t) * T },
+		{ (void **)&t->acc_d, 256 }, /* acc_d, then loss_d and count_d in the same 256 bytes */
+	};
+	uint64_t off = 0;
+	for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {
+		if (c)
+			*part[i].p = c + off;
+		off += tier_align_up(part[i].bytes, 256);
+	}
+	if (c)
+		t->loss_d = (float *)((char *)t->acc_d + 8), t->count_d = (int64_t *)((char *)t->acc_d + 16);
+	return off;
 }
 
 int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **out)
@@ -134,7 +147,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->loss_ws = (lws + 63) / 64 * 64;
 	t->dec_bytes = dec_bufs_bytes(m, &t->sh);
 	size_t th = (sizeof(float) * (size_t)T * m->H + 63) / 64 * 64, tl = (sizeof(float) * (size_t)T + 63) / 64 * 64;
-	uint64_t sbytes = t->dec_bytes + 3 * th + tl + t->loss_ws + dev_extra_bytes(t);
+	uint64_t sbytes = t->dec_bytes + 3 * th + tl + t->loss_ws + dev_extra(t, NULL);
 	if (!(t->ckpt = calloc((size_t)m->L + 1, sizeof *t->ckpt)) || !(t->counts = calloc((size_t)E, sizeof(int32_t))) ||
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->ptr = calloc(15 * (size_t)E, sizeof *t->ptr)) || !(t->cv_src = calloc((size_t)E + 2, sizeof *t->cv_src)) ||
@@ -241,17 +254,7 @@ static int scratch_begin(tier_trainer *t, pinset *sp)
 	t->gcur = (float *)c, t->gnext = (float *)(c + th), t->hn = (float *)(c + 2 * th);
 	t->lse = (float *)(c + 3 * th);
 	t->lws = c + 3 * th + (sizeof(float) * (size_t)t->sh.T + 63) / 64 * 64;
-	if (!t->m->cuda)
-		return 0;
-	uint64_t most = 0, T = (uint64_t)t->sh.T;
-	for (int l = 0; l < t->m->L; l++)
-		most = layer_lora_floats(t->m, l) > most ? layer_lora_floats(t->m, l) : most;
-	c = (char *)t->lws + t->loss_ws;
-	t->l16 = (uint16_t *)c, c += tier_align_up(2 * (most + 64), 256);
-	t->cvt = c, c += tier_align_up(opsc_many_table_bytes(t->m->E + 2), 256);
-	t->tok_d = (int32_t *)c, c += tier_align_up(sizeof(int32_t) * T, 256);
-	t->lab_d = (int32_t *)c, c += tier_align_up(sizeof(int32_t) * T, 256);
-	t->acc_d = (double *)c, t->loss_d = (float *)(c + 8), t->count_d = (int64_t *)(c + 16);
+	dev_extra(t, (char *)t->lws + t->loss_ws);
 	return 0;
 }
 
@@ -444,11 +447,10 @@ static int get_f32(tier_trainer *t, float *dst, const void *src, size_t n, int i
 {
 	if (!is_act || !t->m->cuda)
 		return core_get(t->m, dst, src, sizeof(float) * n);
-	uint16_t *h = (uint16_t *)dst + n; /* the upper half of dst holds the bf16 values first */
+	uint16_t *h = (uint16_t *)dst + n; /* the upper half of dst holds the bf16 values first: converted
+					     * in ascending order, each float lands below the values still unread */
 	int rc = core_get(t->m, h, src, 2 * n);
-	for (size_t i = 0; i < n && !rc; i++)
-		dst[i] = tier_bf16_to_f32(h[i]);
-	return rc;
+	return rc ? rc : tier_dtype_convert(dst, TIER_DT_F32, h, TIER_DT_BF16, n);
 }
 
 static int op_embed(tier_trainer *t, const int32_t *tokens)

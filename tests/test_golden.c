@@ -706,23 +706,32 @@ static void export_for_peft(const fixture *f, tier_model *m, const float *hid, c
 	free(z);
 }
 
+/* The fixture's <rp>grad.<PEFT key> of half (0: A, 1: B) of a module; *n its element count. */
+static float *fx_grad(const fixture *f, const char *rp, const tier_peft_adapter *g, const tier_peft_module *mod,
+		      int half, size_t *n)
+{
+	char key[256];
+	uint64_t sh[2] = { half ? (uint64_t)mod->out : (uint64_t)g->r, half ? (uint64_t)g->r : (uint64_t)mod->in };
+	snprintf(key, sizeof key, "%sgrad." PEFT_PREFIX "%d.%s.lora_%c.weight", rp, mod->layer, mod->module, "AB"[half]);
+	*n = sh[0] * sh[1];
+	return fx_read(f, key, TIER_DT_F32, 2, sh);
+}
+
 /* Every LoRA gradient of the last evaluation against <rp>grad.<PEFT key>. */
 static int check_grads(const fixture *f, const char *rp, tier_model *m)
 {
 	tier_peft_adapter *g;
-	char key[256], what[200];
+	char what[200];
 	int ok = 1;
 	assert_int_equal(tier_model_lora_export(m, 1, &g), 0);
 	for (size_t i = 0; i < g->n_modules; i++) {
 		const tier_peft_module *mod = &g->modules[i];
 		for (int half = 0; half < 2; half++) {
-			uint64_t sh[2] = { half ? (uint64_t)mod->out : (uint64_t)g->r, half ? (uint64_t)g->r : (uint64_t)mod->in };
-			snprintf(key, sizeof key, "%sgrad." PEFT_PREFIX "%d.%s.lora_%c.weight", rp, mod->layer, mod->module,
-				 "AB"[half]);
-			float *want = fx_read(f, key, TIER_DT_F32, 2, sh);
+			size_t n;
+			float *want = fx_grad(f, rp, g, mod, half, &n);
 			snprintf(what, sizeof what, "%s d %d.%s.%c", f->c->name, mod->layer, mod->module, "AB"[half]);
 			/* an expert without tokens has zero gradients: rel_err is then the absolute norm */
-			ok &= check_close(what, half ? mod->b : mod->a, want, sh[0] * sh[1], TOL);
+			ok &= check_close(what, half ? mod->b : mod->a, want, n, TOL);
 			free(want);
 		}
 	}
@@ -737,21 +746,16 @@ static int check_grads(const fixture *f, const char *rp, tier_model *m)
 static int check_grads_bf16(const fixture *f, tier_model *m)
 {
 	tier_peft_adapter *g;
-	char key[256], what[200];
+	char what[200];
 	double d2 = 0, h2 = 0, r2 = 0;
 	int ok = 1;
 	assert_int_equal(tier_model_lora_export(m, 1, &g), 0);
 	for (size_t i = 0; i < g->n_modules; i++) {
 		const tier_peft_module *mod = &g->modules[i];
 		for (int half = 0; half < 2; half++) {
-			uint64_t sh[2] = { half ? (uint64_t)mod->out : (uint64_t)g->r, half ? (uint64_t)g->r : (uint64_t)mod->in };
-			size_t n = sh[0] * sh[1];
+			size_t n;
 			const float *got = half ? mod->b : mod->a;
-			snprintf(key, sizeof key, "grad." PEFT_PREFIX "%d.%s.lora_%c.weight", mod->layer, mod->module, "AB"[half]);
-			float *want = fx_read(f, key, TIER_DT_F32, 2, sh);
-			snprintf(key, sizeof key, "hfbf16.grad." PEFT_PREFIX "%d.%s.lora_%c.weight", mod->layer, mod->module,
-				 "AB"[half]);
-			float *hf = fx_read(f, key, TIER_DT_F32, 2, sh);
+			float *want = fx_grad(f, "", g, mod, half, &n), *hf = fx_grad(f, "hfbf16.", g, mod, half, &n);
 			double e = rel_err(got, want, n), eh = rel_err(hf, want, n), bound = fmax(TOL, 2 * eh);
 			for (size_t j = 0; j < n; j++) {
 				d2 += ((double)got[j] - want[j]) * ((double)got[j] - want[j]);

@@ -1,0 +1,12 @@
+# session-lib.sh - what the GPU session scripts share (sourced, with $out set): step runs one
+# command under a time limit, its output in $out/NAME.log and a line in $out/summary.txt, so that
+# one hang cannot eat the lease; the GPU's name goes to $out/gpu.txt.
+export TIER_TEST_SRCDIR=$PWD
+sum="$out/summary.txt"; : > "$sum"
+step() { # limit name command...
+	local lim=$1 name=$2; shift 2
+	local t0=$SECONDS
+	timeout "$lim" "$@" > "$out/$name.log" 2>&1; local rc=$?
+	printf '%-22s rc=%-3d %4ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$sum"
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
