@@ -15,6 +15,7 @@
 #endif
 
 #define BLASLT_WORKSPACE (32u << 20)
+#define LANE_WORKSPACE (8u << 20) /* per lane: enough for cuBLASLt's non-split-K Hopper kernels */
 
 struct tier_dev {
 	tier_dev_kind kind;
@@ -25,6 +26,12 @@ struct tier_dev {
 	cudaStream_t stream;
 	cublasLtHandle_t blaslt;
 	void *workspace;
+	/* side streams made on first use (tier_dev_lanes_fork), each with its own cuBLASLt workspace:
+	 * independent small products run side by side and fill the SMs together */
+	int lanes;
+	cudaStream_t lane[TIER_DEV_LANES];
+	cudaEvent_t lane_done[TIER_DEV_LANES], forked;
+	void *lane_ws[TIER_DEV_LANES];
 #endif
 };
 
@@ -133,6 +140,13 @@ void tier_dev_close(tier_dev *d)
 		return;
 #ifdef TIER_HAVE_CUDA
 	if (d->kind == TIER_DEV_CUDA) {
+		for (int i = 0; i < d->lanes; i++) {
+			cudaFree(d->lane_ws[i]);
+			cudaEventDestroy(d->lane_done[i]);
+			cudaStreamDestroy(d->lane[i]);
+		}
+		if (d->lanes)
+			cudaEventDestroy(d->forked);
 		if (d->workspace)
 			cudaFree(d->workspace);
 		if (d->blaslt)
@@ -181,6 +195,79 @@ void *tier_dev_blaslt_workspace(const tier_dev *d, size_t *bytes)
 	if (bytes)
 		*bytes = 0;
 	return NULL;
+}
+
+#ifdef TIER_HAVE_CUDA
+/* Lanes 0..n-1 exist afterwards (made in order, so a failure leaves a consistent prefix). */
+static int lanes_make(tier_dev *d, int n)
+{
+	if (d->lanes == 0)
+		CUDA_TRY(cudaEventCreateWithFlags(&d->forked, cudaEventDisableTiming), -EIO);
+	while (d->lanes < n) {
+		int i = d->lanes;
+		CUDA_TRY(cudaStreamCreateWithFlags(&d->lane[i], cudaStreamNonBlocking), -EIO);
+		if (cudaEventCreateWithFlags(&d->lane_done[i], cudaEventDisableTiming) != cudaSuccess) {
+			cudaStreamDestroy(d->lane[i]);
+			return tier_fail(-EIO, "CUDA: no event for lane %d on %s", i, d->name);
+		}
+		if (cudaMalloc(&d->lane_ws[i], LANE_WORKSPACE) != cudaSuccess) {
+			cudaGetLastError();
+			cudaEventDestroy(d->lane_done[i]);
+			cudaStreamDestroy(d->lane[i]);
+			return tier_fail(-ENOMEM, "CUDA: no %u MiB workspace for lane %d on %s", LANE_WORKSPACE >> 20, i,
+					 d->name);
+		}
+		d->lanes++;
+	}
+	return 0;
+}
+#endif
+
+int tier_dev_lanes_fork(tier_dev *d, int n)
+{
+	if (n < 1 || n > TIER_DEV_LANES)
+		return tier_fail(-EINVAL, "lanes: %d asked, 1..%d exist", n, TIER_DEV_LANES);
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		int rc = lanes_make(d, n);
+		if (rc)
+			return rc;
+		CUDA_TRY(cudaEventRecord(d->forked, d->stream), -EIO);
+		for (int i = 0; i < n; i++)
+			CUDA_TRY(cudaStreamWaitEvent(d->lane[i], d->forked, 0), -EIO);
+	}
+#endif
+	return 0;
+}
+
+int tier_dev_lanes_join(tier_dev *d, int n)
+{
+	if (n < 1 || n > TIER_DEV_LANES)
+		return tier_fail(-EINVAL, "lanes: %d asked, 1..%d exist", n, TIER_DEV_LANES);
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		if (n > d->lanes)
+			return tier_fail(-EINVAL, "lanes: join of %d, only %d forked", n, d->lanes);
+		for (int i = 0; i < n; i++) {
+			CUDA_TRY(cudaEventRecord(d->lane_done[i], d->lane[i]), -EIO);
+			CUDA_TRY(cudaStreamWaitEvent(d->stream, d->lane_done[i], 0), -EIO);
+		}
+	}
+#endif
+	return 0;
+}
+
+void *tier_dev_lane_stream(const tier_dev *d, int i, void **ws, size_t *ws_bytes)
+{
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA && i >= 0 && i < d->lanes) {
+		*ws = d->lane_ws[i], *ws_bytes = LANE_WORKSPACE;
+		return d->lane[i];
+	}
+#endif
+	(void)i;
+	*ws = tier_dev_blaslt_workspace(d, ws_bytes);
+	return tier_dev_stream(d);
 }
 
 int tier_dev_sync(tier_dev *d)

@@ -89,7 +89,7 @@ static int parse_kinds(char *text, unsigned *kinds)
 	*kinds = 0;
 	char *save = NULL;
 	for (char *tok = strtok_r(text, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-		tier_op_kind k;
+		tier_op_kind k = 0; /* set by the parse below; gcc cannot tell */
 		if (!strcmp(tok, "all")) {
 			*kinds = (1u << TIER_NOPKINDS) - 1;
 			continue;

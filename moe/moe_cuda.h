@@ -52,6 +52,9 @@ int moe_cuda_aux_stats(tier_dev *dev, int T, int E, const float *logits, float *
  * accumulation, C fp32 (c_bf16 0) or bf16 (1). One cuBLASLt call on the context's stream. */
 int moe_cuda_mm(tier_dev *dev, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
 		const void *B, int ldb, float beta, void *C, int ldc, int c_bf16);
+/* The same on lane `lane` of the context (tier_dev_lanes_fork; < 0: the compute stream). */
+int moe_cuda_mm_lane(tier_dev *dev, int lane, int ta, int tb, int M, int N, int K, float alpha, const void *A,
+		     int lda, const void *B, int ldb, float beta, void *C, int ldc, int c_bf16);
 /* Checks of the expert and LoRA pointers against host offsets [E+1] (NULL only for empty experts). */
 int moe_cuda_experts_check(const char *fn, int E, const int32_t *offsets_host, const tier_moe_experts *w,
 			   const tier_moe_loras *lora);

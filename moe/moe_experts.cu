@@ -7,6 +7,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
@@ -18,7 +19,7 @@
  * of two. A cached algorithm that cuBLASLt refuses for the exact shape is replaced by a fresh query. */
 typedef struct {
 	int dev, ta, tb, M, N, K, lda, ldb, ldc, c_bf16;
-	uint32_t ala, alb, alc;
+	uint32_t ala, alb, alc, ws_mib; /* a lane's workspace is smaller than the compute stream's */
 } mm_key;
 typedef struct {
 	mm_key key;
@@ -134,11 +135,18 @@ static cublasStatus_t mm_query(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, co
 extern "C" int moe_cuda_mm(tier_dev *dev, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
 			   const void *B, int ldb, float beta, void *C, int ldc, int c_bf16)
 {
+	return moe_cuda_mm_lane(dev, -1, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, c_bf16);
+}
+
+extern "C" int moe_cuda_mm_lane(tier_dev *dev, int lane, int ta, int tb, int M, int N, int K, float alpha,
+				const void *A, int lda, const void *B, int ldb, float beta, void *C, int ldc, int c_bf16)
+{
 	if (M <= 0 || N <= 0 || K <= 0)
 		return tier_fail(-EINVAL, "moe_cuda_mm: empty product %dx%dx%d", M, N, K);
 	cublasLtHandle_t h = (cublasLtHandle_t)tier_dev_blaslt(dev);
 	size_t wsb = 0;
-	void *ws = tier_dev_blaslt_workspace(dev, &wsb);
+	void *ws = NULL;
+	cudaStream_t stream = (cudaStream_t)tier_dev_lane_stream(dev, lane, &ws, &wsb);
 	if (!h)
 		return tier_fail(-EIO, "moe_cuda_mm: the device context has no cuBLASLt handle");
 	cublasLtMatmulDesc_t desc = NULL;
@@ -151,9 +159,9 @@ extern "C" int moe_cuda_mm(tier_dev *dev, int ta, int tb, int M, int N, int K, f
 	key.dev = tier_dev_ordinal(dev), key.ta = ta, key.tb = tb, key.M = qM, key.N = N, key.K = qK;
 	key.lda = lda, key.ldb = ldb, key.ldc = ldc, key.c_bf16 = c_bf16;
 	key.ala = align_of(B), key.alb = align_of(A), key.alc = align_of(C);
+	key.ws_mib = (uint32_t)(wsb >> 20);
 	mm_layouts real = { NULL, NULL, NULL }, q = { NULL, NULL, NULL };
 	cublasLtMatmulAlgo_t algo;
-	cudaStream_t stream = moe_stream(dev);
 	cublasStatus_t st = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
 	if (st == CUBLAS_STATUS_SUCCESS)
 		st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
@@ -278,27 +286,57 @@ extern "C" int moe_cuda_experts_check(const char *fn, int E, const int32_t *off,
 }
 
 /* Y [n, out] += s (X A^T) B^T through Z [n, r] bf16; Y fp32 or bf16. */
-static int lora_fwd(tier_dev *dev, const tier_moe_lora *l, int e, int n, int in, int out, const bf16 *X, void *Y,
-		    int y_bf16, bf16 *Z)
+static int lora_fwd(tier_dev *dev, int ln, const tier_moe_lora *l, int e, int n, int in, int out, const bf16 *X,
+		    void *Y, int y_bf16, bf16 *Z)
 {
 	if (!lora_on(l))
 		return 0;
-	int r = l->rank, rc = moe_cuda_mm(dev, 0, 1, n, r, in, 1.0f, X, in, l->a[e], in, 0.0f, Z, r, 1);
-	return rc ? rc : moe_cuda_mm(dev, 0, 1, n, out, r, l->scale, Z, r, l->b[e], r, 1.0f, Y, out, y_bf16);
+	int r = l->rank, rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, r, in, 1.0f, X, in, l->a[e], in, 0.0f, Z, r, 1);
+	return rc ? rc : moe_cuda_mm_lane(dev, ln, 0, 1, n, out, r, l->scale, Z, r, l->b[e], r, 1.0f, Y, out, y_bf16);
 }
 
 /* From dY [n, out] bf16: dZ = s dY B; dB += s dY^T (X A^T); dA += dZ^T X; dX [n, in] fp32 += dZ A. */
-static int lora_bwd(tier_dev *dev, const tier_moe_lora *l, int e, int n, int in, int out, const bf16 *X,
+static int lora_bwd(tier_dev *dev, int ln, const tier_moe_lora *l, int e, int n, int in, int out, const bf16 *X,
 		    const bf16 *dY, float *dX, bf16 *Z, bf16 *dZ)
 {
 	if (!lora_on(l))
 		return 0;
-	int r = l->rank, rc = moe_cuda_mm(dev, 0, 0, n, r, out, l->scale, dY, out, l->b[e], r, 0.0f, dZ, r, 1);
-	if (!rc && l->db && l->db[e] && !(rc = moe_cuda_mm(dev, 0, 1, n, r, in, 1.0f, X, in, l->a[e], in, 0.0f, Z, r, 1)))
-		rc = moe_cuda_mm(dev, 1, 0, out, r, n, l->scale, dY, out, Z, r, 1.0f, l->db[e], r, 0);
+	int r = l->rank, rc = moe_cuda_mm_lane(dev, ln, 0, 0, n, r, out, l->scale, dY, out, l->b[e], r, 0.0f, dZ, r, 1);
+	if (!rc && l->db && l->db[e] &&
+	    !(rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, r, in, 1.0f, X, in, l->a[e], in, 0.0f, Z, r, 1)))
+		rc = moe_cuda_mm_lane(dev, ln, 1, 0, out, r, n, l->scale, dY, out, Z, r, 1.0f, l->db[e], r, 0);
 	if (!rc && l->da && l->da[e])
-		rc = moe_cuda_mm(dev, 1, 0, r, in, n, 1.0f, dZ, r, X, in, 1.0f, l->da[e], in, 0);
-	return rc ? rc : moe_cuda_mm(dev, 0, 0, n, in, r, 1.0f, dZ, r, l->a[e], in, 1.0f, dX, in, 0);
+		rc = moe_cuda_mm_lane(dev, ln, 1, 0, r, in, n, 1.0f, dZ, r, X, in, 1.0f, l->da[e], in, 0);
+	return rc ? rc : moe_cuda_mm_lane(dev, ln, 0, 0, n, in, r, 1.0f, dZ, r, l->a[e], in, 1.0f, dX, in, 0);
+}
+
+/* ---- lanes: the per-expert products of one projection spread over side streams ----
+ * One expert's product rarely fills the GPU (qwen3-30b: ~1000 rows x 768 columns is under one wave
+ * of 128x128 tiles on 132 SMs), so consecutive experts run on different lanes at once. Each lane
+ * owns its experts' rows of every scratch (Z, dZ at the expert's row offset), so nothing is shared
+ * between lanes but the read-only inputs. TIER_MOE_LANES=1 keeps everything on the compute stream. */
+static int lanes_wanted(const int32_t *off, int E)
+{
+	static int env = -1;
+	if (env < 0) {
+		const char *v = getenv("TIER_MOE_LANES");
+		int n = v && *v ? atoi(v) : 4;
+		env = n < 1 ? 1 : n > TIER_DEV_LANES ? TIER_DEV_LANES : n;
+	}
+	int busy = 0;
+	for (int e = 0; e < E && busy < env; e++)
+		busy += off[e + 1] > off[e];
+	return busy;
+}
+
+/* Lane of the i-th non-empty expert (-1: the compute stream, when there is one lane). */
+static int lane_of(int nl, int i) { return nl > 1 ? i % nl : -1; }
+
+static int lanes_fork(tier_dev *dev, int nl) { return nl > 1 ? tier_dev_lanes_fork(dev, nl) : 0; }
+static int lanes_join(tier_dev *dev, int nl, int rc)
+{
+	int jr = nl > 1 ? tier_dev_lanes_join(dev, nl) : 0; /* joined even after an error: nothing left dangling */
+	return rc ? rc : jr;
 }
 
 static int experts_args(const char *fn, tier_dev *dev, int E, int H, int I, const int32_t *off,
@@ -355,6 +393,48 @@ static int grouped_fits(int E, int H, int I, const int32_t *off, const tier_moe_
 	return 1;
 }
 
+/* g, u [rows, I] fp32 = X gate^T, X up^T (+ LoRA), expert by expert over nl lanes. */
+static int experts_fwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const int32_t *off,
+			       const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, float *g, float *u,
+			       void *z)
+{
+	int rc = 0, i = 0, zr = moe_lora_max_rank(lora);
+	for (int e = 0; e < E && !rc; e++) {
+		int o = off[e], n = off[e + 1] - o, ln = lane_of(nl, i);
+		if (n == 0)
+			continue;
+		i++;
+		ex_w ew = ex_of(w, e, I, H);
+		const bf16 *X = (const bf16 *)xg + (size_t)o * H;
+		float *G = g + (size_t)o * I, *U = u + (size_t)o * I;
+		bf16 *Z = zr ? (bf16 *)z + (size_t)o * zr : NULL;
+		if (!(rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, I, H, 1.0f, X, H, ew.gate, H, 0.0f, G, I, 0)) &&
+		    !(rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, I, H, 1.0f, X, H, ew.up, H, 0.0f, U, I, 0)) &&
+		    !(rc = lora_fwd(dev, ln, lora_of(lora, 0), e, n, H, I, X, G, 0, Z)))
+			rc = lora_fwd(dev, ln, lora_of(lora, 1), e, n, H, I, X, U, 0, Z);
+	}
+	return rc;
+}
+
+/* y [rows, H] bf16 = h down^T (+ LoRA), expert by expert over nl lanes. */
+static int experts_fwd_down(tier_dev *dev, int nl, int E, int H, int I, const int32_t *off, const tier_moe_experts *w,
+			    const tier_moe_loras *lora, const void *h, void *y, void *z)
+{
+	int rc = 0, i = 0, zr = moe_lora_max_rank(lora);
+	for (int e = 0; e < E && !rc; e++) {
+		int o = off[e], n = off[e + 1] - o, ln = lane_of(nl, i);
+		if (n == 0)
+			continue;
+		i++;
+		ex_w ew = ex_of(w, e, I, H);
+		const bf16 *Hh = (const bf16 *)h + (size_t)o * I;
+		bf16 *Y = (bf16 *)y + (size_t)o * H, *Z = zr ? (bf16 *)z + (size_t)o * zr : NULL;
+		if (!(rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, H, I, 1.0f, Hh, I, ew.down, I, 0.0f, Y, H, 1)))
+			rc = lora_fwd(dev, ln, lora_of(lora, 2), e, n, I, H, Hh, Y, 1, Z);
+	}
+	return rc;
+}
+
 extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					 const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
 					 const void *xg, float *g, float *u, void *h, void *y, void *z)
@@ -370,38 +450,18 @@ extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(y, fn);
 	if (d_off && grouped_fits(E, H, I, off, w, xg, h, lora))
 		return experts_fwd_grouped(dev, E, H, I, off, d_off, w, xg, g, u, h, y);
-	const bf16 *x = (const bf16 *)xg;
-	bf16 *hb = (bf16 *)h, *yb = (bf16 *)y, *Z = (bf16 *)z;
-	for (int e = 0; e < E; e++) {
-		int o = off[e], n = off[e + 1] - o;
-		if (n == 0)
-			continue;
-		ex_w ew = ex_of(w, e, I, H);
-		const bf16 *X = x + (size_t)o * H;
-		float *G = g + (size_t)o * I, *U = u + (size_t)o * I;
-		if ((rc = moe_cuda_mm(dev, 0, 1, n, I, H, 1.0f, X, H, ew.gate, H, 0.0f, G, I, 0)) ||
-		    (rc = moe_cuda_mm(dev, 0, 1, n, I, H, 1.0f, X, H, ew.up, H, 0.0f, U, I, 0)) ||
-		    (rc = lora_fwd(dev, lora_of(lora, 0), e, n, H, I, X, G, 0, Z)) ||
-		    (rc = lora_fwd(dev, lora_of(lora, 1), e, n, H, I, X, U, 0, Z)))
-			return rc;
-	}
 	size_t total = (size_t)off[E] * I;
-	if (total) {
-		swiglu_kernel<<<grid_of(total), 256, 0, moe_stream(dev)>>>(g, u, total, hb);
-		CUDA_LAUNCHED();
-	}
-	for (int e = 0; e < E; e++) {
-		int o = off[e], n = off[e + 1] - o;
-		if (n == 0)
-			continue;
-		ex_w ew = ex_of(w, e, I, H);
-		const bf16 *Hh = hb + (size_t)o * I;
-		bf16 *Y = yb + (size_t)o * H;
-		if ((rc = moe_cuda_mm(dev, 0, 1, n, H, I, 1.0f, Hh, I, ew.down, I, 0.0f, Y, H, 1)) ||
-		    (rc = lora_fwd(dev, lora_of(lora, 2), e, n, I, H, Hh, Y, 1, Z)))
-			return rc;
-	}
-	return 0;
+	int nl = lanes_wanted(off, E);
+	if (total == 0)
+		return 0;
+	if ((rc = lanes_fork(dev, nl)) || (rc = lanes_join(dev, nl, experts_fwd_gate_up(dev, nl, E, H, I, off, w, lora, xg,
+											  g, u, z))))
+		return rc;
+	swiglu_kernel<<<grid_of(total), 256, 0, moe_stream(dev)>>>(g, u, total, (bf16 *)h);
+	CUDA_LAUNCHED();
+	if ((rc = lanes_fork(dev, nl)))
+		return rc;
+	return lanes_join(dev, nl, experts_fwd_down(dev, nl, E, H, I, off, w, lora, h, y, z));
 }
 
 extern "C" int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
@@ -413,6 +473,49 @@ extern "C" int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const in
 	if (!gate || !up || !down)
 		return tier_fail(-EINVAL, "moe_cuda_experts_fwd: gate, up and down pointer arrays are required");
 	return moe_cuda_experts_fwd_lora(dev, E, H, I, offsets_host, NULL, &w, NULL, xg, g, u, h, y, NULL);
+}
+
+/* dh [rows, I] fp32 = dY down (+ LoRA on down, its gradients), expert by expert over nl lanes. */
+static int experts_bwd_down(tier_dev *dev, int nl, int E, int H, int I, const int32_t *off, const tier_moe_experts *w,
+			    const tier_moe_loras *lora, const bf16 *hb, const bf16 *dyb, float *dh, bf16 *Z, bf16 *dZ)
+{
+	int rc = 0, i = 0, zr = moe_lora_max_rank(lora);
+	for (int e = 0; e < E && !rc; e++) {
+		int o = off[e], n = off[e + 1] - o, ln = lane_of(nl, i);
+		if (n == 0)
+			continue;
+		i++;
+		ex_w ew = ex_of(w, e, I, H);
+		const bf16 *dY = dyb + (size_t)o * H;
+		float *dH = dh + (size_t)o * I;
+		size_t zo = (size_t)o * zr;
+		if (!(rc = moe_cuda_mm_lane(dev, ln, 0, 0, n, I, H, 1.0f, dY, H, ew.down, I, 0.0f, dH, I, 0)))
+			rc = lora_bwd(dev, ln, lora_of(lora, 2), e, n, I, H, hb + (size_t)o * I, dY, dH, Z + zo, dZ + zo);
+	}
+	return rc;
+}
+
+/* dX [rows, H] fp32 = dG gate + dU up (+ LoRA on gate and up), expert by expert over nl lanes. */
+static int experts_bwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const int32_t *off,
+			       const tier_moe_experts *w, const tier_moe_loras *lora, const bf16 *x, const bf16 *dgb,
+			       const bf16 *dub, float *dxg, bf16 *Z, bf16 *dZ)
+{
+	int rc = 0, i = 0, zr = moe_lora_max_rank(lora);
+	for (int e = 0; e < E && !rc; e++) {
+		int o = off[e], n = off[e + 1] - o, ln = lane_of(nl, i);
+		if (n == 0)
+			continue;
+		i++;
+		ex_w ew = ex_of(w, e, I, H);
+		const bf16 *X = x + (size_t)o * H, *dG = dgb + (size_t)o * I, *dU = dub + (size_t)o * I;
+		float *dX = dxg + (size_t)o * H;
+		size_t zo = (size_t)o * zr;
+		if (!(rc = moe_cuda_mm_lane(dev, ln, 0, 0, n, H, I, 1.0f, dG, I, ew.gate, H, 0.0f, dX, H, 0)) &&
+		    !(rc = moe_cuda_mm_lane(dev, ln, 0, 0, n, H, I, 1.0f, dU, I, ew.up, H, 1.0f, dX, H, 0)) &&
+		    !(rc = lora_bwd(dev, ln, lora_of(lora, 0), e, n, H, I, X, dG, dX, Z + zo, dZ + zo)))
+			rc = lora_bwd(dev, ln, lora_of(lora, 1), e, n, H, I, X, dU, dX, Z + zo, dZ + zo);
+	}
+	return rc;
 }
 
 extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *off,
@@ -445,33 +548,15 @@ extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const in
 		swiglu_kernel<<<grid_of(total), 256, 0, st>>>(g, u, total, hb);
 		CUDA_LAUNCHED();
 	}
-	for (int e = 0; e < E; e++) { /* dh = dY down (+ LoRA on down) */
-		int o = off[e], n = off[e + 1] - o;
-		if (n == 0)
-			continue;
-		ex_w ew = ex_of(w, e, I, H);
-		const bf16 *dY = dyb + (size_t)o * H;
-		float *dH = dh + (size_t)o * I;
-		if ((rc = moe_cuda_mm(dev, 0, 0, n, I, H, 1.0f, dY, H, ew.down, I, 0.0f, dH, I, 0)) ||
-		    (rc = lora_bwd(dev, lora_of(lora, 2), e, n, I, H, hb + (size_t)o * I, dY, dH, Z, dZ)))
-			return rc;
-	}
+	int nl = lanes_wanted(off, E);
+	if ((rc = lanes_fork(dev, nl)) ||
+	    (rc = lanes_join(dev, nl, experts_bwd_down(dev, nl, E, H, I, off, w, lora, hb, dyb, dh, Z, dZ))))
+		return rc;
 	swiglu_bwd_kernel<<<grid_of(total), 256, 0, st>>>(g, u, dh, total, dgb, dub);
 	CUDA_LAUNCHED();
-	for (int e = 0; e < E; e++) { /* dX = dG gate + dU up (+ LoRA on gate and up) */
-		int o = off[e], n = off[e + 1] - o;
-		if (n == 0)
-			continue;
-		ex_w ew = ex_of(w, e, I, H);
-		const bf16 *X = x + (size_t)o * H, *dG = dgb + (size_t)o * I, *dU = dub + (size_t)o * I;
-		float *dX = dxg + (size_t)o * H;
-		if ((rc = moe_cuda_mm(dev, 0, 0, n, H, I, 1.0f, dG, I, ew.gate, H, 0.0f, dX, H, 0)) ||
-		    (rc = moe_cuda_mm(dev, 0, 0, n, H, I, 1.0f, dU, I, ew.up, H, 1.0f, dX, H, 0)) ||
-		    (rc = lora_bwd(dev, lora_of(lora, 0), e, n, H, I, X, dG, dX, Z, dZ)) ||
-		    (rc = lora_bwd(dev, lora_of(lora, 1), e, n, H, I, X, dU, dX, Z, dZ)))
-			return rc;
-	}
-	return 0;
+	if ((rc = lanes_fork(dev, nl)))
+		return rc;
+	return lanes_join(dev, nl, experts_bwd_gate_up(dev, nl, E, H, I, off, w, lora, x, dgb, dub, dxg, Z, dZ));
 }
 
 /* ---- the public steps tier_moe_experts_fwd / _bwd on CUDA: device offsets read once (a sync) ---- */

@@ -82,6 +82,16 @@ void *tier_dev_stream(const tier_dev *dev);
 void *tier_dev_blaslt(const tier_dev *dev);
 /* CUDA: a 32 MiB workspace for cuBLASLt on this device; NULL on CPU. */
 void *tier_dev_blaslt_workspace(const tier_dev *dev, size_t *bytes);
+/* CUDA lanes: side streams for independent work (e.g. one product per expert) that would leave
+ * SMs idle one at a time. fork: lanes 0..n-1 (made on first use, each with an 8 MiB cuBLASLt
+ * workspace) wait for the work queued so far on the compute stream; join: the compute stream waits
+ * for everything queued on them. lane_stream: lane i's stream and workspace, or the compute
+ * stream's when i is out of range or the context is a CPU one. n in 1..TIER_DEV_LANES; 0, -EINVAL,
+ * -ENOMEM or -EIO. A CPU context does nothing. */
+#define TIER_DEV_LANES 4
+int tier_dev_lanes_fork(tier_dev *dev, int n);
+int tier_dev_lanes_join(tier_dev *dev, int n);
+void *tier_dev_lane_stream(const tier_dev *dev, int i, void **ws, size_t *ws_bytes);
 /* Wait for all work queued on the context. Returns 0 or -EIO (message says what CUDA reported). */
 int tier_dev_sync(tier_dev *dev);
 /* NUMA node closest to the device (-1 when unknown, 0 on a CPU context without libnuma). */
