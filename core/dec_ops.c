@@ -22,7 +22,7 @@ int dop_norm_bwd(const tier_model *m, int rows, int dim, const float *x, const v
 size_t dop_linear_ws(const tier_model *m, int T, int in, int out, int r)
 {
 	if (m->cuda)
-		return opsc_linear_ws_bytes(T, out, r);
+		return opsc_linear_ws_bytes(T, in, out, r, m->lora.dropout);
 	tier_lora_ref l = { .rank = r, .dropout = m->lora.dropout };
 	float dummy = 0.0f;
 	l.a = l.b = r ? &dummy : NULL;

@@ -368,9 +368,6 @@ int tier_model_create(tier_store *s, tier_dev *dev, const tier_hf_config *cfg, c
 	int rc = model_check_dev(dev);
 	if (rc || (rc = check_config(cfg)) || (rc = check_lora(lora)))
 		return rc;
-	if (lora->dropout > 0 && tier_dev_kind_of(dev) == TIER_DEV_CUDA)
-		return tier_fail(-ENOTSUP, "LoRA dropout %g: the CUDA path has no dropout mask yet (the CPU path has); "
-				 "use --lora-dropout 0 on CUDA", lora->dropout);
 	tier_model *m = calloc(1, sizeof *m);
 	if (!m)
 		return tier_fail(-ENOMEM, "out of memory for the model");

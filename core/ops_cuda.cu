@@ -512,17 +512,21 @@ int opsc_gemm(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, ops
 static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
 
 /* Workspace pieces, each 256-byte aligned: dy in bf16 [T, out]; x A^T (or dy B) in fp32 [T, r];
- * its bf16 copy [T, r]; the bf16 dy B of the backward [T, r]. Same arithmetic in ops_nocuda.c. */
+ * its bf16 copy [T, r]; the bf16 dy B of the backward [T, r]; with dropout, 4 T in bytes that hold
+ * the masked x in bf16 [T, in] and, once the backward's last reader of it (da's product) is queued,
+ * the adapter's fp32 dx [T, in] before its mask. Same arithmetic in ops_nocuda.c. */
 typedef struct {
 	bf16 *dy16;
 	float *xa;
 	bf16 *xa16, *dxa16;
+	void *drop;
 } lin_ws;
 
-size_t opsc_linear_ws_bytes(int T, int out, int rank)
+size_t opsc_linear_ws_bytes(int T, int in, int out, int rank, float dropout)
 {
-	size_t t = T > 0 ? (size_t)T : 0, o = out > 0 ? (size_t)out : 0, r = rank > 0 ? (size_t)rank : 0;
-	return al256(t * o * 2) + al256(t * r * 4) + 2 * al256(t * r * 2);
+	size_t t = T > 0 ? (size_t)T : 0, i = in > 0 ? (size_t)in : 0, o = out > 0 ? (size_t)out : 0;
+	size_t r = rank > 0 ? (size_t)rank : 0, drop = dropout > 0 && r ? al256(t * i * 4) : 0;
+	return al256(t * o * 2) + al256(t * r * 4) + 2 * al256(t * r * 2) + drop;
 }
 
 static lin_ws ws_split(void *ws, int T, int out, int r)
@@ -532,7 +536,8 @@ static lin_ws ws_split(void *ws, int T, int out, int r)
 	s.dy16 = (bf16 *)p, p += al256((size_t)T * out * 2);
 	s.xa = (float *)p, p += al256((size_t)T * r * 4);
 	s.xa16 = (bf16 *)p, p += al256((size_t)T * r * 2);
-	s.dxa16 = (bf16 *)p;
+	s.dxa16 = (bf16 *)p, p += al256((size_t)T * r * 2);
+	s.drop = p;
 	return s;
 }
 
@@ -554,10 +559,57 @@ static int linear_check(const char *op, tier_dev *d, int T, int in, int out, con
 		return tier_fail(-EINVAL, "%s: bad arguments T=%d in=%d out=%d (x %p, w %p)", op, T, in, out, x, w);
 	if (lora_on(l) && (!l->b || l->rank <= 0))
 		return tier_fail(-EINVAL, "%s: LoRA of rank %d on T=%d in=%d out=%d needs a and b", op, l->rank, T, in, out);
+	if (lora_on(l) && !(l->dropout >= 0.0f && l->dropout < 1.0f))
+		return tier_fail(-EINVAL, "%s: LoRA dropout %g must be in [0, 1)", op, l->dropout);
 	if ((need_ws || lora_on(l)) && !ws && T > 0)
 		return tier_fail(-EINVAL, "%s: T=%d in=%d out=%d needs a workspace of %zu bytes", op, T, in, out,
-				 opsc_linear_ws_bytes(T, out, lora_on(l) ? l->rank : 0));
+				 opsc_linear_ws_bytes(T, in, out, lora_on(l) ? l->rank : 0, lora_on(l) ? l->dropout : 0));
 	return 0;
+}
+
+/* tier_lora_keep (core/layers.c) bit for bit: the same 64-bit hash of (key, t, i), its two rounds
+ * being mix64 after the golden-ratio step, and the same double comparison, so that the CUDA path
+ * drops exactly the elements the CPU reference drops. */
+__device__ static inline int lora_keep(uint64_t key, float p, uint64_t t, uint64_t i)
+{
+	uint64_t z = key ^ (t * 0x9e3779b97f4a7c15ull) ^ (i * 0xc2b2ae3d27d4eb4full);
+	z = mix64(z + 0x9e3779b97f4a7c15ull);
+	z = mix64(z + 0x9e3779b97f4a7c15ull);
+	return (double)(z >> 11) * (1.0 / 9007199254740992.0) >= (double)p; /* 2^-53: a uniform in [0, 1) */
+}
+
+/* xd [T, in] (bf16) = x * keep / (1 - p), or 0: the adapter's input under dropout. s = 1 / (1 - p)
+ * in fp32, as the CPU computes it. */
+__global__ void lora_mask_kernel(size_t n, int in, uint64_t key, float p, float s, const bf16 *x, bf16 *xd)
+{
+	const bf16 zero = __float2bfloat16_rn(0.0f);
+	GRID_STRIDE(k, n)
+		xd[k] = lora_keep(key, p, k / in, k % in) ? __float2bfloat16_rn(__bfloat162float(x[k]) * s) : zero;
+}
+
+/* dx [T, in] += tmp * keep / (1 - p): the adapter's input gradient back through the same mask.
+ * __fmul_rn keeps the product out of an FMA, so the sum rounds as the CPU's (product, then add). */
+__global__ void lora_mask_add_kernel(size_t n, int in, uint64_t key, float p, float s, const float *tmp, float *dx)
+{
+	GRID_STRIDE(k, n)
+		if (lora_keep(key, p, k / in, k % in))
+			dx[k] += __fmul_rn(tmp[k], s);
+}
+
+static float keep_scale(const tier_lora_ref *l) { return 1.0f / (1.0f - l->dropout); }
+
+/* *xl = the adapter's input: x itself, or with dropout x through the mask into ws's drop piece. */
+static int lora_input(tier_dev *d, int T, int in, const opsc_bf16 *x, const tier_lora_ref *l, const lin_ws *s,
+		      const opsc_bf16 **xl)
+{
+	size_t n = (size_t)T * in;
+	*xl = x;
+	if (!(l->dropout > 0))
+		return 0;
+	lora_mask_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, in, l->mask_key, l->dropout, keep_scale(l),
+								      (const bf16 *)x, (bf16 *)s->drop);
+	*xl = (const opsc_bf16 *)s->drop;
+	return launched("opsc_linear (LoRA dropout mask)", n);
 }
 
 /* xa16 [T, r] = bf16(x A^T): column-major xa^T [r, T] = A (stored [in, r], transposed) x^T (stored [in, T]). */
@@ -578,19 +630,40 @@ int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 		return rc;
 	int r = lora->rank;
 	lin_ws s = ws_split(ws, T, out, r);
-	if ((rc = lora_xa(d, T, in, x, lora, &s)))
+	const opsc_bf16 *xl;
+	if ((rc = lora_input(d, T, in, x, lora, &s, &xl)) || (rc = lora_xa(d, T, in, xl, lora, &s)))
 		return rc;
 	/* y^T += scale B (stored [r, out], transposed) xa^T (stored [r, T]) */
 	return opsc_gemm(d, out, T, r, lora->scale, bf(1, lora->b, r), bf(0, s.xa16, r), 1.0f, y, out);
 }
 
-/* The adapter's part of the backward, after dy16 is in the workspace and dx holds dy W. */
+/* dx += the adapter's part, A^T dxa^T. With dropout it goes through the fp32 piece over xd (the
+ * da product that last reads xd is queued before on the same stream) and back through the mask. */
+static int lora_dx(tier_dev *d, int T, int in, const tier_lora_ref *l, float *dx, const lin_ws *s)
+{
+	int r = l->rank, rc;
+	size_t n = (size_t)T * in;
+	/* dx^T [in, T] (+)= A^T (A stored [in, r]) dxa^T (stored [r, T]) */
+	if (!(l->dropout > 0))
+		return opsc_gemm(d, in, T, r, 1.0f, bf(0, l->a, in), bf(0, s->dxa16, r), 1.0f, dx, in);
+	if ((rc = opsc_gemm(d, in, T, r, 1.0f, bf(0, l->a, in), bf(0, s->dxa16, r), 0.0f, (float *)s->drop, in)))
+		return rc;
+	lora_mask_add_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, in, l->mask_key, l->dropout, keep_scale(l),
+									  (const float *)s->drop, dx);
+	return launched("opsc_linear_bwd (LoRA dropout mask)", n);
+}
+
+/* The adapter's part of the backward, after dy16 is in the workspace and dx holds dy W. The
+ * adapter's input (x, or x masked) is made again here, as the forward made it. */
 static int linear_bwd_lora(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const tier_lora_ref *l,
 			   float *dx, const lin_ws *s)
 {
 	int r = l->rank, rc;
+	const opsc_bf16 *xl = x;
+	if ((l->da || l->db) && (rc = lora_input(d, T, in, x, l, s, &xl)))
+		return rc;
 	if (l->db) {
-		if ((rc = lora_xa(d, T, in, x, l, s)))
+		if ((rc = lora_xa(d, T, in, xl, l, s)))
 			return rc;
 		/* db^T [r, out] += scale xa^T (stored [r, T]) dy (stored [out, T], transposed) */
 		if ((rc = opsc_gemm(d, r, out, T, l->scale, bf(0, s->xa16, r), bf(1, s->dy16, out), 1.0f, l->db, r)))
@@ -602,13 +675,10 @@ static int linear_bwd_lora(tier_dev *d, int T, int in, int out, const opsc_bf16 
 	if ((rc = opsc_gemm(d, r, T, out, l->scale, bf(0, l->b, r), bf(0, s->dy16, out), 0.0f, s->xa, r)) ||
 	    (rc = opsc_to_bf16(d, (size_t)T * r, s->xa, (opsc_bf16 *)s->dxa16)))
 		return rc;
-	/* da^T [in, r] += x^T (stored [in, T]) dxa (stored [r, T], transposed) */
-	if (l->da && (rc = opsc_gemm(d, in, r, T, 1.0f, bf(0, x, in), bf(1, s->dxa16, r), 1.0f, l->da, in)))
+	/* da^T [in, r] += xl^T (stored [in, T]) dxa (stored [r, T], transposed) */
+	if (l->da && (rc = opsc_gemm(d, in, r, T, 1.0f, bf(0, xl, in), bf(1, s->dxa16, r), 1.0f, l->da, in)))
 		return rc;
-	/* dx^T [in, T] += A^T (A stored [in, r]) dxa^T (stored [r, T]) */
-	if (dx && (rc = opsc_gemm(d, in, T, r, 1.0f, bf(0, l->a, in), bf(0, s->dxa16, r), 1.0f, dx, in)))
-		return rc;
-	return 0;
+	return dx ? lora_dx(d, T, in, l, dx, s) : 0;
 }
 
 int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,

@@ -54,13 +54,17 @@ int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16
  *   y [T, out] fp32 (written) = x W^T + scale (x A^T) B^T
  * x bf16 [T, in], W bf16 [out, in]; lora->a bf16 [r, in] and lora->b bf16 [out, r] (passed in the
  * float-typed fields of tier_lora_ref), da, db fp32 (accumulated in backward; NULL: frozen).
- * lora NULL or lora->a NULL: no adapter. ws: opsc_linear_ws_bytes(T, out, r) device bytes. */
-size_t opsc_linear_ws_bytes(int T, int out, int rank);
+ * lora NULL or lora->a NULL: no adapter. lora->dropout p > 0: the adapter (not the base product)
+ * sees bf16(x * keep / (1 - p)) with tier_lora_keep's mask of lora->mask_key, in the forward and
+ * the backward alike. ws: opsc_linear_ws_bytes(T, in, out, r, p) device bytes (r 0: no adapter;
+ * the dropout piece, 4 T in bytes, only when p > 0 and r > 0). */
+size_t opsc_linear_ws_bytes(int T, int in, int out, int rank, float dropout);
 int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 		    const tier_lora_ref *lora, float *y, void *ws);
 /* Backward from dy fp32 [T, out]: dx [T, in] fp32 = dy W + scale (dy B) A (written, or added to
  * when accumulate; NULL: not wanted); da += scale (dy B)^T x, db += scale dy^T (x A^T). dy is
- * converted to bf16 in ws for the products. */
+ * converted to bf16 in ws for the products. With dropout, x in da and db is the masked x, and the
+ * adapter's part of dx goes back through the mask. */
 int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 		    const tier_lora_ref *lora, const float *dy, float *dx, int accumulate, void *ws);
 

@@ -7,10 +7,11 @@
 
 static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
 
-size_t opsc_linear_ws_bytes(int T, int out, int rank)
+size_t opsc_linear_ws_bytes(int T, int in, int out, int rank, float dropout)
 {
-	size_t t = T > 0 ? (size_t)T : 0, o = out > 0 ? (size_t)out : 0, r = rank > 0 ? (size_t)rank : 0;
-	return al256(t * o * 2) + al256(t * r * 4) + 2 * al256(t * r * 2);
+	size_t t = T > 0 ? (size_t)T : 0, i = in > 0 ? (size_t)in : 0, o = out > 0 ? (size_t)out : 0;
+	size_t r = rank > 0 ? (size_t)rank : 0, drop = dropout > 0 && r ? al256(t * i * 4) : 0;
+	return al256(t * o * 2) + al256(t * r * 4) + 2 * al256(t * r * 2) + drop;
 }
 
 size_t opsc_many_table_bytes(int n_seg)

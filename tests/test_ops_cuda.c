@@ -179,7 +179,9 @@ static void test_gemm(void **state)
 	tier_dev_free(gpu, dC), tier_dev_free(gpu, dA);
 }
 
-/* ---- Linear layer with LoRA ------------------------------------------------------------------ */
+/* ---- Linear layer with LoRA ------------------------------------------------------------------
+ * Without dropout against fp64 products; with dropout against the CPU layer (tier_linear_fwd /
+ * _bwd, fp32) on the same bf16 values and mask key, so the mask under test is tier_lora_keep's. */
 
 enum { NO_LORA, LORA, LORA_FROZEN };
 
@@ -217,6 +219,71 @@ static void lin_free(lin *L)
 	tier_dev_free(gpu, L->ddy);
 }
 
+static float *f32_of(const double *v, size_t n)
+{
+	float *f = malloc(4 * (n ? n : 1));
+	for (size_t i = 0; i < n; i++)
+		f[i] = (float)v[i];
+	return f;
+}
+
+static void widen(double *d, const float *f, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		d[i] = f[i];
+}
+
+/* fp32 copies of a case's values for the CPU layer; l is lr (its dropout and key) on them. */
+typedef struct {
+	float *x, *w, *a, *b, *dy, *ws;
+	tier_lora_ref l;
+} lin_cpu;
+
+static void cpu_init(lin_cpu *C, const lin *L, const tier_lora_ref *lr)
+{
+	size_t T = L->T, in = L->in, out = L->out, r = L->r;
+	C->x = f32_of(L->x, T * in), C->w = f32_of(L->w, out * in), C->a = f32_of(L->a, r * in);
+	C->b = f32_of(L->b, out * r), C->dy = f32_of(L->dy, T * out);
+	C->l = *lr;
+	C->l.a = C->a, C->l.b = C->b, C->l.da = C->l.db = NULL;
+	C->ws = malloc(4 * tier_linear_ws_floats(L->T, L->in, &C->l));
+}
+
+static void cpu_free(lin_cpu *C)
+{
+	free(C->x), free(C->w), free(C->a), free(C->b), free(C->dy), free(C->ws);
+}
+
+/* y [T, out] = the CPU layer's forward with dropout. */
+static void cpu_fwd(const lin *L, const tier_lora_ref *lr, double *y)
+{
+	lin_cpu C;
+	float *yf = malloc(4 * (size_t)L->T * L->out);
+	cpu_init(&C, L, lr);
+	assert_int_equal(tier_linear_fwd(cpu, L->T, L->in, L->out, C.x, C.w, &C.l, yf, C.ws), 0);
+	widen(y, yf, (size_t)L->T * L->out);
+	cpu_free(&C), free(yf);
+}
+
+/* dx [T, in] (NULL: not wanted) and da, db (NULL: frozen) = the CPU layer's backward with dropout,
+ * the gradients from zero. */
+static void cpu_bwd(const lin *L, const tier_lora_ref *lr, double *dx, double *da, double *db)
+{
+	size_t nx = (size_t)L->T * L->in, na = (size_t)L->r * L->in, nb = (size_t)L->out * L->r;
+	lin_cpu C;
+	float *dxf = malloc(4 * nx), *daf = calloc(na, 4), *dbf = calloc(nb, 4);
+	cpu_init(&C, L, lr);
+	C.l.da = da ? daf : NULL, C.l.db = db ? dbf : NULL;
+	assert_int_equal(tier_linear_bwd(cpu, L->T, L->in, L->out, C.x, C.w, &C.l, C.dy, dx ? dxf : NULL, 0, C.ws), 0);
+	if (dx)
+		widen(dx, dxf, nx);
+	if (da)
+		widen(da, daf, na);
+	if (db)
+		widen(db, dbf, nb);
+	cpu_free(&C), free(dxf), free(daf), free(dbf);
+}
+
 static void lin_fwd(const lin *L, const tier_lora_ref *lr, void *ws)
 {
 	size_t Tout = (size_t)L->T * L->out;
@@ -231,9 +298,19 @@ static void lin_fwd(const lin *L, const tier_lora_ref *lr, void *ws)
 		for (size_t i = 0; i < Tout; i++)
 			y[i] += ylora[i];
 	}
+	if (lr && lr->dropout > 0) {
+		double *yd = malloc(8 * Tout);
+		float *yf = f32_of(y, Tout);
+		cpu_fwd(L, lr, yd);
+		/* the mask changes y well beyond the tolerance: a GPU that ignored it would fail */
+		assert_true(err_f32(yf, yd, Tout, 0) > 10 * TOL_BF16);
+		memcpy(y, yd, 8 * Tout);
+		free(yd), free(yf);
+	}
 	assert_int_equal(opsc_linear_fwd(gpu, L->T, L->in, L->out, L->dx_, L->dw_, lr, dy, ws), 0);
 	down(yg, dy, 4 * Tout);
-	check(lr ? "linear fwd y (LoRA)" : "linear fwd y", err_f32(yg, y, Tout, 0), TOL_BF16);
+	check(!lr ? "linear fwd y" : lr->dropout > 0 ? "linear fwd y (LoRA, dropout)" : "linear fwd y (LoRA)",
+	      err_f32(yg, y, Tout, 0), TOL_BF16);
 	free(y), free(ylora), free(xa), free(yg);
 	tier_dev_free(gpu, dy);
 }
@@ -269,6 +346,8 @@ static void lin_bwd(const lin *L, tier_lora_ref *lr, int trainable, int accumula
 		ref_mm(T, in, r, 1, dxa, 0, L->a, 0, dx);                   /* dx += dxa A */
 		lr->da = trainable ? dda : NULL, lr->db = trainable ? ddb : NULL;
 	}
+	if (lr && lr->dropout > 0)                                          /* all three rewritten */
+		cpu_bwd(L, lr, want_dx ? dx : NULL, trainable ? da : NULL, trainable ? db : NULL);
 	assert_int_equal(opsc_linear_bwd(gpu, T, in, out, L->dx_, L->dw_, lr, L->ddy, ddx, accumulate, ws), 0);
 	if (want_dx)
 		check_acc(accumulate ? "linear bwd dx (accumulated)" : "linear bwd dx", ddx, accumulate ? dx0 : NULL, dx, nx);
@@ -282,7 +361,8 @@ static void lin_bwd(const lin *L, tier_lora_ref *lr, int trainable, int accumula
 	tier_dev_free(gpu, dda), tier_dev_free(gpu, ddb);
 }
 
-static void linear_case(int mode, int accumulate, int want_dx)
+/* p > 0: LoRA dropout with a fresh random mask key (its high bits set, as the trainer's are). */
+static void linear_case(int mode, float p, int accumulate, int want_dx)
 {
 	lin L = { .T = 37, .in = 91, .out = 53, .r = 5, .scale = 2.0 };
 	tier_lora_ref ref, *lr = NULL;
@@ -290,12 +370,16 @@ static void linear_case(int mode, int accumulate, int want_dx)
 	memset(&ref, 0, sizeof ref);
 	if (mode != NO_LORA) {
 		ref.a = (const float *)L.da_, ref.b = (const float *)L.db_, ref.rank = L.r, ref.scale = (float)L.scale;
+		ref.dropout = p, ref.mask_key = tier_rng_next(&rng) | 1ull << 63;
 		lr = &ref;
 	}
-	print_message("linear T=%d in=%d out=%d %s accumulate %d dx %d\n", L.T, L.in, L.out,
-		      mode == NO_LORA ? "no LoRA" : mode == LORA ? "LoRA r=5" : "frozen LoRA r=5", accumulate, want_dx);
-	void *ws = poisoned(opsc_linear_ws_bytes(L.T, L.out, lr ? L.r : 0));
+	print_message("linear T=%d in=%d out=%d %s dropout %.2g accumulate %d dx %d\n", L.T, L.in, L.out,
+		      mode == NO_LORA ? "no LoRA" : mode == LORA ? "LoRA r=5" : "frozen LoRA r=5", p, accumulate, want_dx);
+	size_t wsb = opsc_linear_ws_bytes(L.T, L.in, L.out, lr ? L.r : 0, p);
+	void *ws = poisoned(wsb);
 	lin_fwd(&L, lr, ws);
+	tier_dev_free(gpu, ws);
+	ws = poisoned(wsb); /* the backward remakes what it needs (the masked x): none of the forward's */
 	lin_bwd(&L, lr, mode == LORA, accumulate, want_dx, ws);
 	tier_dev_free(gpu, ws);
 	lin_free(&L);
@@ -304,13 +388,27 @@ static void linear_case(int mode, int accumulate, int want_dx)
 static void test_linear(void **state)
 {
 	(void)state;
-	linear_case(NO_LORA, 0, 1);
-	linear_case(NO_LORA, 1, 1);
-	linear_case(LORA, 0, 1);
-	linear_case(LORA, 1, 1);
-	linear_case(LORA_FROZEN, 0, 1);
-	linear_case(LORA_FROZEN, 1, 1);
-	linear_case(LORA, 0, 0);
+	linear_case(NO_LORA, 0, 0, 1);
+	linear_case(NO_LORA, 0, 1, 1);
+	linear_case(LORA, 0, 0, 1);
+	linear_case(LORA, 0, 1, 1);
+	linear_case(LORA_FROZEN, 0, 0, 1);
+	linear_case(LORA_FROZEN, 0, 1, 1);
+	linear_case(LORA, 0, 0, 0);
+}
+
+/* The same cases with dropout 0.3; the workspace grows by one 4 T in piece, only with an adapter. */
+static void test_linear_dropout(void **state)
+{
+	(void)state;
+	assert_int_equal(opsc_linear_ws_bytes(37, 91, 53, 5, 0.3f) - opsc_linear_ws_bytes(37, 91, 53, 5, 0),
+			 (4 * 37 * 91 + 255) / 256 * 256);
+	assert_int_equal(opsc_linear_ws_bytes(37, 91, 53, 0, 0.3f), opsc_linear_ws_bytes(37, 91, 53, 0, 0));
+	linear_case(LORA, 0.3f, 0, 1);
+	linear_case(LORA, 0.3f, 1, 1);
+	linear_case(LORA_FROZEN, 0.3f, 0, 1);
+	linear_case(LORA_FROZEN, 0.3f, 1, 1);
+	linear_case(LORA, 0.3f, 0, 0);
 }
 
 /* ---- Row and elementwise kernels ------------------------------------------------------------- */
@@ -577,7 +675,7 @@ static void test_fill(void **state)
 static void test_bad_args(void **state)
 {
 	void *p = poisoned(4096);
-	tier_lora_ref half = { .a = p, .b = NULL, .rank = 4, .scale = 1 };
+	tier_lora_ref half = { .a = p, .b = NULL, .rank = 4, .scale = 1 }, all = { .a = p, .b = p, .rank = 4, .dropout = 1 };
 	opsc_operand A = { 0, p, CUDA_R_16BF, 4 }, B = { 0, p, CUDA_R_16BF, 8 };
 	(void)state;
 	assert_int_equal(opsc_add(cpu, 4, p, p, p), -EINVAL);
@@ -586,6 +684,8 @@ static void test_bad_args(void **state)
 	assert_int_equal(opsc_rmsnorm_bwd(gpu, 2, 8, p, p, NULL, p, p), -EINVAL);
 	assert_int_equal(opsc_linear_fwd(gpu, 4, 8, 8, p, p, &half, p, p), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "opsc_linear_fwd"));
+	assert_int_equal(opsc_linear_bwd(gpu, 4, 8, 8, p, p, &all, p, p, 0, p), -EINVAL);  /* dropout 1 */
+	assert_non_null(strstr(tier_last_error(), "dropout"));
 	assert_int_equal(opsc_gemm(gpu, 8, 2, 2, 1.0f, A, B, 0.0f, p, 8), -EINVAL);  /* lda 4 < m 8 */
 	assert_non_null(strstr(tier_last_error(), "8 x 2 x 2"));
 	A.ld = 8, A.type = 3;
@@ -597,7 +697,8 @@ static void test_bad_args(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_rmsnorm),
+		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_linear_dropout),
+		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
 		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_fill),     cmocka_unit_test(test_bad_args),

@@ -63,7 +63,7 @@ static void usage(FILE *f)
 		"  --lora-alpha X       lora_alpha; scale alpha / r (default 16)\n"
 		"  --rslora             scale alpha / sqrt(r)\n"
 		"  --lora-dropout P     PEFT's lora_dropout on the adapters' input while training (default 0;\n"
-		"                       attention and dense-MLP targets, CPU only so far)\n"
+		"                       attention and dense-MLP targets)\n"
 		"  --lora-targets LIST  comma-separated q,k,v,o,mlp,experts (or attn, all); default q,k,v,o,experts\n"
 		"Training\n"
 		"  --steps N            optimizer steps (default 800)\n"

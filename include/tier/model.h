@@ -88,8 +88,8 @@ typedef struct {
 	float alpha;        /* lora_alpha; scale = alpha / r, or alpha / sqrt(r) with use_rslora */
 	int use_rslora;
 	unsigned targets;   /* TIER_LORA_* bits */
-	float dropout;      /* lora_dropout in [0, 1): attention and dense-MLP targets on the CPU (-ENOTSUP for
-	                     * expert targets, as PEFT's fused experts, and on CUDA so far) */
+	float dropout;      /* lora_dropout in [0, 1): attention and dense-MLP targets, CPU and CUDA (-ENOTSUP
+	                     * for expert targets, as PEFT's fused experts) */
 	uint64_t seed;      /* A: kaiming-uniform(a=sqrt(5)) as PEFT, i.e. U(-1/sqrt(in), 1/sqrt(in)) */
 	float init_b_std;   /* 0: B = 0 as PEFT; > 0: B ~ N(0, std) (tests, golden fixtures) */
 } tier_lora_cfg;
@@ -110,8 +110,9 @@ typedef struct tier_model tier_model;
 void tier_model_config_default(tier_hf_config *c);
 
 /* Create the model's objects in `s` (no data yet; LoRA A and B initialised). Returns 0, -EINVAL
- * (bad config or LoRA settings, named), -ENOTSUP (model_type other than qwen3_moe or mixtral, LoRA dropout,
- * a non-CPU device), -ENOMEM or the store's error; *out NULL and no object left on failure. */
+ * (bad config or LoRA settings, named), -ENOTSUP (model_type other than qwen3_moe or mixtral, LoRA
+ * dropout on expert targets, a CUDA context in a build without CUDA), -ENOMEM or the store's
+ * error; *out NULL and no object left on failure. */
 int tier_model_create(tier_store *s, tier_dev *dev, const tier_hf_config *cfg, const tier_lora_cfg *lora,
 		      tier_model **out);
 /* Destroy the model's objects (the store stays). NULL is fine. */
