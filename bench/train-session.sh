@@ -13,6 +13,9 @@ if has tests; then
 	for t in test_ops_cuda test_golden_cuda test_loss_cuda test_attn_cuda test_moe_cuda; do
 		step 120 "$t" "$b/tests/$t"
 	done
+	# the default job's model on the GPU with LoRA dropout (attention targets): the loss must fall
+	step 120 dropout-cuda "$b/tier-run" --device cuda --lora-dropout 0.1 --lora-targets q,k,v,o --steps 40 \
+		--out "$out/dropout-cuda"
 fi
 cfg=bench/configs/qwen3-30b-a3b.json
 run=("$b/tier-run" --device cuda --init random --config "$cfg" --init-range 0.02 --seq 4096 --batch "$batch"
@@ -25,7 +28,7 @@ if has c; then
 	step 400 torch-attn python3 bench/train_torch.py --targets attn --seq 4096 --steps 4 --warmup 2
 	step 400 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing --seq 4096 --steps 4 --warmup 2
 fi
-for n in train-a train-a-cache train-b train-b-cache; do
+for n in dropout-cuda train-a train-a-cache train-b train-b-cache; do
 	[ -f "$out/$n.log" ] && { echo "== $n"; grep -E "^# (done|MFU|hbm|ddr|link|op cache|time by)|^ +[0-9]+ |rror" "$out/$n.log" | tail -14; }
 done
 for n in torch-attn torch-experts; do [ -f "$out/$n.log" ] && { echo "== $n"; grep '^{' "$out/$n.log"; }; done

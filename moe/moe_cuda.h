@@ -1,7 +1,8 @@
 /* moe_cuda.h - the CUDA MoE kernels behind tier/moe.h (moe.cu: router, permute, combine;
  * moe_bwd.cu: the backward of combine, permute and router with the aux and z losses;
  * moe_experts.cu: the SwiGLU experts with LoRA over per-expert cuBLASLt products; moe_grouped.cu:
- * an experimental device-side grouped GEMM; moe_layer.cu: the whole block). The public tier_moe_* functions hand a CUDA context to these.
+ * the device-side grouped GEMM of the experts (tensor cores, offsets read on the device);
+ * moe_layer.cu: the whole block). The public tier_moe_* functions hand a CUDA context to these.
  *
  * All pointers are device memory of the context (expert pointer arrays: host arrays of device
  * pointers); bf16 arrays are __nv_bfloat16 bits (void * here), the rest fp32 or int32 as in
@@ -64,15 +65,28 @@ int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t 
 			      const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
 			      const void *xg, float *g, float *u, void *h, void *y, void *z);
 
-/* ---- the experimental device-side grouped GEMM (moe_grouped.cu) ----
- * y [rows, N] (fp32, or bf16 with y_bf16) = x [rows, K] w_e^T over the rows of each expert, from
- * the device offsets [E+1]; rows_bound >= offsets[E] sizes the grid. w: host array of E device
- * pointers (bf16 [N, K], 16-byte aligned; NULL only for empty experts). K a multiple of 8, x
- * 16-byte aligned. moe_cuda_grouped_enabled: TIER_MOE_GROUPED=1 in the environment (the experts'
- * forward then uses it when there is no LoRA and H, I are multiples of 8, offsets_dev given). */
+/* ---- the device-side grouped GEMM (moe_grouped.cu) ----
+ * Rows of x (bf16 [rows, K], row stride K) are sorted by expert: expert e owns rows
+ * [d_off[e], d_off[e + 1]) of the device offsets [E + 1] (d_off[0] = 0; groups may be empty), which
+ * the host need not know: rows_bound >= d_off[E] sizes the grid (more than 65535 row tiles of 64 or
+ * 128 is -EINVAL: split the call). w, gate, up: host arrays of E device pointers, 16-byte aligned,
+ * NULL only for empty experts. N and K (I and H) multiples of 8; x and the outputs 16-byte aligned.
+ * Rows outside every group are not touched. One launch on the context's stream; on -EINVAL nothing
+ * was launched.
+ * moe_cuda_grouped_mm: C [rows, N] (fp32, or bf16 with c_bf16) = beta C + x op(W_e) over each
+ * expert's rows; w_kn 0: W_e bf16 [N, K] (x W_e^T, the forward), 1: W_e bf16 [K, N] (x W_e, as in
+ * dX = dY W). beta 0 (C is only written) or 1 (added to; fp32 C only).
+ * moe_cuda_grouped_gate_up: g = x gate_e^T, u = x up_e^T (gate_e, up_e bf16 [I, H]) fp32 [rows, I]
+ * and h = bf16(silu(g) u) [rows, I], in one pass.
+ * moe_cuda_grouped_enabled: TIER_MOE_GROUPED=1 in the environment (the experts' forward then uses
+ * these when there is no LoRA, H and I are multiples of 8, everything is aligned and offsets_dev is
+ * given). */
 int moe_cuda_grouped_enabled(void);
-int moe_cuda_grouped_linear(tier_dev *dev, int E, int N, int K, const int32_t *offsets, int rows_bound,
-			    const void *const *w, const void *x, void *y, int y_bf16);
+int moe_cuda_grouped_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
+			const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float beta);
+int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
+			     const void *const *gate, const void *const *up, const void *x, float *g, float *u,
+			     void *h);
 /* The first interface (no LoRA, separate gate / up / down arrays), kept for tests/test_moe_cuda.c. */
 int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const void *const *gate, const void *const *up, const void *const *down,

@@ -353,7 +353,8 @@ static int experts_args(const char *fn, tier_dev *dev, int E, int H, int I, cons
 	return 0;
 }
 
-/* The forward through the device-side grouped GEMM (no LoRA; H, I multiples of 8, aligned). */
+/* The forward through the device-side grouped GEMM (no LoRA; H, I multiples of 8, aligned): g, u and
+ * h in one fused launch, then y = h down^T. */
 static int experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off,
 			       const tier_moe_experts *w, const void *xg, float *g, float *u, void *h, void *y)
 {
@@ -363,26 +364,21 @@ static int experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t
 		ex_w ew = has ? ex_of(w, e, I, H) : ex_w{ NULL, NULL, NULL };
 		gp[e] = ew.gate, upp[e] = ew.up, dp[e] = ew.down;
 	}
-	int rows = off[E], rc;
-	size_t total = (size_t)rows * I;
-	if ((rc = moe_cuda_grouped_linear(dev, E, I, H, d_off, rows, gp, xg, g, 0)) ||
-	    (rc = moe_cuda_grouped_linear(dev, E, I, H, d_off, rows, upp, xg, u, 0)))
-		return rc;
-	if (total) {
-		swiglu_kernel<<<grid_of(total), 256, 0, moe_stream(dev)>>>(g, u, total, (bf16 *)h);
-		CUDA_LAUNCHED();
-	}
-	return moe_cuda_grouped_linear(dev, E, H, I, d_off, rows, dp, h, y, 1);
+	int rows = off[E], rc = moe_cuda_grouped_gate_up(dev, E, H, I, d_off, rows, gp, upp, xg, g, u, h);
+	return rc ? rc : moe_cuda_grouped_mm(dev, E, H, I, d_off, rows, dp, 0, h, y, 1, 0.0f);
 }
 
 /* Whether the grouped GEMM may run: asked for, no LoRA, H and I multiples of 8, every operand it reads
- * with 16-byte loads 16-byte aligned (else the cuBLASLt loop runs). */
+ * or writes with 16-byte loads and paired stores 16-byte aligned (else the cuBLASLt loop runs). */
 static int grouped_fits(int E, int H, int I, const int32_t *off, const tier_moe_experts *w, const void *xg,
-			const void *h, const tier_moe_loras *lora)
+			const float *g, const float *u, const void *h, const void *y, const tier_moe_loras *lora)
 {
-	if (!moe_cuda_grouped_enabled() || moe_lora_max_rank(lora) != 0 || H % 8 || I % 8 || (uintptr_t)xg % 16 ||
-	    (uintptr_t)h % 16)
+	const void *io[] = { xg, g, u, h, y };
+	if (!moe_cuda_grouped_enabled() || moe_lora_max_rank(lora) != 0 || H % 8 || I % 8)
 		return 0;
+	for (size_t i = 0; i < sizeof io / sizeof io[0]; i++)
+		if ((uintptr_t)io[i] % 16)
+			return 0;
 	for (int e = 0; e < E; e++) {
 		if (off[e + 1] == off[e])
 			continue;
@@ -448,7 +444,7 @@ extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(u, fn);
 	MOE_NONNULL(h, fn);
 	MOE_NONNULL(y, fn);
-	if (d_off && grouped_fits(E, H, I, off, w, xg, h, lora))
+	if (d_off && grouped_fits(E, H, I, off, w, xg, g, u, h, y, lora))
 		return experts_fwd_grouped(dev, E, H, I, off, d_off, w, xg, g, u, h, y);
 	size_t total = (size_t)off[E] * I;
 	int nl = lanes_wanted(off, E);

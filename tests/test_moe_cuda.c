@@ -665,8 +665,193 @@ static void test_layer(void **state)
 	layer_case(&(gcase){ m, 19, 33, 17, 3, 0, 0.01f, 0, 0, 0, 0 });          /* odd H, I and rank */
 }
 
-/* The experimental device-side grouped GEMM (TIER_MOE_GROUPED=1): the experts' forward of the layer
- * and of the public step use it when there is no LoRA and H, I are multiples of 8. */
+/* ---- the device-side grouped GEMM (moe/moe_grouped.cu) against an fp64 reference ----------------
+ * Every case: offsets from the group sizes, rows_bound past offsets[E] (the rows in between belong
+ * to no group and must stay as they were: poison, or the start of C when accumulating), weights
+ * NULL for the empty experts, outputs poisoned before the call. */
+static int32_t *offsets_of(int E, const int *nrows)
+{
+	int32_t *off = malloc(4 * (size_t)(E + 1));
+	off[0] = 0;
+	for (int e = 0; e < E; e++)
+		off[e + 1] = off[e] + nrows[e];
+	return off;
+}
+
+/* E bf16-rounded [n] weights on the host, and on the device for the experts that have rows. */
+static void **gg_weights(int E, const int32_t *off, float **f, size_t n)
+{
+	void **d = calloc((size_t)E, sizeof *d);
+	for (int e = 0; e < E; e++)
+		d[e] = off[e + 1] > off[e] ? up_bf16(f[e], n) : NULL;
+	return d;
+}
+
+/* ref [rows, N] = x op(W_e) per expert in fp64; W_e [N, K] (w_kn 0) or [K, N] (1). */
+static double *gg_ref(int E, int N, int K, const int32_t *off, const float *x, float **w, int w_kn)
+{
+	double *ref = calloc((size_t)off[E] * N + 1, sizeof *ref);
+	for (int e = 0; e < E; e++)
+		for (int r = off[e]; r < off[e + 1]; r++)
+			for (int n = 0; n < N; n++) {
+				double s = 0;
+				for (int k = 0; k < K; k++)
+					s += (double)x[(size_t)r * K + k] * w[e][w_kn ? (size_t)k * N + n : (size_t)n * K + k];
+				ref[(size_t)r * N + n] = s;
+			}
+	return ref;
+}
+
+/* The bytes of rows [from, rb) of a [rb, N] device array of es-byte elements equal want's (or 0xff
+ * bytes when want is NULL). */
+static void check_untouched(const void *d, int from, int rb, int N, size_t es, const void *want, const char *what)
+{
+	size_t n = (size_t)rb * N * es, o = (size_t)from * N * es;
+	unsigned char *b = malloc(n + 1);
+	down(b, d, n);
+	for (size_t i = o; i < n; i++) {
+		unsigned char w = want ? ((const unsigned char *)want)[i] : 0xff;
+		if (b[i] != w)
+			fprintf(stderr, "# %s: byte %zu of a row outside the groups changed\n", what, i);
+		assert_int_equal(b[i], w);
+	}
+	free(b);
+}
+
+/* C = beta C + x op(W_e): every layout, output dtype and beta on one shape. */
+static void grouped_mm_case(int E, int N, int K, const int *nrows, int extra)
+{
+	int32_t *off = offsets_of(E, nrows);
+	int rows = off[E], rb = rows + extra;
+	size_t cn = (size_t)rb * N;
+	float **xs = hrand(1, (size_t)rb * K + 1, 1.0f), **wf = hrand(E, (size_t)N * K, 0.1f), *c0 = malloc(4 * cn + 4);
+	void *dx = up_bf16(xs[0], (size_t)rb * K), *doff = up(off, 4 * (size_t)(E + 1)), **wd = gg_weights(E, off, wf, (size_t)N * K);
+	void *dc = up(NULL, 4 * cn);
+	ref_fill(&rng, c0, cn, 1.0f);
+	for (int w_kn = 0; w_kn < 2; w_kn++) {
+		double *ref = gg_ref(E, N, K, off, xs[0], wf, w_kn);
+		for (int v = 0; v < 3; v++) { /* fp32 C; fp32 C accumulated (beta 1); bf16 C */
+			int c_bf16 = v == 2, beta = v == 1;
+			size_t es = c_bf16 ? 2 : 4;
+			char what[96];
+			snprintf(what, sizeof what, "grouped_mm E %d N %d K %d w_kn %d c_bf16 %d beta %d", E, N, K, w_kn, c_bf16,
+				 beta);
+			if (beta)
+				assert_int_equal(tier_dev_memcpy_h2d(gpu, dc, c0, 4 * cn), 0);
+			else
+				poison_dev(dc, es * cn);
+			assert_int_equal(moe_cuda_grouped_mm(gpu, E, N, K, doff, rb, (const void *const *)wd, w_kn, dx, dc,
+							     c_bf16, (float)beta), 0);
+			assert_int_equal(tier_dev_sync(gpu), 0);
+			float *got = c_bf16 ? dl_bf16(dc, (size_t)rows * N) : dl_f32(dc, (size_t)rows * N);
+			double *want = malloc(8 * (size_t)rows * N + 8);
+			for (size_t i = 0; i < (size_t)rows * N; i++)
+				want[i] = ref[i] + (beta ? c0[i] : 0.0);
+			double err = ref_relerr(got, want, (size_t)rows * N), tol = c_bf16 ? BF16_TOL : CUDA_TOL;
+			if (!(err <= tol))
+				fprintf(stderr, "# %s: relative error %g > %g\n", what, err, tol);
+			assert_true(err <= tol);
+			check_untouched(dc, rows, rb, N, es, beta ? c0 : NULL, what);
+			free(got), free(want);
+		}
+		free(ref);
+	}
+	tier_dev_free(gpu, dx), tier_dev_free(gpu, doff), tier_dev_free(gpu, dc), dfree(E, wd);
+	hfree(1, xs), hfree(E, wf), free(c0), free(off);
+}
+
+/* g, u = x gate_e^T, x up_e^T and h = bf16(silu(g) u) in one launch. */
+static void grouped_gate_up_case(int E, int H, int I, const int *nrows, int extra)
+{
+	int32_t *off = offsets_of(E, nrows);
+	int rows = off[E], rb = rows + extra;
+	size_t n = (size_t)rows * I, cn = (size_t)rb * I;
+	float **xs = hrand(1, (size_t)rb * H + 1, 1.0f), **gw = hrand(E, (size_t)I * H, 0.1f), **uw = hrand(E, (size_t)I * H, 0.1f);
+	void *dx = up_bf16(xs[0], (size_t)rb * H), *doff = up(off, 4 * (size_t)(E + 1));
+	void **dgw = gg_weights(E, off, gw, (size_t)I * H), **duw = gg_weights(E, off, uw, (size_t)I * H);
+	void *dg = up(NULL, 4 * cn), *du = up(NULL, 4 * cn), *dh = up(NULL, 2 * cn);
+	poison_dev(dg, 4 * cn), poison_dev(du, 4 * cn), poison_dev(dh, 2 * cn);
+	assert_int_equal(moe_cuda_grouped_gate_up(gpu, E, H, I, doff, rb, (const void *const *)dgw, (const void *const *)duw,
+						  dx, dg, du, dh), 0);
+	assert_int_equal(tier_dev_sync(gpu), 0);
+	double *gr = gg_ref(E, I, H, off, xs[0], gw, 0), *ur = gg_ref(E, I, H, off, xs[0], uw, 0), *hr = malloc(8 * n + 8);
+	for (size_t i = 0; i < n; i++)
+		hr[i] = gr[i] / (1.0 + exp(-gr[i])) * ur[i];
+	float *g = dl_f32(dg, n), *u = dl_f32(du, n), *h = dl_bf16(dh, n);
+	double eg = ref_relerr(g, gr, n), eu = ref_relerr(u, ur, n), eh = ref_relerr(h, hr, n);
+	if (!(eg <= CUDA_TOL && eu <= CUDA_TOL && eh <= BF16_TOL))
+		fprintf(stderr, "# grouped_gate_up E %d H %d I %d: relative errors g %g, u %g, h %g\n", E, H, I, eg, eu, eh);
+	assert_true(eg <= CUDA_TOL && eu <= CUDA_TOL && eh <= BF16_TOL);
+	check_untouched(dg, rows, rb, I, 4, NULL, "grouped_gate_up g");
+	check_untouched(du, rows, rb, I, 4, NULL, "grouped_gate_up u");
+	check_untouched(dh, rows, rb, I, 2, NULL, "grouped_gate_up h");
+	void *dp[] = { dx, doff, dg, du, dh };
+	for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+		tier_dev_free(gpu, dp[i]);
+	dfree(E, dgw), dfree(E, duw), hfree(1, xs), hfree(E, gw), hfree(E, uw);
+	free(gr), free(ur), free(hr), free(g), free(u), free(h), free(off);
+}
+
+/* Group sizes for E = 40: empty, one row, 300 rows (several row tiles) and small random ones, so
+ * that the mean (< 96 rows) picks the 64-row tiles; E = 3 with 301 rows picks the 128-row ones. */
+static void gg_sizes40(int *n)
+{
+	for (int e = 0; e < 40; e++)
+		n[e] = (int)tier_rng_below(&rng, 40);
+	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[39] = 0;
+}
+
+static void test_grouped_mm(void **state)
+{
+	(void)state;
+	static const int r3[] = { 1, 0, 300 }, rbig[] = { 0, 513, 77 }, rnone[] = { 0, 0, 0, 0 }, r1[] = { 1 };
+	int r40[40];
+	gg_sizes40(r40);
+	grouped_mm_case(3, 200, 136, r3, 5);    /* N, K not multiples of the tile; 128-row tiles */
+	grouped_mm_case(40, 200, 136, r40, 3);  /* 64-row tiles */
+	grouped_mm_case(3, 256, 520, rbig, 64); /* many k steps, whole column tiles */
+	grouped_mm_case(4, 8, 8, rnone, 9);     /* no rows at all: every CTA exits */
+	grouped_mm_case(1, 24, 8, r1, 0);       /* one expert of one row, rows_bound = offsets[E] */
+}
+
+static void test_grouped_gate_up(void **state)
+{
+	(void)state;
+	static const int r3[] = { 1, 0, 300 }, rbig[] = { 0, 513, 77 };
+	int r40[40];
+	gg_sizes40(r40);
+	grouped_gate_up_case(3, 136, 200, r3, 5);
+	grouped_gate_up_case(40, 136, 200, r40, 3);
+	grouped_gate_up_case(3, 520, 256, rbig, 64);
+	grouped_gate_up_case(3, 8, 8, r3, 1);
+}
+
+/* What the grouped GEMM refuses on the host, before any launch. */
+static void test_grouped_bad_input(void **state)
+{
+	(void)state;
+	int32_t *off = (int32_t *)64;
+	const void *w[2] = { (void *)64, (void *)64 }, *wodd[2] = { (void *)64, (void *)72 };
+	void *p = (void *)64;
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 12, off, 2, w, 0, p, p, 0, 0.0f), -EINVAL);   /* K % 8 */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 12, 8, off, 2, w, 0, p, p, 0, 0.0f), -EINVAL);   /* N % 8 */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 2, p, p, 0, 0.0f), -EINVAL);    /* w_kn */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, p, p, 1, 1.0f), -EINVAL);    /* beta, bf16 */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 0.5f), -EINVAL);    /* beta */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, -1, w, 0, p, p, 0, 0.0f), -EINVAL);   /* rows_bound */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 0, 8, 8, off, 2, w, 0, p, p, 0, 0.0f), -EINVAL);    /* E */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, wodd, 0, p, p, 0, 0.0f), -EINVAL); /* w align */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, (void *)72, p, 0, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, p, (void *)72, 0, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm(cpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 0.0f), -EINVAL);   /* not CUDA */
+	assert_int_equal(moe_cuda_grouped_gate_up(gpu, 2, 8, 12, off, 2, w, w, p, p, p, p), -EINVAL); /* I % 8 */
+	assert_int_equal(moe_cuda_grouped_gate_up(gpu, 2, 8, 8, off, 2, w, wodd, p, p, p, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up(gpu, 2, 8, 8, off, 2, w, w, p, p, p, (void *)66), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up(gpu, 2, 8, 8, off, 2, w, NULL, p, p, p, p), -EINVAL);
+}
+
+/* The device-side grouped GEMM in the experts' forward (TIER_MOE_GROUPED=1): the layer and the
+ * public step use it when there is no LoRA and H, I are multiples of 8. */
 static void test_layer_grouped(void **state)
 {
 	(void)state;
@@ -681,9 +866,6 @@ static void test_layer_grouped(void **state)
 	layer_case(&(gcase){ m, 1, 128, 160, 0, 0, 0.01f, 0.01f, 0, 0, 0 });    /* T = 1 */
 	layer_case(&(gcase){ one, 150, 64, 32, 0, 2.0f, 0.01f, 0, 1, 0, 0 });   /* all to one expert, drops */
 	layer_case(&(gcase){ big, 24, 64, 40, 0, 0, 0.001f, 0.0001f, 0, 0, 0 }); /* E = 896, k = 16 */
-	int32_t off[3] = { 0, 1, 2 };
-	const void *w[2] = { (void *)64, (void *)64 };
-	assert_int_equal(moe_cuda_grouped_linear(gpu, 2, 8, 12, off, 2, w, (void *)64, (void *)64, 0), -EINVAL);
 	unsetenv("TIER_MOE_GROUPED");
 	assert_false(moe_cuda_grouped_enabled());
 }
@@ -820,6 +1002,9 @@ int main(void)
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_layer),
 		cmocka_unit_test(test_layer_grouped),
+		cmocka_unit_test(test_grouped_mm),
+		cmocka_unit_test(test_grouped_gate_up),
+		cmocka_unit_test(test_grouped_bad_input),
 		cmocka_unit_test(test_steps),
 		cmocka_unit_test(test_layer_bad_input),
 	};
