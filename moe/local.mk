@@ -3,9 +3,9 @@ libtier_la_SOURCES += moe/gemm.c moe/router.c moe/permute.c moe/experts.c moe/co
 	moe/moe_internal.h moe/moe_cuda.h
 tierinclude_HEADERS += include/tier/moe.h
 if HAVE_CUDA
-libtier_la_SOURCES += moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_grouped.cu moe/moe_layer.cu
+libtier_la_SOURCES += moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu
 endif
-EXTRA_DIST += moe/moe_cu.cuh moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_grouped.cu moe/moe_layer.cu
+EXTRA_DIST += moe/moe_cu.cuh moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu
 
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_moe_router tests/test_moe_permute tests/test_moe_experts tests/test_moe_layer \

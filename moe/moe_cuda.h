@@ -73,20 +73,28 @@ int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t 
  * NULL only for empty experts. N and K (I and H) multiples of 8; x and the outputs 16-byte aligned.
  * Rows outside every group are not touched. One launch on the context's stream; on -EINVAL nothing
  * was launched.
- * moe_cuda_grouped_mm: C [rows, N] (fp32, or bf16 with c_bf16) = beta C + x op(W_e) over each
- * expert's rows; w_kn 0: W_e bf16 [N, K] (x W_e^T, the forward), 1: W_e bf16 [K, N] (x W_e, as in
- * dX = dY W). beta 0 (C is only written) or 1 (added to; fp32 C only).
+ * moe_cuda_grouped_mm: C [rows, N] (fp32, or bf16 with c_bf16) = alpha x op(W_e) + beta C over
+ * each expert's rows; w_kn 0: W_e bf16 [N, K] (x W_e^T, the forward), 1: W_e bf16 [K, N] (x W_e, as
+ * in dX = dY W). alpha finite; beta 0 (C is only written, never read) or 1 (added to, in fp32; a bf16
+ * C is read, summed and rounded once).
  * moe_cuda_grouped_gate_up: g = x gate_e^T, u = x up_e^T (gate_e, up_e bf16 [I, H]) fp32 [rows, I]
  * and h = bf16(silu(g) u) [rows, I], in one pass.
- * moe_cuda_grouped_enabled: TIER_MOE_GROUPED=1 in the environment (the experts' forward then uses
- * these when there is no LoRA, H and I are multiples of 8, everything is aligned and offsets_dev is
- * given). */
-int moe_cuda_grouped_enabled(void);
+ * When the experts take these instead of the per-expert loop: moe_cuda_experts_grouped_fits. */
 int moe_cuda_grouped_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
-			const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float beta);
+			const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha, float beta);
 int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
 			     const void *const *gate, const void *const *up, const void *x, float *g, float *u,
 			     void *h);
+/* The weight gradients of per-expert LoRA factors (dB_e += s dY_e^T Z_e, dA_e += dZ_e^T X_e): for
+ * each expert e with rows, C_e [M, N] fp32 += alpha A_e^T B_e, where A_e and B_e are the rows
+ * [d_off[e], d_off[e + 1]) of a (bf16 [rows, M]) and b (bf16 [rows, N]), summed in fp32. c: host
+ * array of E device pointers, 16-byte aligned; c[e] NULL: expert e's gradient is not wanted and
+ * nothing is written for it; experts without rows are left as they are. Deterministic (one CTA per
+ * C tile walks all the group's rows; no atomics): the same inputs give the same bits. M and N
+ * multiples of 8 (fastest with M or N <= 16, the rank of the LoRA), a and b 16-byte aligned, alpha
+ * finite; alpha 0 or no wanted gradient launches nothing. -EINVAL before any launch otherwise. */
+int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound, const void *a,
+			   const void *b, float alpha, float *const *c);
 /* The first interface (no LoRA, separate gate / up / down arrays), kept for tests/test_moe_cuda.c. */
 int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const void *const *gate, const void *const *up, const void *const *down,
@@ -94,9 +102,29 @@ int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 /* Backward: dxg [rows, H] fp32 written from dy [rows, H] bf16; LoRA da, db (fp32) accumulated.
  * Scratch: h, dg, du bf16 [rows, I]; dh fp32 [rows, I]; z, dz bf16 [rows, max rank]. */
 int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
-			 const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const float *g,
+			 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const float *g,
 			 const float *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z,
 			 void *dz);
+
+/* SwiGLU on n elements, h bf16 = silu(g) u; and its backward, dg, du bf16 from dh. */
+int moe_cuda_swiglu(tier_dev *dev, size_t n, const float *g, const float *u, void *h);
+int moe_cuda_swiglu_bwd(tier_dev *dev, size_t n, const float *g, const float *u, const float *dh, void *dg, void *du);
+
+/* ---- the experts through the grouped GEMMs (moe_experts_grouped.cu) ----
+ * Whether they run for these shapes and pointers: TIER_MOE_GROUPED=1 (where everything fits: H, I
+ * and LoRA ranks multiples of 8, every pointer, including io[0..n_io-1], 16-byte aligned), 0
+ * (never), unset or auto (when it fits and the mean non-empty group is under 512 rows, where the
+ * per-expert loop is launch-bound). The forward and backward have the loop's arguments and
+ * results (moe_cuda_experts_fwd_lora, moe_cuda_experts_bwd) with the offsets also on the device. */
+int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t *offsets_host, const tier_moe_experts *w,
+				  const tier_moe_loras *lora, const void *const *io, int n_io);
+int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
+				 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
+				 const void *xg, float *g, float *u, void *h, void *y, void *z);
+int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
+				 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
+				 const void *xg, const float *g, const float *u, const void *dy, float *dxg, void *h,
+				 void *dg, void *du, float *dh, void *z, void *dz);
 
 /* The public steps on CUDA: offsets on the device (read with one synchronisation), scratch ws of
  * tier_moe_experts_ws_bytes (more than these need). */

@@ -223,6 +223,25 @@ __global__ void swiglu_bwd_kernel(const float *g, const float *u, const float *d
 	}
 }
 
+extern "C" int moe_cuda_swiglu(tier_dev *dev, size_t n, const float *g, const float *u, void *h)
+{
+	if (n) {
+		swiglu_kernel<<<grid_of(n), 256, 0, moe_stream(dev)>>>(g, u, n, (bf16 *)h);
+		CUDA_LAUNCHED();
+	}
+	return 0;
+}
+
+extern "C" int moe_cuda_swiglu_bwd(tier_dev *dev, size_t n, const float *g, const float *u, const float *dh, void *dg,
+				   void *du)
+{
+	if (n) {
+		swiglu_bwd_kernel<<<grid_of(n), 256, 0, moe_stream(dev)>>>(g, u, dh, n, (bf16 *)dg, (bf16 *)du);
+		CUDA_LAUNCHED();
+	}
+	return 0;
+}
+
 /* ---- per-expert pointers ---- */
 struct ex_w {
 	const bf16 *gate, *up, *down;
@@ -353,42 +372,6 @@ static int experts_args(const char *fn, tier_dev *dev, int E, int H, int I, cons
 	return 0;
 }
 
-/* The forward through the device-side grouped GEMM (no LoRA; H, I multiples of 8, aligned): g, u and
- * h in one fused launch, then y = h down^T. */
-static int experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off,
-			       const tier_moe_experts *w, const void *xg, float *g, float *u, void *h, void *y)
-{
-	const void *gp[TIER_MOE_MAX_EXPERTS], *upp[TIER_MOE_MAX_EXPERTS], *dp[TIER_MOE_MAX_EXPERTS];
-	for (int e = 0; e < E; e++) {
-		int has = off[e + 1] > off[e];
-		ex_w ew = has ? ex_of(w, e, I, H) : ex_w{ NULL, NULL, NULL };
-		gp[e] = ew.gate, upp[e] = ew.up, dp[e] = ew.down;
-	}
-	int rows = off[E], rc = moe_cuda_grouped_gate_up(dev, E, H, I, d_off, rows, gp, upp, xg, g, u, h);
-	return rc ? rc : moe_cuda_grouped_mm(dev, E, H, I, d_off, rows, dp, 0, h, y, 1, 0.0f);
-}
-
-/* Whether the grouped GEMM may run: asked for, no LoRA, H and I multiples of 8, every operand it reads
- * or writes with 16-byte loads and paired stores 16-byte aligned (else the cuBLASLt loop runs). */
-static int grouped_fits(int E, int H, int I, const int32_t *off, const tier_moe_experts *w, const void *xg,
-			const float *g, const float *u, const void *h, const void *y, const tier_moe_loras *lora)
-{
-	const void *io[] = { xg, g, u, h, y };
-	if (!moe_cuda_grouped_enabled() || moe_lora_max_rank(lora) != 0 || H % 8 || I % 8)
-		return 0;
-	for (size_t i = 0; i < sizeof io / sizeof io[0]; i++)
-		if ((uintptr_t)io[i] % 16)
-			return 0;
-	for (int e = 0; e < E; e++) {
-		if (off[e + 1] == off[e])
-			continue;
-		ex_w ew = ex_of(w, e, I, H);
-		if ((uintptr_t)ew.gate % 16 || (uintptr_t)ew.up % 16 || (uintptr_t)ew.down % 16)
-			return 0;
-	}
-	return 1;
-}
-
 /* g, u [rows, I] fp32 = X gate^T, X up^T (+ LoRA), expert by expert over nl lanes. */
 static int experts_fwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const int32_t *off,
 			       const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, float *g, float *u,
@@ -444,8 +427,9 @@ extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(u, fn);
 	MOE_NONNULL(h, fn);
 	MOE_NONNULL(y, fn);
-	if (d_off && grouped_fits(E, H, I, off, w, xg, g, u, h, y, lora))
-		return experts_fwd_grouped(dev, E, H, I, off, d_off, w, xg, g, u, h, y);
+	const void *io[] = { xg, g, u, h, y, z };
+	if (d_off && moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, io, 6))
+		return moe_cuda_experts_fwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, h, y, z);
 	size_t total = (size_t)off[E] * I;
 	int nl = lanes_wanted(off, E);
 	if (total == 0)
@@ -515,7 +499,7 @@ static int experts_bwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const
 }
 
 extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *off,
-				    const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const float *g,
+				    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const float *g,
 				    const float *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh,
 				    void *z, void *dz)
 {
@@ -540,6 +524,10 @@ extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const in
 	cudaStream_t st = moe_stream(dev);
 	if (total == 0)
 		return 0;
+	const void *io[] = { xg, g, u, dy, dxg, h, dg, du, dh, z, dz };
+	if (d_off && moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, io, 11))
+		return moe_cuda_experts_bwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, dy, dxg, h, dg, du, dh, z,
+						    dz);
 	if (lora_on(lora_of(lora, 2))) { /* h is the input of the down adapter: recompute it */
 		swiglu_kernel<<<grid_of(total), 256, 0, st>>>(g, u, total, hb);
 		CUDA_LAUNCHED();
@@ -596,6 +584,6 @@ extern "C" int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(ws, fn);
 	size_t rows = off[E] > 0 ? (size_t)off[E] : 0, r = (size_t)moe_lora_max_rank(lora), hi = 2 * rows * I;
 	char *b = (char *)ws, *h = b + 4 * rows * I;
-	return moe_cuda_experts_bwd(dev, E, H, I, off, w, lora, xg, g, u, dy, dxg, h, h + hi, h + 2 * hi, (float *)b,
+	return moe_cuda_experts_bwd(dev, E, H, I, off, offsets, w, lora, xg, g, u, dy, dxg, h, h + hi, h + 2 * hi, (float *)b,
 				    h + 3 * hi, h + 3 * hi + 2 * rows * r);
 }

@@ -1,5 +1,6 @@
-/* moe_grouped.cu - the device-side grouped GEMM of the experts: C = beta C + X op(W_e) over the rows
- * of each expert e, and the SwiGLU first half (g, u and h = silu(g) u) fused in one launch.
+/* moe_grouped.cu - the device-side grouped GEMM of the experts: C = alpha X op(W_e) + beta C over the
+ * rows of each expert e, the SwiGLU first half (g, u and h = silu(g) u) fused in one launch, and the
+ * LoRA weight gradients C_e += alpha A_e^T B_e (grouped_wgrad, its own section at the end).
  *
  * The host does not know the offsets (no synchronisation), so the grid is an upper bound on the row
  * tiles and each CTA finds its (expert, row tile) on the device from the device offsets; CTAs past
@@ -44,6 +45,7 @@ struct gg_args {
 	void *c;
 	float *u;
 	bf16 *h;
+	float alpha; /* grouped_mm's scale of the product (1 with gate_up) */
 	int E, N, K, beta;
 };
 
@@ -239,19 +241,21 @@ __device__ __forceinline__ void mma_stage(float (*acc)[4][4], const bf16 *sa, co
 
 /* ---- epilogues: the accumulator (mi, nj) holds rows g, g + 8 (g = lane / 4), columns 2 (lane % 4)
  * and the next, of its 16 x 8 tile ---- */
-__device__ __forceinline__ void put2(float *p, float v0, float v1, int beta)
+__device__ __forceinline__ float2 get2(const float *p) { return *(const float2 *)p; }
+__device__ __forceinline__ float2 get2(const bf16 *p) { return __bfloat1622float2(*(const __nv_bfloat162 *)p); }
+__device__ __forceinline__ void set2(float *p, float2 v) { *(float2 *)p = v; }
+__device__ __forceinline__ void set2(bf16 *p, float2 v) { *(__nv_bfloat162 *)p = __float22bfloat162_rn(v); }
+
+/* alpha (v0, v1) + beta C in fp32, stored once: a bf16 C is rounded once, not per term. */
+template <typename OUT>
+__device__ __forceinline__ void put2(OUT *p, float v0, float v1, float alpha, int beta)
 {
-	float2 *q = (float2 *)p;
+	float2 v = make_float2(alpha * v0, alpha * v1);
 	if (beta) { /* beta 0 never reads C: it may hold anything, NaN included */
-		float2 o = *q;
-		v0 += o.x, v1 += o.y;
+		float2 o = get2(p);
+		v.x += o.x, v.y += o.y;
 	}
-	*q = make_float2(v0, v1);
-}
-__device__ __forceinline__ void put2(bf16 *p, float v0, float v1, int beta)
-{
-	(void)beta; /* the host refuses beta 1 with bf16 C */
-	*(__nv_bfloat162 *)p = __floats2bfloat162_rn(v0, v1);
+	set2(p, v);
 }
 
 template <int BM, typename OUT>
@@ -270,7 +274,8 @@ __device__ __forceinline__ void store_c(float (*acc)[4][4], const gg_args<1> &a,
 			for (int nj = 0; nj < 4; nj++) {
 				int col = t.col0 + wn * 32 + nj * 8 + (lane & 3) * 2; /* even; N % 8 == 0: col + 1 < N too */
 				if (col < a.N)
-					put2(C + (size_t)gr * a.N + col, acc[mi][nj][hf * 2], acc[mi][nj][hf * 2 + 1], a.beta);
+					put2(C + (size_t)gr * a.N + col, acc[mi][nj][hf * 2], acc[mi][nj][hf * 2 + 1], a.alpha,
+					     a.beta);
 			}
 		}
 }
@@ -435,14 +440,9 @@ static int gg_out_aligned(const char *fn, const char *what, const void *p)
 	return 0;
 }
 
-extern "C" int moe_cuda_grouped_enabled(void)
-{
-	const char *v = getenv("TIER_MOE_GROUPED");
-	return v && !strcmp(v, "1");
-}
-
 extern "C" int moe_cuda_grouped_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
-				   const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float beta)
+				   const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha,
+				   float beta)
 {
 	const char *fn = "moe_cuda_grouped_mm";
 	gg_args<1> a; /* 8 KiB */
@@ -453,10 +453,10 @@ extern "C" int moe_cuda_grouped_mm(tier_dev *dev, int E, int N, int K, const int
 		return tier_fail(-EINVAL, "%s: w_kn = %d; it must be 0 (W [N, K]) or 1 (W [K, N])", fn, w_kn);
 	if (beta != 0.0f && beta != 1.0f)
 		return tier_fail(-EINVAL, "%s: beta = %g; it must be 0 (write C) or 1 (add to C)", fn, (double)beta);
-	if (beta != 0.0f && c_bf16)
-		return tier_fail(-EINVAL, "%s: beta 1 accumulates into fp32 C only; pass c_bf16 = 0", fn);
+	if (!isfinite(alpha))
+		return tier_fail(-EINVAL, "%s: alpha = %g; pass a finite scale", fn, (double)alpha);
 	a.off = d_off, a.x = (const bf16 *)x, a.c = c, a.u = NULL, a.h = NULL;
-	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f;
+	a.alpha = alpha, a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f;
 	if (w_kn)
 		return c_bf16 ? gg_dispatch<GG_KN, bf16>(dev, fn, a, rows_bound)
 			      : gg_dispatch<GG_KN, float>(dev, fn, a, rows_bound);
@@ -475,6 +475,221 @@ extern "C" int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, cons
 	    (rc = gg_table(fn, "up", E, up, a.w[1])))
 		return rc;
 	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = u, a.h = (bf16 *)h;
-	a.E = E, a.N = I, a.K = H, a.beta = 0;
+	a.alpha = 1.0f, a.E = E, a.N = I, a.K = H, a.beta = 0;
 	return gg_dispatch<GG_GATE_UP, float>(dev, fn, a, rows_bound);
+}
+
+/* ---- grouped_wgrad: C_e += alpha A_e^T B_e, a reduction over each expert's rows ----
+ * One CTA per (expert, M tile, N tile) owns its C tile and walks all of its group's rows, so the sum
+ * needs no atomics and has one order: the result is the same bit for bit from run to run. The rows
+ * are the k of the product; both operands are stored [rows, cols], so both fragments come by
+ * ldmatrix.trans from shared [k][col]. Each of the 4 warps takes its own 16 rows of every 64-row
+ * stage and accumulates the whole tile; the 4 partial tiles are summed through shared memory in
+ * warp order at the end. The tile fits the rank-r LoRA shapes: 64 x 16 for dB [out, r], 16 x 64 for
+ * dA [r, in] (r <= 16: a square tile would compute 4 times what they need), 64 x 64 otherwise. */
+#define GW_BK 64       /* rows per pipeline stage: 16 per warp */
+#define GW_STAGES 4    /* the groups are read once: stages in flight hide the memory latency */
+#define GW_THREADS 128 /* 4 warps */
+
+struct gw_args {
+	float *c[TIER_MOE_MAX_EXPERTS]; /* NULL: that expert's gradient is not wanted */
+	const int32_t *off;
+	const bf16 *a, *b;
+	float alpha;
+	int M, N;
+};
+
+/* Shared memory: the ring of [GW_BK][BM + PAD] A and [GW_BK][BN + PAD] B stages, reused after the
+ * loop for the warps' partial tiles (one float4 per lane and 16 x 8 tile). */
+template <int BM, int BN>
+struct gw_smem {
+	static constexpr int LDA = BM + GG_PAD, LDB = BN + GG_PAD, MI = BM / 16, NJ = BN / 8;
+	static constexpr int A = GW_BK * LDA, B = GW_BK * LDB;
+	static constexpr size_t RING = (size_t)GW_STAGES * (A + B) * sizeof(bf16);
+	static constexpr size_t RED = (size_t)GW_THREADS * MI * NJ * sizeof(float4);
+	static constexpr size_t BYTES = RING > RED ? RING : RED;
+	static_assert(LDA % 8 == 0 && LDB % 8 == 0 && A % 8 == 0, "16-byte shared rows");
+};
+
+/* Rows [row0, row0 + GW_BK) of g (row stride ld), columns [col0, col0 + W), into s [GW_BK][W + PAD];
+ * rows past rend and columns past ld are zeros, so that they add nothing to the sums. */
+template <int W>
+__device__ __forceinline__ void gw_load(bf16 *s, const bf16 *g, int ld, int row0, int rend, int col0)
+{
+	constexpr int CPR = W / 8, LD = W + GG_PAD;
+	static_assert(GW_BK * CPR % GW_THREADS == 0, "whole chunks per thread");
+#pragma unroll
+	for (int i = 0; i < GW_BK * CPR / GW_THREADS; i++) {
+		int q = threadIdx.x + i * GW_THREADS, r = q / CPR, c = q % CPR * 8, gr = row0 + r, gc = col0 + c;
+		bool ok = gr < rend && gc < ld; /* ld % 8 == 0: a chunk is all in or all out */
+		cp_async16(s + r * LD + c, ok ? g + (size_t)gr * ld + gc : g, ok);
+	}
+}
+
+/* The warp's 16 rows kk.. of one stage: acc[mi][nj] += A[kk.., m tile mi]^T B[kk.., n tile nj]. The
+ * A fragment is A^T's 16 x 16 (m, k) block: matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7,
+ * k 8-15), (m 8-15, k 8-15), each transposed from the stored [k][m]. */
+template <int BM, int BN>
+__device__ __forceinline__ void gw_mma(float (*acc)[BN / 8][4], const bf16 *sa, const bf16 *sb, int kk, int lane)
+{
+	typedef gw_smem<BM, BN> SM;
+	uint32_t a[SM::MI][4], b[BN / 16][4];
+#pragma unroll
+	for (int mi = 0; mi < SM::MI; mi++)
+		ldsm4t(a[mi], sa + (kk + (lane & 7) + (lane >> 4) * 8) * SM::LDA + mi * 16 + ((lane >> 3) & 1) * 8);
+	/* b[jp][0..1]: columns jp 16 + 0-7, k 0-7 and 8-15; b[jp][2..3]: columns jp 16 + 8-15 */
+#pragma unroll
+	for (int jp = 0; jp < BN / 16; jp++)
+		ldsm4t(b[jp], sb + (kk + (lane & 7) + ((lane >> 3) & 1) * 8) * SM::LDB + jp * 16 + (lane >> 4) * 8);
+#pragma unroll
+	for (int mi = 0; mi < SM::MI; mi++)
+#pragma unroll
+		for (int nj = 0; nj < SM::NJ; nj++)
+			mma16816(acc[mi][nj], a[mi], &b[nj >> 1][(nj & 1) * 2]);
+}
+
+/* The 4 partial tiles summed in warp order, then C += alpha sum. Entry q of a warp's part is lane
+ * q % 32 of 16 x 8 tile q / 32: rows g, g + 8 (g = lane / 4), columns 2 (lane % 4) and the next.
+ * The caller has synchronised after the ring's last read (red overlays it). */
+template <int BM, int BN>
+__device__ __forceinline__ void gw_store(float (*acc)[BN / 8][4], float4 *red, const gw_args &a, float *C, int m0,
+					 int n0, int warp, int lane)
+{
+	typedef gw_smem<BM, BN> SM;
+	constexpr int PART = SM::MI * SM::NJ * 32; /* float4 per warp */
+#pragma unroll
+	for (int mi = 0; mi < SM::MI; mi++)
+#pragma unroll
+		for (int nj = 0; nj < SM::NJ; nj++)
+			red[warp * PART + (mi * SM::NJ + nj) * 32 + lane] =
+				make_float4(acc[mi][nj][0], acc[mi][nj][1], acc[mi][nj][2], acc[mi][nj][3]);
+	__syncthreads();
+	for (int q = threadIdx.x; q < PART; q += GW_THREADS) {
+		float4 s = red[q];
+#pragma unroll
+		for (int w = 1; w < GW_THREADS / 32; w++) {
+			float4 v = red[w * PART + q];
+			s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+		}
+		int t = q >> 5, l = q & 31, m = m0 + t / SM::NJ * 16 + (l >> 2), n = n0 + t % SM::NJ * 8 + (l & 3) * 2;
+		if (n >= a.N) /* N % 8 == 0: n + 1 < N too */
+			continue;
+		if (m < a.M)
+			put2(C + (size_t)m * a.N + n, s.x, s.y, a.alpha, 1);
+		if (m + 8 < a.M) /* M % 16 may be 8 */
+			put2(C + (size_t)(m + 8) * a.N + n, s.z, s.w, a.alpha, 1);
+	}
+}
+
+/* The ring as in gg_kernel: before stage kt the groups of stages 0..kt are complete, and the barrier
+ * also frees slot (kt - 1) % STAGES for the prefetch of stage kt + STAGES - 1. */
+template <int BM, int BN>
+__global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ gw_args a)
+{
+	typedef gw_smem<BM, BN> SM;
+	extern __shared__ __align__(16) unsigned char smem[];
+	int e = blockIdx.z, row0 = a.off[e], rend = a.off[e + 1];
+	float *C = a.c[e];
+	if (!C || rend <= row0)
+		return; /* not wanted, or no rows: C_e stays as it is */
+	int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	bf16 *sa = (bf16 *)smem, *sb = sa + GW_STAGES * SM::A;
+	float acc[SM::MI][SM::NJ][4];
+#pragma unroll
+	for (int mi = 0; mi < SM::MI; mi++)
+#pragma unroll
+		for (int nj = 0; nj < SM::NJ; nj++)
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				acc[mi][nj][i] = 0.0f;
+	int nk = (rend - row0 + GW_BK - 1) / GW_BK;
+	auto load = [&](int kt) {
+		int s = kt % GW_STAGES, r = row0 + kt * GW_BK;
+		gw_load<BM>(sa + s * SM::A, a.a, a.M, r, rend, m0);
+		gw_load<BN>(sb + s * SM::B, a.b, a.N, r, rend, n0);
+	};
+#pragma unroll
+	for (int kt = 0; kt < GW_STAGES - 1; kt++) {
+		if (kt < nk)
+			load(kt);
+		cp_async_commit();
+	}
+	for (int kt = 0; kt < nk; kt++) {
+		cp_async_wait<GW_STAGES - 2>();
+		__syncthreads();
+		if (kt + GW_STAGES - 1 < nk)
+			load(kt + GW_STAGES - 1);
+		cp_async_commit();
+		int s = kt % GW_STAGES;
+		if (row0 + kt * GW_BK + warp * 16 < rend) /* a slice wholly past the group is zeros */
+			gw_mma<BM, BN>(acc, sa + s * SM::A, sb + s * SM::B, warp * 16, lane);
+	}
+	cp_async_wait<0>();
+	__syncthreads(); /* every warp is done with the ring that red overlays */
+	gw_store<BM, BN>(acc, (float4 *)smem, a, C, m0, n0, warp, lane);
+}
+
+template <int BM, int BN>
+static int gw_launch(tier_dev *dev, const gw_args &a, int E)
+{
+	typedef gw_smem<BM, BN> SM;
+	dim3 grid((unsigned)((a.N + BN - 1) / BN), (unsigned)((a.M + BM - 1) / BM), (unsigned)E);
+	CUDA_TRY(cudaFuncSetAttribute(gw_kernel<BM, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES));
+	gw_kernel<BM, BN><<<grid, GW_THREADS, SM::BYTES, moe_stream(dev)>>>(a);
+	CUDA_LAUNCHED();
+	return 0;
+}
+
+/* c[e] for e < E into the table (each 16-byte aligned or NULL); how many are not NULL in *n. */
+static int gw_table(const char *fn, int E, float *const *c, float **tab, int *n)
+{
+	MOE_NONNULL(c, fn);
+	*n = 0;
+	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++) {
+		tab[e] = e < E ? c[e] : NULL;
+		if ((uintptr_t)tab[e] % 16)
+			return tier_fail(-EINVAL, "%s: c[%d] is not 16-byte aligned; pass aligned gradients", fn, e);
+		*n += tab[e] != NULL;
+	}
+	return 0;
+}
+
+static int gw_check(const char *fn, tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+		    const void *a, const void *b, float alpha)
+{
+	int rc = moe_cuda_dev(dev, fn);
+	if (rc || (rc = moe_check_tk(fn, 1, 1, E)) || (rc = moe_check_dim(fn, "M", M)) || (rc = moe_check_dim(fn, "N", N)))
+		return rc;
+	MOE_NONNULL(d_off, fn);
+	MOE_NONNULL(a, fn);
+	MOE_NONNULL(b, fn);
+	if (M % 8 || N % 8)
+		return tier_fail(-EINVAL, "%s: M = %d and N = %d must be multiples of 8 (16-byte loads); use the "
+				 "per-expert cuBLASLt products (moe_cuda_mm) for other shapes", fn, M, N);
+	if ((uintptr_t)a % 16 || (uintptr_t)b % 16)
+		return tier_fail(-EINVAL, "%s: %s is not 16-byte aligned; pass an aligned buffer", fn,
+				 (uintptr_t)a % 16 ? "a" : "b");
+	if (rows_bound < 0)
+		return tier_fail(-EINVAL, "%s: rows_bound %d < 0; pass an upper bound on offsets[E]", fn, rows_bound);
+	if (!isfinite(alpha))
+		return tier_fail(-EINVAL, "%s: alpha = %g; pass a finite scale", fn, (double)alpha);
+	return 0;
+}
+
+extern "C" int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+				      const void *a, const void *b, float alpha, float *const *c)
+{
+	const char *fn = "moe_cuda_grouped_wgrad";
+	gw_args g; /* 8 KiB */
+	int wanted, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a, b, alpha);
+	if (rc || (rc = gw_table(fn, E, c, g.c, &wanted)))
+		return rc;
+	if (rows_bound == 0 || wanted == 0 || alpha == 0.0f)
+		return 0; /* nothing to add */
+	g.off = d_off, g.a = (const bf16 *)a, g.b = (const bf16 *)b, g.alpha = alpha, g.M = M, g.N = N;
+	if (N <= 16)
+		return gw_launch<64, 16>(dev, g, E);
+	if (M <= 16)
+		return gw_launch<16, 64>(dev, g, E);
+	return gw_launch<64, 64>(dev, g, E);
 }

@@ -109,7 +109,7 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	if (off[E] > 0 && (rc = moe_cuda_gather(dev, T, k, H, s->pair_row, x, b + l.xg)))
 		return rc;
 	if ((rc = moe_cuda_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, d_out, b + l.dy, dtw)) ||
-	    (off[E] > 0 && (rc = moe_cuda_experts_bwd(dev, E, H, I, off, w, lora, b + l.xg, s->g, s->u, b + l.dy, dxg,
+	    (off[E] > 0 && (rc = moe_cuda_experts_bwd(dev, E, H, I, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.dy, dxg,
 						      b + l.h, b + l.dg, b + l.du, (float *)(b + l.dh), b + l.z,
 						      b + l.dz))) ||
 	    (rc = moe_cuda_unpermute_sum(dev, T, k, H, s->pair_row, dxg, dx)) ||

@@ -718,46 +718,63 @@ static void check_untouched(const void *d, int from, int rb, int N, size_t es, c
 	free(b);
 }
 
-/* C = beta C + x op(W_e): every layout, output dtype and beta on one shape. */
+/* The output variants of grouped_mm: C's dtype, alpha and beta. */
+static const struct {
+	int c_bf16, beta;
+	float alpha;
+} gg_outs[] = {
+	{ 0, 0, 1.0f },  { 0, 1, 1.0f },  /* fp32 C written, accumulated */
+	{ 0, 1, 0.37f }, { 1, 0, 1.0f },  /* scaled and accumulated; bf16 C written (the forward's) */
+	{ 1, 0, 0.37f }, { 1, 1, 0.37f }, /* bf16 C scaled; scaled and added to bf16 C, rounded once */
+};
+
+/* C = alpha x op(W_e) + beta C: every layout and output variant on one shape. The start of C when
+ * accumulating: c0 for fp32 C; c0b (bf16 bits) and c0f (their values) for bf16 C. */
 static void grouped_mm_case(int E, int N, int K, const int *nrows, int extra)
 {
 	int32_t *off = offsets_of(E, nrows);
 	int rows = off[E], rb = rows + extra;
 	size_t cn = (size_t)rb * N;
 	float **xs = hrand(1, (size_t)rb * K + 1, 1.0f), **wf = hrand(E, (size_t)N * K, 0.1f), *c0 = malloc(4 * cn + 4);
+	float *c0f = malloc(4 * cn + 4);
+	uint16_t *c0b = malloc(2 * cn + 2);
 	void *dx = up_bf16(xs[0], (size_t)rb * K), *doff = up(off, 4 * (size_t)(E + 1)), **wd = gg_weights(E, off, wf, (size_t)N * K);
 	void *dc = up(NULL, 4 * cn);
+	fill_bf16(c0f, c0b, cn, 1.0f);
 	ref_fill(&rng, c0, cn, 1.0f);
 	for (int w_kn = 0; w_kn < 2; w_kn++) {
 		double *ref = gg_ref(E, N, K, off, xs[0], wf, w_kn);
-		for (int v = 0; v < 3; v++) { /* fp32 C; fp32 C accumulated (beta 1); bf16 C */
-			int c_bf16 = v == 2, beta = v == 1;
+		for (size_t v = 0; v < sizeof gg_outs / sizeof gg_outs[0]; v++) {
+			int c_bf16 = gg_outs[v].c_bf16, beta = gg_outs[v].beta;
+			float alpha = gg_outs[v].alpha;
 			size_t es = c_bf16 ? 2 : 4;
-			char what[96];
-			snprintf(what, sizeof what, "grouped_mm E %d N %d K %d w_kn %d c_bf16 %d beta %d", E, N, K, w_kn, c_bf16,
-				 beta);
+			const void *start = c_bf16 ? (const void *)c0b : (const void *)c0;
+			const float *base = c_bf16 ? c0f : c0;
+			char what[112];
+			snprintf(what, sizeof what, "grouped_mm E %d N %d K %d w_kn %d c_bf16 %d alpha %g beta %d", E, N, K,
+				 w_kn, c_bf16, (double)alpha, beta);
 			if (beta)
-				assert_int_equal(tier_dev_memcpy_h2d(gpu, dc, c0, 4 * cn), 0);
+				assert_int_equal(tier_dev_memcpy_h2d(gpu, dc, start, es * cn), 0);
 			else
 				poison_dev(dc, es * cn);
 			assert_int_equal(moe_cuda_grouped_mm(gpu, E, N, K, doff, rb, (const void *const *)wd, w_kn, dx, dc,
-							     c_bf16, (float)beta), 0);
+							     c_bf16, alpha, (float)beta), 0);
 			assert_int_equal(tier_dev_sync(gpu), 0);
 			float *got = c_bf16 ? dl_bf16(dc, (size_t)rows * N) : dl_f32(dc, (size_t)rows * N);
 			double *want = malloc(8 * (size_t)rows * N + 8);
 			for (size_t i = 0; i < (size_t)rows * N; i++)
-				want[i] = ref[i] + (beta ? c0[i] : 0.0);
+				want[i] = alpha * ref[i] + (beta ? base[i] : 0.0);
 			double err = ref_relerr(got, want, (size_t)rows * N), tol = c_bf16 ? BF16_TOL : CUDA_TOL;
 			if (!(err <= tol))
 				fprintf(stderr, "# %s: relative error %g > %g\n", what, err, tol);
 			assert_true(err <= tol);
-			check_untouched(dc, rows, rb, N, es, beta ? c0 : NULL, what);
+			check_untouched(dc, rows, rb, N, es, beta ? start : NULL, what);
 			free(got), free(want);
 		}
 		free(ref);
 	}
 	tier_dev_free(gpu, dx), tier_dev_free(gpu, doff), tier_dev_free(gpu, dc), dfree(E, wd);
-	hfree(1, xs), hfree(E, wf), free(c0), free(off);
+	hfree(1, xs), hfree(E, wf), free(c0), free(c0f), free(c0b), free(off);
 }
 
 /* g, u = x gate_e^T, x up_e^T and h = bf16(silu(g) u) in one launch. */
@@ -833,25 +850,139 @@ static void test_grouped_bad_input(void **state)
 	int32_t *off = (int32_t *)64;
 	const void *w[2] = { (void *)64, (void *)64 }, *wodd[2] = { (void *)64, (void *)72 };
 	void *p = (void *)64;
-	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 12, off, 2, w, 0, p, p, 0, 0.0f), -EINVAL);   /* K % 8 */
-	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 12, 8, off, 2, w, 0, p, p, 0, 0.0f), -EINVAL);   /* N % 8 */
-	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 2, p, p, 0, 0.0f), -EINVAL);    /* w_kn */
-	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, p, p, 1, 1.0f), -EINVAL);    /* beta, bf16 */
-	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 0.5f), -EINVAL);    /* beta */
-	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, -1, w, 0, p, p, 0, 0.0f), -EINVAL);   /* rows_bound */
-	assert_int_equal(moe_cuda_grouped_mm(gpu, 0, 8, 8, off, 2, w, 0, p, p, 0, 0.0f), -EINVAL);    /* E */
-	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, wodd, 0, p, p, 0, 0.0f), -EINVAL); /* w align */
-	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, (void *)72, p, 0, 0.0f), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, p, (void *)72, 0, 0.0f), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_mm(cpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 0.0f), -EINVAL);   /* not CUDA */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 12, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);   /* K % 8 */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 12, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);   /* N % 8 */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 2, p, p, 0, 1.0f, 0.0f), -EINVAL);    /* w_kn */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, p, p, 1, NAN, 1.0f), -EINVAL);     /* alpha */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, -INFINITY, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.5f), -EINVAL);    /* beta */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, -1, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);   /* rows_bound */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 0, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);    /* E */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, wodd, 0, p, p, 0, 1.0f, 0.0f), -EINVAL); /* w align */
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, (void *)72, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm(gpu, 2, 8, 8, off, 2, w, 0, p, (void *)72, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm(cpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);    /* not CUDA */
 	assert_int_equal(moe_cuda_grouped_gate_up(gpu, 2, 8, 12, off, 2, w, w, p, p, p, p), -EINVAL); /* I % 8 */
 	assert_int_equal(moe_cuda_grouped_gate_up(gpu, 2, 8, 8, off, 2, w, wodd, p, p, p, p), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_gate_up(gpu, 2, 8, 8, off, 2, w, w, p, p, p, (void *)66), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_gate_up(gpu, 2, 8, 8, off, 2, w, NULL, p, p, p, p), -EINVAL);
 }
 
-/* The device-side grouped GEMM in the experts' forward (TIER_MOE_GROUPED=1): the layer and the
- * public step use it when there is no LoRA and H, I are multiples of 8. */
+/* ---- grouped_wgrad (moe/moe_grouped.cu): C_e += alpha A_e^T B_e over each expert's rows ----------
+ * fp32 sums of bf16 products against fp64 on the same bf16 values: only the order of the sums
+ * differs, over up to 2500 rows. */
+#define WGRAD_TOL 1e-3
+
+/* ref [M, N] = sum over rows r0..r1-1 of a[r]^T b[r] in fp64 (a [rows, M], b [rows, N]). */
+static double *gw_ref(int M, int N, int r0, int r1, const float *a, const float *b)
+{
+	double *ref = calloc((size_t)M * N + 1, sizeof *ref);
+	for (int r = r0; r < r1; r++)
+		for (int m = 0; m < M; m++) {
+			double am = a[(size_t)r * M + m];
+			for (int n = 0; n < N; n++)
+				ref[(size_t)m * N + n] += am * b[(size_t)r * N + n];
+		}
+	return ref;
+}
+
+/* Every C_e starts random (the sum must add to it). Expert skip (>= 0, non-empty) gets a NULL
+ * pointer: its buffer, like those of the empty experts, must keep its bytes. The 5 rows of a and b
+ * past offsets[E] are NaN, so that a read outside the groups shows. A second run from the same start
+ * must give the same bits (no atomics), and alpha 0 must change nothing. */
+static void grouped_wgrad_case(int E, int M, int N, const int *nrows, int skip)
+{
+	int32_t *off = offsets_of(E, nrows);
+	int rows = off[E], rb = rows + 5;
+	size_t cn = (size_t)M * N;
+	float **as = hrand(1, (size_t)rb * M, 1.0f), **bs = hrand(1, (size_t)rb * N, 1.0f), **c0 = hrand(E, cn, 1.0f);
+	for (size_t i = (size_t)rows * M; i < (size_t)rb * M; i++)
+		as[0][i] = NAN;
+	for (size_t i = (size_t)rows * N; i < (size_t)rb * N; i++)
+		bs[0][i] = NAN;
+	void *da = up_bf16(as[0], (size_t)rb * M), *db = up_bf16(bs[0], (size_t)rb * N), *doff = up(off, 4 * (size_t)(E + 1));
+	void **dc = dcopy(E, c0, cn, 1);
+	float **ct = calloc((size_t)E, sizeof *ct), **got = calloc((size_t)E, sizeof *got), alpha = 0.37f;
+	for (int e = 0; e < E; e++)
+		ct[e] = e == skip ? NULL : dc[e];
+	for (int run = 0; run < 3; run++) { /* the sum; the same again from the same start; alpha 0 */
+		for (int e = 0; run == 1 && e < E; e++)
+			assert_int_equal(tier_dev_memcpy_h2d(gpu, dc[e], c0[e], 4 * cn), 0);
+		assert_int_equal(moe_cuda_grouped_wgrad(gpu, E, M, N, doff, rb, da, db, run == 2 ? 0.0f : alpha,
+							(float *const *)ct), 0);
+		assert_int_equal(tier_dev_sync(gpu), 0);
+		for (int e = 0; e < E; e++) {
+			float *g = dl_f32(dc[e], cn);
+			if (!run) {
+				got[e] = g;
+				continue;
+			}
+			assert_memory_equal(g, got[e], 4 * cn); /* the same bits as the first run */
+			free(g);
+		}
+	}
+	for (int e = 0; e < E; e++) {
+		char what[96];
+		snprintf(what, sizeof what, "grouped_wgrad E %d M %d N %d expert %d (%d rows)", E, M, N, e, nrows[e]);
+		if (e == skip || nrows[e] == 0) {
+			assert_memory_equal(got[e], c0[e], 4 * cn); /* untouched */
+			continue;
+		}
+		double *inc = gw_ref(M, N, off[e], off[e + 1], as[0], bs[0]);
+		for (size_t i = 0; i < cn; i++)
+			inc[i] *= alpha;
+		check_grew(got[e], c0[e], inc, cn, WGRAD_TOL, what);
+		free(inc);
+	}
+	tier_dev_free(gpu, da), tier_dev_free(gpu, db), tier_dev_free(gpu, doff), dfree(E, dc);
+	hfree(1, as), hfree(1, bs), hfree(E, c0), hfree(E, got), free(ct), free(off);
+}
+
+/* The LoRA shapes at rank 16 (dB [out, 16], dA [16, in]) and a general one with partial tiles;
+ * groups of 0, 1, 37, 64 (one stage), 300 and 2500 rows. */
+static void test_grouped_wgrad(void **state)
+{
+	(void)state;
+	static const int r3[] = { 2500, 0, 37 }, r3b[] = { 1, 300, 0 };
+	static const int shapes[][2] = { { 2048, 16 }, { 16, 768 }, { 72, 56 } };
+	int r40[40];
+	gg_sizes40(r40);
+	r40[2] = 37, r40[5] = 64, r40[20] = 2500;
+	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+		int M = shapes[i][0], N = shapes[i][1];
+		grouped_wgrad_case(3, M, N, r3, 2); /* the 37-row expert's gradient not wanted */
+		grouped_wgrad_case(3, M, N, r3b, -1);
+		grouped_wgrad_case(40, M, N, r40, 5);
+	}
+}
+
+/* What grouped_wgrad refuses on the host, before any launch. */
+static void test_grouped_wgrad_bad_input(void **state)
+{
+	(void)state;
+	int32_t *off = (int32_t *)64;
+	float *c[2] = { (float *)64, NULL }, *codd[2] = { (float *)64, (float *)72 };
+	float *const *cc = c, *const *co = codd;
+	void *p = (void *)64;
+	assert_int_equal(moe_cuda_grouped_wgrad(cpu, 2, 16, 16, off, 2, p, p, 1.0f, cc), -EINVAL); /* not CUDA */
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 0, 16, 16, off, 2, p, p, 1.0f, cc), -EINVAL); /* E */
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, TIER_MOE_MAX_EXPERTS + 1, 16, 16, off, 2, p, p, 1.0f, cc), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 12, 16, off, 2, p, p, 1.0f, cc), -EINVAL); /* M % 8 */
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 20, off, 2, p, p, 1.0f, cc), -EINVAL); /* N % 8 */
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, (void *)72, p, 1.0f, cc), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, p, (void *)72, 1.0f, cc), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, p, p, 1.0f, co), -EINVAL); /* c[1] align */
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, p, p, 1.0f, NULL), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, -1, p, p, 1.0f, cc), -EINVAL); /* rows_bound */
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, p, p, NAN, cc), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, p, p, INFINITY, cc), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, NULL, 2, p, p, 1.0f, cc), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, NULL, p, 1.0f, cc), -EINVAL);
+}
+
+/* The experts through the grouped GEMMs (TIER_MOE_GROUPED=1), forward and backward, with and
+ * without LoRA: the layer and the public steps take that path wherever H, I and the ranks are
+ * multiples of 8 and every pointer is 16-byte aligned. */
 static void test_layer_grouped(void **state)
 {
 	(void)state;
@@ -860,14 +991,15 @@ static void test_layer_grouped(void **state)
 	tier_moe_router_cfg big = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 896, 16, 1, 0, 0, 0 };
 	tier_moe_router_cfg one = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 1, 0, 0, 0, 0 };
 	assert_int_equal(setenv("TIER_MOE_GROUPED", "1", 1), 0);
-	assert_true(moe_cuda_grouped_enabled());
 	layer_case(&(gcase){ q, 200, 256, 96, 0, 0, 0.01f, 0.001f, 0, 0, 0 });
+	layer_case(&(gcase){ q, 200, 256, 96, 8, 0, 0.01f, 0.001f, 0, 0, 0 });   /* LoRA through the grouped path */
+	layer_case(&(gcase){ q, 77, 96, 64, 16, 0, 0.02f, 0, 0, 1, 0 });        /* fused gate_up with LoRA */
+	layer_case(&(gcase){ m, 5, 64, 40, 8, 1.0f, 0, 0, 0, 0, 1 });           /* drops, frozen A */
 	layer_case(&(gcase){ q, 130, 128, 64, 0, 0, 0.01f, 0, 0, 1, 0 });       /* fused gate_up */
 	layer_case(&(gcase){ m, 1, 128, 160, 0, 0, 0.01f, 0.01f, 0, 0, 0 });    /* T = 1 */
 	layer_case(&(gcase){ one, 150, 64, 32, 0, 2.0f, 0.01f, 0, 1, 0, 0 });   /* all to one expert, drops */
 	layer_case(&(gcase){ big, 24, 64, 40, 0, 0, 0.001f, 0.0001f, 0, 0, 0 }); /* E = 896, k = 16 */
 	unsetenv("TIER_MOE_GROUPED");
-	assert_false(moe_cuda_grouped_enabled());
 }
 
 /* The public steps that run on CUDA, on random routing. */
@@ -1005,6 +1137,8 @@ int main(void)
 		cmocka_unit_test(test_grouped_mm),
 		cmocka_unit_test(test_grouped_gate_up),
 		cmocka_unit_test(test_grouped_bad_input),
+		cmocka_unit_test(test_grouped_wgrad),
+		cmocka_unit_test(test_grouped_wgrad_bad_input),
 		cmocka_unit_test(test_steps),
 		cmocka_unit_test(test_layer_bad_input),
 	};

@@ -83,8 +83,9 @@ static void usage(FILE *f)
 		"replacement), imposed through the router's input. Each time is the median of N runs after two\n"
 		"warm-ups, timed with CUDA events on the compute stream. d2d-copy is a device-to-device copy of\n"
 		"the gathered bytes: the bandwidth the permute is held to. experts-fwd-g and block-fwd-g repeat\n"
-		"the forward with the experimental device-side grouped GEMM (TIER_MOE_GROUPED=1, no host copy of\n"
-		"the offsets in the experts). The peer runs in bench/moe_torch.py.\n"
+		"the forward with the device-side grouped GEMMs (TIER_MOE_GROUPED=1, no host copy of\n"
+		"the offsets in the experts); the other rows follow TIER_MOE_GROUPED (docs/moe.md). The peer runs\n"
+		"in bench/moe_torch.py.\n"
 		"\n"
 		"  --device KIND      cuda (default) or cpu (the fp32 reference; use a small --shape there)\n"
 		"  --model NAME       qwen3-30b, seed-896 or mixtral (repeatable)\n"
@@ -370,6 +371,25 @@ static void free_case(moe_case *c)
 	free(c->wg), free(c->wu), free(c->wd), free(c->sel);
 }
 
+static int call(moe_case *c, int op);
+
+/* op with the experts forced through the grouped GEMMs (TIER_MOE_GROUPED=1), the caller's setting
+ * (TIER_MOE_GROUPED=0 or auto) restored after. */
+static int call_grouped(moe_case *c, int op)
+{
+	const char *was = getenv("TIER_MOE_GROUPED");
+	char keep[16] = "";
+	if (was)
+		snprintf(keep, sizeof keep, "%s", was);
+	setenv("TIER_MOE_GROUPED", "1", 1);
+	int rc = call(c, op);
+	if (was)
+		setenv("TIER_MOE_GROUPED", keep, 1);
+	else
+		unsetenv("TIER_MOE_GROUPED");
+	return rc;
+}
+
 static int call(moe_case *c, int op)
 {
 	tier_moe_saved *s = &c->s;
@@ -405,9 +425,7 @@ static int call(moe_case *c, int op)
 		return tier_moe_router_weights_bwd(c->dev, &c->cfg.router, T, s->logits, s->topk_idx, c->dtw, c->dl);
 	case OP_EXPERTS_FWD_G: /* the experimental device-side grouped GEMM (moe/moe_grouped.cu) */
 	case OP_BLOCK_FWD_G:
-		setenv("TIER_MOE_GROUPED", "1", 1);
-		rc = call(c, op == OP_EXPERTS_FWD_G ? OP_EXPERTS_FWD : OP_BLOCK_FWD);
-		unsetenv("TIER_MOE_GROUPED");
+		rc = call_grouped(c, op == OP_EXPERTS_FWD_G ? OP_EXPERTS_FWD : OP_BLOCK_FWD);
 		return rc;
 	case OP_BLOCK_FWD:
 	case OP_BLOCK_FWD_BWD:

@@ -1,0 +1,195 @@
+/* moe_experts_grouped.cu - the SwiGLU experts with LoRA, forward and backward, through the
+ * device-side grouped GEMMs of moe_grouped.cu: a fixed number of launches per layer whatever the
+ * number of experts (the per-expert cuBLASLt loop of moe_experts.cu makes up to 9 launches per
+ * expert and projection pass, which the host cannot issue as fast as the GPU runs them when groups
+ * are a few hundred rows). LoRA as in the loop: Z = X A^T [rows, r] in bf16, then Y += s Z B^T;
+ * backward dZ = s dY B, dB += s dY^T Z, dA += dZ^T X (per-expert reductions: grouped_wgrad), and
+ * dX += dZ A. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "moe/moe_cu.cuh"
+#include "moe/moe_cuda.h"
+
+/* The per-expert pointer arrays one projection needs, NULL where an expert has no rows. */
+struct ptrs {
+	const void *w[TIER_MOE_MAX_EXPERTS];
+};
+struct gptrs {
+	float *p[TIER_MOE_MAX_EXPERTS];
+};
+
+static int a16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+static const tier_moe_lora *lora_of(const tier_moe_loras *lo, int which)
+{
+	return !lo ? NULL : which == 0 ? &lo->gate : which == 1 ? &lo->up : &lo->down;
+}
+static int lora_on(const tier_moe_lora *l) { return l && l->a && l->b; }
+
+/* Whether one LoRA's arrays suit the grouped kernels: rank a multiple of 8, every pointer of an
+ * expert with rows 16-byte aligned. */
+static int lora_fits(const tier_moe_lora *l, int E, const int32_t *off)
+{
+	if (!lora_on(l))
+		return 1;
+	if (l->rank % 8)
+		return 0;
+	for (int e = 0; e < E; e++) {
+		if (off[e + 1] == off[e])
+			continue;
+		if (!a16(l->a[e]) || !a16(l->b[e]) || (l->da && !a16(l->da[e])) || (l->db && !a16(l->db[e])))
+			return 0;
+	}
+	return 1;
+}
+
+/* TIER_MOE_GROUPED: 1 always (where the shapes fit), 0 never, unset or "auto": when the mean group
+ * is small enough that one cuBLASLt product per expert is launch-bound. Read at each call (cheap
+ * next to a layer) so that benchmarks and tests can switch it. */
+static int grouped_mode(void)
+{
+	const char *v = getenv("TIER_MOE_GROUPED");
+	return !v || !*v || !strcmp(v, "auto") ? 2 : !strcmp(v, "1") ? 1 : 0;
+}
+
+/* Mean rows per non-empty group below which the grouped kernels run in auto mode. */
+#define AUTO_MEAN_ROWS 512
+
+extern "C" int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t *off, const tier_moe_experts *w,
+					     const tier_moe_loras *lora, const void *const *io, int n_io)
+{
+	int mode = grouped_mode(), busy = 0;
+	if (mode == 0 || H % 8 || I % 8 || E > TIER_MOE_MAX_EXPERTS)
+		return 0;
+	for (int i = 0; i < n_io; i++)
+		if (io[i] && !a16(io[i]))
+			return 0;
+	for (int e = 0; e < E; e++) {
+		if (off[e + 1] == off[e])
+			continue;
+		busy++;
+		const void *g = w->gate_up ? w->gate_up[e] : w->gate[e], *u = w->gate_up ? NULL : w->up[e];
+		if (!a16(g) || (u && !a16(u)) || !a16(w->down[e]) || (w->gate_up && ((size_t)I * H * 2) % 16))
+			return 0;
+	}
+	for (int q = 0; q < 3; q++)
+		if (!lora_fits(lora_of(lora, q), E, off))
+			return 0;
+	return mode == 1 || (busy > 0 && off[E] / busy < AUTO_MEAN_ROWS);
+}
+
+/* gate, up, down pointers per expert (NULL for empty experts). */
+static void weights_of(const tier_moe_experts *w, int E, int I, int H, const int32_t *off, ptrs *g, ptrs *u, ptrs *d)
+{
+	for (int e = 0; e < E; e++) {
+		int has = off[e + 1] > off[e];
+		const bf16 *gu = has && w->gate_up ? (const bf16 *)w->gate_up[e] : NULL;
+		const bf16 *second = gu ? gu + (size_t)I * H : NULL;
+		const void *first = gu, *next = second;
+		if (gu && w->order == TIER_MOE_UP_FIRST)
+			first = second, next = gu;
+		g->w[e] = !has ? NULL : gu ? first : (const void *)w->gate[e];
+		u->w[e] = !has ? NULL : gu ? next : (const void *)w->up[e];
+		d->w[e] = has ? w->down[e] : NULL;
+	}
+}
+
+static void lora_ptrs(const tier_moe_lora *l, int E, const int32_t *off, ptrs *a, ptrs *b, gptrs *da, gptrs *db)
+{
+	for (int e = 0; e < E; e++) {
+		int has = off[e + 1] > off[e];
+		a->w[e] = has ? l->a[e] : NULL;
+		b->w[e] = has ? l->b[e] : NULL;
+		if (da)
+			da->p[e] = has && l->da ? l->da[e] : NULL;
+		if (db)
+			db->p[e] = has && l->db ? l->db[e] : NULL;
+	}
+}
+
+/* Y [rows, out] += s (X A^T) B^T for every expert; Z [rows, r] bf16 scratch. */
+static int lora_fwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
+		    int out, const void *X, void *Y, int y_bf16, void *Z)
+{
+	if (!lora_on(l))
+		return 0;
+	ptrs a, b;
+	int rows = off[E], r = l->rank;
+	lora_ptrs(l, E, off, &a, &b, NULL, NULL);
+	int rc = moe_cuda_grouped_mm(dev, E, r, in, d_off, rows, a.w, 0, X, Z, 1, 1.0f, 0.0f);
+	return rc ? rc : moe_cuda_grouped_mm(dev, E, out, r, d_off, rows, b.w, 0, Z, Y, y_bf16, l->scale, 1.0f);
+}
+
+/* From dY [rows, out] bf16: dZ = s dY B; dB += s dY^T (X A^T); dA += dZ^T X; dX [rows, in] += dZ A. */
+static int lora_bwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
+		    int out, const void *X, const void *dY, float *dX, void *Z, void *dZ)
+{
+	if (!lora_on(l))
+		return 0;
+	ptrs a, b;
+	gptrs da, db;
+	int rows = off[E], r = l->rank, rc;
+	lora_ptrs(l, E, off, &a, &b, &da, &db);
+	/* B_e is stored [out, r]: as the right operand of dY B it is [K, N] */
+	if ((rc = moe_cuda_grouped_mm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)))
+		return rc;
+	if (l->db && ((rc = moe_cuda_grouped_mm(dev, E, r, in, d_off, rows, a.w, 0, X, Z, 1, 1.0f, 0.0f)) ||
+		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, l->scale, db.p))))
+		return rc;
+	if (l->da && (rc = moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p)))
+		return rc;
+	/* A_e is stored [r, in]: [K, N] of dZ A */
+	return moe_cuda_grouped_mm(dev, E, in, r, d_off, rows, a.w, 1, dZ, dX, 0, 1.0f, 1.0f);
+}
+
+extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
+					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
+					    const void *xg, float *g, float *u, void *h, void *y, void *z)
+{
+	ptrs gp, upp, dp;
+	int rows = off[E], rc;
+	if (rows == 0)
+		return 0;
+	weights_of(w, E, I, H, off, &gp, &upp, &dp);
+	const tier_moe_lora *lg = lora_of(lora, 0), *lu = lora_of(lora, 1);
+	if (!lora_on(lg) && !lora_on(lu)) { /* SwiGLU fused into the gate/up product */
+		rc = moe_cuda_grouped_gate_up(dev, E, H, I, d_off, rows, gp.w, upp.w, xg, g, u, h);
+	} else if (!(rc = moe_cuda_grouped_mm(dev, E, I, H, d_off, rows, gp.w, 0, xg, g, 0, 1.0f, 0.0f)) &&
+		   !(rc = moe_cuda_grouped_mm(dev, E, I, H, d_off, rows, upp.w, 0, xg, u, 0, 1.0f, 0.0f)) &&
+		   !(rc = lora_fwd(dev, lg, E, off, d_off, H, I, xg, g, 0, z)) &&
+		   !(rc = lora_fwd(dev, lu, E, off, d_off, H, I, xg, u, 0, z))) {
+		rc = moe_cuda_swiglu(dev, (size_t)rows * I, g, u, h);
+	}
+	if (rc || (rc = moe_cuda_grouped_mm(dev, E, H, I, d_off, rows, dp.w, 0, h, y, 1, 1.0f, 0.0f)))
+		return rc;
+	return lora_fwd(dev, lora_of(lora, 2), E, off, d_off, I, H, h, y, 1, z);
+}
+
+extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
+					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
+					    const void *xg, const float *g, const float *u, const void *dy, float *dxg,
+					    void *h, void *dg, void *du, float *dh, void *z, void *dz)
+{
+	ptrs gp, upp, dp;
+	int rows = off[E], rc;
+	size_t n = (size_t)rows * I;
+	if (rows == 0)
+		return 0;
+	weights_of(w, E, I, H, off, &gp, &upp, &dp);
+	const tier_moe_lora *ld = lora_of(lora, 2);
+	/* h is the input of the down adapter: recompute it */
+	if (lora_on(ld) && (rc = moe_cuda_swiglu(dev, n, g, u, h)))
+		return rc;
+	/* dh = dY down: down_e is stored [H, I], the [K, N] of dY down */
+	if ((rc = moe_cuda_grouped_mm(dev, E, I, H, d_off, rows, dp.w, 1, dy, dh, 0, 1.0f, 0.0f)) ||
+	    (rc = lora_bwd(dev, ld, E, off, d_off, I, H, h, dy, dh, z, dz)) ||
+	    (rc = moe_cuda_swiglu_bwd(dev, n, g, u, dh, dg, du)))
+		return rc;
+	/* dX = dG gate + dU up: gate_e, up_e stored [I, H], the [K, N] of dG gate */
+	if ((rc = moe_cuda_grouped_mm(dev, E, H, I, d_off, rows, gp.w, 1, dg, dxg, 0, 1.0f, 0.0f)) ||
+	    (rc = moe_cuda_grouped_mm(dev, E, H, I, d_off, rows, upp.w, 1, du, dxg, 0, 1.0f, 1.0f)) ||
+	    (rc = lora_bwd(dev, lora_of(lora, 0), E, off, d_off, H, I, xg, dg, dxg, z, dz)))
+		return rc;
+	return lora_bwd(dev, lora_of(lora, 1), E, off, d_off, H, I, xg, du, dxg, z, dz);
+}
