@@ -331,6 +331,13 @@ static void test_budget_above_machine(void **state)
 		backend_free(b, &e);
 		assert_int_equal(backend_check(b), 0);
 		backend_destroy(b);
+		/* "max" (tier-run --hbm max): clamped to the machine without a warning */
+		cfg.capacity = UINT64_MAX / 4;
+		log_reset();
+		assert_int_equal(backend_create(&b, &cfg), 0);
+		assert_null(strstr(logged, "clamped to"));
+		assert_true(backend_capacity(b) > 0 && backend_capacity(b) % 4096 == 0);
+		backend_destroy(b);
 	}
 }
 

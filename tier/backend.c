@@ -133,8 +133,12 @@ static int fit_budget(tier_id t, uint64_t *cap, uint64_t have, uint64_t keep, ui
 	if (to == 0)
 		return tier_fail(-E2BIG, "the %s budget %s cannot be clamped: this machine has too little "
 				 "(%s of %s); lower --%s", tname(t), fmt(*cap, a), fmt(have, b), what, tname(t));
-	tier_log(TIER_LOG_WARN, "the %s budget %s is more than this machine has (%s of %s): clamped to %s",
-		 tname(t), fmt(*cap, a), fmt(have, b), what, fmt(to, c));
+	if (*cap >= UINT64_MAX / 4) /* "max": asked for whatever there is, so no warning */
+		tier_log(TIER_LOG_INFO, "the %s budget: %s (all %s of %s but what the process needs)", tname(t),
+			 fmt(to, c), fmt(have, b), what);
+	else
+		tier_log(TIER_LOG_WARN, "the %s budget %s is more than this machine has (%s of %s): clamped to %s",
+			 tname(t), fmt(*cap, a), fmt(have, b), what, fmt(to, c));
 	*cap = to;
 	return 0;
 }
