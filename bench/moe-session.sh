@@ -13,11 +13,13 @@ models=("$@"); [ ${#models[@]} -gt 0 ] || models=(qwen3-30b seed-896 mixtral)
 step 120 test_moe_cuda "$b/tests/test_moe_cuda"
 TIER_MOE_GROUPED=0 step 120 test_moe_cuda-loop "$b/tests/test_moe_cuda"
 TIER_MOE_GROUPED=1 step 120 test_moe_cuda-grouped "$b/tests/test_moe_cuda"
+TIER_MOE_GROUPED=1 TIER_MOE_WGMMA=0 step 120 test_moe_cuda-mmasync "$b/tests/test_moe_cuda"
 [ -x "$b/tests/test_moe_wgmma" ] && step 120 test_moe_wgmma "$b/tests/test_moe_wgmma"
 args=(); for m in "${models[@]}"; do args+=(--model "$m"); done
 for s in ${SHAPES:-}; do args+=(--shape "$s"); done
 step 300 moe-auto "$b/tier-bench" moe "${args[@]}" --json
 TIER_MOE_GROUPED=0 step 300 moe-loop "$b/tier-bench" moe "${args[@]}" --json
+TIER_MOE_WGMMA=0 step 300 moe-mmasync "$b/tier-bench" moe "${args[@]}" --json
 step 300 torch python3 bench/moe_torch.py "${args[@]}" --tier "$out/moe-auto.log"
-for f in moe-auto moe-loop torch; do echo "== $f"; grep -v '^{' "$out/$f.log" | tail -80; done
+for f in moe-auto moe-loop moe-mmasync torch; do echo "== $f"; grep -v '^{' "$out/$f.log" | tail -80; done
 cat "$sum"

@@ -1,11 +1,13 @@
 ## moe/local.mk - the MoE block: router, permute, grouped SwiGLU experts, combine (CPU fp32 reference, CUDA bf16)
 libtier_la_SOURCES += moe/gemm.c moe/router.c moe/permute.c moe/experts.c moe/combine.c moe/layer.c \
-	moe/moe_internal.h moe/moe_cuda.h
+	moe/moe_internal.h moe/moe_cuda.h moe/moe_wgmma.h
 tierinclude_HEADERS += include/tier/moe.h
 if HAVE_CUDA
-libtier_la_SOURCES += moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu
+libtier_la_SOURCES += moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
+	moe/moe_wgmma.cu
 endif
-EXTRA_DIST += moe/moe_cu.cuh moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu
+EXTRA_DIST += moe/moe_cu.cuh moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
+	moe/moe_wgmma.cu
 
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_moe_router tests/test_moe_permute tests/test_moe_experts tests/test_moe_layer \
@@ -27,4 +29,13 @@ tests_test_moe_layer_LDFLAGS = $(TESTLD)
 tests_test_moe_cuda_SOURCES = tests/test_moe_cuda.c tests/moe_ref.h
 tests_test_moe_cuda_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_moe_cuda_LDFLAGS = $(TESTLD)
+endif
+
+## The Hopper grouped GEMM (wgmma; skipped without a compute capability 9.0 GPU)
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_moe_wgmma
+TESTS += tests/test_moe_wgmma
+tests_test_moe_wgmma_SOURCES = tests/test_moe_wgmma.c tests/moe_ref.h
+tests_test_moe_wgmma_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_moe_wgmma_LDFLAGS = $(TESTLD)
 endif

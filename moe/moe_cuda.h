@@ -113,8 +113,8 @@ int moe_cuda_swiglu_bwd(tier_dev *dev, size_t n, const float *g, const float *u,
 /* ---- the experts through the grouped GEMMs (moe_experts_grouped.cu) ----
  * Whether they run for these shapes and pointers: TIER_MOE_GROUPED=1 (where everything fits: H, I
  * and LoRA ranks multiples of 8, every pointer, including io[0..n_io-1], 16-byte aligned), 0
- * (never), unset or auto (when it fits and the mean non-empty group is under 512 rows, where the
- * per-expert loop is launch-bound). The forward and backward have the loop's arguments and
+ * (never), unset or auto (when it fits and one expert's product of the mean group would not fill
+ * the GPU on its own, where the per-expert loop is launch-bound or leaves SMs idle). The forward and backward have the loop's arguments and
  * results (moe_cuda_experts_fwd_lora, moe_cuda_experts_bwd) with the offsets also on the device. */
 int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t *offsets_host, const tier_moe_experts *w,
 				  const tier_moe_loras *lora, const void *const *io, int n_io);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
+#include "moe/moe_wgmma.h"
 
 /* The per-expert pointer arrays one projection needs, NULL where an expert has no rows. */
 struct ptrs {
@@ -53,8 +54,17 @@ static int grouped_mode(void)
 	return !v || !*v || !strcmp(v, "auto") ? 2 : !strcmp(v, "1") ? 1 : 0;
 }
 
-/* Mean rows per non-empty group below which the grouped kernels run in auto mode. */
-#define AUTO_MEAN_ROWS 512
+/* Auto mode: the per-expert loop (cuBLASLt on lanes) wins only when one expert's product alone
+ * fills the GPU: measured on an H200, 8 experts x 2048 rows x I 14336 (~900 tiles of 128 x 256
+ * each) ran 617 TFLOP/s in the loop against 440 grouped, while 128 x 1024 rows x I 768 (24 tiles
+ * each) ran 331 against 404 and smaller groups favour the grouped kernels more. */
+#define AUTO_LOOP_TILES 264 /* two waves of 132 SMs */
+
+static int loop_fills_gpu(int rows, int busy, int I)
+{
+	long mean = busy ? rows / busy : 0;
+	return (mean + 127) / 128 * ((I + 255) / 256) >= AUTO_LOOP_TILES;
+}
 
 extern "C" int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t *off, const tier_moe_experts *w,
 					     const tier_moe_loras *lora, const void *const *io, int n_io)
@@ -76,7 +86,7 @@ extern "C" int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t 
 	for (int q = 0; q < 3; q++)
 		if (!lora_fits(lora_of(lora, q), E, off))
 			return 0;
-	return mode == 1 || (busy > 0 && off[E] / busy < AUTO_MEAN_ROWS);
+	return mode == 1 || (busy > 0 && !loop_fills_gpu(off[E], busy, I));
 }
 
 /* gate, up, down pointers per expert (NULL for empty experts). */
@@ -108,6 +118,24 @@ static void lora_ptrs(const tier_moe_lora *l, int E, const int32_t *off, ptrs *a
 	}
 }
 
+/* TIER_MOE_WGMMA: 0 keeps every product on the mma.sync kernels; otherwise the forward-layout
+ * products (W_e [N, K]) with at least 64 columns run on the Hopper wgmma kernel where the device
+ * has one (compute capability 9.0). */
+static int use_wgmma(tier_dev *dev, int N)
+{
+	const char *v = getenv("TIER_MOE_WGMMA");
+	return N >= 64 && !(v && !strcmp(v, "0")) && moe_cuda_wgmma_supported(dev);
+}
+
+/* C = alpha X op(W_e) + beta C over each expert's rows, on the best kernel for the layout. */
+static int gmm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows, const void *const *w, int w_kn,
+	       const void *x, void *c, int c_bf16, float alpha, float beta)
+{
+	if (!w_kn && use_wgmma(dev, N))
+		return moe_cuda_grouped_mm_sm90(dev, E, N, K, d_off, rows, w, x, c, c_bf16, alpha, beta);
+	return moe_cuda_grouped_mm(dev, E, N, K, d_off, rows, w, w_kn, x, c, c_bf16, alpha, beta);
+}
+
 /* Y [rows, out] += s (X A^T) B^T for every expert; Z [rows, r] bf16 scratch. */
 static int lora_fwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
 		    int out, const void *X, void *Y, int y_bf16, void *Z)
@@ -117,8 +145,8 @@ static int lora_fwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
 	ptrs a, b;
 	int rows = off[E], r = l->rank;
 	lora_ptrs(l, E, off, &a, &b, NULL, NULL);
-	int rc = moe_cuda_grouped_mm(dev, E, r, in, d_off, rows, a.w, 0, X, Z, 1, 1.0f, 0.0f);
-	return rc ? rc : moe_cuda_grouped_mm(dev, E, out, r, d_off, rows, b.w, 0, Z, Y, y_bf16, l->scale, 1.0f);
+	int rc = gmm(dev, E, r, in, d_off, rows, a.w, 0, X, Z, 1, 1.0f, 0.0f);
+	return rc ? rc : gmm(dev, E, out, r, d_off, rows, b.w, 0, Z, Y, y_bf16, l->scale, 1.0f);
 }
 
 /* From dY [rows, out] bf16: dZ = s dY B; dB += s dY^T (X A^T); dA += dZ^T X; dX [rows, in] += dZ A. */
@@ -132,15 +160,15 @@ static int lora_bwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
 	int rows = off[E], r = l->rank, rc;
 	lora_ptrs(l, E, off, &a, &b, &da, &db);
 	/* B_e is stored [out, r]: as the right operand of dY B it is [K, N] */
-	if ((rc = moe_cuda_grouped_mm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)))
+	if ((rc = gmm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)))
 		return rc;
-	if (l->db && ((rc = moe_cuda_grouped_mm(dev, E, r, in, d_off, rows, a.w, 0, X, Z, 1, 1.0f, 0.0f)) ||
+	if (l->db && ((rc = gmm(dev, E, r, in, d_off, rows, a.w, 0, X, Z, 1, 1.0f, 0.0f)) ||
 		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, l->scale, db.p))))
 		return rc;
 	if (l->da && (rc = moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p)))
 		return rc;
 	/* A_e is stored [r, in]: [K, N] of dZ A */
-	return moe_cuda_grouped_mm(dev, E, in, r, d_off, rows, a.w, 1, dZ, dX, 0, 1.0f, 1.0f);
+	return gmm(dev, E, in, r, d_off, rows, a.w, 1, dZ, dX, 0, 1.0f, 1.0f);
 }
 
 extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
@@ -153,15 +181,15 @@ extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, 
 		return 0;
 	weights_of(w, E, I, H, off, &gp, &upp, &dp);
 	const tier_moe_lora *lg = lora_of(lora, 0), *lu = lora_of(lora, 1);
-	if (!lora_on(lg) && !lora_on(lu)) { /* SwiGLU fused into the gate/up product */
+	if (!lora_on(lg) && !lora_on(lu) && !use_wgmma(dev, I)) { /* SwiGLU fused into the gate/up product */
 		rc = moe_cuda_grouped_gate_up(dev, E, H, I, d_off, rows, gp.w, upp.w, xg, g, u, h);
-	} else if (!(rc = moe_cuda_grouped_mm(dev, E, I, H, d_off, rows, gp.w, 0, xg, g, 0, 1.0f, 0.0f)) &&
-		   !(rc = moe_cuda_grouped_mm(dev, E, I, H, d_off, rows, upp.w, 0, xg, u, 0, 1.0f, 0.0f)) &&
+	} else if (!(rc = gmm(dev, E, I, H, d_off, rows, gp.w, 0, xg, g, 0, 1.0f, 0.0f)) &&
+		   !(rc = gmm(dev, E, I, H, d_off, rows, upp.w, 0, xg, u, 0, 1.0f, 0.0f)) &&
 		   !(rc = lora_fwd(dev, lg, E, off, d_off, H, I, xg, g, 0, z)) &&
 		   !(rc = lora_fwd(dev, lu, E, off, d_off, H, I, xg, u, 0, z))) {
 		rc = moe_cuda_swiglu(dev, (size_t)rows * I, g, u, h);
 	}
-	if (rc || (rc = moe_cuda_grouped_mm(dev, E, H, I, d_off, rows, dp.w, 0, h, y, 1, 1.0f, 0.0f)))
+	if (rc || (rc = gmm(dev, E, H, I, d_off, rows, dp.w, 0, h, y, 1, 1.0f, 0.0f)))
 		return rc;
 	return lora_fwd(dev, lora_of(lora, 2), E, off, d_off, I, H, h, y, 1, z);
 }
@@ -182,13 +210,13 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 	if (lora_on(ld) && (rc = moe_cuda_swiglu(dev, n, g, u, h)))
 		return rc;
 	/* dh = dY down: down_e is stored [H, I], the [K, N] of dY down */
-	if ((rc = moe_cuda_grouped_mm(dev, E, I, H, d_off, rows, dp.w, 1, dy, dh, 0, 1.0f, 0.0f)) ||
+	if ((rc = gmm(dev, E, I, H, d_off, rows, dp.w, 1, dy, dh, 0, 1.0f, 0.0f)) ||
 	    (rc = lora_bwd(dev, ld, E, off, d_off, I, H, h, dy, dh, z, dz)) ||
 	    (rc = moe_cuda_swiglu_bwd(dev, n, g, u, dh, dg, du)))
 		return rc;
 	/* dX = dG gate + dU up: gate_e, up_e stored [I, H], the [K, N] of dG gate */
-	if ((rc = moe_cuda_grouped_mm(dev, E, H, I, d_off, rows, gp.w, 1, dg, dxg, 0, 1.0f, 0.0f)) ||
-	    (rc = moe_cuda_grouped_mm(dev, E, H, I, d_off, rows, upp.w, 1, du, dxg, 0, 1.0f, 1.0f)) ||
+	if ((rc = gmm(dev, E, H, I, d_off, rows, gp.w, 1, dg, dxg, 0, 1.0f, 0.0f)) ||
+	    (rc = gmm(dev, E, H, I, d_off, rows, upp.w, 1, du, dxg, 0, 1.0f, 1.0f)) ||
 	    (rc = lora_bwd(dev, lora_of(lora, 0), E, off, d_off, H, I, xg, dg, dxg, z, dz)))
 		return rc;
 	return lora_bwd(dev, lora_of(lora, 1), E, off, d_off, H, I, xg, du, dxg, z, dz);
