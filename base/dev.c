@@ -9,6 +9,7 @@
 #ifdef TIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <cublasLt.h>
+#include <cuda_profiler_api.h>
 #endif
 #ifdef TIER_HAVE_HWLOC
 #include <hwloc.h>
@@ -268,6 +269,18 @@ void *tier_dev_lane_stream(const tier_dev *d, int i, void **ws, size_t *ws_bytes
 	(void)i;
 	*ws = tier_dev_blaslt_workspace(d, ws_bytes);
 	return tier_dev_stream(d);
+}
+
+int tier_dev_profiler(tier_dev *d, int on)
+{
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		CUDA_TRY(cudaStreamSynchronize(d->stream), -EIO); /* the range holds this step's work only */
+		CUDA_TRY(on ? cudaProfilerStart() : cudaProfilerStop(), -EIO);
+	}
+#endif
+	(void)d, (void)on;
+	return 0;
 }
 
 int tier_dev_sync(tier_dev *d)

@@ -85,10 +85,16 @@ fi
 ./tier-run --policy nosuch 2>/dev/null; [ $? = 1 ] || fail "tier-run --policy nosuch should exit 1"
 
 echo "# a job that exits while watched"
-./tier-run --store-demo --hbm 4M --ddr 12M --nvme "$tmp/nvme:32M" --steps 40 --policy lru >/dev/null 2>&1 &
+# (a job that runs until stopped, so that it cannot finish before tier-stat is attached: with a
+# fixed step count a fast machine ended it first, and tier-stat rightly said there was no job)
+./tier-run --store-demo --hbm 4M --ddr 12M --nvme "$tmp/nvme:32M" --steps 100000 --policy lru >/dev/null 2>&1 &
 run_pid=$!
 wait_published $run_pid
-./tier-stat -p $run_pid 0.05 >/dev/null 2>"$tmp/err"; rc=$?
+./tier-stat -p $run_pid 0.05 >/dev/null 2>"$tmp/err" &
+stat_pid=$!
+sleep 1
+kill -TERM $run_pid
+wait $stat_pid; rc=$?
 wait $run_pid
 run_pid=
 [ $rc = 4 ] || fail "tier-stat on an exiting job exited $rc, expected 4 ($(cat "$tmp/err"))"

@@ -364,6 +364,7 @@ typedef struct {
 	uint64_t hbm;    /* the HBM budget in effect (after clamping to the GPU) */
 	double flop_per_token, peak; /* MFU: 4 x active parameters per token; the GPU's peak (0: no MFU) */
 	uint64_t parts[TIER_NPARTS], step_ns; /* time by part of the step, summed over the steps */
+	int profile_step; /* TIER_PROFILE_STEP=N: step N (from 1) between cudaProfilerStart and Stop */
 } job;
 
 /* The dense bf16 peak of the GPU in FLOP/s for MFU: --peak-tflops, else known parts, else 0. */
@@ -603,7 +604,9 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 					return fail_lib("data");
 			}
 		tier_step_result r;
-		if (tier_trainer_step(j->t, j->tok, j->lab, &r)) {
+		int prof = s + 1 == j->profile_step; /* TIER_PROFILE_STEP: this step alone to the profiler */
+		if ((prof && tier_dev_profiler(j->dev, 1)) || tier_trainer_step(j->t, j->tok, j->lab, &r) ||
+		    (prof && tier_dev_profiler(j->dev, 0))) {
 			fprintf(stderr, "tier-run: step %d: %s\n", s, tier_last_error());
 			return 2;
 		}
@@ -746,6 +749,8 @@ int main(int argc, char **argv)
 	signal(SIGTERM, on_signal);
 	job j;
 	memset(&j, 0, sizeof j);
+	const char *ps = getenv("TIER_PROFILE_STEP");
+	j.profile_step = ps ? atoi(ps) : 0;
 	tier_hf_config cfg;
 	if (!o.quiet)
 		printf("tier-run: LoRA fine-tuning with tiered weights (pid %ld, seed %llu)\n", (long)getpid(),

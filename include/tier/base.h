@@ -92,6 +92,10 @@ void *tier_dev_blaslt_workspace(const tier_dev *dev, size_t *bytes);
 int tier_dev_lanes_fork(tier_dev *dev, int n);
 int tier_dev_lanes_join(tier_dev *dev, int n);
 void *tier_dev_lane_stream(const tier_dev *dev, int i, void **ws, size_t *ws_bytes);
+/* CUDA: wait for the queued work, then start (on 1) or stop (0) the profiler's collection
+ * (cudaProfilerStart/Stop: what `ncu --profile-from-start off` or `nsys --capture-range=cudaProfilerApi`
+ * record). 0 or -EIO; nothing on a CPU context. */
+int tier_dev_profiler(tier_dev *dev, int on);
 /* Wait for all work queued on the context. Returns 0 or -EIO (message says what CUDA reported). */
 int tier_dev_sync(tier_dev *dev);
 /* NUMA node closest to the device (-1 when unknown, 0 on a CPU context without libnuma). */
