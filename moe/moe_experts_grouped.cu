@@ -118,9 +118,9 @@ static void lora_ptrs(const tier_moe_lora *l, int E, const int32_t *off, ptrs *a
 	}
 }
 
-/* TIER_MOE_WGMMA: 0 keeps every product on the mma.sync kernels; otherwise the forward-layout
- * products (W_e [N, K]) with at least 64 columns run on the Hopper wgmma kernel where the device
- * has one (compute capability 9.0). */
+/* TIER_MOE_WGMMA: 0 keeps every product on the mma.sync kernels; otherwise the products with at
+ * least 64 columns (either weight layout) and the fused gate/up run on the Hopper wgmma kernels
+ * where the device has them (compute capability 9.0). */
 static int use_wgmma(tier_dev *dev, int N)
 {
 	const char *v = getenv("TIER_MOE_WGMMA");
@@ -131,8 +131,8 @@ static int use_wgmma(tier_dev *dev, int N)
 static int gmm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows, const void *const *w, int w_kn,
 	       const void *x, void *c, int c_bf16, float alpha, float beta)
 {
-	if (!w_kn && use_wgmma(dev, N))
-		return moe_cuda_grouped_mm_sm90(dev, E, N, K, d_off, rows, w, x, c, c_bf16, alpha, beta);
+	if (use_wgmma(dev, N))
+		return moe_cuda_grouped_mm_sm90(dev, E, N, K, d_off, rows, w, w_kn, x, c, c_bf16, alpha, beta);
 	return moe_cuda_grouped_mm(dev, E, N, K, d_off, rows, w, w_kn, x, c, c_bf16, alpha, beta);
 }
 
@@ -181,8 +181,9 @@ extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, 
 		return 0;
 	weights_of(w, E, I, H, off, &gp, &upp, &dp);
 	const tier_moe_lora *lg = lora_of(lora, 0), *lu = lora_of(lora, 1);
-	if (!lora_on(lg) && !lora_on(lu) && !use_wgmma(dev, I)) { /* SwiGLU fused into the gate/up product */
-		rc = moe_cuda_grouped_gate_up(dev, E, H, I, d_off, rows, gp.w, upp.w, xg, g, u, h);
+	if (!lora_on(lg) && !lora_on(lu)) { /* SwiGLU fused into the gate/up product */
+		rc = use_wgmma(dev, I) ? moe_cuda_grouped_gate_up_sm90(dev, E, H, I, d_off, rows, gp.w, upp.w, xg, g, u, h)
+				       : moe_cuda_grouped_gate_up(dev, E, H, I, d_off, rows, gp.w, upp.w, xg, g, u, h);
 	} else if (!(rc = gmm(dev, E, I, H, d_off, rows, gp.w, 0, xg, g, 0, 1.0f, 0.0f)) &&
 		   !(rc = gmm(dev, E, I, H, d_off, rows, upp.w, 0, xg, u, 0, 1.0f, 0.0f)) &&
 		   !(rc = lora_fwd(dev, lg, E, off, d_off, H, I, xg, g, 0, z)) &&

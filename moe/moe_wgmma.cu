@@ -1,12 +1,26 @@
-/* moe_wgmma.cu - the experts' grouped GEMM on Hopper tensor cores: C = alpha X W_e^T + beta C over
- * each expert's rows, wgmma reading both operands from shared memory (moe_wgmma.h).
+/* moe_wgmma.cu - the experts' grouped GEMMs on Hopper tensor cores: C = alpha X op(W_e) + beta C over
+ * each expert's rows, and the fused gate/up product with SwiGLU; wgmma reads both operands from
+ * shared memory (moe_wgmma.h).
  *
- * Shared layout. A CTA tile is BM x BN of C (128 x 256, 128 x 128 or 64 x 256) and a stage is 64 k:
- * 64 bf16 are one 128-byte row, exactly one 128-byte swizzle atom. Both operands are K-major (X rows
- * and W_e rows hold k contiguously), so a stage of either is rows of 128 bytes in which the 16-byte
- * chunk j of row r sits at chunk j ^ (r % 8): the layout that wgmma's 128B-swizzle descriptor reads
- * (8-row groups 1024 bytes apart; k + 16 within the row = start address + 32 bytes) and that 16-byte
- * cp.async can write. No TMA: it would need a tensor map per expert.
+ * Shared layout. A CTA tile is BM x BN of the product (128 x 256, 128 x 128 or 64 x 256) and a stage
+ * is 64 k: 64 bf16 are one 128-byte row, exactly one 128-byte swizzle atom. A stage is rows of 128
+ * bytes in which the 16-byte chunk j of row r sits at chunk j ^ (r % 8) (the 128B swizzle, a function
+ * of the address bits 4-9, hence a 1024-byte aligned ring), which 16-byte cp.async can write.
+ *  - K-major operands (X rows, W_e [N, K] rows, gate_e and up_e rows hold k contiguously): row r of
+ *    the stage is row r of the operand (descriptor: 8-row groups 1024 bytes apart; k + 16 within the
+ *    row = start address + 32 bytes).
+ *  - The MN-major B of W_e [K, N] (w_kn 1: N contiguous; wgmma's transposed B, imm-trans-b 1): blocks
+ *    of 64 columns (128 bytes) x 64 k, 8 KiB each, in column order; row r of a block is k0 + r
+ *    (descriptor: LBO = 8192 between 64-column blocks, SBO = 1024 between 8-k groups; k + 16 = two
+ *    8-k groups = start address + 2048 bytes). PTX ISA, "Shared Memory Matrix Layout": the canonical
+ *    MN-major 128B layout ((8,8,m),(8,k)):((1,8,LBO),(64,SBO)) in bf16 elements.
+ * No TMA: it would need a tensor map per expert.
+ *
+ * Gate/up. The 16-row group q of the B tile holds rows col0 + 8 q..+7 of gate_e in its first 8 rows
+ * and the same rows of up_e in its last 8, so the accumulator's 8-column block 2 q is g and 2 q + 1
+ * is u of the same output columns, in registers of the same thread (the accumulator layout at
+ * wg_store): the epilogue writes g, u and bf16(silu(g) u) from them. A tile has BN / 2 output
+ * columns, and x is read once for both products.
  *
  * Roles. Warpgroup 0 is the producer: cp.async global -> shared through a STAGES-deep ring. Warpgroups
  * 1 and 2 are the consumers, each 64 rows x WN columns (the two halves of M when BM = 128, of N when
@@ -40,12 +54,37 @@
 #define WG_CONSUMER_WARPS 8  /* arrivals that empty a stage */
 #define WG_RING (200 * 1024) /* shared bytes for the stages; the tables take the rest of 227 KiB */
 
-/* A CTA tile of BM x BN: the bytes of a stage, the ring depth that fits, and the columns WN of each
- * consumer warpgroup (its 64 rows). */
-template <int BM_, int BN_>
+/* What B is and what the epilogue writes. */
+enum {
+	WG_NK, /* W_e [N, K] (K-major B): C = alpha X W_e^T + beta C */
+	WG_KN, /* W_e [K, N] (MN-major B): C = alpha X W_e + beta C */
+	WG_GU  /* gate_e and up_e [I, K], 8 rows of each in turn: g, u and h = silu(g) u */
+};
+#define WG_MN_BLOCK (WG_BK * WG_ROW) /* bytes of a 64-column block of an MN-major B stage */
+
+/* The kernel's parameters (__grid_constant__: the 8 KiB pointer tables stay in parameter space). */
+template <int MODE>
+struct wg_args {
+	const bf16 *w[TIER_MOE_MAX_EXPERTS]; /* W_e; gate/up: gate_e */
+	const int32_t *off;
+	const bf16 *x;
+	void *c; /* C; gate/up: g, fp32 */
+	float alpha;
+	int E, N, K, beta; /* N: the output columns (gate/up: I) */
+	int rt_bound;      /* row tiles at or past it are never computed: rows_bound's bound on them */
+	float *u;          /* gate/up: u, fp32 */
+	bf16 *h;           /* gate/up: h, bf16 */
+	const bf16 *up[MODE == WG_GU ? TIER_MOE_MAX_EXPERTS : 1]; /* gate/up: up_e */
+};
+
+/* A CTA tile of BM x BN: the bytes of a stage, the ring depth that fits, the columns WN of each
+ * consumer warpgroup (its 64 rows) and the output columns OBN of a tile. */
+template <int BM_, int BN_, int MODE_>
 struct wg_cfg {
-	static constexpr int BM = BM_, BN = BN_;
+	static constexpr int BM = BM_, BN = BN_, MODE = MODE_;
+	static constexpr int OBN = MODE == WG_GU ? BN / 2 : BN;
 	static constexpr int WN = BM == 128 ? BN : BN / 2;
+	typedef wg_args<MODE> args;
 	static constexpr int A_BYTES = BM * WG_ROW, B_BYTES = BN * WG_ROW, STAGE = A_BYTES + B_BYTES;
 	static constexpr int STAGES = WG_RING / STAGE;
 	/* ints: tile0 and roff [E + 1] each, one partial sum per warp */
@@ -56,17 +95,6 @@ struct wg_cfg {
 	static_assert(WN == 128 || WN == 256, "the wgmma shapes below: m64n128k16, m64n256k16");
 	static_assert(STAGES >= 3, "a stage loading while the consumers hold two");
 	static_assert(BYTES <= 227 * 1024, "Hopper's shared memory per block");
-};
-
-/* The kernel's parameters (__grid_constant__: the 8 KiB pointer table stays in parameter space). */
-struct wg_args {
-	const bf16 *w[TIER_MOE_MAX_EXPERTS];
-	const int32_t *off;
-	const bf16 *x;
-	void *c;
-	float alpha;
-	int E, N, K, beta;
-	int rt_bound; /* row tiles at or past it are never computed: rows_bound's bound on them */
 };
 
 struct wg_tile {
@@ -164,12 +192,20 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
 	return (uint64_t)((saddr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
+/* The same for the MN-major B (w_kn 1): leading byte offset 8192 >> 4 between 64-column blocks (bits
+ * 16-29), stride byte offset 1024 >> 4 between 8-k groups (bits 32-45), 128B swizzle. */
+__device__ __forceinline__ uint64_t wg_desc_mn(uint32_t saddr)
+{
+	return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(WG_MN_BLOCK >> 4) << 16) | (64ull << 32) | (1ull << 62);
+}
+
 #define WG_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define WG_D16(i) WG_D4(i), WG_D4(i + 4), WG_D4(i + 8), WG_D4(i + 12)
 #define WG_D64(i) WG_D16(i), WG_D16(i + 16), WG_D16(i + 32), WG_D16(i + 48)
 
 /* D (64 x 128 fp32: 64 registers a thread) += A (64 x 16) B (16 x 128), both from shared memory;
- * acc 0 drops D's old value instead (a tile's first product: no zeroing pass). */
+ * acc 0 drops D's old value instead (a tile's first product: no zeroing pass). TB: B is MN-major. */
+template <int TB>
 __device__ __forceinline__ void wgmma_op(float (&d)[64], uint64_t da, uint64_t db, int acc)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -178,12 +214,13 @@ __device__ __forceinline__ void wgmma_op(float (&d)[64], uint64_t da, uint64_t d
 		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
 		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
 		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-		     "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+		     "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
 		     : WG_D64(0)
-		     : "l"(da), "l"(db), "r"(acc));
+		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
 }
 
 /* The same with 256 columns (128 registers a thread). */
+template <int TB>
 __device__ __forceinline__ void wgmma_op(float (&d)[128], uint64_t da, uint64_t db, int acc)
 {
 	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -196,9 +233,9 @@ __device__ __forceinline__ void wgmma_op(float (&d)[128], uint64_t da, uint64_t 
 		     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
 		     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
 		     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-		     "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+		     "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
 		     : WG_D64(0), WG_D64(64)
-		     : "l"(da), "l"(db), "r"(acc));
+		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
 }
 
 /* ---- the tile table ---- */
@@ -212,8 +249,8 @@ __device__ __forceinline__ int wg_ntiles(int lo, int hi)
 /* tile0 and roff from the device offsets: each thread sums the tiles of up to ceil(E / 384)
  * consecutive experts; a shuffle scan per warp and the 12 warp totals give each thread its first
  * tile. All threads; synchronises. */
-template <int BM>
-__device__ static void wg_table(const wg_args &a, const wg_shared &sh)
+template <int BM, class ARGS>
+__device__ static void wg_table(const ARGS &a, const wg_shared &sh)
 {
 	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	int per = (a.E + WG_THREADS - 1) / WG_THREADS, e0 = min(tid * per, a.E), e1 = min(e0 + per, a.E), mine = 0;
@@ -248,7 +285,7 @@ __device__ static void wg_table(const wg_args &a, const wg_shared &sh)
 
 /* Tile t: row tile rt = t / ncol, in the expert whose tiles (counted in expert order) cover it - the
  * last e with tile0[e] <= rt, as empty experts share their successor's tile0 - and column tile
- * t % ncol. */
+ * t % ncol (BN output columns). */
 template <int BM, int BN>
 __device__ __forceinline__ wg_tile wg_find(const wg_shared &sh, int E, long long t, int ncol)
 {
@@ -283,21 +320,38 @@ __device__ __forceinline__ wg_shared wg_carve(unsigned char *smem)
 }
 
 /* ---- the producer: warpgroup 0 ---- */
-/* Thread p copies the 16-byte chunk j = p % 8 of rows p / 8 + 16 i of both operands; all its rows
- * share r % 8, hence the swizzled chunk j ^ (r % 8). A stage is reused once the consumers emptied it
- * (parity ph ^ 1: the first lap passes at once). */
+/* Thread p copies the 16-byte chunk j = p % 8 of the stage rows r0 + 16 i (r0 = p / 8) of both
+ * operands; all its rows share r % 8, hence the swizzled chunk j ^ (r % 8). Stage row r0 + 16 i of B is
+ *  - W_e [N, K]: row col0 + r0 + 16 i of W_e, k chunk j;
+ *  - gate/up: row col0 + r0 % 8 + 8 i of gate_e (r0 < 8) or up_e (r0 >= 8), k chunk j;
+ *  - W_e [K, N]: row k0 + r0 + 16 (i % 4) of W_e (a k), columns col0 + 64 (i / 4) + 8 j..+7: in
+ *    block i / 4 at row r0 + 16 (i % 4), i.e. 2048 i bytes past the thread's first chunk as well.
+ * A stage is reused once the consumers emptied it (parity ph ^ 1: the first lap passes at once). */
 template <class CFG>
-__device__ static void wg_produce(const wg_args &a, const wg_shared &sh, int ncol, long long total)
+__device__ static void wg_produce(const typename CFG::args &a, const wg_shared &sh, int ncol, long long total)
 {
+	constexpr int MODE = CFG::MODE;
 	int p = threadIdx.x, j = p & 7, r0 = p >> 3, s = 0;
 	uint32_t ph = 0, dst = (uint32_t)(r0 * WG_ROW + ((j ^ (r0 & 7)) << 4));
 	size_t step = (size_t)16 * a.K; /* 16 rows */
+	size_t bstep = MODE == WG_KN ? (size_t)16 * a.N : MODE == WG_GU ? (size_t)8 * a.K : step;
 	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
-		wg_tile tl = wg_find<CFG::BM, CFG::BN>(sh, a.E, t, ncol);
-		const bf16 *W = a.w[tl.e];
+		wg_tile tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
+		const bf16 *W = a.w[tl.e], *wb;
 		/* the base addresses of rows that are out are never read */
-		const bf16 *xa = a.x + (size_t)(tl.row0 + r0) * a.K + 8 * j, *wb = W + (size_t)(tl.col0 + r0) * a.K + 8 * j;
-		int arows = tl.rend - tl.row0 - r0, brows = a.N - tl.col0 - r0; /* row r0 + 16 i is in when 16 i < */
+		const bf16 *xa = a.x + (size_t)(tl.row0 + r0) * a.K + 8 * j;
+		int arows = tl.rend - tl.row0 - r0; /* row r0 + 16 i is in when 16 i < arows */
+		int bin; /* W_e [N, K]: B row i is in when 16 i < bin; gate/up: 8 i < bin; W_e [K, N]: 64 (i / 4) < bin */
+		if constexpr (MODE == WG_KN) {
+			wb = W + (size_t)r0 * a.N + tl.col0 + 8 * j;
+			bin = a.N - tl.col0 - 8 * j; /* N % 8 == 0: a chunk is all in or all out */
+		} else if constexpr (MODE == WG_GU) {
+			wb = (r0 < 8 ? W : a.up[tl.e]) + (size_t)(tl.col0 + (r0 & 7)) * a.K + 8 * j;
+			bin = a.N - tl.col0 - (r0 & 7);
+		} else {
+			wb = W + (size_t)(tl.col0 + r0) * a.K + 8 * j;
+			bin = a.N - tl.col0 - r0;
+		}
 		for (int k0 = 0; k0 < a.K; k0 += WG_BK) {
 			bar_wait(sh.empty + 8 * s, ph ^ 1);
 			bool kin = k0 + 8 * j < a.K; /* K % 8 == 0: a chunk is all in or all out */
@@ -307,10 +361,20 @@ __device__ static void wg_produce(const wg_args &a, const wg_shared &sh, int nco
 				bool ok = kin && 16 * i < arows;
 				cp_async16(sa + i * 16 * WG_ROW, ok ? xa + i * step + k0 : a.x, ok);
 			}
+			if constexpr (MODE == WG_KN) {
+				const bf16 *wk = wb + (size_t)k0 * a.N;
+				int kleft = a.K - k0 - r0; /* k row r0 + 16 (i % 4) is in when 16 (i % 4) < kleft */
 #pragma unroll
-			for (int i = 0; i < CFG::BN / 16; i++) {
-				bool ok = kin && 16 * i < brows;
-				cp_async16(sb + i * 16 * WG_ROW, ok ? wb + i * step + k0 : W, ok);
+				for (int i = 0; i < CFG::BN / 16; i++) {
+					bool ok = 16 * (i & 3) < kleft && 64 * (i >> 2) < bin;
+					cp_async16(sb + i * 16 * WG_ROW, ok ? wk + (i & 3) * bstep + 64 * (i >> 2) : W, ok);
+				}
+			} else {
+#pragma unroll
+				for (int i = 0; i < CFG::BN / 16; i++) {
+					bool ok = kin && (MODE == WG_GU ? 8 : 16) * i < bin;
+					cp_async16(sb + i * 16 * WG_ROW, ok ? wb + i * bstep + k0 : W, ok);
+				}
 			}
 			bar_arrive_copies(sh.full + 8 * s);
 			if (++s == CFG::STAGES)
@@ -334,7 +398,8 @@ __device__ __forceinline__ void wg_put2(bf16 *p, float v0, float v1)
  * every old value of a row is read before the first store: a load after a store to the same type
  * would wait for it. beta 0 never reads C (it may hold anything, NaN included). */
 template <class CFG, typename OUT>
-__device__ static void wg_store(float (&d)[CFG::WN / 2], const wg_args &a, const wg_tile &tl, int g, int warp, int lane)
+__device__ static void wg_store(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_tile &tl, int g, int warp,
+				int lane)
 {
 	OUT *C = (OUT *)a.c;
 	int r = tl.row0 + (CFG::BM == 128 ? 64 * g : 0) + 16 * warp + (lane >> 2);
@@ -358,6 +423,36 @@ __device__ static void wg_store(float (&d)[CFG::WN / 2], const wg_args &a, const
 	}
 }
 
+/* The gate/up epilogue: the 8-column blocks 2 q (g) and 2 q + 1 (u) of the accumulator are output
+ * columns 8 q + 2 (l % 4) + b of the consumer's WN / 2; g and u are written as they are and
+ * h = bf16(silu(g) u), silu(g) = g / (1 + exp(-g)) (-0 for very negative g, where exp overflows). */
+template <class CFG>
+__device__ static void wg_store_gu(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_tile &tl, int g,
+				   int warp, int lane)
+{
+	int r = tl.row0 + (CFG::BM == 128 ? 64 * g : 0) + 16 * warp + (lane >> 2);
+	int c0 = tl.col0 + (CFG::BM == 128 ? 0 : CFG::WN / 2 * g) + 2 * (lane & 3);
+	int ncols = a.N - c0; /* column c0 + 8 q is in when 8 q < ncols; even, so its pair is too */
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		if (r + 8 * h >= tl.rend)
+			continue;
+		size_t o = (size_t)(r + 8 * h) * a.N + c0;
+		float *G = (float *)a.c + o, *U = a.u + o;
+		bf16 *Hh = a.h + o;
+#pragma unroll
+		for (int q = 0; q < CFG::WN / 16; q++) {
+			if (8 * q >= ncols)
+				continue;
+			float g0 = d[8 * q + 2 * h], g1 = d[8 * q + 2 * h + 1];
+			float u0 = d[8 * q + 4 + 2 * h], u1 = d[8 * q + 4 + 2 * h + 1];
+			wg_put2(G + 8 * q, g0, g1);
+			wg_put2(U + 8 * q, u0, u1);
+			wg_put2(Hh + 8 * q, g0 / (1.0f + __expf(-g0)) * u0, g1 / (1.0f + __expf(-g1)) * u1);
+		}
+	}
+}
+
 /* One arrival per consumer warp: wgmma.wait_group is warp-synchronous, so lane 0 past it means the
  * warp's products that read the stage are complete. */
 __device__ __forceinline__ void wg_release(const wg_shared &sh, int s, int lane)
@@ -369,8 +464,10 @@ __device__ __forceinline__ void wg_release(const wg_shared &sh, int s, int lane)
 /* Consumer g (0 or 1): per stage one group of 4 products (k 16 each) is issued while the previous
  * stage's group may still run; that stage goes back to the producer once its group is complete. */
 template <class CFG, typename OUT>
-__device__ static void wg_consume(const wg_args &a, const wg_shared &sh, int ncol, long long total, int g)
+__device__ static void wg_consume(const typename CFG::args &a, const wg_shared &sh, int ncol, long long total, int g)
 {
+	constexpr int TB = CFG::MODE == WG_KN;        /* B is MN-major */
+	constexpr int BSTEP = TB ? 2048 >> 4 : 32 >> 4; /* k + 16 in B's start address: 2 8-k groups, or 32 bytes */
 	float d[CFG::WN / 2];
 	int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, s = 0, prev = 0;
 	uint32_t ph = 0, aoff = CFG::BM == 128 ? 64 * WG_ROW * g : 0;
@@ -384,12 +481,12 @@ __device__ static void wg_consume(const wg_args &a, const wg_shared &sh, int nco
 			__syncwarp(); /* the .aligned instructions below want the warp converged */
 			fence_proxy_async();
 			uint32_t st = sh.ring + s * CFG::STAGE;
-			uint64_t da = wg_desc(st + aoff), db = wg_desc(st + boff);
+			uint64_t da = wg_desc(st + aoff), db = TB ? wg_desc_mn(st + boff) : wg_desc(st + boff);
 			acc_fence(d);
 			wgmma_fence();
 #pragma unroll
-			for (int kk = 0; kk < WG_BK / 16; kk++) /* k + 16 = 32 bytes = 2 in the start address */
-				wgmma_op(d, da + 2 * kk, db + 2 * kk, (k0 | kk) != 0);
+			for (int kk = 0; kk < WG_BK / 16; kk++) /* A: k + 16 = 32 bytes = 2 in the start address */
+				wgmma_op<TB>(d, da + 2 * kk, db + BSTEP * kk, (k0 | kk) != 0);
 			wgmma_commit();
 			if (k0 > 0) {
 				wgmma_wait<1>();
@@ -403,17 +500,21 @@ __device__ static void wg_consume(const wg_args &a, const wg_shared &sh, int nco
 		wgmma_wait<0>();
 		acc_fence(d);
 		wg_release(sh, prev, lane);
-		wg_store<CFG, OUT>(d, a, wg_find<CFG::BM, CFG::BN>(sh, a.E, t, ncol), g, warp, lane);
+		wg_tile tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
+		if constexpr (CFG::MODE == WG_GU)
+			wg_store_gu<CFG>(d, a, tl, g, warp, lane);
+		else
+			wg_store<CFG, OUT>(d, a, tl, g, warp, lane);
 	}
 }
 #endif /* WG_SM90A */
 
 /* ---- the kernel ---- */
-template <int BM, int BN, typename OUT>
-__global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant__ wg_args a)
+template <int BM, int BN, int MODE, typename OUT>
+__global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant__ wg_args<MODE> a)
 {
 #ifdef WG_SM90A
-	typedef wg_cfg<BM, BN> CFG;
+	typedef wg_cfg<BM, BN, MODE> CFG;
 	extern __shared__ __align__(16) unsigned char wg_smem[];
 	wg_shared sh = wg_carve<CFG>(wg_smem);
 	if (threadIdx.x == 0) {
@@ -424,7 +525,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 		fence_barrier_init();
 	}
 	wg_table<BM>(a, sh); /* its barriers also publish the initialised mbarriers */
-	int ncol = (a.N + BN - 1) / BN;
+	int ncol = (a.N + CFG::OBN - 1) / CFG::OBN;
 	long long total = (long long)min(sh.tile0[a.E], a.rt_bound) * ncol;
 	int g = threadIdx.x >> 7;
 	if (g == 0)
@@ -494,67 +595,82 @@ static int wg_device(tier_dev *dev, const char *fn, int *sms)
 	return 0;
 }
 
-template <int BM, int BN, typename OUT>
-static int wg_launch(tier_dev *dev, wg_args &a, int rows_bound, int ctas)
+template <int BM, int BN, int MODE, typename OUT>
+static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas)
 {
-	typedef wg_cfg<BM, BN> CFG;
+	typedef wg_cfg<BM, BN, MODE> CFG;
 	/* sum_e ceil(n_e / BM) <= (rows + (BM - 1) (non-empty experts)) / BM, and at most
 	 * min(E, rows_bound) experts have rows */
 	long long busy = a.E < rows_bound ? a.E : rows_bound;
 	long long ny = ((long long)rows_bound + (long long)(BM - 1) * busy) / BM;
-	long long tiles = ny * ((a.N + BN - 1) / BN);
+	long long tiles = ny * ((a.N + CFG::OBN - 1) / CFG::OBN);
 	a.rt_bound = ny < INT_MAX ? (int)ny : INT_MAX;
 	int grid = tiles < ctas ? (int)tiles : ctas;
-	CUDA_TRY(cudaFuncSetAttribute(wg_kernel<BM, BN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	CUDA_TRY(cudaFuncSetAttribute(wg_kernel<BM, BN, MODE, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				      (int)CFG::BYTES));
-	wg_kernel<BM, BN, OUT><<<grid, WG_THREADS, CFG::BYTES, moe_stream(dev)>>>(a);
+	wg_kernel<BM, BN, MODE, OUT><<<grid, WG_THREADS, CFG::BYTES, moe_stream(dev)>>>(a);
 	CUDA_LAUNCHED();
 	return 0;
 }
 
-template <typename OUT>
-static int wg_dispatch(tier_dev *dev, wg_args &a, int shape, int rows_bound, int ctas)
+template <int MODE, typename OUT>
+static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas)
 {
 	switch (shape) {
 	case WG_128x128:
-		return wg_launch<128, 128, OUT>(dev, a, rows_bound, ctas);
+		return wg_launch<128, 128, MODE, OUT>(dev, a, rows_bound, ctas);
 	case WG_64x256:
-		return wg_launch<64, 256, OUT>(dev, a, rows_bound, ctas);
+		return wg_launch<64, 256, MODE, OUT>(dev, a, rows_bound, ctas);
 	default:
-		return wg_launch<128, 256, OUT>(dev, a, rows_bound, ctas);
+		return wg_launch<128, 256, MODE, OUT>(dev, a, rows_bound, ctas);
 	}
 }
 
-/* x, c and every w[e] (NULL allowed: only empty experts may have no weights) 16-byte aligned. */
-static int wg_check_ptrs(const char *fn, int E, const int32_t *d_off, const void *const *w, const void *x, const void *c)
+/* A host array of E device pointers, each 16-byte aligned (NULL allowed: only empty experts may have
+ * no weights). */
+static int wg_check_table(const char *fn, const char *name, int E, const void *const *w)
 {
-	MOE_NONNULL(d_off, fn);
-	MOE_NONNULL(w, fn);
-	MOE_NONNULL(x, fn);
-	MOE_NONNULL(c, fn);
-	if ((uintptr_t)x % 16 || (uintptr_t)c % 16)
-		return tier_fail(-EINVAL, "%s: x or c is not 16-byte aligned; pass aligned buffers", fn);
+	if (!w)
+		return tier_fail(-EINVAL, "%s: %s is NULL; pass a host array of E device pointers", fn, name);
 	for (int e = 0; e < E; e++)
 		if ((uintptr_t)w[e] % 16)
-			return tier_fail(-EINVAL, "%s: the weight of expert %d is not 16-byte aligned; pass aligned weights",
-					 fn, e);
+			return tier_fail(-EINVAL, "%s: %s[%d] is not 16-byte aligned; pass aligned weights", fn, name, e);
 	return 0;
 }
 
-static int wg_check(const char *fn, tier_dev *dev, int E, int N, int K, int rows_bound, int c_bf16, float beta)
+/* The device buffers: non-NULL and 16-byte aligned. */
+static int wg_check_buf(const char *fn, const char *name, const void *p)
+{
+	if (!p)
+		return tier_fail(-EINVAL, "%s: %s is NULL; pass a buffer of the documented size", fn, name);
+	if ((uintptr_t)p % 16)
+		return tier_fail(-EINVAL, "%s: %s is not 16-byte aligned; pass an aligned buffer", fn, name);
+	return 0;
+}
+
+/* The checks both entry points share: the device, E, the output columns N and the depth K (named
+ * nn and kn in the messages), rows_bound and the offsets. */
+static int wg_check_dims(const char *fn, tier_dev *dev, int E, const char *nn, int N, const char *kn, int K,
+			 int rows_bound, const int32_t *d_off)
 {
 	int rc = moe_cuda_dev(dev, fn);
-	if (rc || (rc = moe_check_tk(fn, 1, 1, E)) || (rc = moe_check_dim(fn, "N", N)) || (rc = moe_check_dim(fn, "K", K)))
+	if (rc || (rc = moe_check_tk(fn, 1, 1, E)) || (rc = moe_check_dim(fn, nn, N)) || (rc = moe_check_dim(fn, kn, K)))
 		return rc;
 	if (N % 8 || K % 8)
-		return tier_fail(-EINVAL, "%s: N = %d and K = %d must be multiples of 8 (16-byte copies); use the "
-				 "per-expert cuBLASLt products (moe_cuda_mm) for other shapes", fn, N, K);
+		return tier_fail(-EINVAL, "%s: %s = %d and %s = %d must be multiples of 8 (16-byte copies); use the "
+				 "per-expert cuBLASLt products (moe_cuda_mm) for other shapes", fn, nn, N, kn, K);
 	if (rows_bound < 0)
 		return tier_fail(-EINVAL, "%s: rows_bound %d < 0; pass an upper bound on offsets[E]", fn, rows_bound);
-	if (c_bf16 != 0 && c_bf16 != 1)
-		return tier_fail(-EINVAL, "%s: c_bf16 = %d; it must be 0 (fp32 C) or 1 (bf16 C)", fn, c_bf16);
-	if (beta != 0.0f && beta != 1.0f)
-		return tier_fail(-EINVAL, "%s: beta = %g; it must be 0 (write C) or 1 (add to C)", fn, (double)beta);
+	MOE_NONNULL(d_off, fn);
+	return 0;
+}
+
+/* The tile shape and the CTA count, after the device check. */
+static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int rows_bound, int *shape, int *ctas)
+{
+	int sms, rc = wg_pick_shape(fn, E, bn_cols, rows_bound, shape);
+	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, ctas)))
+		return rc;
 	return 0;
 }
 
@@ -572,22 +688,67 @@ extern "C" int moe_cuda_wgmma_supported(tier_dev *dev)
 	return major == 9 && minor == 0;
 }
 
+/* The product in W_e's layout MODE (WG_NK or WG_KN), its arguments checked. */
+template <int MODE>
+static int wg_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound, const void *const *w,
+		 const void *x, void *c, int c_bf16, float alpha, float beta, int shape, int ctas)
+{
+	wg_args<MODE> a; /* 8 KiB */
+	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
+		a.w[e] = e < E ? (const bf16 *)w[e] : NULL;
+	a.up[0] = NULL;
+	a.off = d_off, a.x = (const bf16 *)x, a.c = c, a.u = NULL, a.h = NULL, a.alpha = alpha;
+	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f, a.rt_bound = 0;
+	if (c_bf16)
+		return wg_dispatch<MODE, bf16>(dev, a, shape, rows_bound, ctas);
+	return wg_dispatch<MODE, float>(dev, a, shape, rows_bound, ctas);
+}
+
 extern "C" int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
-					const void *const *w, const void *x, void *c, int c_bf16, float alpha, float beta)
+					const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha,
+					float beta)
 {
 	const char *fn = "moe_cuda_grouped_mm_sm90";
-	int shape, sms, ctas, rc = wg_check(fn, dev, E, N, K, rows_bound, c_bf16, beta);
-	if (rc || (rc = wg_check_ptrs(fn, E, d_off, w, x, c)) || (rc = wg_pick_shape(fn, E, N, rows_bound, &shape)) ||
-	    (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, &ctas)))
+	int shape, ctas, rc = wg_check_dims(fn, dev, E, "N", N, "K", K, rows_bound, d_off);
+	if (rc)
+		return rc;
+	if (w_kn != 0 && w_kn != 1)
+		return tier_fail(-EINVAL, "%s: w_kn = %d; it must be 0 (W_e [N, K]) or 1 (W_e [K, N])", fn, w_kn);
+	if (c_bf16 != 0 && c_bf16 != 1)
+		return tier_fail(-EINVAL, "%s: c_bf16 = %d; it must be 0 (fp32 C) or 1 (bf16 C)", fn, c_bf16);
+	if (beta != 0.0f && beta != 1.0f)
+		return tier_fail(-EINVAL, "%s: beta = %g; it must be 0 (write C) or 1 (add to C)", fn, (double)beta);
+	if ((rc = wg_check_table(fn, "w", E, w)) || (rc = wg_check_buf(fn, "x", x)) || (rc = wg_check_buf(fn, "c", c)) ||
+	    (rc = wg_plan(fn, dev, E, N, rows_bound, &shape, &ctas)))
 		return rc;
 	if (rows_bound == 0)
 		return 0;
-	wg_args a; /* 8 KiB */
-	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
-		a.w[e] = e < E ? (const bf16 *)w[e] : NULL;
-	a.off = d_off, a.x = (const bf16 *)x, a.c = c, a.alpha = alpha;
-	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f, a.rt_bound = 0;
-	if (c_bf16)
-		return wg_dispatch<bf16>(dev, a, shape, rows_bound, ctas);
-	return wg_dispatch<float>(dev, a, shape, rows_bound, ctas);
+	if (w_kn)
+		return wg_mm<WG_KN>(dev, E, N, K, d_off, rows_bound, w, x, c, c_bf16, alpha, beta, shape, ctas);
+	return wg_mm<WG_NK>(dev, E, N, K, d_off, rows_bound, w, x, c, c_bf16, alpha, beta, shape, ctas);
+}
+
+extern "C" int moe_cuda_grouped_gate_up_sm90(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
+					     const void *const *gate, const void *const *up, const void *x, float *g,
+					     float *u, void *h)
+{
+	const char *fn = "moe_cuda_grouped_gate_up_sm90";
+	int shape, ctas, rc = wg_check_dims(fn, dev, E, "I", I, "H", H, rows_bound, d_off);
+	if (rc || (rc = wg_check_table(fn, "gate", E, gate)) || (rc = wg_check_table(fn, "up", E, up)) ||
+	    (rc = wg_check_buf(fn, "x", x)) || (rc = wg_check_buf(fn, "g", g)) || (rc = wg_check_buf(fn, "u", u)) ||
+	    (rc = wg_check_buf(fn, "h", h)))
+		return rc;
+	/* the tile reads 2 I rows of B: pick its shape as for N = 2 I */
+	if ((rc = wg_plan(fn, dev, E, 2 * I, rows_bound, &shape, &ctas)))
+		return rc;
+	if (rows_bound == 0)
+		return 0;
+	wg_args<WG_GU> a; /* 16 KiB */
+	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++) {
+		a.w[e] = e < E ? (const bf16 *)gate[e] : NULL;
+		a.up[e] = e < E ? (const bf16 *)up[e] : NULL;
+	}
+	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = u, a.h = (bf16 *)h, a.alpha = 1.0f;
+	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0;
+	return wg_dispatch<WG_GU, float>(dev, a, shape, rows_bound, ctas);
 }

@@ -1,7 +1,8 @@
-/* test_moe_wgmma.c - the Hopper grouped GEMM (moe/moe_wgmma.cu) against an fp64 reference on
- * bf16-rounded inputs: every CTA tile shape, fp32 and bf16 C, alpha and beta, empty, one-row and
- * many-tile groups, up to 1024 experts, few CTAs (many tiles through one ring), rows outside the
- * groups untouched, bad arguments refused. Skips (77) without a compute capability 9.0 GPU. */
+/* test_moe_wgmma.c - the Hopper grouped GEMMs (moe/moe_wgmma.cu) against an fp64 reference on
+ * bf16-rounded inputs: both weight layouts (W_e [N, K] and [K, N]) and the fused gate/up + SwiGLU,
+ * every CTA tile shape, fp32 and bf16 C, alpha and beta, empty, one-row and many-tile groups, up to
+ * 1024 experts, few CTAs (many tiles through one ring), rows outside the groups untouched, bad
+ * arguments refused. Skips (77) without a compute capability 9.0 GPU. */
 #include "config.h"
 #include <errno.h>
 #include <setjmp.h>
@@ -61,13 +62,28 @@ static void *up_bf16(const float *f, size_t n)
 	return d;
 }
 
+/* W [N, K] as bf16 [K, N]: the w_kn 1 layout of the same weights. */
+static void *up_bf16_t(const float *f, int N, int K)
+{
+	uint16_t *b = malloc(2 * (size_t)N * K + 2);
+	for (int n = 0; n < N; n++)
+		for (int k = 0; k < K; k++)
+			b[(size_t)k * N + n] = to_bf16(f[(size_t)n * K + k]);
+	void *d = up(b, 2 * (size_t)N * K);
+	free(b);
+	return d;
+}
+
 /* ---- a problem: groups, bf16-rounded x and W_e on both sides, the fp64 reference x W_e^T ---- */
+/* A gate/up problem has N = 2 I: W_e stacks gate_e (rows 0..I-1) over up_e, so the reference holds g
+ * in its first I columns and u in the last I; the device gets gate_e and up_e as separate buffers. */
 typedef struct {
 	int E, N, K, rows, rb; /* rb: rows_bound = rows + extra rows that belong to no group */
 	int32_t *off;
 	float *x, **w;
 	double *ref; /* [rows, N] */
-	void *dx, *doff, **dw;
+	void *dx, *doff;
+	void **dw[2]; /* W_e [N, K] and [K, N] (w_kn 0 and 1); gate/up: gate_e and up_e [I, K] */
 } wprob;
 
 /* Four partial sums break the add chain (4x faster); the order does not matter at 1e-3. */
@@ -92,8 +108,9 @@ static void prob_ref(wprob *p)
 				p->ref[(size_t)r * p->N + n] = dot(p->x + (size_t)r * p->K, p->w[e] + (size_t)n * p->K, p->K);
 }
 
-/* Weights only for the experts that have rows: the others stay NULL, as the API allows. */
-static void prob_make(wprob *p, int E, int N, int K, const int *nrows, int extra)
+/* Weights only for the experts that have rows: the others stay NULL, as the API allows. gu: a
+ * gate/up problem (N = 2 I). */
+static void prob_make(wprob *p, int E, int N, int K, const int *nrows, int extra, int gu)
 {
 	p->E = E, p->N = N, p->K = K;
 	p->off = malloc(4 * (size_t)(E + 1));
@@ -106,14 +123,17 @@ static void prob_make(wprob *p, int E, int N, int K, const int *nrows, int extra
 	for (size_t i = 0; i < xn; i++)
 		p->x[i] = rnd_bf16(1.0f);
 	p->w = calloc((size_t)E, sizeof *p->w);
-	p->dw = calloc((size_t)E, sizeof *p->dw);
+	p->dw[0] = calloc((size_t)E, sizeof *p->dw[0]);
+	p->dw[1] = calloc((size_t)E, sizeof *p->dw[1]);
 	for (int e = 0; e < E; e++) {
 		if (!nrows[e])
 			continue;
+		size_t half = (size_t)N / 2 * K;
 		p->w[e] = malloc(4 * (size_t)N * K);
 		for (size_t i = 0; i < (size_t)N * K; i++)
 			p->w[e][i] = rnd_bf16(0.1f);
-		p->dw[e] = up_bf16(p->w[e], (size_t)N * K);
+		p->dw[0][e] = gu ? up_bf16(p->w[e], half) : up_bf16(p->w[e], (size_t)N * K);
+		p->dw[1][e] = gu ? up_bf16(p->w[e] + half, half) : up_bf16_t(p->w[e], N, K);
 	}
 	p->dx = up_bf16(p->x, xn);
 	p->doff = up(p->off, 4 * (size_t)(E + 1));
@@ -124,10 +144,10 @@ static void prob_free(wprob *p)
 {
 	for (int e = 0; e < p->E; e++) {
 		free(p->w[e]);
-		tier_dev_free(gpu, p->dw[e]);
+		tier_dev_free(gpu, p->dw[0][e]), tier_dev_free(gpu, p->dw[1][e]);
 	}
 	tier_dev_free(gpu, p->dx), tier_dev_free(gpu, p->doff);
-	free(p->w), free(p->dw), free(p->off), free(p->x), free(p->ref);
+	free(p->w), free(p->dw[0]), free(p->dw[1]), free(p->off), free(p->x), free(p->ref);
 }
 
 /* ---- one call and its checks ---- */
@@ -188,14 +208,14 @@ static void c_check(const wprob *p, const unsigned char *got, const unsigned cha
 	free(g), free(want);
 }
 
-static void run_one(const wprob *p, int c_bf16, float alpha, int beta, const char *what)
+static void run_one(const wprob *p, int w_kn, int c_bf16, float alpha, int beta, const char *what)
 {
 	size_t cn = (size_t)(p->rb + 1) * p->N, bytes = (c_bf16 ? 2 : 4) * cn;
 	float *cf = malloc(4 * cn);
 	unsigned char *c0 = c_start(p, c_bf16, beta, cf), *got = malloc(bytes);
 	void *dc = up(c0, bytes);
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, p->E, p->N, p->K, p->doff, p->rb, (const void *const *)p->dw, p->dx,
-						  dc, c_bf16, alpha, (float)beta),
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, p->E, p->N, p->K, p->doff, p->rb, (const void *const *)p->dw[w_kn],
+						  w_kn, p->dx, dc, c_bf16, alpha, (float)beta),
 			 0);
 	assert_int_equal(tier_dev_sync(gpu), 0);
 	down(got, dc, bytes);
@@ -204,8 +224,8 @@ static void run_one(const wprob *p, int c_bf16, float alpha, int beta, const cha
 	free(cf), free(c0), free(got);
 }
 
-/* Every tile shape (and the default pick) with each output kind, then few CTAs: a CTA's ring then
- * carries many tiles, its phases wrapping many times. */
+/* In both weight layouts: every tile shape (and the default pick) with each output kind, then few
+ * CTAs: a CTA's ring then carries many tiles, its phases wrapping many times. */
 static void run_all(const wprob *p)
 {
 	static const char *tiles[] = { NULL, "128x256", "128x128", "64x256" };
@@ -215,27 +235,101 @@ static void run_all(const wprob *p)
 		int beta;
 	} v[] = { { 0, 1.0f, 0 }, { 0, 0.37f, 1 }, { 1, 0.37f, 0 }, { 1, 1.0f, 1 } };
 	char what[160];
-	for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
-		for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-			knobs(tiles[t], NULL);
-			snprintf(what, sizeof what, "E %d N %d K %d rows %d tile %s c_bf16 %d alpha %g beta %d", p->E, p->N, p->K,
-				 p->rows, tiles[t] ? tiles[t] : "auto", v[i].c_bf16, (double)v[i].alpha, v[i].beta);
-			run_one(p, v[i].c_bf16, v[i].alpha, v[i].beta, what);
-		}
-	knobs(NULL, "2");
-	snprintf(what, sizeof what, "E %d N %d K %d rows %d, 2 CTAs", p->E, p->N, p->K, p->rows);
-	run_one(p, 0, 1.0f, 0, what);
-	knobs("64x256", "1");
-	snprintf(what, sizeof what, "E %d N %d K %d rows %d, 64x256 on 1 CTA", p->E, p->N, p->K, p->rows);
-	run_one(p, 1, 0.37f, 1, what);
-	knobs(NULL, NULL);
+	for (int kn = 0; kn < 2; kn++) {
+		for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
+			for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+				knobs(tiles[t], NULL);
+				snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d tile %s c_bf16 %d alpha %g beta %d",
+					 p->E, p->N, p->K, p->rows, kn, tiles[t] ? tiles[t] : "auto", v[i].c_bf16,
+					 (double)v[i].alpha, v[i].beta);
+				run_one(p, kn, v[i].c_bf16, v[i].alpha, v[i].beta, what);
+			}
+		knobs(NULL, "2");
+		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, 2 CTAs", p->E, p->N, p->K, p->rows, kn);
+		run_one(p, kn, 0, 1.0f, 0, what);
+		knobs("64x256", "1");
+		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, 64x256 on 1 CTA", p->E, p->N, p->K, p->rows, kn);
+		run_one(p, kn, 1, 0.37f, 1, what);
+		knobs(NULL, NULL);
+	}
 }
 
 static void run_case(int E, int N, int K, const int *nrows, int extra)
 {
 	wprob p;
-	prob_make(&p, E, N, K, nrows, extra);
+	prob_make(&p, E, N, K, nrows, extra, 0);
 	run_all(&p);
+	prob_free(&p);
+}
+
+/* ---- the fused gate/up ---- */
+/* Bytes [from, to) of got still hold the poison 0xff. */
+static void untouched(const unsigned char *got, size_t from, size_t to, const char *buf, const char *what)
+{
+	for (size_t i = from; i < to; i++) {
+		if (got[i] != 0xff)
+			fprintf(stderr, "# %s: byte %zu of %s, outside the groups, changed\n", what, i, buf);
+		assert_int_equal(got[i], 0xff);
+	}
+}
+
+static void gu_check(const char *buf, const float *got, const double *want, size_t n, double tol, const char *what)
+{
+	double err = ref_relerr(got, want, n);
+	if (!(err <= tol))
+		fprintf(stderr, "# %s: %s relative error %g > %g\n", what, buf, err, tol);
+	assert_true(err <= tol);
+}
+
+/* One call on g, u and h poisoned with 0xff (NaN), rb + 1 rows each: g and u against the reference,
+ * h against silu(g) u of the fp64 reference, the bytes past the groups unchanged. */
+static void gu_one(const wprob *p, const char *what)
+{
+	int I = p->N / 2;
+	size_t rn = (size_t)p->rows * I, all = (size_t)(p->rb + 1) * I;
+	unsigned char *poison = malloc(4 * all + 4);
+	memset(poison, 0xff, 4 * all + 4);
+	void *dg = up(poison, 4 * all), *du = up(poison, 4 * all), *dh = up(poison, 2 * all);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, p->E, p->K, I, p->doff, p->rb, (const void *const *)p->dw[0],
+						       (const void *const *)p->dw[1], p->dx, dg, du, dh),
+			 0);
+	assert_int_equal(tier_dev_sync(gpu), 0);
+	float *g = malloc(4 * all + 4), *u = malloc(4 * all + 4), *h = malloc(4 * rn + 4);
+	uint16_t *hb = malloc(2 * all + 2);
+	double *wg = malloc(8 * rn + 8), *wu = malloc(8 * rn + 8), *wh = malloc(8 * rn + 8);
+	down(g, dg, 4 * all), down(u, du, 4 * all), down(hb, dh, 2 * all);
+	for (size_t i = 0; i < rn; i++) {
+		size_t r = i / I, c = i % I;
+		wg[i] = p->ref[r * p->N + c];
+		wu[i] = p->ref[r * p->N + I + c];
+		wh[i] = wg[i] / (1.0 + exp(-wg[i])) * wu[i];
+		h[i] = from_bf16(hb[i]);
+	}
+	gu_check("g", g, wg, rn, F32_TOL, what);
+	gu_check("u", u, wu, rn, F32_TOL, what);
+	gu_check("h", h, wh, rn, BF16_TOL, what);
+	untouched((const unsigned char *)g, 4 * rn, 4 * all, "g", what);
+	untouched((const unsigned char *)u, 4 * rn, 4 * all, "u", what);
+	untouched((const unsigned char *)hb, 2 * rn, 2 * all, "h", what);
+	tier_dev_free(gpu, dg), tier_dev_free(gpu, du), tier_dev_free(gpu, dh);
+	free(poison), free(g), free(u), free(h), free(hb), free(wg), free(wu), free(wh);
+}
+
+/* Every tile shape and the default pick, then few CTAs. */
+static void gu_case(int E, int H, int I, const int *nrows, int extra)
+{
+	static const char *runs[][2] = { { NULL, NULL }, { "128x256", NULL }, { "128x128", NULL },
+					 { "64x256", NULL },  { NULL, "2" },       { "64x256", "1" } };
+	wprob p;
+	char what[160];
+	prob_make(&p, E, 2 * I, H, nrows, extra, 1);
+	for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+		knobs(runs[i][0], runs[i][1]);
+		snprintf(what, sizeof what, "gate/up E %d H %d I %d rows %d tile %s CTAs %s", E, H, I, p.rows,
+			 runs[i][0] ? runs[i][0] : "auto", runs[i][1] ? runs[i][1] : "all");
+		gu_one(&p, what);
+	}
+	knobs(NULL, NULL);
 	prob_free(&p);
 }
 
@@ -290,6 +384,56 @@ static void test_edges(void **state)
 	run_case(4, 16, 16, none, 0);
 }
 
+/* Gate/up: a 72-column tail (I = 200: the last tile holds 72 of its 128 or 64 columns), an 8-k tail
+ * (H = 136), a one-row and an empty group. */
+static void test_gate_up_small(void **state)
+{
+	(void)state;
+	static const int n[] = { 1, 0, 300 };
+	gu_case(3, 136, 200, n, 5);
+}
+
+/* Gate/up over 40 random groups, I = 768, H = 2048. */
+static void test_gate_up_many(void **state)
+{
+	(void)state;
+	int n[40];
+	for (int e = 0; e < 40; e++)
+		n[e] = (int)tier_rng_below(&rng, 100);
+	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[20] = 129, n[21] = 64, n[22] = 65, n[39] = 0;
+	gu_case(40, 2048, 768, n, 3);
+}
+
+/* Gate/up: few large groups, I = 512, H = 2048. */
+static void test_gate_up_large(void **state)
+{
+	(void)state;
+	static const int n[] = { 0, 513, 77, 1, 1000 };
+	gu_case(5, 2048, 512, n, 64);
+}
+
+/* Gate/up: 1024 experts of 0-3 rows, I = 64 (the 128x128 tile by default). */
+static void test_gate_up_1024_experts(void **state)
+{
+	(void)state;
+	int *n = malloc(sizeof(int) * 1024);
+	for (int e = 0; e < 1024; e++)
+		n[e] = (int)tier_rng_below(&rng, 4);
+	n[0] = 0, n[383] = 0, n[500] = 200, n[1023] = 0;
+	gu_case(1024, 64, 64, n, 7);
+	free(n);
+}
+
+/* Gate/up: one row of I = H = 8, and no rows at all. */
+static void test_gate_up_edges(void **state)
+{
+	(void)state;
+	static const int one[] = { 1 }, none[] = { 0, 0, 0, 0 };
+	gu_case(1, 8, 8, one, 0);
+	gu_case(4, 8, 8, none, 9);
+	gu_case(4, 16, 16, none, 0);
+}
+
 /* What the host refuses, before any launch (the pointers are never dereferenced). */
 static void test_bad_input(void **state)
 {
@@ -298,28 +442,54 @@ static void test_bad_input(void **state)
 	const void *w[2] = { (void *)64, (void *)64 }, *wodd[2] = { (void *)64, (void *)72 };
 	void *p = (void *)64;
 	knobs(NULL, NULL);
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 12, off, 2, w, p, p, 0, 1.0f, 0.0f), -EINVAL);  /* K % 8 */
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 12, 8, off, 2, w, p, p, 0, 1.0f, 0.0f), -EINVAL);  /* N % 8 */
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 0, 8, off, 2, w, p, p, 0, 1.0f, 0.0f), -EINVAL);   /* N */
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 0, 8, 8, off, 2, w, p, p, 0, 1.0f, 0.0f), -EINVAL);   /* E */
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 1025, 8, 8, off, 2, w, p, p, 0, 1.0f, 0.0f), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, -1, w, p, p, 0, 1.0f, 0.0f), -EINVAL);  /* rows_bound */
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, p, p, 0, 1.0f, 0.5f), -EINVAL);   /* beta */
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, p, p, 2, 1.0f, 0.0f), -EINVAL);   /* c_bf16 */
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, wodd, p, p, 0, 1.0f, 0.0f), -EINVAL); /* w align */
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, (void *)72, p, 0, 1.0f, 0.0f), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, p, (void *)72, 0, 1.0f, 0.0f), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, NULL, 2, w, p, p, 0, 1.0f, 0.0f), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, NULL, p, p, 0, 1.0f, 0.0f), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, NULL, p, 0, 1.0f, 0.0f), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, p, NULL, 0, 1.0f, 0.0f), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_mm_sm90(cpu, 2, 8, 8, off, 2, w, p, p, 0, 1.0f, 0.0f), -EINVAL);  /* not CUDA */
-	assert_int_equal(moe_cuda_grouped_mm_sm90(NULL, 2, 8, 8, off, 2, w, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 12, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);  /* K % 8 */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 12, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);  /* N % 8 */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 0, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);   /* N */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 0, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);   /* E */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 1025, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, -1, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);  /* rows_bound */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.5f), -EINVAL);   /* beta */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 2, 1.0f, 0.0f), -EINVAL);   /* c_bf16 */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 2, p, p, 0, 1.0f, 0.0f), -EINVAL);   /* w_kn */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, -1, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, wodd, 0, p, p, 0, 1.0f, 0.0f), -EINVAL); /* w align */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, (void *)72, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, (void *)72, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, NULL, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, NULL, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, NULL, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, NULL, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90(cpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);  /* not CUDA */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(NULL, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	static const char *bad[][2] = { { "96x96", NULL }, { "128x256x", NULL }, { NULL, "0" }, { NULL, "many" } };
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) { /* malformed knobs */
 		knobs(bad[i][0], bad[i][1]);
-		assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, p, p, 0, 1.0f, 0.0f), -EINVAL);
+		assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	}
+	knobs(NULL, NULL);
+	float *f = (float *)64, *fodd = (float *)68;
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 12, 8, off, 2, w, w, p, f, f, p), -EINVAL);  /* H % 8 */
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 12, off, 2, w, w, p, f, f, p), -EINVAL);  /* I % 8 */
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 0, off, 2, w, w, p, f, f, p), -EINVAL);   /* I */
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 0, 8, 8, off, 2, w, w, p, f, f, p), -EINVAL);   /* E */
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, -1, w, w, p, f, f, p), -EINVAL);  /* rows_bound */
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, NULL, 2, w, w, p, f, f, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, NULL, w, p, f, f, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, NULL, p, f, f, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, wodd, p, f, f, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, wodd, w, p, f, f, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, NULL, f, f, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, NULL, f, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, f, NULL, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, f, f, NULL), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, (void *)72, f, f, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, fodd, f, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, f, fodd, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, f, f, (void *)72), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(cpu, 2, 8, 8, off, 2, w, w, p, f, f, p), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(NULL, 2, 8, 8, off, 2, w, w, p, f, f, p), -EINVAL);
+	knobs("96x96", NULL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, f, f, p), -EINVAL);
 	knobs(NULL, NULL);
 	assert_int_equal(moe_cuda_wgmma_supported(cpu), 0);
 	assert_int_equal(moe_cuda_wgmma_supported(NULL), 0);
@@ -362,6 +532,11 @@ int main(void)
 		cmocka_unit_test(test_large),
 		cmocka_unit_test(test_1024_experts),
 		cmocka_unit_test(test_edges),
+		cmocka_unit_test(test_gate_up_small),
+		cmocka_unit_test(test_gate_up_many),
+		cmocka_unit_test(test_gate_up_large),
+		cmocka_unit_test(test_gate_up_1024_experts),
+		cmocka_unit_test(test_gate_up_edges),
 		cmocka_unit_test(test_bad_input),
 	};
 	int rc = cmocka_run_group_tests(tests, setup, teardown);
