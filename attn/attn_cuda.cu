@@ -11,12 +11,19 @@
  * on: recompute P^T from lse, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q,
  * and dQ += dS K through shared memory, added to fp32 dq with atomics. With GQA the heads that
  * share a kv head add their dK and dV with atomics too; without it they are stored.
- * Fragments come from shared memory through ldmatrix (padded rows: no bank conflicts). */
+ * Fragments come from shared memory through ldmatrix (padded rows: no bank conflicts).
+ *
+ * Kernel variants: TIER_ATTN_FWD and TIER_ATTN_BWD, read at every call, pick one by name (the
+ * table near the end of this file; unset means the first entry). "v1" is the original pair of
+ * kernels described above; the "v2" family (fwd2_kernel, bwd2_kernel) is the same algorithm with
+ * the mask, exp2, address and pipeline overheads removed and its tile shape as a template. */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include "attn/attn_impl.h"
 
 typedef __nv_bfloat16 bf16;
@@ -493,6 +500,530 @@ __global__ void __launch_bounds__(128) bwd_kernel(bwd_args a)
 	}
 }
 
+/* ---- v2 kernels ------------------------------------------------------------------------------
+ * The same algorithms as v1, rewritten after reading v1's SASS (fwd_kernel<128>: 1846 instructions
+ * per key block of which 256 are HMMA; bwd_kernel<128>: ~900 per query step, 160 HMMA):
+ * - The causal mask is a compile-time path (MASK) taken only on the blocks that cross the diagonal
+ *   or the sequence end; v1 evaluated it per element at run time, and nvcc turned the 64 per-thread
+ *   selects into 64 branches with BSSY/BSYNC (~10 instructions per score).
+ * - exp2 is ex2.approx.ftz (one MUFU; exp2f without fast-math adds a denormal fix-up of 3
+ *   instructions), and the score scale is folded into one FFMA: p = 2^(s sl2 - m sl2), with the
+ *   running max kept in raw score units.
+ * - ldmatrix addresses are one per-lane base computed once plus compile-time offsets; v1 recomputed
+ *   them per fragment (IMAD/LOP3/LEA chains), and tile loads use compile-time trip counts.
+ * - One barrier per key block (forward): wait for block kb, barrier, then issue block kb + 1 into
+ *   the buffer everyone has just left. The backward loads lse and D with cp.async too (v1 waited on
+ *   plain loads in the middle of each step).
+ * - Launch order (CTAs start in x, y, z order): forward grid (head + H * sequence, query block
+ *   reversed), so the heaviest causal blocks of every head start first and the lightest end the
+ *   grid (v1 was heavy-first within each head, head after head). Backward grid (head within its kv
+ *   group, key block, kv head + KH * sequence): heaviest key blocks first within one kv group at a
+ *   time, so the Q, dO and fp32 dQ rows in flight are those of G heads (Qwen3-30B: 8 heads, 34 MB at
+ *   4096 tokens) and stay in L2 while the group's key blocks walk them.
+ * Template parameters pick the shape: warps per CTA and 16-row tiles per warp (forward), warps
+ * (16 keys each) and query rows per step (backward). The variants are listed at the end of the file. */
+
+/* Shared-memory address forms of ldmatrix: a per-lane base plus an offset the compiler folds into
+ * the instruction's immediate. */
+__device__ __forceinline__ void ldsm4a(uint32_t r[4], uint32_t addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm4ta(uint32_t r[4], uint32_t addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+/* Two matrices (lanes 0..15 give the addresses). */
+__device__ __forceinline__ void ldsm2ta(uint32_t r[2], uint32_t addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+		     : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
+__device__ __forceinline__ float ex2(float x)
+{
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+	return y;
+}
+
+/* 4 bytes global -> shared, zero when !valid. */
+__device__ __forceinline__ void cp_async4(void *sm, const void *gm, bool valid)
+{
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(sm)), "l"(gm),
+		     "r"(valid ? 4 : 0));
+}
+
+/* Lane offsets (bytes) into a row-major bf16 tile with LD elements per row, for ldmatrix x4:
+ * lane_a: A operand, 16 rows x 16 columns (lanes 0-15 rows 0-15 at column 0, 16-31 at column 8).
+ * lane_bt: B operands of two 8-column tiles taken from the tile's rows (B[k][n] = M[n][k]).
+ * lane_b: B operands of two 8-column tiles with k down the rows (.trans; also the transposed A
+ * operand of frag_at has this shape with the roles of the two halves swapped: lane_at). */
+template <int LD> __device__ __forceinline__ uint32_t lane_a(int lane)
+{
+	return (uint32_t)(((lane & 15) * LD + (lane >> 4) * 8) * 2);
+}
+template <int LD> __device__ __forceinline__ uint32_t lane_bt(int lane)
+{
+	return (uint32_t)((((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8) * 2);
+}
+template <int LD> __device__ __forceinline__ uint32_t lane_b(int lane)
+{
+	return (uint32_t)((((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8) * 2);
+}
+template <int LD> __device__ __forceinline__ uint32_t lane_at(int lane)
+{
+	return lane_bt<LD>(lane);
+}
+
+/* ROWS rows of one head from each of NSRC sources (gm[s] points at the first row; all with the
+ * same stride) into shared memory with leading dimension D + 8, source s at sm + s * ROWS * (D + 8),
+ * by the THREADS threads of the CTA, asynchronously; rows at or past nvalid are zero. When THREADS
+ * is a multiple of the 16-byte chunks per row, each thread keeps one column and one row offset for
+ * every source and chunk (no per-chunk index math: this runs once per block). */
+template <int D, int ROWS, int THREADS, int NSRC>
+__device__ __forceinline__ void load_rows(bf16 *sm, const bf16 *const (&gm)[NSRC], int nvalid, int64_t stride)
+{
+	constexpr int CH = D / 8, N = ROWS * CH, IT = (N + THREADS - 1) / THREADS, TILE = ROWS * (D + 8);
+	const int tid = threadIdx.x;
+	if constexpr (THREADS % CH == 0) {
+		constexpr int RS = THREADS / CH;
+		const int r0 = tid / CH;
+		const int64_t off = r0 * stride + tid % CH * 8;
+		bf16 *d = sm + r0 * (D + 8) + tid % CH * 8;
+		if (nvalid >= ROWS) {
+#pragma unroll
+			for (int i = 0; i < IT; i++)
+#pragma unroll
+				for (int s = 0; s < NSRC; s++)
+					if (N % THREADS == 0 || r0 + i * RS < ROWS)
+						cp_async16(d + s * TILE + i * RS * (D + 8), gm[s] + off + i * RS * stride, true);
+		} else {
+#pragma unroll
+			for (int i = 0; i < IT; i++) {
+				const bool ok = r0 + i * RS < nvalid;
+#pragma unroll
+				for (int s = 0; s < NSRC; s++)
+					if (N % THREADS == 0 || r0 + i * RS < ROWS)
+						cp_async16(d + s * TILE + i * RS * (D + 8), gm[s] + (ok ? off + i * RS * stride : 0), ok);
+			}
+		}
+	} else {
+#pragma unroll
+		for (int i = 0; i < IT; i++) {
+			const int idx = tid + i * THREADS, r = idx / CH, c = idx % CH;
+			const bool ok = r < nvalid;
+#pragma unroll
+			for (int s = 0; s < NSRC; s++)
+				if (N % THREADS == 0 || idx < N)
+					cp_async16(sm + s * TILE + r * (D + 8) + c * 8, gm[s] + (ok ? r * stride + c * 8 : 0), ok);
+		}
+	}
+}
+
+template <int D, int WARPS, int TM> struct fwd2_cfg {
+	static constexpr int LD = D + 8, WR = 16 * TM, BQ2 = WARPS * WR, THREADS = 32 * WARPS;
+	/* Q, then two (K, V) stages of BK keys. */
+	static constexpr size_t smem = (size_t)(BQ2 + 4 * BK) * LD * sizeof(bf16);
+};
+
+/* Online softmax of one key block for one warp: s holds raw scores (TM 16-row tiles x NT 8-key
+ * tiles); m (raw units) and l are the running max and sum, o the output accumulator. With MASK,
+ * score e of tile nt is visible iff nt * 8 + (e & 1) < lim[mi][row] (the row's bound on keys,
+ * relative to the thread's first key j0 + 2t). */
+template <int TM, int NT, int DT, bool MASK>
+__device__ __forceinline__ void fwd2_softmax(float (&s)[TM][NT][4], float (&o)[TM][DT][4], float (&m)[TM][2],
+					     float (&l)[TM][2], const int (&lim)[TM][2], float sl2)
+{
+#pragma unroll
+	for (int mi = 0; mi < TM; mi++) {
+		float mx[2] = { m[mi][0], m[mi][1] }, ms[2];
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				if (MASK && nt * 8 + (e & 1) >= lim[mi][e >> 1])
+					s[mi][nt][e] = -INFINITY;
+				mx[e >> 1] = fmaxf(mx[e >> 1], s[mi][nt][e]);
+			}
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+			mx[r] = quad_max(mx[r]);
+			/* A row with no visible key yet keeps max -inf; 0 keeps exp2 away from inf - inf. */
+			ms[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+			float alpha = ex2(m[mi][r] * sl2 - ms[r]);
+			m[mi][r] = mx[r];
+			l[mi][r] *= alpha;
+#pragma unroll
+			for (int dt = 0; dt < DT; dt++)
+				o[mi][dt][2 * r] *= alpha, o[mi][dt][2 * r + 1] *= alpha;
+		}
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				s[mi][nt][e] = ex2(fmaf(s[mi][nt][e], sl2, -ms[e >> 1]));
+				l[mi][e >> 1] += s[mi][nt][e];
+			}
+	}
+}
+
+/* Forward: one CTA of WARPS warps per (WARPS * 16 * TM query rows, head, sequence). */
+template <int D, int WARPS, int TM, int MINB>
+__global__ void __launch_bounds__(32 * WARPS, MINB) fwd2_kernel(fwd_args a)
+{
+	typedef fwd2_cfg<D, WARPS, TM> C;
+	constexpr int LD = C::LD, WR = C::WR, BQ2 = C::BQ2, KT = D / 16, DT = D / 8, NT = BK / 8;
+	constexpr uint32_t RB = LD * 2, STAGE = 2 * BK * RB;
+	extern __shared__ __align__(16) unsigned char smem[];
+	bf16 *const Qs = reinterpret_cast<bf16 *>(smem), *const KV = Qs + BQ2 * LD;
+	const int h = blockIdx.x % a.H, kvh = h / a.G, qb = gridDim.y - 1 - blockIdx.y;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+	const int64_t t0 = (int64_t)(blockIdx.x / a.H) * a.S, kstride = (int64_t)a.KH * D;
+	const int i0 = qb * BQ2, r0 = i0 + warp * WR;
+	const int nkb_all = (a.S + BK - 1) / BK, nkb = a.causal ? min(nkb_all, (i0 + BQ2 + BK - 1) / BK) : nkb_all;
+	const bf16 *kp = a.k + t0 * kstride + (int64_t)kvh * D, *vp = a.v + t0 * kstride + (int64_t)kvh * D;
+	const uint32_t sq = smem_addr(Qs) + warp * WR * RB + lane_a<LD>(lane), skv = smem_addr(KV);
+	const uint32_t kof = lane_bt<LD>(lane), vof = BK * RB + lane_b<LD>(lane);
+	float o[TM][DT][4], m[TM][2], l[TM][2];
+
+	{
+		const bf16 *qsrc[1] = { a.q + ((t0 + i0) * a.H + h) * D }, *kvsrc[2] = { kp, vp };
+		load_rows<D, BQ2, C::THREADS, 1>(Qs, qsrc, min(BQ2, a.S - i0), (int64_t)a.H * D);
+		load_rows<D, BK, C::THREADS, 2>(KV, kvsrc, min(BK, a.S), kstride);
+	}
+	cp_async_commit();
+#pragma unroll
+	for (int mi = 0; mi < TM; mi++) {
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+			m[mi][r] = -INFINITY, l[mi][r] = 0.f;
+		}
+#pragma unroll
+		for (int dt = 0; dt < DT; dt++)
+			o[mi][dt][0] = o[mi][dt][1] = o[mi][dt][2] = o[mi][dt][3] = 0.f;
+	}
+
+	for (int kb = 0; kb < nkb; kb++) {
+		const int j0 = kb * BK;
+		const uint32_t kvs = skv + (kb & 1) * STAGE;
+		cp_async_wait<0>();
+		/* Block kb is in for everyone, and everyone is done with block kb - 1, whose buffer the
+		 * next block fills. */
+		__syncthreads();
+		if (kb + 1 < nkb) {
+			bf16 *nx = KV + ((kb + 1) & 1) * 2 * BK * LD;
+			const int jn = j0 + BK;
+			const bf16 *src[2] = { kp + jn * kstride, vp + jn * kstride };
+			load_rows<D, BK, C::THREADS, 2>(nx, src, min(BK, a.S - jn), kstride);
+			cp_async_commit();
+		}
+		/* A warp whose rows all precede this key block has nothing to add. */
+		if (a.causal && j0 > r0 + WR - 1)
+			continue;
+		float s[TM][NT][4];
+#pragma unroll
+		for (int mi = 0; mi < TM; mi++)
+#pragma unroll
+			for (int nt = 0; nt < NT; nt++)
+				s[mi][nt][0] = s[mi][nt][1] = s[mi][nt][2] = s[mi][nt][3] = 0.f;
+#pragma unroll
+		for (int kt = 0; kt < KT; kt++) {
+			uint32_t qa[TM][4];
+#pragma unroll
+			for (int mi = 0; mi < TM; mi++)
+				ldsm4a(qa[mi], sq + mi * 16 * RB + kt * 32);
+#pragma unroll
+			for (int nt = 0; nt < NT; nt += 2) {
+				uint32_t b[4];
+				ldsm4a(b, kvs + kof + nt * 8 * RB + kt * 32);
+#pragma unroll
+				for (int mi = 0; mi < TM; mi++) {
+					mma16816(s[mi][nt], qa[mi], b);
+					mma16816(s[mi][nt + 1], qa[mi], b + 2);
+				}
+			}
+		}
+		/* Only blocks crossing the diagonal (for this warp's rows) or the sequence end mask. */
+		if ((a.causal && j0 + BK - 1 > r0) || j0 + BK > a.S) {
+			/* Keys below min(row + 1, S) (causal) or S are visible; relative to j0 + 2t. */
+			int rel[TM][2];
+#pragma unroll
+			for (int mi = 0; mi < TM; mi++)
+#pragma unroll
+				for (int r = 0; r < 2; r++)
+					rel[mi][r] = (a.causal ? min(r0 + mi * 16 + g + 8 * r + 1, a.S) : a.S) - j0 - 2 * t;
+			fwd2_softmax<TM, NT, DT, true>(s, o, m, l, rel, a.sl2);
+		} else {
+			const int rel[TM][2] = {};
+			fwd2_softmax<TM, NT, DT, false>(s, o, m, l, rel, a.sl2);
+		}
+		/* The score accumulators of two adjacent 8-key tiles are the A operand of a 16-key step. */
+#pragma unroll
+		for (int kt = 0; kt < BK / 16; kt++) {
+			uint32_t pa[TM][4];
+#pragma unroll
+			for (int mi = 0; mi < TM; mi++) {
+				pa[mi][0] = pack(s[mi][2 * kt][0], s[mi][2 * kt][1]);
+				pa[mi][1] = pack(s[mi][2 * kt][2], s[mi][2 * kt][3]);
+				pa[mi][2] = pack(s[mi][2 * kt + 1][0], s[mi][2 * kt + 1][1]);
+				pa[mi][3] = pack(s[mi][2 * kt + 1][2], s[mi][2 * kt + 1][3]);
+			}
+#pragma unroll
+			for (int dt = 0; dt < DT; dt += 2) {
+				uint32_t b[4];
+				ldsm4ta(b, kvs + vof + kt * 16 * RB + dt * 16);
+#pragma unroll
+				for (int mi = 0; mi < TM; mi++) {
+					mma16816(o[mi][dt], pa[mi], b);
+					mma16816(o[mi][dt + 1], pa[mi], b + 2);
+				}
+			}
+		}
+	}
+#pragma unroll
+	for (int mi = 0; mi < TM; mi++)
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+			float sum = quad_sum(l[mi][r]), inv = 1.f / sum;
+			int qi = r0 + mi * 16 + g + 8 * r;
+			if (qi >= a.S)
+				continue;
+			bf16 *row = a.o + ((t0 + qi) * a.H + h) * D;
+#pragma unroll
+			for (int dt = 0; dt < DT; dt++)
+				*reinterpret_cast<__nv_bfloat162 *>(row + dt * 8 + 2 * t) =
+					__floats2bfloat162_rn(o[mi][dt][2 * r] * inv, o[mi][dt][2 * r + 1] * inv);
+			if (t == 0)
+				a.lse[(t0 + qi) * a.H + h] = (m[mi][r] * a.sl2 + log2f(sum)) * LN2;
+		}
+}
+
+template <int D, int WARPS, int QB> struct bwd2_cfg {
+	static constexpr int LD = D + 8, BKC = 16 * WARPS, LDS = QB + 8, THREADS = 32 * WARPS;
+	/* K and V of the CTA's keys, two stages of (Q, dO), dS^T, two stages of (lse, D). */
+	static constexpr size_t smem = (size_t)(2 * BKC + 4 * QB) * LD * sizeof(bf16) +
+				       (size_t)BKC * LDS * sizeof(bf16) + 4 * QB * sizeof(float);
+};
+
+/* One query step's Q and dO rows (dO right after Q), lse and D, all asynchronous (rows past the
+ * end read as zero). */
+template <int D, int WARPS, int QB>
+__device__ __forceinline__ void bwd2_stage(const bwd_args &a, bf16 *QdO, float *Ls, float *Ds, int64_t t0, int i0,
+					   int h)
+{
+	constexpr int THREADS = 32 * WARPS;
+	static_assert(THREADS >= 2 * QB, "lse and D take one thread per row each");
+	const int64_t at = ((t0 + i0) * a.H + h) * D;
+	const int tid = threadIdx.x;
+	const bf16 *src[2] = { a.q + at, a.dout + at };
+	load_rows<D, QB, THREADS, 2>(QdO, src, min(QB, a.S - i0), (int64_t)a.H * D);
+	if (tid < 2 * QB) {
+		const int r = tid % QB;
+		const bool ok = i0 + r < a.S;
+		const float *src = (tid < QB ? a.lse : a.Di) + (ok ? (t0 + i0 + r) * a.H + h : 0);
+		cp_async4((tid < QB ? Ls : Ds) + r, src, ok);
+	}
+}
+
+/* P^T and dS^T = P^T (dP^T - D) in place for one warp's 16 keys x QB queries: st holds raw scores,
+ * dpt dP^T. With MASK the query of column c = nt * 8 + (e & 1) (relative to the thread's first
+ * query i0 + 2t) is visible to key row r iff lo[r] <= c < hi (lo already -inf-like without causal). */
+template <int QT, bool MASK>
+__device__ __forceinline__ void bwd2_probs(float (&st)[QT][4], float (&dpt)[QT][4], const float *Ls, const float *Ds,
+					   int t, const int (&lo)[2], int hi, float sl2)
+{
+#pragma unroll
+	for (int nt = 0; nt < QT; nt++) {
+		const float2 lv = *reinterpret_cast<const float2 *>(Ls + nt * 8 + 2 * t);
+		const float2 dv = *reinterpret_cast<const float2 *>(Ds + nt * 8 + 2 * t);
+		const float l2[2] = { lv.x * LOG2E, lv.y * LOG2E }, dd[2] = { dv.x, dv.y };
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int c = nt * 8 + (e & 1);
+			float p = ex2(fmaf(st[nt][e], sl2, -l2[e & 1]));
+			if (MASK && !(c >= lo[e >> 1] && c < hi))
+				p = 0.f;
+			st[nt][e] = p;
+			dpt[nt][e] = p * (dpt[nt][e] - dd[e & 1]);
+		}
+	}
+}
+
+/* Backward: one CTA of WARPS warps per (16 * WARPS keys, query head, sequence); each warp owns 16
+ * keys, the CTA walks QB-row query blocks from the diagonal on. */
+template <int D, int WARPS, int QB, int MINB>
+__global__ void __launch_bounds__(32 * WARPS, MINB) bwd2_kernel(bwd_args a)
+{
+	typedef bwd2_cfg<D, WARPS, QB> C;
+	constexpr int LD = C::LD, LDS = C::LDS, BKC = C::BKC, KT = D / 16, DT = D / 8, QT = QB / 8;
+	constexpr uint32_t RB = LD * 2, SB = QB * RB;
+	/* dQ = dS K split over the warps: RT row tiles of 16 queries x CG column groups of CW. */
+	constexpr int RT = QB / 16, CG = WARPS / RT, CW = D / CG, NTW = CW / 8;
+	static_assert(WARPS % RT == 0 && D % CG == 0 && CW % 8 == 0, "dQ tiling");
+	extern __shared__ __align__(16) unsigned char smem[];
+	/* Stage n: Q at Qb + 2n QB rows, dO right after it. */
+	bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + BKC * LD, *Qb = Vs + BKC * LD, *dOb = Qb + QB * LD;
+	bf16 *dSs = Qb + 4 * QB * LD;
+	float *Lb = reinterpret_cast<float *>(dSs + BKC * LDS), *Db = Lb + 2 * QB;
+	const int kvh = blockIdx.z % a.KH, h = kvh * a.G + blockIdx.x, j0 = blockIdx.y * BKC, ibeg = a.causal ? j0 : 0;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+	const int kw0 = j0 + warp * 16, kr[2] = { kw0 + g, kw0 + g + 8 };
+	const int64_t t0 = (int64_t)(blockIdx.z / a.KH) * a.S, kvat = ((t0 + j0) * a.KH + kvh) * D;
+	const uint32_t ska = smem_addr(Ks) + warp * 16 * RB + lane_a<LD>(lane), sva = ska + BKC * RB;
+	const uint32_t sqb = smem_addr(Qb) + lane_bt<LD>(lane), sdob = smem_addr(dOb) + lane_bt<LD>(lane);
+	const uint32_t sqt = smem_addr(Qb) + lane_b<LD>(lane), sdot = smem_addr(dOb) + lane_b<LD>(lane);
+	const int qr0 = (warp % RT) * 16, dc0 = (warp / RT) * CW;
+	const uint32_t sds = smem_addr(dSs) + qr0 * 2 + lane_at<LDS>(lane);
+	const uint32_t skt = smem_addr(Ks) + dc0 * 2 + lane_b<LD>(lane);
+	float dk[DT][4], dv[DT][4];
+
+#pragma unroll
+	for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			dk[dt][e] = dv[dt][e] = 0.f;
+	{
+		const bf16 *src[2] = { a.k + kvat, a.v + kvat };
+		load_rows<D, BKC, C::THREADS, 2>(Ks, src, min(BKC, a.S - j0), (int64_t)a.KH * D);
+	}
+	bwd2_stage<D, WARPS, QB>(a, Qb, Lb, Db, t0, ibeg, h);
+	cp_async_commit();
+
+	for (int i0 = ibeg, n = 0; i0 < a.S; i0 += QB, n ^= 1) {
+		cp_async_wait<0>();
+		/* Step n is in for everyone, and everyone is done with the other stage and with dS^T. */
+		__syncthreads();
+		if (i0 + QB < a.S) {
+			bwd2_stage<D, WARPS, QB>(a, Qb + (n ^ 1) * 2 * QB * LD, Lb + (n ^ 1) * QB, Db + (n ^ 1) * QB, t0,
+						  i0 + QB, h);
+			cp_async_commit();
+		}
+		if (!a.causal || kw0 <= i0 + QB - 1) {
+			float st[QT][4], dpt[QT][4];
+#pragma unroll
+			for (int nt = 0; nt < QT; nt++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					st[nt][e] = dpt[nt][e] = 0.f;
+#pragma unroll
+			for (int kt = 0; kt < KT; kt++) {
+				uint32_t ka[4], va[4];
+				ldsm4a(ka, ska + kt * 32);
+				ldsm4a(va, sva + kt * 32);
+#pragma unroll
+				for (int nt = 0; nt < QT; nt += 2) {
+					uint32_t b[4];
+					ldsm4a(b, sqb + n * 2 * SB + nt * 8 * RB + kt * 32);
+					mma16816(st[nt], ka, b);
+					mma16816(st[nt + 1], ka, b + 2);
+					ldsm4a(b, sdob + n * 2 * SB + nt * 8 * RB + kt * 32);
+					mma16816(dpt[nt], va, b);
+					mma16816(dpt[nt + 1], va, b + 2);
+				}
+			}
+			/* Masks only where the keys cross the diagonal or a block runs past the end. */
+			const float *Ls = Lb + n * QB, *Ds = Db + n * QB;
+			if ((a.causal && kw0 + 15 > i0) || i0 + QB > a.S || kw0 + 16 > a.S) {
+				const int hi = a.S - i0 - 2 * t, big = 1 << 30;
+				const int lo[2] = { kr[0] < a.S ? (a.causal ? kr[0] - i0 - 2 * t : -big) : big,
+						    kr[1] < a.S ? (a.causal ? kr[1] - i0 - 2 * t : -big) : big };
+				bwd2_probs<QT, true>(st, dpt, Ls, Ds, t, lo, hi, a.sl2);
+			} else {
+				const int lo[2] = { 0, 0 };
+				bwd2_probs<QT, false>(st, dpt, Ls, Ds, t, lo, 0, a.sl2);
+			}
+#pragma unroll
+			for (int kt = 0; kt < QB / 16; kt++) {
+				uint32_t pa[4] = { pack(st[2 * kt][0], st[2 * kt][1]), pack(st[2 * kt][2], st[2 * kt][3]),
+						   pack(st[2 * kt + 1][0], st[2 * kt + 1][1]),
+						   pack(st[2 * kt + 1][2], st[2 * kt + 1][3]) };
+				uint32_t da[4] = { pack(dpt[2 * kt][0], dpt[2 * kt][1]), pack(dpt[2 * kt][2], dpt[2 * kt][3]),
+						   pack(dpt[2 * kt + 1][0], dpt[2 * kt + 1][1]),
+						   pack(dpt[2 * kt + 1][2], dpt[2 * kt + 1][3]) };
+#pragma unroll
+				for (int dt = 0; dt < DT; dt += 2) {
+					uint32_t b[4];
+					ldsm4ta(b, sdot + n * 2 * SB + kt * 16 * RB + dt * 16);
+					mma16816(dv[dt], pa, b);
+					mma16816(dv[dt + 1], pa, b + 2);
+					ldsm4ta(b, sqt + n * 2 * SB + kt * 16 * RB + dt * 16);
+					mma16816(dk[dt], da, b);
+					mma16816(dk[dt + 1], da, b + 2);
+				}
+			}
+#pragma unroll
+			for (int nt = 0; nt < QT; nt++) {
+				*reinterpret_cast<__nv_bfloat162 *>(dSs + (warp * 16 + g) * LDS + nt * 8 + 2 * t) =
+					__floats2bfloat162_rn(dpt[nt][0], dpt[nt][1]);
+				*reinterpret_cast<__nv_bfloat162 *>(dSs + (warp * 16 + g + 8) * LDS + nt * 8 + 2 * t) =
+					__floats2bfloat162_rn(dpt[nt][2], dpt[nt][3]);
+			}
+		} else {
+			/* All 16 keys follow every query of the step: dS^T is zero. */
+#pragma unroll
+			for (int nt = 0; nt < QT; nt++) {
+				*reinterpret_cast<uint32_t *>(dSs + (warp * 16 + g) * LDS + nt * 8 + 2 * t) = 0u;
+				*reinterpret_cast<uint32_t *>(dSs + (warp * 16 + g + 8) * LDS + nt * 8 + 2 * t) = 0u;
+			}
+		}
+		__syncthreads();
+		/* dQ[QB x D] += scale dS K: this warp's 16 query rows x CW columns, all BKC keys. */
+		float acc[NTW][4];
+#pragma unroll
+		for (int nn = 0; nn < NTW; nn++)
+			acc[nn][0] = acc[nn][1] = acc[nn][2] = acc[nn][3] = 0.f;
+#pragma unroll
+		for (int kt = 0; kt < BKC / 16; kt++) {
+			uint32_t aa[4];
+			ldsm4ta(aa, sds + kt * 16 * LDS * 2);
+#pragma unroll
+			for (int nn = 0; nn + 1 < NTW; nn += 2) {
+				uint32_t b[4];
+				ldsm4ta(b, skt + kt * 16 * RB + nn * 16);
+				mma16816(acc[nn], aa, b);
+				mma16816(acc[nn + 1], aa, b + 2);
+			}
+			if (NTW % 2) {
+				uint32_t b[2];
+				ldsm2ta(b, skt + kt * 16 * RB + (NTW - 1) * 16);
+				mma16816(acc[NTW - 1], aa, b);
+			}
+		}
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+			const int qi = i0 + qr0 + g + 8 * r;
+			if (qi >= a.S)
+				continue;
+			float *row = a.dq + ((t0 + qi) * a.H + h) * D + dc0 + 2 * t;
+#pragma unroll
+			for (int nn = 0; nn < NTW; nn++)
+				add2(row + nn * 8, acc[nn][2 * r] * a.scale, acc[nn][2 * r + 1] * a.scale);
+		}
+	}
+#pragma unroll
+	for (int r = 0; r < 2; r++) {
+		if (kr[r] >= a.S)
+			continue;
+		const int64_t at = ((t0 + kr[r]) * a.KH + kvh) * D + 2 * t;
+#pragma unroll
+		for (int dt = 0; dt < DT; dt++) {
+			float kx = dk[dt][2 * r] * a.scale, ky = dk[dt][2 * r + 1] * a.scale;
+			if (a.atomic_kv) {
+				add2(a.dk + at + dt * 8, kx, ky);
+				add2(a.dv + at + dt * 8, dv[dt][2 * r], dv[dt][2 * r + 1]);
+			} else {
+				*reinterpret_cast<float2 *>(a.dk + at + dt * 8) = make_float2(kx, ky);
+				*reinterpret_cast<float2 *>(a.dv + at + dt * 8) = make_float2(dv[dt][2 * r], dv[dt][2 * r + 1]);
+			}
+		}
+	}
+}
+
 /* RoPE: inv_freq comes from the host (computed there in fp32, as HF computes its buffer). */
 #define ROPE_MAX_HALF 256
 struct rope_args {
@@ -574,6 +1105,153 @@ int launch_bwd(const bwd_args &a, dim3 grid, cudaStream_t s)
 	return cuda_check("attention backward kernel");
 }
 
+int fwd_v1(const fwd_args &a, const tier_attn_params *p, cudaStream_t s)
+{
+	dim3 grid((unsigned)((p->seq + BQ - 1) / BQ), (unsigned)p->n_heads, (unsigned)p->batch);
+	switch (p->head_dim) {
+	case 32: return launch_fwd<32>(a, grid, s);
+	case 64: return launch_fwd<64>(a, grid, s);
+	case 96: return launch_fwd<96>(a, grid, s);
+	default: return launch_fwd<128>(a, grid, s);
+	}
+}
+
+int bwd_v1(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
+{
+	dim3 grid((unsigned)((p->seq + BK - 1) / BK), (unsigned)p->n_heads, (unsigned)p->batch);
+	switch (p->head_dim) {
+	case 32: return launch_bwd<32>(a, grid, s);
+	case 64: return launch_bwd<64>(a, grid, s);
+	case 96: return launch_bwd<96>(a, grid, s);
+	default: return launch_bwd<128>(a, grid, s);
+	}
+}
+
+/* The v2 grids: forward (head + n_heads * sequence, query block), backward (head within its kv
+ * group, key block, kv head + n_kv_heads * sequence); y and z take at most 65535. */
+bool v2_grid_fits(const tier_attn_params *p, int rows_per_block)
+{
+	return p->n_heads * p->batch <= INT32_MAX && p->n_kv_heads * p->batch <= 65535 &&
+	       (p->seq + rows_per_block - 1) / rows_per_block <= 65535;
+}
+
+template <int D, int W, int TM, int MINB>
+int launch_fwd2(const fwd_args &a, const tier_attn_params *p, cudaStream_t s)
+{
+	typedef fwd2_cfg<D, W, TM> C;
+	dim3 grid((unsigned)(p->n_heads * p->batch), (unsigned)((p->seq + C::BQ2 - 1) / C::BQ2));
+	cudaFuncSetAttribute(fwd2_kernel<D, W, TM, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem);
+	fwd2_kernel<D, W, TM, MINB><<<grid, C::THREADS, C::smem, s>>>(a);
+	return cuda_check("attention forward kernel");
+}
+
+template <int W, int TM, int MINB>
+int fwd_v2(const fwd_args &a, const tier_attn_params *p, cudaStream_t s)
+{
+	if (!v2_grid_fits(p, 16 * W * TM))
+		return fwd_v1(a, p, s);
+	switch (p->head_dim) {
+	case 32: return launch_fwd2<32, W, TM, MINB>(a, p, s);
+	case 64: return launch_fwd2<64, W, TM, MINB>(a, p, s);
+	case 96: return launch_fwd2<96, W, TM, MINB>(a, p, s);
+	default: return launch_fwd2<128, W, TM, MINB>(a, p, s);
+	}
+}
+
+template <int D, int W, int BQB_, int MINB>
+int launch_bwd2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
+{
+	typedef bwd2_cfg<D, W, BQB_> C;
+	dim3 grid((unsigned)(p->n_heads / p->n_kv_heads), (unsigned)((p->seq + C::BKC - 1) / C::BKC),
+		  (unsigned)(p->n_kv_heads * p->batch));
+	cudaFuncSetAttribute(bwd2_kernel<D, W, BQB_, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem);
+	bwd2_kernel<D, W, BQB_, MINB><<<grid, C::THREADS, C::smem, s>>>(a);
+	return cuda_check("attention backward kernel");
+}
+
+template <int W, int BQB_, int MINB>
+int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
+{
+	if (!v2_grid_fits(p, 16 * W))
+		return bwd_v1(a, p, s);
+	switch (p->head_dim) {
+	case 32: return launch_bwd2<32, W, BQB_, MINB>(a, p, s);
+	case 64: return launch_bwd2<64, W, BQB_, MINB>(a, p, s);
+	case 96: return launch_bwd2<96, W, BQB_, MINB>(a, p, s);
+	default: return launch_bwd2<128, W, BQB_, MINB>(a, p, s);
+	}
+}
+
+/* The variants, chosen at each call by TIER_ATTN_FWD and TIER_ATTN_BWD (unset or empty: the first
+ * entry). Registers and shared memory per CTA at head_dim 128 on sm_90a (ptxas -v); per key block
+ * counts are per warp.
+ * fwd  v2: 4 warps x 32 query rows (128 per CTA), 255 regs, 104448 B: 2 CTAs (8 warps) per SM.
+ *          Each K and V fragment feeds two 16-row products: 80 ldmatrix per 256 mma a 64-key
+ *          block, the fewest of these layouts (flash-attention 2's tile at head_dim 128 on sm_90).
+ *          ptxas keeps 16 bytes of loop-invariant loader offsets on the stack (4 loads a block,
+ *          outside the products); v1 spilled 120 bytes.
+ *      w8: 8 warps x 16 rows (128 per CTA), 128 regs (capped for 2 CTAs), 104448 B: 16 warps
+ *          per SM, twice v2's, to hide latency; costs 72 ldmatrix per 128 mma, so it only wins
+ *          if v2 is latency-bound rather than shared-memory-bound. 20 bytes of loop-invariant
+ *          stack as in v2.
+ *      v1: the original kernel (255 regs, 120 bytes of spills, runtime masks on every block).
+ * bwd  k128: 8 warps x 16 keys (128 keys per CTA), 32-query steps, 240 regs, 115200 B: 1 CTA
+ *          (8 warps) per SM. Half the fp32 dQ atomics per FLOP of 64-key CTAs (each step adds
+ *          a 32 x D tile per CTA) and half the Q and dO traffic; flash-attention 2 also uses 128
+ *          keys and 8 warps at head_dim 128.
+ *      q64: k128 with 64-query steps: the K and V fragments of a warp serve twice the queries and
+ *          there are half the barriers; 254 regs (64 score and 64 dP accumulators next to dK
+ *          and dV), 158720 B.
+ *      v2: 4 warps x 16 keys (64 keys per CTA, v1's tile), 32-query steps, 240 regs, 75264 B:
+ *          2 CTAs per SM, v1's atomics.
+ *      v1: the original kernel (244 regs).
+ * No v2 variant spills inside its loops. A grid past the v2 limits (over 65535 blocks of one head,
+ * n_heads * batch over 2^31, n_kv_heads * batch over 65535) runs v1.
+ * Not done: a separate dQ pass without atomics (one CTA per query block recomputing P and dP):
+ * 7 products instead of 5, and with 16-row warps it loads K twice and V once per product step,
+ * ~1 ldmatrix per mma against ~0.6 here, so shared memory bounds it below k128 unless the dQ
+ * atomics are the bottleneck (ncu: lts__t_sectors_op_red against the L2 peak would tell). */
+typedef int (*fwd_fn)(const fwd_args &, const tier_attn_params *, cudaStream_t);
+typedef int (*bwd_fn)(const bwd_args &, const tier_attn_params *, cudaStream_t);
+struct fwd_variant {
+	const char *name;
+	fwd_fn fn;
+};
+struct bwd_variant {
+	const char *name;
+	bwd_fn fn;
+};
+const fwd_variant fwd_variants[] = {
+	{ "v2", fwd_v2<4, 2, 2> },
+	{ "w8", fwd_v2<8, 1, 2> },
+	{ "v1", fwd_v1 },
+};
+const bwd_variant bwd_variants[] = {
+	{ "k128", bwd_v2<8, 32, 1> },
+	{ "q64", bwd_v2<8, 64, 1> },
+	{ "v2", bwd_v2<4, 32, 2> },
+	{ "v1", bwd_v1 },
+};
+
+/* Index of the variant named by env in table (n entries): 0 when unset or empty; -EINVAL with the
+ * list of names when unknown. */
+template <typename V>
+int pick_variant(const char *env, const V *table, int n)
+{
+	const char *want = getenv(env);
+	char names[128] = "";
+	if (!want || !*want)
+		return 0;
+	for (int i = 0; i < n; i++) {
+		if (!strcmp(want, table[i].name))
+			return i;
+		strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+		strncat(names, table[i].name, sizeof names - strlen(names) - 1);
+	}
+	return tier_fail(-EINVAL, "attn: %s=%s is not a kernel variant; use one of %s (or unset it for %s)", env, want,
+			 names, table[0].name);
+}
+
 } /* namespace */
 
 extern "C" size_t attn_cuda_ws_bytes(const tier_attn_params *p)
@@ -586,22 +1264,17 @@ extern "C" int attn_cuda_fwd(tier_dev *dev, const tier_attn_params *p, const voi
 {
 	const char *names[] = { "q", "k", "v", "o" };
 	const void *ptrs[] = { q, k, v, o };
-	int rc = check_grid(p);
+	int rc = check_grid(p), var;
 	for (int i = 0; i < 4 && !rc; i++)
 		rc = check_align(names[i], ptrs[i], 16);
 	if (rc)
 		return rc;
+	if ((var = pick_variant("TIER_ATTN_FWD", fwd_variants, (int)(sizeof fwd_variants / sizeof fwd_variants[0]))) < 0)
+		return var;
 	fwd_args a = { (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (bf16 *)o, lse, (int)p->seq,
 		       (int)p->n_heads, (int)p->n_kv_heads, (int)(p->n_heads / p->n_kv_heads), p->causal,
 		       p->scale * LOG2E };
-	dim3 grid((unsigned)((p->seq + BQ - 1) / BQ), (unsigned)p->n_heads, (unsigned)p->batch);
-	cudaStream_t s = (cudaStream_t)tier_dev_stream(dev);
-	switch (p->head_dim) {
-	case 32: return launch_fwd<32>(a, grid, s);
-	case 64: return launch_fwd<64>(a, grid, s);
-	case 96: return launch_fwd<96>(a, grid, s);
-	default: return launch_fwd<128>(a, grid, s);
-	}
+	return fwd_variants[var].fn(a, p, (cudaStream_t)tier_dev_stream(dev));
 }
 
 extern "C" int attn_cuda_bwd(tier_dev *dev, const tier_attn_params *p, const void *q, const void *k,
@@ -610,11 +1283,13 @@ extern "C" int attn_cuda_bwd(tier_dev *dev, const tier_attn_params *p, const voi
 {
 	const char *names[] = { "q", "k", "v", "o", "dout", "dq", "dk", "dv" };
 	const void *ptrs[] = { q, k, v, o, dout, dq, dk, dv };
-	int rc = check_grid(p);
+	int rc = check_grid(p), var;
 	for (int i = 0; i < 8 && !rc; i++)
 		rc = check_align(names[i], ptrs[i], i < 5 ? 16 : 8);
 	if (rc)
 		return rc;
+	if ((var = pick_variant("TIER_ATTN_BWD", bwd_variants, (int)(sizeof bwd_variants / sizeof bwd_variants[0]))) < 0)
+		return var;
 	const int64_t rows = p->batch * p->seq * p->n_heads, G = p->n_heads / p->n_kv_heads;
 	const size_t kv_bytes = (size_t)(p->batch * p->seq * p->n_kv_heads * p->head_dim) * sizeof(float);
 	cudaStream_t s = (cudaStream_t)tier_dev_stream(dev);
@@ -629,13 +1304,7 @@ extern "C" int attn_cuda_bwd(tier_dev *dev, const tier_attn_params *p, const voi
 	    (G > 1 && (cudaMemsetAsync(dk, 0, kv_bytes, s) != cudaSuccess ||
 		       cudaMemsetAsync(dv, 0, kv_bytes, s) != cudaSuccess)))
 		return cuda_check("clearing the attention gradients");
-	dim3 grid((unsigned)((p->seq + BK - 1) / BK), (unsigned)p->n_heads, (unsigned)p->batch);
-	switch (p->head_dim) {
-	case 32: return launch_bwd<32>(a, grid, s);
-	case 64: return launch_bwd<64>(a, grid, s);
-	case 96: return launch_bwd<96>(a, grid, s);
-	default: return launch_bwd<128>(a, grid, s);
-	}
+	return bwd_variants[var].fn(a, p, s);
 }
 
 extern "C" int attn_cuda_rope(tier_dev *dev, const tier_rope_params *r, const int32_t *pos, void *x, int inverse)

@@ -1,6 +1,7 @@
 /* test_attn_cuda.c - the CUDA attention (bf16 q, k, v, o, dout; fp32 lse and gradients) and RoPE
  * against the CPU reference on the same bf16-rounded inputs: odd lengths, head_dim 32..128, GQA
- * 1:1 to 8:1, batches, non-causal, bad input. Skips (exit 77) without a GPU. */
+ * 1:1 to 8:1, batches, non-causal, under every kernel variant (TIER_ATTN_FWD, TIER_ATTN_BWD), bad
+ * input. Skips (exit 77) without a GPU. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -17,6 +18,16 @@
 #define TOL 2e-2
 static tier_rng rng;
 static tier_dev *cpu, *gpu;
+
+/* The kernel variants of attn/attn_cuda.cu (its fwd_variants and bwd_variants tables). Each case
+ * runs max(NFWD, NBWD) times with the pairs (fwd[i % NFWD], bwd[i % NBWD]), so every variant of
+ * both lists runs on every shape. */
+static const char *const fwd_variants[] = { "v2", "w8", "v1" };
+static const char *const bwd_variants[] = { "k128", "q64", "v2", "v1" };
+#define NFWD (sizeof fwd_variants / sizeof fwd_variants[0])
+#define NBWD (sizeof bwd_variants / sizeof bwd_variants[0])
+#define NVAR (NFWD > NBWD ? NFWD : NBWD)
+static const char *cur_fwd = "", *cur_bwd = "";
 
 /* fp32 -> bf16 bits, round to nearest even (inputs here are finite). */
 static uint16_t to_bf16(float f)
@@ -90,9 +101,9 @@ static double max_abs(const float *x, size_t n)
 static void check(const char *what, const tier_attn_params *p, const float *a, const float *ref, size_t n, double floor)
 {
 	double e = rel_err(a, ref, n, floor);
-	print_message("# B=%lld S=%lld H=%lld KH=%lld D=%lld causal=%d: %s rel err %.3g%s\n", (long long)p->batch,
-		      (long long)p->seq, (long long)p->n_heads, (long long)p->n_kv_heads, (long long)p->head_dim,
-		      p->causal, what, e, e <= TOL ? "" : " FAIL");
+	print_message("# fwd %-4s bwd %-4s B=%lld S=%lld H=%lld KH=%lld D=%lld causal=%d: %s rel err %.3g%s\n", cur_fwd,
+		      cur_bwd, (long long)p->batch, (long long)p->seq, (long long)p->n_heads, (long long)p->n_kv_heads,
+		      (long long)p->head_dim, p->causal, what, e, e <= TOL ? "" : " FAIL");
 	assert_true(e <= TOL);
 }
 
@@ -117,28 +128,43 @@ static void compare(int64_t B, int64_t S, int64_t H, int64_t KH, int64_t D, int 
 	cw = malloc(cws);
 	assert_int_equal(tier_attn_fwd(cpu, &p, f[0], f[1], f[2], o, lse, cw, cws), 0);
 	assert_int_equal(tier_attn_bwd(cpu, &p, f[0], f[1], f[2], o, lse, f[3], dq, dk, dv, cw, cws), 0);
-	go = dev_poisoned(nq * 2), glse = dev_poisoned(nl * 4), gw = dev_poisoned(gws);
-	gdq = dev_poisoned(nq * 4), gdk = dev_poisoned(nk * 4), gdv = dev_poisoned(nk * 4);
-	assert_int_equal(tier_attn_fwd(gpu, &p, d[0], d[1], d[2], go, glse, gw, gws), 0);
-	assert_int_equal(tier_attn_bwd(gpu, &p, d[0], d[1], d[2], go, glse, d[3], gdq, gdk, gdv, gw, gws), 0);
-	assert_int_equal(tier_dev_sync(gpu), 0);
-	fetch(ob, go, nq * 2);
-	for (size_t i = 0; i < nq; i++)
-		got[i] = from_bf16(ob[i]);
-	check("o", &p, got, o, nq, 1e-30);
-	fetch(got, glse, nl * 4);
-	check("lse", &p, got, lse, nl, 1.0);
-	fetch(got, gdq, nq * 4);
-	check("dq", &p, got, dq, nq, max_abs(dv, nk));   /* dq, dk vanish at S = 1 */
-	fetch(got, gdk, nk * 4);
-	check("dk", &p, got, dk, nk, max_abs(dv, nk));
-	fetch(got, gdv, nk * 4);
-	check("dv", &p, got, dv, nk, 1e-30);
+	for (size_t var = 0; var < NVAR; var++) {
+		cur_fwd = fwd_variants[var % NFWD], cur_bwd = bwd_variants[var % NBWD];
+		assert_int_equal(setenv("TIER_ATTN_FWD", cur_fwd, 1), 0);
+		assert_int_equal(setenv("TIER_ATTN_BWD", cur_bwd, 1), 0);
+		go = dev_poisoned(nq * 2), glse = dev_poisoned(nl * 4), gw = dev_poisoned(gws);
+		gdq = dev_poisoned(nq * 4), gdk = dev_poisoned(nk * 4), gdv = dev_poisoned(nk * 4);
+		assert_int_equal(tier_attn_fwd(gpu, &p, d[0], d[1], d[2], go, glse, gw, gws), 0);
+		assert_int_equal(tier_attn_bwd(gpu, &p, d[0], d[1], d[2], go, glse, d[3], gdq, gdk, gdv, gw, gws), 0);
+		assert_int_equal(tier_dev_sync(gpu), 0);
+		fetch(ob, go, nq * 2);
+		for (size_t i = 0; i < nq; i++)
+			got[i] = from_bf16(ob[i]);
+		check("o", &p, got, o, nq, 1e-30);
+		fetch(got, glse, nl * 4);
+		check("lse", &p, got, lse, nl, 1.0);
+		fetch(got, gdq, nq * 4);
+		check("dq", &p, got, dq, nq, max_abs(dv, nk));   /* dq, dk vanish at S = 1 */
+		fetch(got, gdk, nk * 4);
+		check("dk", &p, got, dk, nk, max_abs(dv, nk));
+		fetch(got, gdv, nk * 4);
+		check("dv", &p, got, dv, nk, 1e-30);
+		tier_dev_free(gpu, go), tier_dev_free(gpu, glse), tier_dev_free(gpu, gw);
+		tier_dev_free(gpu, gdq), tier_dev_free(gpu, gdk), tier_dev_free(gpu, gdv);
+	}
 	for (int i = 0; i < 4; i++)
 		free(f[i]), free(h[i]), tier_dev_free(gpu, d[i]);
-	tier_dev_free(gpu, go), tier_dev_free(gpu, glse), tier_dev_free(gpu, gw);
-	tier_dev_free(gpu, gdq), tier_dev_free(gpu, gdk), tier_dev_free(gpu, gdv);
 	free(o), free(lse), free(dq), free(dk), free(dv), free(got), free(cw), free(ob);
+}
+
+/* The caller's TIER_ATTN_FWD / TIER_ATTN_BWD, put back after the cases (NULL: unset). */
+static void restore_env(const char *name, char *saved)
+{
+	if (saved)
+		setenv(name, saved, 1);
+	else
+		unsetenv(name);
+	free(saved);
 }
 
 static void test_shapes(void **state)
@@ -147,9 +173,14 @@ static void test_shapes(void **state)
 		{ 1, 77, 4, 1, 64, 1 },  { 3, 77, 4, 4, 128, 1 }, { 1, 1, 8, 2, 128, 1 }, { 3, 1, 4, 1, 64, 1 },
 		{ 1, 77, 4, 4, 64, 1 },  { 3, 77, 8, 2, 128, 1 }, { 1, 200, 2, 2, 32, 1 }, { 2, 100, 4, 1, 96, 1 },
 		{ 2, 77, 4, 1, 64, 0 },  { 1, 64, 2, 1, 128, 1 }, { 1, 513, 8, 1, 128, 1 }, { 1, 130, 4, 4, 128, 0 },
+		{ 1, 1000, 2, 1, 128, 1 }, { 1, 333, 4, 2, 128, 0 }, { 2, 257, 4, 2, 96, 1 }, { 1, 300, 2, 1, 32, 0 },
 	};
+	char *fwd = getenv("TIER_ATTN_FWD") ? strdup(getenv("TIER_ATTN_FWD")) : NULL;
+	char *bwd = getenv("TIER_ATTN_BWD") ? strdup(getenv("TIER_ATTN_BWD")) : NULL;
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		compare(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4], (int)cases[i][5]);
+	restore_env("TIER_ATTN_FWD", fwd);
+	restore_env("TIER_ATTN_BWD", bwd);
 }
 
 /* RoPE: the forward on bf16 against the CPU on the same rounded values; the backward (fp32) tight. */
@@ -199,6 +230,16 @@ static void test_bad_input(void **state)
 	tier_clear_error();
 	assert_int_equal(tier_attn_fwd(gpu, &p, b + 2, b, b, b, (float *)b, b, bytes), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "aligned"));
+	/* An unknown kernel variant fails before any launch and names the variable. */
+	assert_int_equal(setenv("TIER_ATTN_FWD", "nope", 1), 0);
+	assert_int_equal(tier_attn_fwd(gpu, &p, b, b, b, b, (float *)b, b, bytes), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_FWD=nope"));
+	unsetenv("TIER_ATTN_FWD");
+	assert_int_equal(setenv("TIER_ATTN_BWD", "nope", 1), 0);
+	assert_int_equal(tier_attn_bwd(gpu, &p, b, b, b, b, (float *)b, b, (float *)b, (float *)b, (float *)b, b, bytes),
+			 -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_BWD=nope"));
+	unsetenv("TIER_ATTN_BWD");
 	tier_dev_free(gpu, buf);
 }
 
