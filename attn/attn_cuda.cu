@@ -1205,6 +1205,9 @@ int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
  *      v2: 4 warps x 16 keys (64 keys per CTA, v1's tile), 32-query steps, 240 regs, 75264 B:
  *          2 CTAs per SM, v1's atomics.
  *      v1: the original kernel (244 regs).
+ * Measured on an H200 (tier-bench attn, 1 x 4096 tokens, 32 / 4 heads, head_dim 128, causal;
+ * bench/RESULTS.md): forward v2 0.428 ms, w8 0.487, v1 0.892; forward+backward with v2 forward:
+ * q64 1.910 ms, k128 2.017, v2 2.154, v1 (with v1 forward) 3.038. Hence the defaults v2 and q64.
  * No v2 variant spills inside its loops. A grid past the v2 limits (over 65535 blocks of one head,
  * n_heads * batch over 2^31, n_kv_heads * batch over 65535) runs v1.
  * Not done: a separate dQ pass without atomics (one CTA per query block recomputing P and dP):
@@ -1227,8 +1230,8 @@ const fwd_variant fwd_variants[] = {
 	{ "v1", fwd_v1 },
 };
 const bwd_variant bwd_variants[] = {
-	{ "k128", bwd_v2<8, 32, 1> },
 	{ "q64", bwd_v2<8, 64, 1> },
+	{ "k128", bwd_v2<8, 32, 1> },
 	{ "v2", bwd_v2<4, 32, 2> },
 	{ "v1", bwd_v1 },
 };
