@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "attn/attn_impl.h"
+#include "base/mma_sm80.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -53,39 +54,6 @@ struct bwd_args {
 	int S, H, KH, G, causal, atomic_kv;
 	float scale, sl2;
 };
-
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2])
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ uint32_t pack(float lo, float hi)
-{
-	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-	return *reinterpret_cast<uint32_t *>(&v);
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-	return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* Four 8x8 bf16 matrices from shared memory; lane i gives the address of row i % 8 of matrix i / 8.
- * With .trans each matrix arrives transposed. */
-__device__ __forceinline__ void ldsm4(uint32_t r[4], const bf16 *p)
-{
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void ldsm4t(uint32_t r[4], const bf16 *p)
-{
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
 
 /* A operand (16 x 16): rows r0.., columns k0.. of a row-major tile with leading dimension LD. */
 template <int LD>
@@ -116,23 +84,6 @@ __device__ __forceinline__ void frag_b2(uint32_t b[4], const bf16 *m, int k0, in
 	ldsm4t(b, m + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
 }
 
-/* 16 bytes global -> shared without passing through registers; zero-filled when !valid. */
-__device__ __forceinline__ void cp_async16(void *sm, const void *gm, bool valid)
-{
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(sm)), "l"(gm),
-		     "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-	asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait()
-{
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 /* Rows [row0, row0 + rows) of one head into shared memory (leading dimension D + 8 against bank
  * conflicts), asynchronously; rows at or past nvalid are zero. stride: elements between tokens. */

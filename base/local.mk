@@ -1,4 +1,4 @@
 ## base/local.mk - errors, logging, sizes, random numbers, device context
 libtier_la_SOURCES += base/error.c base/log.c base/size.c base/rng.c base/dev.c base/blas.c base/blas.h
 tierinclude_HEADERS += include/tier/base.h include/tier/tier.h
-EXTRA_DIST += base/cuda_reduce.cuh
+EXTRA_DIST += base/cuda_reduce.cuh base/mma_sm80.cuh

@@ -26,6 +26,7 @@
 #include <string.h>
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
+#include "base/mma_sm80.cuh"
 
 #define GG_BN 128      /* B rows (output columns) per CTA; with gate_up 64 of gate and 64 of up */
 #define GG_BK 32       /* k per pipeline stage */
@@ -72,48 +73,6 @@ struct gg_tile {
 };
 
 /* ---- sm_80 instructions (the style of attn/attn_cuda.cu) ---- */
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2])
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-	return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* Four 8x8 bf16 matrices; lane i gives the address of row i % 8 of matrix i / 8. */
-__device__ __forceinline__ void ldsm4(uint32_t r[4], const bf16 *p)
-{
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-
-/* The same, each matrix transposed on the way. */
-__device__ __forceinline__ void ldsm4t(uint32_t r[4], const bf16 *p)
-{
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-
-/* 16 bytes global -> shared; with !valid nothing is read (gm need only be a valid address) and the
- * 16 bytes are zero. */
-__device__ __forceinline__ void cp_async16(void *sm, const void *gm, bool valid)
-{
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(sm)), "l"(gm),
-		     "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait()
-{
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 /* ---- which tile a CTA computes ---- */
 template <int BM>

@@ -1,0 +1,63 @@
+/* mma_sm80.cuh - the warp-level tensor-core primitives of the mma.sync kernels (attn/attn_cuda.cu,
+ * moe/moe_grouped.cu), one copy: bf16 m16n8k16 with fp32 accumulation, ldmatrix from shared memory
+ * (plain and transposed), and 16-byte cp.async with zero-fill. PTX ISA sm_80 forms; they run on
+ * sm_90 too. Include from .cu files only. */
+#ifndef TIER_BASE_MMA_SM80_CUH
+#define TIER_BASE_MMA_SM80_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+/* c (16 x 8, fp32) += a (16 x 16, row) b (16 x 8, col), the register layouts of mma.m16n8k16. */
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2])
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* Two floats rounded to a bf16 pair in one register (lo in the low half): an A operand piece. */
+__device__ __forceinline__ uint32_t pack(float lo, float hi)
+{
+	__nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+	return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+	return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* Four 8x8 bf16 matrices from shared memory; lane i gives the address of row i % 8 of matrix i / 8.
+ * With .trans (ldsm4t) each matrix arrives transposed. */
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const __nv_bfloat16 *p)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm4t(uint32_t r[4], const __nv_bfloat16 *p)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+/* 16 bytes global -> shared without passing through registers; with !valid nothing is read (gm need
+ * only be a valid address) and the 16 bytes are zero. */
+__device__ __forceinline__ void cp_async16(void *sm, const void *gm, bool valid)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(sm)), "l"(gm),
+		     "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+/* Wait until at most N committed groups are still in flight. */
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
+{
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+#endif
