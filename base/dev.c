@@ -1,5 +1,6 @@
 /* dev.c - the device context: CPU, or one CUDA device with its stream and cuBLASLt handle. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@ struct tier_dev {
 	/* side streams made on first use (tier_dev_lanes_fork), each with its own cuBLASLt workspace:
 	 * independent small products run side by side and fill the SMs together */
 	int lanes;
+	pthread_mutex_t lane_lock; /* the first forks of two threads must not both make the lanes */
 	cudaStream_t lane[TIER_DEV_LANES];
 	cudaEvent_t lane_done[TIER_DEV_LANES], forked;
 	void *lane_ws[TIER_DEV_LANES];
@@ -119,6 +121,9 @@ int tier_dev_open(tier_dev **out, tier_dev_kind kind, int ordinal)
 	d->ordinal = ordinal;
 	d->numa_node = -1;
 	snprintf(d->name, sizeof d->name, "cpu");
+#ifdef TIER_HAVE_CUDA
+	pthread_mutex_init(&d->lane_lock, NULL);
+#endif
 	if (kind == TIER_DEV_CUDA) {
 #ifdef TIER_HAVE_CUDA
 		int rc = cuda_open(d, ordinal);
@@ -155,6 +160,7 @@ void tier_dev_close(tier_dev *d)
 		if (d->stream)
 			cudaStreamDestroy(d->stream);
 	}
+	pthread_mutex_destroy(&d->lane_lock);
 #endif
 	free(d);
 }
@@ -230,7 +236,9 @@ int tier_dev_lanes_fork(tier_dev *d, int n)
 		return tier_fail(-EINVAL, "lanes: %d asked, 1..%d exist", n, TIER_DEV_LANES);
 #ifdef TIER_HAVE_CUDA
 	if (d->kind == TIER_DEV_CUDA) {
+		pthread_mutex_lock(&d->lane_lock);
 		int rc = lanes_make(d, n);
+		pthread_mutex_unlock(&d->lane_lock);
 		if (rc)
 			return rc;
 		CUDA_TRY(cudaEventRecord(d->forked, d->stream), -EIO);
@@ -250,8 +258,15 @@ int tier_dev_lanes_join(tier_dev *d, int n)
 		if (n > d->lanes)
 			return tier_fail(-EINVAL, "lanes: join of %d, only %d forked", n, d->lanes);
 		for (int i = 0; i < n; i++) {
-			CUDA_TRY(cudaEventRecord(d->lane_done[i], d->lane[i]), -EIO);
-			CUDA_TRY(cudaStreamWaitEvent(d->stream, d->lane_done[i], 0), -EIO);
+			if (cudaEventRecord(d->lane_done[i], d->lane[i]) != cudaSuccess ||
+			    cudaStreamWaitEvent(d->stream, d->lane_done[i], 0) != cudaSuccess) {
+				/* the compute stream no longer orders the lanes' work: wait for it here, so
+				 * that nothing runs on memory released after the caller's next sync */
+				for (int j = 0; j < d->lanes; j++)
+					cudaStreamSynchronize(d->lane[j]);
+				return tier_fail(-EIO, "lanes: join of lane %d failed on %s: %s", i, d->name,
+						 cudaGetErrorString(cudaGetLastError()));
+			}
 		}
 	}
 #endif
@@ -286,8 +301,11 @@ int tier_dev_profiler(tier_dev *d, int on)
 int tier_dev_sync(tier_dev *d)
 {
 #ifdef TIER_HAVE_CUDA
-	if (d->kind == TIER_DEV_CUDA)
+	if (d->kind == TIER_DEV_CUDA) {
 		CUDA_TRY(cudaStreamSynchronize(d->stream), -EIO);
+		for (int i = 0; i < d->lanes; i++) /* joined work is done already; this covers a failed join */
+			CUDA_TRY(cudaStreamSynchronize(d->lane[i]), -EIO);
+	}
 #endif
 	(void)d;
 	return 0;

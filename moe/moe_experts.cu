@@ -351,7 +351,21 @@ static int lanes_wanted(const int32_t *off, int E)
 /* Lane of the i-th non-empty expert (-1: the compute stream, when there is one lane). */
 static int lane_of(int nl, int i) { return nl > 1 ? i % nl : -1; }
 
-static int lanes_fork(tier_dev *dev, int nl) { return nl > 1 ? tier_dev_lanes_fork(dev, nl) : 0; }
+/* Lanes that cannot be made (their streams or 8 MiB workspaces) are no reason to fail a step: the
+ * products then run on the compute stream (*nl = 1), with a warning once. */
+static int lanes_fork(tier_dev *dev, int *nl)
+{
+	static int warned;
+	if (*nl <= 1 || tier_dev_lanes_fork(dev, *nl) == 0)
+		return 0;
+	if (!warned) {
+		warned = 1;
+		tier_log(TIER_LOG_WARN, "MoE experts: no CUDA lanes (%s); the per-expert products run one at a time",
+			 tier_last_error());
+	}
+	*nl = 1;
+	return 0;
+}
 static int lanes_join(tier_dev *dev, int nl, int rc)
 {
 	int jr = nl > 1 ? tier_dev_lanes_join(dev, nl) : 0; /* joined even after an error: nothing left dangling */
@@ -434,12 +448,12 @@ extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, con
 	int nl = lanes_wanted(off, E);
 	if (total == 0)
 		return 0;
-	if ((rc = lanes_fork(dev, nl)) || (rc = lanes_join(dev, nl, experts_fwd_gate_up(dev, nl, E, H, I, off, w, lora, xg,
+	if ((rc = lanes_fork(dev, &nl)) || (rc = lanes_join(dev, nl, experts_fwd_gate_up(dev, nl, E, H, I, off, w, lora, xg,
 											  g, u, z))))
 		return rc;
 	swiglu_kernel<<<grid_of(total), 256, 0, moe_stream(dev)>>>(g, u, total, (bf16 *)h);
 	CUDA_LAUNCHED();
-	if ((rc = lanes_fork(dev, nl)))
+	if ((rc = lanes_fork(dev, &nl)))
 		return rc;
 	return lanes_join(dev, nl, experts_fwd_down(dev, nl, E, H, I, off, w, lora, h, y, z));
 }
@@ -533,12 +547,12 @@ extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const in
 		CUDA_LAUNCHED();
 	}
 	int nl = lanes_wanted(off, E);
-	if ((rc = lanes_fork(dev, nl)) ||
+	if ((rc = lanes_fork(dev, &nl)) ||
 	    (rc = lanes_join(dev, nl, experts_bwd_down(dev, nl, E, H, I, off, w, lora, hb, dyb, dh, Z, dZ))))
 		return rc;
 	swiglu_bwd_kernel<<<grid_of(total), 256, 0, st>>>(g, u, dh, total, dgb, dub);
 	CUDA_LAUNCHED();
-	if ((rc = lanes_fork(dev, nl)))
+	if ((rc = lanes_fork(dev, &nl)))
 		return rc;
 	return lanes_join(dev, nl, experts_bwd_gate_up(dev, nl, E, H, I, off, w, lora, x, dgb, dub, dxg, Z, dZ));
 }

@@ -86,6 +86,11 @@ extern "C" int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t 
 	for (int q = 0; q < 3; q++)
 		if (!lora_fits(lora_of(lora, q), E, off))
 			return 0;
+	/* the mma.sync kernel's grid holds at most 65535 row tiles (the LoRA products run there); its
+	 * own bound, (rows + 127 min(E, rows)) / 128 with 128-row tiles, or with 64 rows when small */
+	long long rows = off[E], m = E < rows ? E : rows;
+	if ((rows + 127 * m) / 128 > 65535 || (rows + 63 * m) / 64 > 65535)
+		return 0;
 	return mode == 1 || (busy > 0 && !loop_fills_gpu(off[E], busy, I));
 }
 

@@ -448,7 +448,7 @@ __device__ static void wg_store_gu(float (&d)[CFG::WN / 2], const typename CFG::
 			float u0 = d[8 * q + 4 + 2 * h], u1 = d[8 * q + 4 + 2 * h + 1];
 			wg_put2(G + 8 * q, g0, g1);
 			wg_put2(U + 8 * q, u0, u1);
-			wg_put2(Hh + 8 * q, g0 / (1.0f + __expf(-g0)) * u0, g1 / (1.0f + __expf(-g1)) * u1);
+			wg_put2(Hh + 8 * q, g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
 		}
 	}
 }

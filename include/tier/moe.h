@@ -113,7 +113,9 @@ typedef struct {
 
 /* LoRA on one projection of every expert: y += scale (x A_e^T) B_e^T. a, b NULL: no adapter.
  * da, db (accumulated in backward) may be NULL (frozen adapter). scale = alpha / r (or alpha /
- * sqrt(r), rsLoRA), chosen by the caller. */
+ * sqrt(r), rsLoRA), chosen by the caller. The gradients of different experts must not overlap
+ * (one buffer shared by several experts would lose updates: on CUDA the experts' products run at
+ * the same time); A and B may be shared. */
 typedef struct {
 	const float *const *a; /* [E] -> [r, in] */
 	const float *const *b; /* [E] -> [out, r] */
