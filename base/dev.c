@@ -301,11 +301,8 @@ int tier_dev_profiler(tier_dev *d, int on)
 int tier_dev_sync(tier_dev *d)
 {
 #ifdef TIER_HAVE_CUDA
-	if (d->kind == TIER_DEV_CUDA) {
+	if (d->kind == TIER_DEV_CUDA) /* lanes are joined into the stream (a failed join waits itself) */
 		CUDA_TRY(cudaStreamSynchronize(d->stream), -EIO);
-		for (int i = 0; i < d->lanes; i++) /* joined work is done already; this covers a failed join */
-			CUDA_TRY(cudaStreamSynchronize(d->lane[i]), -EIO);
-	}
 #endif
 	(void)d;
 	return 0;

@@ -1,4 +1,7 @@
 ## base/local.mk - errors, logging, sizes, random numbers, device context
-libtier_la_SOURCES += base/error.c base/log.c base/size.c base/rng.c base/dev.c base/blas.c base/blas.h
+libtier_la_SOURCES += base/error.c base/log.c base/size.c base/rng.c base/dev.c base/blas.c base/blas.h base/gemm_cuda.h
 tierinclude_HEADERS += include/tier/base.h include/tier/tier.h
-EXTRA_DIST += base/cuda_reduce.cuh base/mma_sm80.cuh
+if HAVE_CUDA
+libtier_la_SOURCES += base/gemm_cuda.cu
+endif
+EXTRA_DIST += base/cuda_reduce.cuh base/mma_sm80.cuh base/gemm_cuda.cu

@@ -60,4 +60,28 @@ __device__ __forceinline__ void cp_async_wait()
 	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* The multi-stage cp.async ring over nk k-steps: STAGES - 1 loads in flight ahead of the step being
+ * computed. load(kt) issues the copies of step kt into slot kt % STAGES; compute(slot, kt) reads
+ * the slot once its copies have landed. One commit per step (empty past the last load) keeps the
+ * wait count fixed; the barrier after the wait also guarantees that every warp is done with the
+ * slot the next load overwrites. */
+template <int STAGES, typename Load, typename Compute>
+__device__ __forceinline__ void cp_async_ring(int nk, Load load, Compute compute)
+{
+#pragma unroll
+	for (int kt = 0; kt < STAGES - 1; kt++) {
+		if (kt < nk)
+			load(kt);
+		cp_async_commit();
+	}
+	for (int kt = 0; kt < nk; kt++) {
+		cp_async_wait<STAGES - 2>();
+		__syncthreads();
+		if (kt + STAGES - 1 < nk)
+			load(kt + STAGES - 1);
+		cp_async_commit();
+		compute(kt % STAGES, kt);
+	}
+}
+
 #endif

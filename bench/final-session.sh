@@ -11,10 +11,9 @@ for t in test_attn_cuda test_ops_cuda test_golden_cuda test_moe_cuda; do step 12
 grep -q '^test_attn_cuda  *rc=0 ' "$sum" || export TIER_ATTN_FWD=v1 TIER_ATTN_BWD=v1
 for f in v1 v2 w8; do TIER_ATTN_FWD=$f TIER_ATTN_BWD=v1 step 60 "attn-f$f" "$b/tier-bench" attn --json; done
 for k in v2 k128 q64; do TIER_ATTN_BWD=$k step 60 "attn-b$k" "$b/tier-bench" attn --json; done
-step 90 attn-torch python3 bench/attn_torch.py --tier "$out/attn-bk128.log"
+step 90 attn-torch python3 bench/attn_torch.py --tier "$out/attn-bq64.log" # the default pair: v2 + q64
 cfg=bench/configs/qwen3-30b-a3b.json
-run=("$b/tier-run" --device cuda --init random --config "$cfg" --init-range 0.02 --seq 4096 --warmup 1 --lr 1e-4
-     --lora-r 16 --lora-alpha 32 --lora-targets q,k,v,o,experts)
+run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
 step 120 train-a1 "${run[@]}" --batch 1 --steps 5 --ddr 4G --op-cache all:hbm=48G
 step 150 train-a4 "${run[@]}" --batch 4 --steps 4 --ddr 4G --op-cache all:hbm=40G
 step 200 train-b8 "${run[@]}" --batch 8 --steps 4 --hbm 24G --ddr 110G

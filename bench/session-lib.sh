@@ -10,3 +10,7 @@ step() { # limit name command...
 	printf '%-22s rc=%-3d %4ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$sum"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+# The trainer issue's benchmark job on the GPU (synthetic bf16 weights, sequence 4096, LoRA r 16 on
+# attention and experts); scripts add --config, batch, steps and budgets.
+job_args=(--device cuda --init random --init-range 0.02 --seq 4096 --warmup 1 --lr 1e-4
+	  --lora-r 16 --lora-alpha 32 --lora-targets q,k,v,o,experts)

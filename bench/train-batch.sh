@@ -7,8 +7,7 @@ set -u
 b=${1:?build dir}; out=${2:?out dir}; steps=${3:-4}; batch=${4:-4}; mkdir -p "$out"
 . "$(dirname "$0")/session-lib.sh"
 cfg=bench/configs/qwen3-30b-a3b.json
-run=("$b/tier-run" --device cuda --init random --config "$cfg" --init-range 0.02 --seq 4096 --warmup 1 --lr 1e-4
-     --lora-r 16 --lora-alpha 32 --lora-targets q,k,v,o,experts)
+run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
 if command -v nsys >/dev/null; then
 	step 200 prof-a nsys profile -o "$out/prof-a" --stats=true --force-overwrite true "${run[@]}" --batch 1 --steps 3 \
 		--ddr 4G --op-cache all:hbm=48G

@@ -9,9 +9,7 @@ set -u
 b=${1:?build dir}; out=${2:?out dir}; pstep=${3:-3}; mkdir -p "$out"
 . "$(dirname "$0")/session-lib.sh"
 TIER_PROFILE_STEP=$pstep step 400 ncu ncu --csv --metrics gpu__time_duration.sum --profile-from-start off \
-	"$b/tier-run" --device cuda --init random --config bench/configs/qwen3-30b-a3b-2l.json --init-range 0.02 \
-	--seq 4096 --batch 1 --steps 4 --warmup 1 --lr 1e-4 --lora-r 16 --lora-alpha 32 \
-	--lora-targets q,k,v,o,experts --ddr 4G
+	"$b/tier-run" "${job_args[@]}" --config bench/configs/qwen3-30b-a3b-2l.json --batch 1 --steps 4 --ddr 4G
 # total time per kernel name over the profiled launches, largest first
 python3 - "$out/ncu.log" > "$out/kernels.txt" <<'PY'
 import csv, sys, collections

@@ -18,8 +18,7 @@ if has tests; then
 		--out "$out/dropout-cuda"
 fi
 cfg=bench/configs/qwen3-30b-a3b.json
-run=("$b/tier-run" --device cuda --init random --config "$cfg" --init-range 0.02 --seq 4096 --batch "$batch"
-     --steps "$steps" --warmup 1 --lr 1e-4 --lora-r 16 --lora-alpha 32 --lora-targets q,k,v,o,experts)
+run=("$b/tier-run" "${job_args[@]}" --config "$cfg" --batch "$batch" --steps "$steps")
 has a && step 400 train-a "${run[@]}" --ddr 4G
 has a && step 400 train-a-cache "${run[@]}" --ddr 4G --op-cache "all:hbm=${CACHE_HBM:-48G}"
 has b && step 500 train-b "${run[@]}" --hbm 24G --ddr 110G

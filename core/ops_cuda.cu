@@ -4,7 +4,6 @@
  * (weights reach 1e9 elements). */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
-#include <cublasLt.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -375,74 +374,7 @@ int opsc_fill_const(tier_dev *d, size_t n, float v, opsc_bf16 *out)
 	return launched("opsc_fill_const", n);
 }
 
-/* ---- cuBLASLt product ------------------------------------------------------------------------ */
-
-static uint32_t align_of(const void *p)
-{
-	uintptr_t a = (uintptr_t)p;
-	uint32_t al = 256;
-	while (al > 1 && a % al)
-		al >>= 1;
-	return al;
-}
-
-/* The descriptors of one product; gemm_free destroys whichever were created. */
-typedef struct {
-	cublasLtMatmulDesc_t desc;
-	cublasLtMatrixLayout_t la, lb, lc;
-	cublasLtMatmulPreference_t pref;
-} gemm_plan;
-
-static void gemm_free(gemm_plan *g)
-{
-	if (g->pref)
-		cublasLtMatmulPreferenceDestroy(g->pref);
-	if (g->lc)
-		cublasLtMatrixLayoutDestroy(g->lc);
-	if (g->lb)
-		cublasLtMatrixLayoutDestroy(g->lb);
-	if (g->la)
-		cublasLtMatrixLayoutDestroy(g->la);
-	if (g->desc)
-		cublasLtMatmulDescDestroy(g->desc);
-}
-
-/* Layouts as stored: A is m x k (k x m when transposed), B k x n (n x k), C m x n. */
-static cublasStatus_t gemm_describe(gemm_plan *g, int m, int n, int k, const opsc_operand *A, const opsc_operand *B,
-				    int ldc)
-{
-	cublasOperation_t ta = A->trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = B->trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-	cublasStatus_t st = cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&g->la, (cudaDataType_t)A->type, A->trans ? k : m, A->trans ? m : k, A->ld);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&g->lb, (cudaDataType_t)B->type, B->trans ? n : k, B->trans ? k : n, B->ld);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&g->lc, CUDA_R_32F, m, n, ldc);
-	return st;
-}
-
-/* The real alignment of every pointer, so that odd sizes and offsets get kernels that can read them. */
-static cublasStatus_t gemm_prefer(gemm_plan *g, uint64_t wsb, const void *a, const void *b, const void *c)
-{
-	uint32_t aa = align_of(a), ab = align_of(b), ac = align_of(c);
-	cublasStatus_t st = cublasLtMatmulPreferenceCreate(&g->pref);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
-	return st;
-}
+/* ---- cuBLASLt product: the checks, then base/gemm_cuda.cu ------------------------------------ */
 
 static int operand_ok(const opsc_operand *X, int rows)
 {
@@ -470,10 +402,7 @@ static int gemm_empty(tier_dev *d, int m, int n, float beta, float *C, int ldc)
 int opsc_gemm(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, opsc_operand B, float beta, float *C,
 	      int ldc)
 {
-	gemm_plan g = { NULL, NULL, NULL, NULL, NULL };
-	cublasLtMatmulHeuristicResult_t heur;
-	size_t wsb = 0;
-	int found = 0, rc = cuda_dev(d, "opsc_gemm");
+	int rc = cuda_dev(d, "opsc_gemm");
 	if (rc)
 		return rc;
 	if (m < 0 || n < 0 || k < 0 || !C || ldc < (m > 1 ? m : 1) || !operand_ok(&A, A.trans ? k : m) ||
@@ -484,24 +413,7 @@ int opsc_gemm(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, ops
 		return 0;
 	if (k == 0)
 		return gemm_empty(d, m, n, beta, C, ldc);
-	cublasLtHandle_t h = (cublasLtHandle_t)tier_dev_blaslt(d);
-	void *ws = tier_dev_blaslt_workspace(d, &wsb);
-	cublasStatus_t st = gemm_describe(&g, m, n, k, &A, &B, ldc);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = gemm_prefer(&g, wsb, A.p, B.p, C);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulAlgoGetHeuristic(h, g.desc, g.la, g.lb, g.lc, g.lc, g.pref, 1, &heur, &found);
-	if (st == CUBLAS_STATUS_SUCCESS && found == 0)
-		st = CUBLAS_STATUS_NOT_SUPPORTED;
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmul(h, g.desc, &alpha, A.p, g.la, B.p, g.lb, &beta, C, g.lc, C, g.lc, &heur.algo, ws, wsb,
-				    stream_of(d));
-	if (st != CUBLAS_STATUS_SUCCESS)
-		rc = tier_fail(-EIO, "opsc_gemm: cuBLASLt product %d x %d x %d (A trans %d type %d ld %d, B trans %d type %d "
-			       "ld %d) failed: %s", m, n, k, A.trans, A.type, A.ld, B.trans, B.type, B.ld,
-			       cublasLtGetStatusString(st));
-	gemm_free(&g);
-	return rc;
+	return tier_cuda_gemm(d, -1, "opsc_gemm", m, n, k, alpha, A, B, beta, C, CUDA_R_32F, ldc);
 }
 
 /* ---- Linear layer with LoRA ------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include "tier/base.h"
 #include "tier/model.h"
+#include "base/gemm_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,13 +83,10 @@ int opsc_fill_const(tier_dev *d, size_t n, float v, opsc_bf16 *out);
 
 /* Column-major cuBLASLt product C [m x n] fp32 = alpha op(A) op(B) + beta C, fp32 accumulation,
  * A and B of type `type` (CUDA_R_16BF = 14 or CUDA_R_32F = 0), ld as stored; real alignments are
- * passed to cuBLASLt so any size works. Used by the linear layer here and by loss/. */
-typedef struct {
-	int trans;       /* 0: op(X) = X, 1: op(X) = X^T */
-	const void *p;
-	int type;        /* cudaDataType_t */
-	int ld;
-} opsc_operand;
+ * passed to cuBLASLt so any size works. Used by the linear layer here and by loss/. The checked
+ * front of base/gemm_cuda.h's tier_cuda_gemm (which caches the chosen algorithms), taking also the
+ * empty sizes: m or n 0 does nothing, k 0 scales C by beta. */
+typedef tier_gemm_operand opsc_operand;
 int opsc_gemm(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, opsc_operand B, float beta, float *C,
 	      int ldc);
 

@@ -8,8 +8,6 @@
 #include "moe/moe_internal.h"
 #include "moe/moe_cuda.h"
 
-static int lora_on(const tier_moe_lora *l) { return l && l->a && l->b; }
-
 int moe_lora_max_rank(const tier_moe_loras *lo)
 {
 	int r = 0;
@@ -17,7 +15,7 @@ int moe_lora_max_rank(const tier_moe_loras *lo)
 		return 0;
 	const tier_moe_lora *ls[3] = { &lo->gate, &lo->up, &lo->down };
 	for (int i = 0; i < 3; i++)
-		if (lora_on(ls[i]) && ls[i]->rank > r)
+		if (moe_lora_on(ls[i]) && ls[i]->rank > r)
 			r = ls[i]->rank;
 	return r;
 }
@@ -87,7 +85,7 @@ static int experts_check(const char *fn, tier_dev *dev, int E, int H, int I, con
 /* Y [n, out] += s (X A^T) B^T through Z [n, r]. */
 static void lora_fwd(const tier_moe_lora *l, int e, int n, int in, int out, const float *X, float *Y, float *Z)
 {
-	if (!lora_on(l))
+	if (!moe_lora_on(l))
 		return;
 	int r = l->rank;
 	moe_gemm(0, 1, n, r, in, 1.0f, X, in, l->a[e], in, 0.0f, Z, r);
@@ -98,7 +96,7 @@ static void lora_fwd(const tier_moe_lora *l, int e, int n, int in, int out, cons
 static void lora_bwd(const tier_moe_lora *l, int e, int n, int in, int out, const float *X, const float *dY,
 		     float *dX, float *Z, float *dZ)
 {
-	if (!lora_on(l))
+	if (!moe_lora_on(l))
 		return;
 	int r = l->rank;
 	moe_gemm(0, 0, n, r, out, l->scale, dY, out, l->b[e], r, 0.0f, dZ, r);
@@ -109,11 +107,6 @@ static void lora_bwd(const tier_moe_lora *l, int e, int n, int in, int out, cons
 	if (l->da && l->da[e])
 		moe_gemm(1, 0, r, in, n, 1.0f, dZ, r, X, in, 1.0f, l->da[e], in);
 	moe_gemm(0, 0, n, in, r, 1.0f, dZ, r, l->a[e], in, 1.0f, dX, in);
-}
-
-static const tier_moe_lora *lora_of(const tier_moe_loras *lo, int which)
-{
-	return !lo ? NULL : which == 0 ? &lo->gate : which == 1 ? &lo->up : &lo->down;
 }
 
 int tier_moe_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
@@ -139,12 +132,12 @@ int tier_moe_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 		gate_up_of(w, e, I, H, &gw, &uw);
 		moe_gemm(0, 1, n, I, H, 1.0f, X, H, gw, H, 0.0f, G, I);
 		moe_gemm(0, 1, n, I, H, 1.0f, X, H, uw, H, 0.0f, U, I);
-		lora_fwd(lora_of(lora, 0), e, n, H, I, X, G, Z);
-		lora_fwd(lora_of(lora, 1), e, n, H, I, X, U, Z);
+		lora_fwd(moe_lora_of(lora, 0), e, n, H, I, X, G, Z);
+		lora_fwd(moe_lora_of(lora, 1), e, n, H, I, X, U, Z);
 		for (size_t i = 0; i < (size_t)n * I; i++) /* the epilogue: silu(gate) * up */
 			Hh[i] = G[i] * moe_sigmoid(G[i]) * U[i];
 		moe_gemm(0, 1, n, H, I, 1.0f, Hh, I, w->down[e], I, 0.0f, y + (size_t)o * H, H);
-		lora_fwd(lora_of(lora, 2), e, n, I, H, Hh, y + (size_t)o * H, Z);
+		lora_fwd(moe_lora_of(lora, 2), e, n, I, H, Hh, y + (size_t)o * H, Z);
 	}
 	return 0;
 }
@@ -177,7 +170,7 @@ int tier_moe_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 		for (size_t i = 0; i < (size_t)n * I; i++)
 			Hh[i] = G[i] * moe_sigmoid(G[i]) * U[i];
 		moe_gemm(0, 0, n, I, H, 1.0f, dY, H, w->down[e], I, 0.0f, dH, I);
-		lora_bwd(lora_of(lora, 2), e, n, I, H, Hh, dY, dH, Z, dZ);
+		lora_bwd(moe_lora_of(lora, 2), e, n, I, H, Hh, dY, dH, Z, dZ);
 		for (size_t i = 0; i < (size_t)n * I; i++) { /* silu'(g) = s (1 + g (1 - s)) */
 			float s = moe_sigmoid(G[i]);
 			dU[i] = dH[i] * G[i] * s;
@@ -185,8 +178,8 @@ int tier_moe_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 		}
 		moe_gemm(0, 0, n, H, I, 1.0f, dH, I, gw, H, 0.0f, dX, H);
 		moe_gemm(0, 0, n, H, I, 1.0f, dU, I, uw, H, 1.0f, dX, H);
-		lora_bwd(lora_of(lora, 0), e, n, H, I, X, dH, dX, Z, dZ);
-		lora_bwd(lora_of(lora, 1), e, n, H, I, X, dU, dX, Z, dZ);
+		lora_bwd(moe_lora_of(lora, 0), e, n, H, I, X, dH, dX, Z, dZ);
+		lora_bwd(moe_lora_of(lora, 1), e, n, H, I, X, dU, dX, Z, dZ);
 	}
 	return 0;
 }

@@ -3,135 +3,15 @@
  * elementwise kernels over all rows at once. The per-expert loop needs the offsets on the host
  * (the layer reads them with one synchronisation). LoRA as (X A^T) B^T through a [rows, r] bf16
  * intermediate, never forming B A. */
-#include <cublasLt.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
+#include "base/gemm_cuda.h"
 
-/* ---- the products: cuBLASLt with a cache of the chosen algorithms ----
- * The heuristic query costs tens of microseconds, more than a small expert's product, and the
- * per-expert loop makes hundreds of products per layer; so the chosen algorithm is kept per shape,
- * with the row count (the dimension that varies between experts and steps) rounded up to a power
- * of two. A cached algorithm that cuBLASLt refuses for the exact shape is replaced by a fresh query. */
-typedef struct {
-	int dev, ta, tb, M, N, K, lda, ldb, ldc, c_bf16;
-	uint32_t ala, alb, alc, ws_mib; /* a lane's workspace is smaller than the compute stream's */
-} mm_key;
-typedef struct {
-	mm_key key;
-	cublasLtMatmulAlgo_t algo;
-	int used;
-} mm_entry;
-#define MM_CACHE 2048
-static mm_entry mm_cache[MM_CACHE];
-static pthread_mutex_t mm_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static size_t mm_slot(const mm_key *k)
-{
-	const unsigned char *b = (const unsigned char *)k;
-	uint64_t h = 1469598103934665603ull;
-	for (size_t i = 0; i < sizeof *k; i++)
-		h = (h ^ b[i]) * 1099511628211ull;
-	return (size_t)(h % MM_CACHE);
-}
-static int mm_get(const mm_key *k, cublasLtMatmulAlgo_t *a)
-{
-	size_t s = mm_slot(k);
-	int hit;
-	pthread_mutex_lock(&mm_lock);
-	hit = mm_cache[s].used && !memcmp(&mm_cache[s].key, k, sizeof *k);
-	if (hit)
-		*a = mm_cache[s].algo;
-	pthread_mutex_unlock(&mm_lock);
-	return hit;
-}
-static void mm_put(const mm_key *k, const cublasLtMatmulAlgo_t *a)
-{
-	size_t s = mm_slot(k);
-	pthread_mutex_lock(&mm_lock);
-	mm_cache[s].key = *k, mm_cache[s].algo = *a, mm_cache[s].used = 1;
-	pthread_mutex_unlock(&mm_lock);
-}
-
-/* The largest power of two (<= 256) dividing the address: what cuBLASLt may assume. */
-static uint32_t align_of(const void *p)
-{
-	uintptr_t a = (uintptr_t)p;
-	uint32_t al = 256;
-	while (al > 2 && (a & (al - 1)))
-		al >>= 1;
-	return al;
-}
-
-static int pow2_at_least(int v)
-{
-	int p = 1;
-	while (p < v && p < (1 << 30))
-		p <<= 1;
-	return p;
-}
-
-/* Layouts of the row-major product C [M, N] = op(A) op(B) seen column-major: C^T = op(B)^T op(A)^T,
- * so cuBLASLt's "A" is our B and its "B" our A (rows, cols, ld of each stored matrix). */
-typedef struct {
-	cublasLtMatrixLayout_t la, lb, lc;
-} mm_layouts;
-
-static cublasStatus_t mm_layouts_make(mm_layouts *l, int ta, int tb, int M, int N, int K, int lda, int ldb, int ldc,
-				      cudaDataType_t ct)
-{
-	cublasStatus_t st;
-	l->la = l->lb = l->lc = NULL;
-	st = cublasLtMatrixLayoutCreate(&l->la, CUDA_R_16BF, tb ? K : N, tb ? N : K, ldb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&l->lb, CUDA_R_16BF, ta ? M : K, ta ? K : M, lda);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatrixLayoutCreate(&l->lc, ct, N, M, ldc);
-	return st;
-}
-static void mm_layouts_free(mm_layouts *l)
-{
-	if (l->lc)
-		cublasLtMatrixLayoutDestroy(l->lc);
-	if (l->lb)
-		cublasLtMatrixLayoutDestroy(l->lb);
-	if (l->la)
-		cublasLtMatrixLayoutDestroy(l->la);
-}
-
-/* One heuristic query: the best algorithm for the given layouts, or an error status. */
-static cublasStatus_t mm_query(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const mm_layouts *l, size_t wsb,
-			       const mm_key *k, cublasLtMatmulAlgo_t *algo)
-{
-	cublasLtMatmulPreference_t pref = NULL;
-	cublasLtMatmulHeuristicResult_t heur;
-	int found = 0;
-	cublasStatus_t st = cublasLtMatmulPreferenceCreate(&pref);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &k->ala, sizeof k->ala);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &k->alb, sizeof k->alb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &k->alc, sizeof k->alc);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &k->alc, sizeof k->alc);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulAlgoGetHeuristic(h, desc, l->la, l->lb, l->lc, l->lc, pref, 1, &heur, &found);
-	if (st == CUBLAS_STATUS_SUCCESS && found == 0)
-		st = CUBLAS_STATUS_NOT_SUPPORTED;
-	if (st == CUBLAS_STATUS_SUCCESS)
-		*algo = heur.algo;
-	if (pref)
-		cublasLtMatmulPreferenceDestroy(pref);
-	return st;
-}
-
+/* ---- the products: row-major views of the library's one cuBLASLt call (base/gemm_cuda.cu) ---- */
 extern "C" int moe_cuda_mm(tier_dev *dev, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
 			   const void *B, int ldb, float beta, void *C, int ldc, int c_bf16)
 {
@@ -143,59 +23,11 @@ extern "C" int moe_cuda_mm_lane(tier_dev *dev, int lane, int ta, int tb, int M, 
 {
 	if (M <= 0 || N <= 0 || K <= 0)
 		return tier_fail(-EINVAL, "moe_cuda_mm: empty product %dx%dx%d", M, N, K);
-	cublasLtHandle_t h = (cublasLtHandle_t)tier_dev_blaslt(dev);
-	size_t wsb = 0;
-	void *ws = NULL;
-	cudaStream_t stream = (cudaStream_t)tier_dev_lane_stream(dev, lane, &ws, &wsb);
-	if (!h)
-		return tier_fail(-EIO, "moe_cuda_mm: the device context has no cuBLASLt handle");
-	cublasLtMatmulDesc_t desc = NULL;
-	cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-	cudaDataType_t ct = c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-	/* the varying row count: M where it is a column count of the layouts (ta 0), else K (ta 1, tb 0) */
-	int qM = !ta ? pow2_at_least(M) : M, qK = ta && !tb ? pow2_at_least(K) : K;
-	mm_key key;
-	memset(&key, 0, sizeof key);
-	key.dev = tier_dev_ordinal(dev), key.ta = ta, key.tb = tb, key.M = qM, key.N = N, key.K = qK;
-	key.lda = lda, key.ldb = ldb, key.ldc = ldc, key.c_bf16 = c_bf16;
-	key.ala = align_of(B), key.alb = align_of(A), key.alc = align_of(C);
-	key.ws_mib = (uint32_t)(wsb >> 20);
-	mm_layouts real = { NULL, NULL, NULL }, q = { NULL, NULL, NULL };
-	cublasLtMatmulAlgo_t algo;
-	cublasStatus_t st = cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-	if (st == CUBLAS_STATUS_SUCCESS)
-		st = mm_layouts_make(&real, ta, tb, M, N, K, lda, ldb, ldc, ct);
-	int done = 0;
-	if (st == CUBLAS_STATUS_SUCCESS && mm_get(&key, &algo))
-		done = cublasLtMatmul(h, desc, &alpha, B, real.la, A, real.lb, &beta, C, real.lc, C, real.lc, &algo, ws, wsb,
-				      stream) == CUBLAS_STATUS_SUCCESS;
-	if (st == CUBLAS_STATUS_SUCCESS && !done && (qM != M || qK != K)) { /* the algorithm of the bucket */
-		st = mm_layouts_make(&q, ta, tb, qM, N, qK, lda, ldb, ldc, ct);
-		if (st == CUBLAS_STATUS_SUCCESS && mm_query(h, desc, &q, wsb, &key, &algo) == CUBLAS_STATUS_SUCCESS)
-			done = cublasLtMatmul(h, desc, &alpha, B, real.la, A, real.lb, &beta, C, real.lc, C, real.lc, &algo, ws,
-					      wsb, stream) == CUBLAS_STATUS_SUCCESS;
-	}
-	if (st == CUBLAS_STATUS_SUCCESS && !done) { /* the exact shape */
-		st = mm_query(h, desc, &real, wsb, &key, &algo);
-		if (st == CUBLAS_STATUS_SUCCESS)
-			st = cublasLtMatmul(h, desc, &alpha, B, real.la, A, real.lb, &beta, C, real.lc, C, real.lc, &algo, ws, wsb,
-					    stream);
-		done = st == CUBLAS_STATUS_SUCCESS;
-	}
-	if (done)
-		mm_put(&key, &algo);
-	mm_layouts_free(&q);
-	mm_layouts_free(&real);
-	if (desc)
-		cublasLtMatmulDescDestroy(desc);
-	if (!done)
-		return tier_fail(-EIO, "moe_cuda_mm: cuBLASLt product %dx%dx%d (ta %d, tb %d) failed: %s", M, N, K, ta, tb,
-				 cublasLtGetStatusString(st == CUBLAS_STATUS_SUCCESS ? CUBLAS_STATUS_NOT_SUPPORTED : st));
-	return 0;
+	/* row-major C [M, N] = op(A) op(B) is column-major C^T [N, M] = op(B)^T op(A)^T: the stored B is
+	 * cuBLAS's first operand, transposed as we transpose B, and A its second */
+	tier_gemm_operand a = { tb, B, CUDA_R_16BF, ldb }, b = { ta, A, CUDA_R_16BF, lda };
+	return tier_cuda_gemm(dev, lane, "moe_cuda_mm", N, M, K, alpha, a, b, beta, C, c_bf16 ? CUDA_R_16BF : CUDA_R_32F,
+			      ldc);
 }
 
 /* ---- elementwise SwiGLU ---- */
@@ -262,13 +94,6 @@ static ex_w ex_of(const tier_moe_experts *w, int e, int I, int H)
 	return r;
 }
 
-static int lora_on(const tier_moe_lora *l) { return l && l->a && l->b; }
-
-static const tier_moe_lora *lora_of(const tier_moe_loras *lo, int which)
-{
-	return !lo ? NULL : which == 0 ? &lo->gate : which == 1 ? &lo->up : &lo->down;
-}
-
 extern "C" int moe_cuda_experts_check(const char *fn, int E, const int32_t *off, const tier_moe_experts *w,
 				      const tier_moe_loras *lora)
 {
@@ -289,7 +114,7 @@ extern "C" int moe_cuda_experts_check(const char *fn, int E, const int32_t *off,
 					 fn, e, off[e + 1] - off[e]);
 	}
 	for (int q = 0; q < 3 && lora; q++) {
-		const tier_moe_lora *l = lora_of(lora, q);
+		const tier_moe_lora *l = moe_lora_of(lora, q);
 		const char *name = q == 0 ? "gate" : q == 1 ? "up" : "down";
 		if (!l->a && !l->b)
 			continue;
@@ -308,7 +133,7 @@ extern "C" int moe_cuda_experts_check(const char *fn, int E, const int32_t *off,
 static int lora_fwd(tier_dev *dev, int ln, const tier_moe_lora *l, int e, int n, int in, int out, const bf16 *X,
 		    void *Y, int y_bf16, bf16 *Z)
 {
-	if (!lora_on(l))
+	if (!moe_lora_on(l))
 		return 0;
 	int r = l->rank, rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, r, in, 1.0f, X, in, l->a[e], in, 0.0f, Z, r, 1);
 	return rc ? rc : moe_cuda_mm_lane(dev, ln, 0, 1, n, out, r, l->scale, Z, r, l->b[e], r, 1.0f, Y, out, y_bf16);
@@ -318,7 +143,7 @@ static int lora_fwd(tier_dev *dev, int ln, const tier_moe_lora *l, int e, int n,
 static int lora_bwd(tier_dev *dev, int ln, const tier_moe_lora *l, int e, int n, int in, int out, const bf16 *X,
 		    const bf16 *dY, float *dX, bf16 *Z, bf16 *dZ)
 {
-	if (!lora_on(l))
+	if (!moe_lora_on(l))
 		return 0;
 	int r = l->rank, rc = moe_cuda_mm_lane(dev, ln, 0, 0, n, r, out, l->scale, dY, out, l->b[e], r, 0.0f, dZ, r, 1);
 	if (!rc && l->db && l->db[e] &&
@@ -403,8 +228,8 @@ static int experts_fwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const
 		bf16 *Z = zr ? (bf16 *)z + (size_t)o * zr : NULL;
 		if (!(rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, I, H, 1.0f, X, H, ew.gate, H, 0.0f, G, I, 0)) &&
 		    !(rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, I, H, 1.0f, X, H, ew.up, H, 0.0f, U, I, 0)) &&
-		    !(rc = lora_fwd(dev, ln, lora_of(lora, 0), e, n, H, I, X, G, 0, Z)))
-			rc = lora_fwd(dev, ln, lora_of(lora, 1), e, n, H, I, X, U, 0, Z);
+		    !(rc = lora_fwd(dev, ln, moe_lora_of(lora, 0), e, n, H, I, X, G, 0, Z)))
+			rc = lora_fwd(dev, ln, moe_lora_of(lora, 1), e, n, H, I, X, U, 0, Z);
 	}
 	return rc;
 }
@@ -423,7 +248,7 @@ static int experts_fwd_down(tier_dev *dev, int nl, int E, int H, int I, const in
 		const bf16 *Hh = (const bf16 *)h + (size_t)o * I;
 		bf16 *Y = (bf16 *)y + (size_t)o * H, *Z = zr ? (bf16 *)z + (size_t)o * zr : NULL;
 		if (!(rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, H, I, 1.0f, Hh, I, ew.down, I, 0.0f, Y, H, 1)))
-			rc = lora_fwd(dev, ln, lora_of(lora, 2), e, n, I, H, Hh, Y, 1, Z);
+			rc = lora_fwd(dev, ln, moe_lora_of(lora, 2), e, n, I, H, Hh, Y, 1, Z);
 	}
 	return rc;
 }
@@ -484,7 +309,7 @@ static int experts_bwd_down(tier_dev *dev, int nl, int E, int H, int I, const in
 		float *dH = dh + (size_t)o * I;
 		size_t zo = (size_t)o * zr;
 		if (!(rc = moe_cuda_mm_lane(dev, ln, 0, 0, n, I, H, 1.0f, dY, H, ew.down, I, 0.0f, dH, I, 0)))
-			rc = lora_bwd(dev, ln, lora_of(lora, 2), e, n, I, H, hb + (size_t)o * I, dY, dH, Z + zo, dZ + zo);
+			rc = lora_bwd(dev, ln, moe_lora_of(lora, 2), e, n, I, H, hb + (size_t)o * I, dY, dH, Z + zo, dZ + zo);
 	}
 	return rc;
 }
@@ -506,8 +331,8 @@ static int experts_bwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const
 		size_t zo = (size_t)o * zr;
 		if (!(rc = moe_cuda_mm_lane(dev, ln, 0, 0, n, H, I, 1.0f, dG, I, ew.gate, H, 0.0f, dX, H, 0)) &&
 		    !(rc = moe_cuda_mm_lane(dev, ln, 0, 0, n, H, I, 1.0f, dU, I, ew.up, H, 1.0f, dX, H, 0)) &&
-		    !(rc = lora_bwd(dev, ln, lora_of(lora, 0), e, n, H, I, X, dG, dX, Z + zo, dZ + zo)))
-			rc = lora_bwd(dev, ln, lora_of(lora, 1), e, n, H, I, X, dU, dX, Z + zo, dZ + zo);
+		    !(rc = lora_bwd(dev, ln, moe_lora_of(lora, 0), e, n, H, I, X, dG, dX, Z + zo, dZ + zo)))
+			rc = lora_bwd(dev, ln, moe_lora_of(lora, 1), e, n, H, I, X, dU, dX, Z + zo, dZ + zo);
 	}
 	return rc;
 }
@@ -542,7 +367,7 @@ extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const in
 	if (d_off && moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, io, 11))
 		return moe_cuda_experts_bwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, dy, dxg, h, dg, du, dh, z,
 						    dz);
-	if (lora_on(lora_of(lora, 2))) { /* h is the input of the down adapter: recompute it */
+	if (moe_lora_on(moe_lora_of(lora, 2))) { /* h is the input of the down adapter: recompute it */
 		swiglu_kernel<<<grid_of(total), 256, 0, st>>>(g, u, total, hb);
 		CUDA_LAUNCHED();
 	}

@@ -22,17 +22,11 @@ struct gptrs {
 
 static int a16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-static const tier_moe_lora *lora_of(const tier_moe_loras *lo, int which)
-{
-	return !lo ? NULL : which == 0 ? &lo->gate : which == 1 ? &lo->up : &lo->down;
-}
-static int lora_on(const tier_moe_lora *l) { return l && l->a && l->b; }
-
 /* Whether one LoRA's arrays suit the grouped kernels: rank a multiple of 8, every pointer of an
  * expert with rows 16-byte aligned. */
 static int lora_fits(const tier_moe_lora *l, int E, const int32_t *off)
 {
-	if (!lora_on(l))
+	if (!moe_lora_on(l))
 		return 1;
 	if (l->rank % 8)
 		return 0;
@@ -84,7 +78,7 @@ extern "C" int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t 
 			return 0;
 	}
 	for (int q = 0; q < 3; q++)
-		if (!lora_fits(lora_of(lora, q), E, off))
+		if (!lora_fits(moe_lora_of(lora, q), E, off))
 			return 0;
 	/* the mma.sync kernel's grid holds at most 65535 row tiles (the LoRA products run there); its
 	 * own bound, (rows + 127 min(E, rows)) / 128 with 128-row tiles, or with 64 rows when small */
@@ -145,7 +139,7 @@ static int gmm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int row
 static int lora_fwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
 		    int out, const void *X, void *Y, int y_bf16, void *Z)
 {
-	if (!lora_on(l))
+	if (!moe_lora_on(l))
 		return 0;
 	ptrs a, b;
 	int rows = off[E], r = l->rank;
@@ -158,7 +152,7 @@ static int lora_fwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
 static int lora_bwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
 		    int out, const void *X, const void *dY, float *dX, void *Z, void *dZ)
 {
-	if (!lora_on(l))
+	if (!moe_lora_on(l))
 		return 0;
 	ptrs a, b;
 	gptrs da, db;
@@ -185,8 +179,8 @@ extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, 
 	if (rows == 0)
 		return 0;
 	weights_of(w, E, I, H, off, &gp, &upp, &dp);
-	const tier_moe_lora *lg = lora_of(lora, 0), *lu = lora_of(lora, 1);
-	if (!lora_on(lg) && !lora_on(lu)) { /* SwiGLU fused into the gate/up product */
+	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1);
+	if (!moe_lora_on(lg) && !moe_lora_on(lu)) { /* SwiGLU fused into the gate/up product */
 		rc = use_wgmma(dev, I) ? moe_cuda_grouped_gate_up_sm90(dev, E, H, I, d_off, rows, gp.w, upp.w, xg, g, u, h)
 				       : moe_cuda_grouped_gate_up(dev, E, H, I, d_off, rows, gp.w, upp.w, xg, g, u, h);
 	} else if (!(rc = gmm(dev, E, I, H, d_off, rows, gp.w, 0, xg, g, 0, 1.0f, 0.0f)) &&
@@ -197,7 +191,7 @@ extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, 
 	}
 	if (rc || (rc = gmm(dev, E, H, I, d_off, rows, dp.w, 0, h, y, 1, 1.0f, 0.0f)))
 		return rc;
-	return lora_fwd(dev, lora_of(lora, 2), E, off, d_off, I, H, h, y, 1, z);
+	return lora_fwd(dev, moe_lora_of(lora, 2), E, off, d_off, I, H, h, y, 1, z);
 }
 
 extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
@@ -211,9 +205,9 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 	if (rows == 0)
 		return 0;
 	weights_of(w, E, I, H, off, &gp, &upp, &dp);
-	const tier_moe_lora *ld = lora_of(lora, 2);
+	const tier_moe_lora *ld = moe_lora_of(lora, 2);
 	/* h is the input of the down adapter: recompute it */
-	if (lora_on(ld) && (rc = moe_cuda_swiglu(dev, n, g, u, h)))
+	if (moe_lora_on(ld) && (rc = moe_cuda_swiglu(dev, n, g, u, h)))
 		return rc;
 	/* dh = dY down: down_e is stored [H, I], the [K, N] of dY down */
 	if ((rc = gmm(dev, E, I, H, d_off, rows, dp.w, 1, dy, dh, 0, 1.0f, 0.0f)) ||
@@ -223,7 +217,7 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 	/* dX = dG gate + dU up: gate_e, up_e stored [I, H], the [K, N] of dG gate */
 	if ((rc = gmm(dev, E, H, I, d_off, rows, gp.w, 1, dg, dxg, 0, 1.0f, 0.0f)) ||
 	    (rc = gmm(dev, E, H, I, d_off, rows, upp.w, 1, du, dxg, 0, 1.0f, 1.0f)) ||
-	    (rc = lora_bwd(dev, lora_of(lora, 0), E, off, d_off, H, I, xg, dg, dxg, z, dz)))
+	    (rc = lora_bwd(dev, moe_lora_of(lora, 0), E, off, d_off, H, I, xg, dg, dxg, z, dz)))
 		return rc;
-	return lora_bwd(dev, lora_of(lora, 1), E, off, d_off, H, I, xg, du, dxg, z, dz);
+	return lora_bwd(dev, moe_lora_of(lora, 1), E, off, d_off, H, I, xg, du, dxg, z, dz);
 }

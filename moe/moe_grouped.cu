@@ -304,21 +304,9 @@ __global__ void __launch_bounds__(GG_THREADS, 2) gg_kernel(const __grid_constant
 		else
 			load_b_nk<MODE>(sb + s * SM::B, W0, W1, a.N, a.K, t.col0, kt * GG_BK);
 	};
-#pragma unroll
-	for (int kt = 0; kt < GG_STAGES - 1; kt++) {
-		if (kt < nk)
-			load(kt);
-		cp_async_commit();
-	}
-	for (int kt = 0; kt < nk; kt++) {
-		cp_async_wait<GG_STAGES - 2>();
-		__syncthreads();
-		if (kt + GG_STAGES - 1 < nk)
-			load(kt + GG_STAGES - 1);
-		cp_async_commit();
-		int s = kt % GG_STAGES;
+	cp_async_ring<GG_STAGES>(nk, load, [&](int s, int) {
 		mma_stage<BM, MODE>(acc, sa + s * SM::A, sb + s * SM::B, wm, wn, lane);
-	}
+	});
 	cp_async_wait<0>(); /* only empty groups remain; leave none behind */
 	if constexpr (MODE == GG_GATE_UP)
 		store_gate_up<BM>(acc, a, t, wm, wn, lane);
@@ -567,22 +555,10 @@ __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ 
 		gw_load<BM>(sa + s * SM::A, a.a, a.M, r, rend, m0);
 		gw_load<BN>(sb + s * SM::B, a.b, a.N, r, rend, n0);
 	};
-#pragma unroll
-	for (int kt = 0; kt < GW_STAGES - 1; kt++) {
-		if (kt < nk)
-			load(kt);
-		cp_async_commit();
-	}
-	for (int kt = 0; kt < nk; kt++) {
-		cp_async_wait<GW_STAGES - 2>();
-		__syncthreads();
-		if (kt + GW_STAGES - 1 < nk)
-			load(kt + GW_STAGES - 1);
-		cp_async_commit();
-		int s = kt % GW_STAGES;
+	cp_async_ring<GW_STAGES>(nk, load, [&](int s, int kt) {
 		if (row0 + kt * GW_BK + warp * 16 < rend) /* a slice wholly past the group is zeros */
 			gw_mma<BM, BN>(acc, sa + s * SM::A, sb + s * SM::B, warp * 16, lane);
-	}
+	});
 	cp_async_wait<0>();
 	__syncthreads(); /* every warp is done with the ring that red overlays */
 	gw_store<BM, BN>(acc, (float4 *)smem, a, C, m0, n0, warp, lane);

@@ -56,6 +56,13 @@ int moe_ws_check(const char *fn, const tier_moe_cfg *c, int T, const tier_moe_lo
 int moe_saved_check(const char *fn, const tier_moe_saved *s, int T);
 void moe_cuda_ws_layout(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora, moe_cuda_ws *l);
 int moe_lora_max_rank(const tier_moe_loras *lora);
+/* Whether a projection has an adapter; the adapter of projection `which` (0 gate, 1 up, 2 down),
+ * NULL without LoRA. */
+static inline int moe_lora_on(const tier_moe_lora *l) { return l && l->a && l->b; }
+static inline const tier_moe_lora *moe_lora_of(const tier_moe_loras *lo, int which)
+{
+	return !lo ? NULL : which == 0 ? &lo->gate : which == 1 ? &lo->up : &lo->down;
+}
 
 #define MOE_NONNULL(p, fn)                                                                         \
 	do {                                                                                       \

@@ -29,29 +29,12 @@ static const char *const bwd_variants[] = { "k128", "q64", "v2", "v1" };
 #define NVAR (NFWD > NBWD ? NFWD : NBWD)
 static const char *cur_fwd = "", *cur_bwd = "";
 
-/* fp32 -> bf16 bits, round to nearest even (inputs here are finite). */
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, sizeof u);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, sizeof f);
-	return f;
-}
-
 /* Random values already on the bf16 grid (f) and their bf16 bits (h). */
 static void fill_bf16(float *f, uint16_t *h, size_t n, float sd)
 {
 	for (size_t i = 0; i < n; i++) {
-		h[i] = to_bf16(sd * tier_rng_normal(&rng));
-		f[i] = from_bf16(h[i]);
+		h[i] = tier_f32_to_bf16(sd * tier_rng_normal(&rng));
+		f[i] = tier_bf16_to_f32(h[i]);
 	}
 }
 
@@ -139,7 +122,7 @@ static void compare(int64_t B, int64_t S, int64_t H, int64_t KH, int64_t D, int 
 		assert_int_equal(tier_dev_sync(gpu), 0);
 		fetch(ob, go, nq * 2);
 		for (size_t i = 0; i < nq; i++)
-			got[i] = from_bf16(ob[i]);
+			got[i] = tier_bf16_to_f32(ob[i]);
 		check("o", &p, got, o, nq, 1e-30);
 		fetch(got, glse, nl * 4);
 		check("lse", &p, got, lse, nl, 1.0);
@@ -202,7 +185,7 @@ static void test_rope(void **state)
 		assert_int_equal(tier_attn_rope_fwd(cpu, &r, cp, x), 0);
 		fetch(h, gx, n * 2);
 		for (size_t i = 0; i < n; i++)
-			y[i] = from_bf16(h[i]);
+			y[i] = tier_bf16_to_f32(h[i]);
 		assert_true(rel_err(y, x, n, 1e-30) <= TOL);
 		tier_dev_free(gpu, gx);
 		gx = dev_copy(x, n * 4);

@@ -19,23 +19,6 @@
 static tier_rng rng;
 static tier_dev *cpu, *gpu;
 
-/* fp32 -> bf16 bits, round to nearest even (inputs here are finite). */
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, sizeof u);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t h)
-{
-	uint32_t u = (uint32_t)h << 16;
-	float f;
-	memcpy(&f, &u, sizeof f);
-	return f;
-}
-
 static void *dev_copy(const void *src, size_t n)
 {
 	void *d = NULL;
@@ -78,9 +61,9 @@ static void compare(tier_loss_params p, int ignore_pct, float hscale, int with_d
 	size_t ws_c, ws_g;
 	void *wc, *wg, *dH, *dW, *dHd, *dWd, *dy, *dlse, *dloss, *dcnt;
 	for (int64_t i = 0; i < N * D; i++)
-		Hb[i] = to_bf16(hscale * tier_rng_normal(&rng)), H[i] = from_bf16(Hb[i]);
+		Hb[i] = tier_f32_to_bf16(hscale * tier_rng_normal(&rng)), H[i] = tier_bf16_to_f32(Hb[i]);
 	for (int64_t i = 0; i < V * D; i++)
-		Wb[i] = to_bf16(tier_rng_normal(&rng) / sqrtf((float)D)), W[i] = from_bf16(Wb[i]);
+		Wb[i] = tier_f32_to_bf16(tier_rng_normal(&rng) / sqrtf((float)D)), W[i] = tier_bf16_to_f32(Wb[i]);
 	for (int64_t i = 0; i < N; i++)
 		y[i] = (int)tier_rng_below(&rng, 100) < ignore_pct ? p.ignore_index : (int32_t)tier_rng_below(&rng, (uint64_t)V);
 	/* CPU reference: same rounded inputs, whole-vocabulary chunks of 64. */
@@ -207,9 +190,9 @@ static void test_out_of_range_label(void **state)
 	void *dH, *dW, *dy, *lse, *loss, *dcnt, *ws;
 	(void)state;
 	for (int i = 0; i < 64; i++)
-		Hb[i] = to_bf16(tier_rng_normal(&rng));
+		Hb[i] = tier_f32_to_bf16(tier_rng_normal(&rng));
 	for (int i = 0; i < 128; i++)
-		Wb[i] = to_bf16(tier_rng_normal(&rng));
+		Wb[i] = tier_f32_to_bf16(tier_rng_normal(&rng));
 	assert_int_equal(tier_loss_workspace_bytes(&p, TIER_DEV_CUDA, &wsb), 0);
 	ws = dev_poisoned(wsb), dH = dev_copy(Hb, sizeof Hb), dW = dev_copy(Wb, sizeof Wb), dy = dev_copy(y, sizeof y);
 	lse = dev_poisoned(32), loss = dev_poisoned(4), dcnt = dev_poisoned(8);

@@ -21,26 +21,12 @@
 static tier_dev *cpu, *gpu;
 static tier_rng rng;
 
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t b)
-{
-	uint32_t u = (uint32_t)b << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
 /* Random values rounded to bf16: bits for the GPU, the same values as floats for the CPU. */
 static void fill_bf16(float *f, uint16_t *b, size_t n, float scale)
 {
 	for (size_t i = 0; i < n; i++) {
-		b[i] = to_bf16(scale * tier_rng_normal(&rng));
-		f[i] = from_bf16(b[i]);
+		b[i] = tier_f32_to_bf16(scale * tier_rng_normal(&rng));
+		f[i] = tier_bf16_to_f32(b[i]);
 	}
 }
 static void *up(const void *h, size_t n)
@@ -165,7 +151,7 @@ static void permute_case(int T, int k, int E, int H, float cf)
 	assert_memory_equal(pg, pc, 4 * (size_t)n);
 	assert_memory_equal(cg, cc, 4 * (size_t)E);
 	for (size_t i = 0; i < (size_t)oc[E] * H; i++)
-		assert_true(from_bf16(xgg[i]) == xgc[i]);
+		assert_true(tier_bf16_to_f32(xgg[i]) == xgc[i]);
 	/* combine */
 	int rows = oc[E];
 	fill_bf16(y, yb, (size_t)n * H, 1.0f);
@@ -238,7 +224,7 @@ static void experts_case(int E, int H, int I, const int *nrows)
 	assert_int_equal(tier_dev_sync(gpu), 0);
 	down(gg, dg, 4 * (size_t)n * I), down(ug, du, 4 * (size_t)n * I), down(yb, dy, 2 * (size_t)n * H);
 	for (size_t i = 0; i < (size_t)n * H; i++)
-		yg[i] = from_bf16(yb[i]);
+		yg[i] = tier_bf16_to_f32(yb[i]);
 	double *gcd = ref_dup(gc, (size_t)n * I), *ucd = ref_dup(uc, (size_t)n * I), *ycd = ref_dup(yc, (size_t)n * H);
 	assert_true(ref_relerr(gg, gcd, (size_t)n * I) <= CUDA_TOL);
 	assert_true(ref_relerr(ug, ucd, (size_t)n * I) <= CUDA_TOL);
@@ -309,7 +295,7 @@ static float **hrand(int E, size_t n, float scale)
 	for (int e = 0; e < E; e++) {
 		f[e] = malloc(4 * n);
 		for (size_t i = 0; i < n; i++)
-			f[e][i] = from_bf16(to_bf16(scale * tier_rng_normal(&rng)));
+			f[e][i] = tier_bf16_to_f32(tier_f32_to_bf16(scale * tier_rng_normal(&rng)));
 	}
 	return f;
 }
@@ -323,7 +309,7 @@ static void **dcopy(int E, float **f, size_t n, int f32)
 		}
 		uint16_t *b = malloc(2 * n);
 		for (size_t i = 0; i < n; i++)
-			b[i] = to_bf16(f[e][i]);
+			b[i] = tier_f32_to_bf16(f[e][i]);
 		d[e] = up(b, 2 * n);
 		free(b);
 	}
@@ -333,7 +319,7 @@ static void *up_bf16(const float *f, size_t n)
 {
 	uint16_t *b = malloc(2 * n + 2);
 	for (size_t i = 0; i < n; i++)
-		b[i] = to_bf16(f[i]);
+		b[i] = tier_f32_to_bf16(f[i]);
 	void *d = up(b, 2 * n);
 	free(b);
 	return d;
@@ -350,7 +336,7 @@ static float *dl_bf16(const void *d, size_t n)
 	float *h = malloc(4 * n + 4);
 	down(b, d, 2 * n);
 	for (size_t i = 0; i < n; i++)
-		h[i] = from_bf16(b[i]);
+		h[i] = tier_bf16_to_f32(b[i]);
 	free(b);
 	return h;
 }

@@ -23,21 +23,7 @@
 static tier_dev *cpu, *gpu;
 static tier_rng rng;
 
-static uint16_t to_bf16(float f)
-{
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t b)
-{
-	uint32_t u = (uint32_t)b << 16;
-	float f;
-	memcpy(&f, &u, 4);
-	return f;
-}
-static float rnd_bf16(float scale) { return from_bf16(to_bf16(scale * tier_rng_normal(&rng))); }
+static float rnd_bf16(float scale) { return tier_bf16_to_f32(tier_f32_to_bf16(scale * tier_rng_normal(&rng))); }
 
 static void *up(const void *h, size_t n)
 {
@@ -56,7 +42,7 @@ static void *up_bf16(const float *f, size_t n)
 {
 	uint16_t *b = malloc(2 * n + 2);
 	for (size_t i = 0; i < n; i++)
-		b[i] = to_bf16(f[i]);
+		b[i] = tier_f32_to_bf16(f[i]);
 	void *d = up(b, 2 * n);
 	free(b);
 	return d;
@@ -68,7 +54,7 @@ static void *up_bf16_t(const float *f, int N, int K)
 	uint16_t *b = malloc(2 * (size_t)N * K + 2);
 	for (int n = 0; n < N; n++)
 		for (int k = 0; k < K; k++)
-			b[(size_t)k * N + n] = to_bf16(f[(size_t)n * K + k]);
+			b[(size_t)k * N + n] = tier_f32_to_bf16(f[(size_t)n * K + k]);
 	void *d = up(b, 2 * (size_t)N * K);
 	free(b);
 	return d;
@@ -173,7 +159,7 @@ static unsigned char *c_start(const wprob *p, int c_bf16, int beta, float *cf)
 	memset(c, 0xff, es * cn);
 	for (size_t i = 0; beta && i < cn; i++) {
 		cf[i] = rnd_bf16(1.0f);
-		uint16_t b = to_bf16(cf[i]);
+		uint16_t b = tier_f32_to_bf16(cf[i]);
 		memcpy(c + es * i, c_bf16 ? (const void *)&b : (const void *)&cf[i], es);
 	}
 	return c;
@@ -190,7 +176,7 @@ static void c_check(const wprob *p, const unsigned char *got, const unsigned cha
 		if (c_bf16) {
 			uint16_t b;
 			memcpy(&b, got + es * i, 2);
-			g[i] = from_bf16(b);
+			g[i] = tier_bf16_to_f32(b);
 		} else {
 			memcpy(&g[i], got + es * i, 4);
 		}
@@ -303,7 +289,7 @@ static void gu_one(const wprob *p, const char *what)
 		wg[i] = p->ref[r * p->N + c];
 		wu[i] = p->ref[r * p->N + I + c];
 		wh[i] = wg[i] / (1.0 + exp(-wg[i])) * wu[i];
-		h[i] = from_bf16(hb[i]);
+		h[i] = tier_bf16_to_f32(hb[i]);
 	}
 	gu_check("g", g, wg, rn, F32_TOL, what);
 	gu_check("u", u, wu, rn, F32_TOL, what);

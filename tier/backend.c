@@ -133,7 +133,7 @@ static int fit_budget(tier_id t, uint64_t *cap, uint64_t have, uint64_t keep, ui
 	if (to == 0)
 		return tier_fail(-E2BIG, "the %s budget %s cannot be clamped: this machine has too little "
 				 "(%s of %s); lower --%s", tname(t), fmt(*cap, a), fmt(have, b), what, tname(t));
-	if (*cap >= UINT64_MAX / 4) /* "max": asked for whatever there is, so no warning */
+	if (*cap >= TIER_BUDGET_MAX) /* asked for whatever there is, so no warning */
 		tier_log(TIER_LOG_INFO, "the %s budget: %s (all %s of %s but what the process needs)", tname(t),
 			 fmt(to, c), fmt(have, b), what);
 	else

@@ -174,10 +174,7 @@ static void put(const moe_case *c, void *buf, size_t i, float f)
 		((float *)buf)[i] = f;
 		return;
 	}
-	uint32_t u;
-	memcpy(&u, &f, 4);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	((uint16_t *)buf)[i] = (uint16_t)(u >> 16);
+	((uint16_t *)buf)[i] = tier_f32_to_bf16(f);
 }
 
 /* n values uniform in (-a, a) in the case's storage, copied to the device. */

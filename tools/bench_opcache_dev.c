@@ -228,10 +228,8 @@ int oc_read(oc_model *m, const void *src, size_t n, float *out)
 	if (!h)
 		return tier_fail(-ENOMEM, "opcache bench: no host memory for %zu values", n);
 	int rc = tier_dev_memcpy_d2h(m->dev, h, src, n * 2);
-	for (size_t i = 0; !rc && i < n; i++) {
-		uint32_t u = (uint32_t)h[i] << 16;
-		memcpy(&out[i], &u, 4);
-	}
+	if (!rc)
+		rc = tier_dtype_convert(out, TIER_DT_F32, h, TIER_DT_BF16, n);
 	free(h);
 	return rc;
 }

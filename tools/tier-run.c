@@ -463,7 +463,7 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	int cuda = !strcmp(o->device, "cuda");
 	if (tier_dev_open(&j->dev, cuda ? TIER_DEV_CUDA : TIER_DEV_CPU, 0))
 		return fail_lib("--device");
-	uint64_t hbm = cuda && (o->hbm_max || !o->hbm_set) ? UINT64_MAX / 4 : o->hbm; /* max: clamped by the store */
+	uint64_t hbm = cuda && (o->hbm_max || !o->hbm_set) ? TIER_BUDGET_MAX : o->hbm; /* clamped by the store */
 	const char *data = o->data ? o->data : find_corpus();
 	if (!data)
 		return fprintf(stderr, "tier-run: the default corpus data/corpus.txt was not found; give --data FILE\n"), 1;
@@ -478,7 +478,7 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	const char *dirs[1] = { o->nvme_dir };
 	tier_store_config sc = { .dev = j->dev, .capacity = { hbm, o->ddr, o->nvme }, .nvme_dirs = dirs,
 				 .n_nvme_dirs = o->nvme ? 1 : 0, .policy = pol, .publish_stats = 1,
-				 .clamp_budgets = hbm == UINT64_MAX / 4 };
+				 .clamp_budgets = hbm == TIER_BUDGET_MAX };
 	if (tier_store_create(&j->s, &sc))
 		return fail_lib("store");
 	tier_stats st0;

@@ -58,6 +58,10 @@ int tier_policy_parse(const char *name, tier_policy_kind *out);
 typedef struct tier_store tier_store;
 typedef struct tier_object tier_object;
 
+/* A budget of "all the machine has": clamped (with clamp_budgets) to what is free, without the
+ * warning an over-large number gets. Larger values count as the same request. */
+#define TIER_BUDGET_MAX (UINT64_MAX / 4)
+
 typedef struct {
 	tier_dev *dev;               /* CUDA context: HBM is device memory; CPU (or NULL): emulated HBM */
 	uint64_t capacity[TIER_NTIERS]; /* budgets in bytes; 0 disables a tier (HBM and DDR must be > 0) */
