@@ -24,7 +24,9 @@ size_t tier_moe_experts_ws_bytes(int I, int rows, const tier_moe_loras *lora)
 {
 	if (I < 1 || rows < 0)
 		return 0;
-	return sizeof(float) * ((size_t)3 * rows * I + (size_t)2 * rows * moe_lora_max_rank(lora));
+	/* the CPU's h, dh, du, Z and dZ in fp32; CUDA's dh, h, dg, du and moe_lora_z/dz_bytes fit in it */
+	int r = moe_lora_max_rank(lora);
+	return sizeof(float) * ((size_t)3 * rows * I + (size_t)2 * rows * r) + (r > 0 ? MOE_LORA_TAB_BYTES : 0);
 }
 
 /* The gate and up matrices of expert e. */

@@ -47,8 +47,8 @@ void moe_cuda_ws_layout(const tier_moe_cfg *c, int T, const tier_moe_loras *lora
 #define PIECE(f, bytes) (l->f = o, o += ((bytes) + 255) / 256 * 256)
 	PIECE(xg, 2 * n * H);
 	PIECE(h, 2 * n * I);
-	PIECE(z, 2 * n * r);
-	PIECE(dz, 2 * n * r);
+	PIECE(z, moe_lora_z_bytes(n, (int)r));
+	PIECE(dz, moe_lora_dz_bytes(n, (int)r));
 	PIECE(dy, 2 * n * H);
 	PIECE(dg, 2 * n * I);
 	PIECE(du, 2 * n * I);

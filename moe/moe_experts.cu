@@ -424,5 +424,5 @@ extern "C" int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, con
 	size_t rows = off[E] > 0 ? (size_t)off[E] : 0, r = (size_t)moe_lora_max_rank(lora), hi = 2 * rows * I;
 	char *b = (char *)ws, *h = b + 4 * rows * I;
 	return moe_cuda_experts_bwd(dev, E, H, I, off, offsets, w, lora, xg, g, u, dy, dxg, h, h + hi, h + 2 * hi, (float *)b,
-				    h + 3 * hi, h + 3 * hi + 2 * rows * r);
+				    h + 3 * hi, h + 3 * hi + moe_lora_z_bytes(rows, (int)r));
 }

@@ -170,6 +170,100 @@ static int lora_bwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
 	return gmm(dev, E, in, r, d_off, rows, a.w, 1, dZ, dX, 0, 1.0f, 1.0f);
 }
 
+/* ---- LoRA inside the wgmma products (extra K segments, moe_wgmma.h) ----
+ * z holds the segments' weight tables (MOE_LORA_TAB_BYTES), then Z_gate [rows, r_g] and Z_up
+ * [rows, r_u] (the down adapter's Z reuses the start); dz holds dZ_gate and dZ_up the same way. The
+ * adapters' B (forward) and A (backward) products join the base products, so no LoRA pass reads or
+ * writes g, u, y, dh or dX again: those were 3 fp32 read-modify-writes of [rows, I] and [rows, H]
+ * per projection. */
+static int fused_lora(tier_dev *dev, int H, int I) { return use_wgmma(dev, I) && use_wgmma(dev, H); }
+
+static int rank_of(const tier_moe_lora *l) { return moe_lora_on(l) ? l->rank : 0; }
+
+static bf16 *z_at(void *z) { return (bf16 *)((char *)z + MOE_LORA_TAB_BYTES); }
+
+/* Z = s X A^T for one adapter into Z [rows, r] (nothing without it). */
+static int lora_z(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *d_off, int rows, int in, const ptrs *a,
+		  const void *X, bf16 *Z, float s)
+{
+	return moe_lora_on(l) ? gmm(dev, E, l->rank, in, d_off, rows, a->w, 0, X, Z, 1, s, 0.0f) : 0;
+}
+
+static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
+		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, float *g, float *u,
+		     void *h, void *y, void *z)
+{
+	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1), *ld = moe_lora_of(lora, 2);
+	int rows = off[E], rg = rank_of(lg), ru = rank_of(lu), rd = rank_of(ld), rc;
+	ptrs ag, bg, au, bu, ad, bd;
+	moe_wg_seg sg = {}, sd = {};
+	bf16 *zg = z_at(z), *zu = zg + (size_t)rows * rg;
+	if (rg)
+		lora_ptrs(lg, E, off, &ag, &bg, NULL, NULL);
+	if (ru)
+		lora_ptrs(lu, E, off, &au, &bu, NULL, NULL);
+	sg.x0 = zg, sg.w0 = bg.w, sg.K0 = rg, sg.x1 = zu, sg.w1 = bu.w, sg.K1 = ru;
+	if ((rc = lora_z(dev, lg, E, d_off, rows, H, &ag, xg, zg, rg ? lg->scale : 0)) ||
+	    (rc = lora_z(dev, lu, E, d_off, rows, H, &au, xg, zu, ru ? lu->scale : 0)) ||
+	    (rc = moe_cuda_grouped_gate_up_sm90_lora(dev, E, H, I, d_off, rows, gp->w, upp->w, xg, rg || ru ? &sg : NULL,
+						     z, g, u, h)))
+		return rc;
+	if (rd) {
+		lora_ptrs(ld, E, off, &ad, &bd, NULL, NULL);
+		sd.x0 = zg, sd.w0 = bd.w, sd.K0 = rd;
+		if ((rc = lora_z(dev, ld, E, d_off, rows, I, &ad, h, zg, ld->scale)))
+			return rc;
+	}
+	return moe_cuda_grouped_mm_sm90_segs(dev, E, H, I, d_off, rows, dp->w, 0, h, rd ? 1 : 0, &sd, z, y, 1, 1.0f, 0.0f);
+}
+
+/* One adapter's backward but dX: dZ = s dY B into dZ; dB += s dY^T (X A^T) (Z scratch); dA += dZ^T X. */
+static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
+		      int out, const void *X, const void *dY, bf16 *Z, bf16 *dZ, ptrs *a)
+{
+	if (!moe_lora_on(l))
+		return 0;
+	ptrs b;
+	gptrs da, db;
+	int rows = off[E], r = l->rank, rc;
+	lora_ptrs(l, E, off, a, &b, &da, &db);
+	if ((rc = gmm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)))
+		return rc;
+	if (l->db && ((rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f)) ||
+		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, l->scale, db.p))))
+		return rc;
+	return l->da ? moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p) : 0;
+}
+
+static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
+		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, const float *g,
+		     const float *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z, void *dz)
+{
+	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1), *ld = moe_lora_of(lora, 2);
+	int rows = off[E], rg = rank_of(lg), ru = rank_of(lu), rd = rank_of(ld), rc;
+	size_t n = (size_t)rows * I;
+	ptrs ag, au, ad;
+	moe_wg_seg sd = {}, s2[2] = {};
+	bf16 *zb = z_at(z), *dzg = (bf16 *)dz, *dzu = dzg + (size_t)rows * rg;
+	/* h is the input of the down adapter: recompute it */
+	if (rd && ((rc = moe_cuda_swiglu(dev, n, g, u, h)) ||
+		   (rc = lora_grads(dev, ld, E, off, d_off, I, H, h, dy, zb, dzg, &ad))))
+		return rc;
+	sd.x0 = dzg, sd.w0 = ad.w, sd.K0 = rd;
+	/* dh = dY down + dZ_d A_d: down_e [H, I] and A_d [r, I] are [K, N] */
+	if ((rc = moe_cuda_grouped_mm_sm90_segs(dev, E, I, H, d_off, rows, dp->w, 1, dy, rd ? 1 : 0, &sd, z, dh, 0, 1.0f,
+						0.0f)) ||
+	    (rc = moe_cuda_swiglu_bwd(dev, n, g, u, dh, dg, du)) ||
+	    (rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zb, dzg, &ag)) ||
+	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, zb, dzu, &au)))
+		return rc;
+	/* dX = dG gate + dU up + dZ_g A_g + dZ_u A_u in one product (gate_e, up_e [I, H], A [r, H]: [K, N]) */
+	s2[0].x0 = du, s2[0].w0 = upp->w, s2[0].K0 = I;
+	s2[1].x0 = dzg, s2[1].w0 = ag.w, s2[1].K0 = rg, s2[1].x1 = dzu, s2[1].w1 = au.w, s2[1].K1 = ru;
+	return moe_cuda_grouped_mm_sm90_segs(dev, E, H, I, d_off, rows, gp->w, 1, dg, rg || ru ? 2 : 1, s2, z, dxg, 0,
+					     1.0f, 0.0f);
+}
+
 extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
 					    const void *xg, float *g, float *u, void *h, void *y, void *z)
@@ -179,6 +273,8 @@ extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, 
 	if (rows == 0)
 		return 0;
 	weights_of(w, E, I, H, off, &gp, &upp, &dp);
+	if (moe_lora_max_rank(lora) > 0 && fused_lora(dev, H, I))
+		return fwd_fused(dev, E, H, I, off, d_off, &gp, &upp, &dp, lora, xg, g, u, h, y, z);
 	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1);
 	if (!moe_lora_on(lg) && !moe_lora_on(lu)) { /* SwiGLU fused into the gate/up product */
 		rc = use_wgmma(dev, I) ? moe_cuda_grouped_gate_up_sm90(dev, E, H, I, d_off, rows, gp.w, upp.w, xg, g, u, h)
@@ -205,6 +301,8 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 	if (rows == 0)
 		return 0;
 	weights_of(w, E, I, H, off, &gp, &upp, &dp);
+	if (moe_lora_max_rank(lora) > 0 && fused_lora(dev, H, I))
+		return bwd_fused(dev, E, H, I, off, d_off, &gp, &upp, &dp, lora, xg, g, u, dy, dxg, h, dg, du, dh, z, dz);
 	const tier_moe_lora *ld = moe_lora_of(lora, 2);
 	/* h is the input of the down adapter: recompute it */
 	if (moe_lora_on(ld) && (rc = moe_cuda_swiglu(dev, n, g, u, h)))

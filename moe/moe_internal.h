@@ -36,8 +36,8 @@ int moe_check_dev(tier_dev *dev, const char *fn);
 typedef struct {
 	size_t xg;  /* bf16 [n, H] gathered rows */
 	size_t h;   /* bf16 [n, I] silu(g) u */
-	size_t z;   /* bf16 [n, r] X A^T */
-	size_t dz;  /* bf16 [n, r] s dY B */
+	size_t z;   /* moe_lora_z_bytes: tables, X A^T of two adapters */
+	size_t dz;  /* moe_lora_dz_bytes: s dY B of two adapters */
 	size_t dy;  /* bf16 [n, H] */
 	size_t dg;  /* bf16 [n, I] */
 	size_t du;  /* bf16 [n, I] */
@@ -54,6 +54,12 @@ typedef struct {
 int moe_cfg_check(const char *fn, const tier_moe_cfg *c, int T);
 int moe_ws_check(const char *fn, const tier_moe_cfg *c, int T, const tier_moe_loras *lora, void *ws, size_t bytes);
 int moe_saved_check(const char *fn, const tier_moe_saved *s, int T);
+/* The LoRA scratch of the CUDA experts: z holds MOE_LORA_TAB_BYTES of weight tables for the wgmma
+ * products' extra segments (moe_wgmma.h: MOE_WG_TAB_BYTES), then Z of two adapters [rows, r] each;
+ * dz two dZ. Nothing without LoRA (r = 0). */
+#define MOE_LORA_TAB_BYTES ((size_t)4 * TIER_MOE_MAX_EXPERTS * sizeof(void *))
+static inline size_t moe_lora_z_bytes(size_t rows, int r) { return r > 0 ? MOE_LORA_TAB_BYTES + 4 * rows * r : 0; }
+static inline size_t moe_lora_dz_bytes(size_t rows, int r) { return r > 0 ? 4 * rows * r : 0; }
 void moe_cuda_ws_layout(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora, moe_cuda_ws *l);
 int moe_lora_max_rank(const tier_moe_loras *lora);
 /* Whether a projection has an adapter; the adapter of projection `which` (0 gate, 1 up, 2 down),

@@ -62,6 +62,16 @@ enum {
 };
 #define WG_MN_BLOCK (WG_BK * WG_ROW) /* bytes of a 64-column block of an MN-major B stage */
 
+/* An extra K segment (moe_wg_seg) as the kernel reads it: the weight tables are device arrays (the
+ * parameter space has no room for more 8 KiB tables). */
+#define WG_SEGS MOE_WG_SEGS
+static_assert(MOE_WG_TAB_BYTES <= MOE_LORA_TAB_BYTES, "the experts' z scratch holds the tables");
+struct wg_seg_dev {
+	const bf16 *x0, *x1;
+	const bf16 *const *w0, *const *w1;
+	int K0, K1;
+};
+
 /* The kernel's parameters (__grid_constant__: the 8 KiB pointer tables stay in parameter space). */
 template <int MODE>
 struct wg_args {
@@ -75,6 +85,8 @@ struct wg_args {
 	float *u;          /* gate/up: u, fp32 */
 	bf16 *h;           /* gate/up: h, bf16 */
 	const bf16 *up[MODE == WG_GU ? TIER_MOE_MAX_EXPERTS : 1]; /* gate/up: up_e */
+	int nseg;                /* extra K segments after the main one (0..WG_SEGS) */
+	wg_seg_dev seg[WG_SEGS]; /* their operands, with device tables of weights */
 };
 
 /* A CTA tile of BM x BN: the bytes of a stage, the ring depth that fits, the columns WN of each
@@ -320,66 +332,148 @@ __device__ __forceinline__ wg_shared wg_carve(unsigned char *smem)
 }
 
 /* ---- the producer: warpgroup 0 ---- */
-/* Thread p copies the 16-byte chunk j = p % 8 of the stage rows r0 + 16 i (r0 = p / 8) of both
- * operands; all its rows share r % 8, hence the swizzled chunk j ^ (r % 8). Stage row r0 + 16 i of B is
+/* The producer thread's chunk: j = p % 8 of the stage rows r0 + 16 i (r0 = p / 8); all its rows share
+ * r % 8, hence the swizzled chunk j ^ (r % 8) at byte dst of each 16-row step. */
+struct wg_lane {
+	int j, r0;
+	uint32_t dst;
+};
+
+/* Waits until stage s is free again (parity ph ^ 1: the first lap passes at once); its A and B. */
+template <class CFG>
+__device__ __forceinline__ uint32_t wg_stage_free(const wg_shared &sh, int s, uint32_t ph, const wg_lane &ln)
+{
+	bar_wait(sh.empty + 8 * s, ph ^ 1);
+	return sh.ring + s * CFG::STAGE + ln.dst;
+}
+
+__device__ __forceinline__ void wg_stage_next(const wg_shared &sh, int &s, uint32_t &ph, int stages)
+{
+	bar_arrive_copies(sh.full + 8 * s);
+	if (++s == stages)
+		s = 0, ph ^= 1;
+}
+
+/* The main segment of tile tl. Stage row r0 + 16 i of B is
  *  - W_e [N, K]: row col0 + r0 + 16 i of W_e, k chunk j;
  *  - gate/up: row col0 + r0 % 8 + 8 i of gate_e (r0 < 8) or up_e (r0 >= 8), k chunk j;
  *  - W_e [K, N]: row k0 + r0 + 16 (i % 4) of W_e (a k), columns col0 + 64 (i / 4) + 8 j..+7: in
- *    block i / 4 at row r0 + 16 (i % 4), i.e. 2048 i bytes past the thread's first chunk as well.
- * A stage is reused once the consumers emptied it (parity ph ^ 1: the first lap passes at once). */
+ *    block i / 4 at row r0 + 16 (i % 4), i.e. 2048 i bytes past the thread's first chunk as well. */
+template <class CFG>
+__device__ static void wg_load_main(const typename CFG::args &a, const wg_shared &sh, const wg_tile &tl,
+				    const wg_lane &ln, int &s, uint32_t &ph)
+{
+	constexpr int MODE = CFG::MODE;
+	int j = ln.j, r0 = ln.r0;
+	size_t step = (size_t)16 * a.K; /* 16 rows */
+	size_t bstep = MODE == WG_KN ? (size_t)16 * a.N : MODE == WG_GU ? (size_t)8 * a.K : step;
+	const bf16 *W = a.w[tl.e], *wb;
+	/* the base addresses of rows that are out are never read */
+	const bf16 *xa = a.x + (size_t)(tl.row0 + r0) * a.K + 8 * j;
+	int arows = tl.rend - tl.row0 - r0; /* row r0 + 16 i is in when 16 i < arows */
+	int bin; /* W_e [N, K]: B row i is in when 16 i < bin; gate/up: 8 i < bin; W_e [K, N]: 64 (i / 4) < bin */
+	if constexpr (MODE == WG_KN) {
+		wb = W + (size_t)r0 * a.N + tl.col0 + 8 * j;
+		bin = a.N - tl.col0 - 8 * j; /* N % 8 == 0: a chunk is all in or all out */
+	} else if constexpr (MODE == WG_GU) {
+		wb = (r0 < 8 ? W : a.up[tl.e]) + (size_t)(tl.col0 + (r0 & 7)) * a.K + 8 * j;
+		bin = a.N - tl.col0 - (r0 & 7);
+	} else {
+		wb = W + (size_t)(tl.col0 + r0) * a.K + 8 * j;
+		bin = a.N - tl.col0 - r0;
+	}
+	for (int k0 = 0; k0 < a.K; k0 += WG_BK) {
+		uint32_t sa = wg_stage_free<CFG>(sh, s, ph, ln), sb = sa + CFG::A_BYTES;
+		bool kin = k0 + 8 * j < a.K; /* K % 8 == 0: a chunk is all in or all out */
+#pragma unroll
+		for (int i = 0; i < CFG::BM / 16; i++) {
+			bool ok = kin && 16 * i < arows;
+			cp_async16(sa + i * 16 * WG_ROW, ok ? xa + i * step + k0 : a.x, ok);
+		}
+		if constexpr (MODE == WG_KN) {
+			const bf16 *wk = wb + (size_t)k0 * a.N;
+			int kleft = a.K - k0 - r0; /* k row r0 + 16 (i % 4) is in when 16 (i % 4) < kleft */
+#pragma unroll
+			for (int i = 0; i < CFG::BN / 16; i++) {
+				bool ok = 16 * (i & 3) < kleft && 64 * (i >> 2) < bin;
+				cp_async16(sb + i * 16 * WG_ROW, ok ? wk + (i & 3) * bstep + 64 * (i >> 2) : W, ok);
+			}
+		} else {
+#pragma unroll
+			for (int i = 0; i < CFG::BN / 16; i++) {
+				bool ok = kin && (MODE == WG_GU ? 8 : 16) * i < bin;
+				cp_async16(sb + i * 16 * WG_ROW, ok ? wb + i * bstep + k0 : W, ok);
+			}
+		}
+		wg_stage_next(sh, s, ph, CFG::STAGES);
+	}
+}
+
+/* An extra segment of tile tl: k < K0 multiplies x0 by W0_e, the next K1 k x1 by W1_e (each with
+ * its own row stride, K0 or K1). The stage rows are those of the main segment; a chunk's k picks
+ * the half. In gate/up the gate rows take W0_e's k only and the up rows W1_e's (the other half's
+ * rows load zeros), so that g gets x0 W0_e^T and u gets x1 W1_e^T: the LoRA B products of both
+ * adapters, whose A operands x0 = Z_gate and x1 = Z_up differ. One stage for LoRA ranks up to 32. */
+template <class CFG>
+__device__ static void wg_load_seg(const typename CFG::args &a, const wg_seg_dev &sg, const wg_shared &sh,
+				   const wg_tile &tl, const wg_lane &ln, int &s, uint32_t &ph)
+{
+	constexpr int MODE = CFG::MODE;
+	int j = ln.j, r0 = ln.r0, K = sg.K0 + sg.K1;
+	const bf16 *W0 = sg.K0 ? sg.w0[tl.e] : NULL, *W1 = sg.K1 ? sg.w1[tl.e] : NULL;
+	int arows = tl.rend - tl.row0 - r0;
+	for (int k0 = 0; k0 < K; k0 += WG_BK) {
+		uint32_t sa = wg_stage_free<CFG>(sh, s, ph, ln), sb = sa + CFG::A_BYTES;
+		int k = k0 + 8 * j;
+		bool kin = k < K, hi = k >= sg.K0;
+		int kh = hi ? k - sg.K0 : k, Kh = hi ? sg.K1 : sg.K0;
+		const bf16 *xs = hi ? sg.x1 : sg.x0, *Ws = hi ? W1 : W0;
+#pragma unroll
+		for (int i = 0; i < CFG::BM / 16; i++) {
+			bool ok = kin && 16 * i < arows;
+			cp_async16(sa + i * 16 * WG_ROW, ok ? xs + (size_t)(tl.row0 + r0 + 16 * i) * Kh + kh : a.x, ok);
+		}
+#pragma unroll
+		for (int i = 0; i < CFG::BN / 16; i++) {
+			const bf16 *src = NULL;
+			bool ok;
+			if constexpr (MODE == WG_KN) {
+				int kr = k0 + r0 + 16 * (i & 3), col = tl.col0 + 64 * (i >> 2) + 8 * j;
+				bool khi = kr >= sg.K0;
+				ok = kr < K && col < a.N;
+				if (ok)
+					src = (khi ? W1 : W0) + (size_t)(khi ? kr - sg.K0 : kr) * a.N + col;
+			} else if constexpr (MODE == WG_GU) {
+				int c = tl.col0 + (r0 & 7) + 8 * i;
+				ok = kin && (r0 >= 8) == hi && c < a.N;
+				if (ok)
+					src = Ws + (size_t)c * Kh + kh;
+			} else {
+				int c = tl.col0 + r0 + 16 * i;
+				ok = kin && c < a.N;
+				if (ok)
+					src = Ws + (size_t)c * Kh + kh;
+			}
+			cp_async16(sb + i * 16 * WG_ROW, ok ? src : a.x, ok);
+		}
+		wg_stage_next(sh, s, ph, CFG::STAGES);
+	}
+}
+
+/* Each tile's main segment, then its extra ones, through the STAGES-deep ring. */
 template <class CFG>
 __device__ static void wg_produce(const typename CFG::args &a, const wg_shared &sh, int ncol, long long total)
 {
-	constexpr int MODE = CFG::MODE;
-	int p = threadIdx.x, j = p & 7, r0 = p >> 3, s = 0;
-	uint32_t ph = 0, dst = (uint32_t)(r0 * WG_ROW + ((j ^ (r0 & 7)) << 4));
-	size_t step = (size_t)16 * a.K; /* 16 rows */
-	size_t bstep = MODE == WG_KN ? (size_t)16 * a.N : MODE == WG_GU ? (size_t)8 * a.K : step;
+	wg_lane ln;
+	ln.j = threadIdx.x & 7, ln.r0 = threadIdx.x >> 3;
+	ln.dst = (uint32_t)(ln.r0 * WG_ROW + ((ln.j ^ (ln.r0 & 7)) << 4));
+	int s = 0;
+	uint32_t ph = 0;
 	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
 		wg_tile tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
-		const bf16 *W = a.w[tl.e], *wb;
-		/* the base addresses of rows that are out are never read */
-		const bf16 *xa = a.x + (size_t)(tl.row0 + r0) * a.K + 8 * j;
-		int arows = tl.rend - tl.row0 - r0; /* row r0 + 16 i is in when 16 i < arows */
-		int bin; /* W_e [N, K]: B row i is in when 16 i < bin; gate/up: 8 i < bin; W_e [K, N]: 64 (i / 4) < bin */
-		if constexpr (MODE == WG_KN) {
-			wb = W + (size_t)r0 * a.N + tl.col0 + 8 * j;
-			bin = a.N - tl.col0 - 8 * j; /* N % 8 == 0: a chunk is all in or all out */
-		} else if constexpr (MODE == WG_GU) {
-			wb = (r0 < 8 ? W : a.up[tl.e]) + (size_t)(tl.col0 + (r0 & 7)) * a.K + 8 * j;
-			bin = a.N - tl.col0 - (r0 & 7);
-		} else {
-			wb = W + (size_t)(tl.col0 + r0) * a.K + 8 * j;
-			bin = a.N - tl.col0 - r0;
-		}
-		for (int k0 = 0; k0 < a.K; k0 += WG_BK) {
-			bar_wait(sh.empty + 8 * s, ph ^ 1);
-			bool kin = k0 + 8 * j < a.K; /* K % 8 == 0: a chunk is all in or all out */
-			uint32_t sa = sh.ring + s * CFG::STAGE + dst, sb = sa + CFG::A_BYTES;
-#pragma unroll
-			for (int i = 0; i < CFG::BM / 16; i++) {
-				bool ok = kin && 16 * i < arows;
-				cp_async16(sa + i * 16 * WG_ROW, ok ? xa + i * step + k0 : a.x, ok);
-			}
-			if constexpr (MODE == WG_KN) {
-				const bf16 *wk = wb + (size_t)k0 * a.N;
-				int kleft = a.K - k0 - r0; /* k row r0 + 16 (i % 4) is in when 16 (i % 4) < kleft */
-#pragma unroll
-				for (int i = 0; i < CFG::BN / 16; i++) {
-					bool ok = 16 * (i & 3) < kleft && 64 * (i >> 2) < bin;
-					cp_async16(sb + i * 16 * WG_ROW, ok ? wk + (i & 3) * bstep + 64 * (i >> 2) : W, ok);
-				}
-			} else {
-#pragma unroll
-				for (int i = 0; i < CFG::BN / 16; i++) {
-					bool ok = kin && (MODE == WG_GU ? 8 : 16) * i < bin;
-					cp_async16(sb + i * 16 * WG_ROW, ok ? wb + i * bstep + k0 : W, ok);
-				}
-			}
-			bar_arrive_copies(sh.full + 8 * s);
-			if (++s == CFG::STAGES)
-				s = 0, ph ^= 1;
-		}
+		wg_load_main<CFG>(a, sh, tl, ln, s, ph);
+		for (int q = 0; q < a.nseg; q++)
+			wg_load_seg<CFG>(a, a.seg[q], sh, tl, ln, s, ph);
 	}
 	cp_async_wait_all(); /* no copy left in flight behind an exiting thread */
 }
@@ -461,8 +555,10 @@ __device__ __forceinline__ void wg_release(const wg_shared &sh, int s, int lane)
 		bar_arrive(sh.empty + 8 * s);
 }
 
-/* Consumer g (0 or 1): per stage one group of 4 products (k 16 each) is issued while the previous
- * stage's group may still run; that stage goes back to the producer once its group is complete. */
+/* Consumer g (0 or 1): per stage one group of up to 4 products (k 16 each: fewer in a segment's
+ * last stage, whose k past its end are zeros) is issued while the previous stage's group may still
+ * run; that stage goes back to the producer once its group is complete. A tile's stages are its main
+ * segment's, then each extra segment's, all summed into one accumulator. */
 template <class CFG, typename OUT>
 __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &sh, int ncol, long long total, int g)
 {
@@ -476,26 +572,32 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 	for (int i = 0; i < CFG::WN / 2; i++)
 		d[i] = 0.0f;
 	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
-		for (int k0 = 0; k0 < a.K; k0 += WG_BK) {
-			bar_wait(sh.full + 8 * s, ph);
-			__syncwarp(); /* the .aligned instructions below want the warp converged */
-			fence_proxy_async();
-			uint32_t st = sh.ring + s * CFG::STAGE;
-			uint64_t da = wg_desc(st + aoff), db = TB ? wg_desc_mn(st + boff) : wg_desc(st + boff);
-			acc_fence(d);
-			wgmma_fence();
+		int first = 1;
+		for (int q = -1; q < a.nseg; q++) {
+			int K = q < 0 ? a.K : a.seg[q].K0 + a.seg[q].K1;
+			for (int k0 = 0; k0 < K; k0 += WG_BK) {
+				int nkk = (K - k0 + 15) >> 4; /* K % 8 == 0: a partial 16 holds zeros */
+				bar_wait(sh.full + 8 * s, ph);
+				__syncwarp(); /* the .aligned instructions below want the warp converged */
+				fence_proxy_async();
+				uint32_t st = sh.ring + s * CFG::STAGE;
+				uint64_t da = wg_desc(st + aoff), db = TB ? wg_desc_mn(st + boff) : wg_desc(st + boff);
+				acc_fence(d);
+				wgmma_fence();
 #pragma unroll
-			for (int kk = 0; kk < WG_BK / 16; kk++) /* A: k + 16 = 32 bytes = 2 in the start address */
-				wgmma_op<TB>(d, da + 2 * kk, db + BSTEP * kk, (k0 | kk) != 0);
-			wgmma_commit();
-			if (k0 > 0) {
-				wgmma_wait<1>();
-				wg_release(sh, prev, lane);
+				for (int kk = 0; kk < WG_BK / 16; kk++) /* A: k + 16 = 32 bytes = 2 in the start address */
+					if (kk < nkk)
+						wgmma_op<TB>(d, da + 2 * kk, db + BSTEP * kk, !(first && kk == 0));
+				wgmma_commit();
+				if (!first) {
+					wgmma_wait<1>();
+					wg_release(sh, prev, lane);
+				}
+				acc_fence(d);
+				first = 0, prev = s;
+				if (++s == CFG::STAGES)
+					s = 0, ph ^= 1;
 			}
-			acc_fence(d);
-			prev = s;
-			if (++s == CFG::STAGES)
-				s = 0, ph ^= 1;
 		}
 		wgmma_wait<0>();
 		acc_fence(d);
@@ -688,17 +790,93 @@ extern "C" int moe_cuda_wgmma_supported(tier_dev *dev)
 	return major == 9 && minor == 0;
 }
 
+/* The extra segments: at most WG_SEGS, K0 and K1 multiples of 8 (one of them may be 0), their
+ * operands aligned, and the table space when there are any. */
+static int wg_check_segs(const char *fn, int E, int nseg, const moe_wg_seg *seg, void *tab)
+{
+	if (nseg < 0 || nseg > WG_SEGS || (nseg && !seg))
+		return tier_fail(-EINVAL, "%s: %d extra segments; pass 0..%d of them", fn, nseg, WG_SEGS);
+	if (nseg && (!tab || (uintptr_t)tab % 16))
+		return tier_fail(-EINVAL, "%s: the table space is NULL or not 16-byte aligned; pass MOE_WG_TAB_BYTES of "
+				 "device memory", fn);
+	for (int q = 0; q < nseg; q++) {
+		const moe_wg_seg *sg = &seg[q];
+		int rc;
+		if (sg->K0 < 0 || sg->K1 < 0 || sg->K0 % 8 || sg->K1 % 8 || sg->K0 + sg->K1 == 0 ||
+		    sg->K0 > INT_MAX / 2 || sg->K1 > INT_MAX / 2)
+			return tier_fail(-EINVAL, "%s: segment %d has K0 = %d, K1 = %d; they must be multiples of 8, not "
+					 "both 0", fn, q, sg->K0, sg->K1);
+		if ((sg->K0 && ((rc = wg_check_buf(fn, "x0", sg->x0)) || (rc = wg_check_table(fn, "w0", E, sg->w0)))) ||
+		    (sg->K1 && ((rc = wg_check_buf(fn, "x1", sg->x1)) || (rc = wg_check_table(fn, "w1", E, sg->w1)))))
+			return rc;
+	}
+	return 0;
+}
+
+/* Up to three tables of E pointers to device memory in one launch. */
+#define WG_TAB_PER_LAUNCH 3
+struct wg_tab_args {
+	const void *p[WG_TAB_PER_LAUNCH][TIER_MOE_MAX_EXPERTS];
+	const void **dst[WG_TAB_PER_LAUNCH];
+	int n, E;
+};
+
+__global__ void wg_tab_kernel(const __grid_constant__ wg_tab_args a)
+{
+	for (int i = threadIdx.x; i < a.n * a.E; i += blockDim.x)
+		a.dst[i / a.E][i % a.E] = a.p[i / a.E][i % a.E];
+}
+
+/* The segments' weight tables copied into tab (table i at tab + i E, in stream order: a later call
+ * reusing tab writes after this launch's kernel read it) and their device form in sd. */
+static int wg_put_tables(tier_dev *dev, int E, int nseg, const moe_wg_seg *seg, void *tab, wg_seg_dev *sd)
+{
+	const void **dt = (const void **)tab;
+	wg_tab_args ta;
+	memset(&ta, 0, sizeof ta);
+	ta.E = E;
+	int used = 0;
+	for (int q = 0; q < nseg; q++) {
+		const moe_wg_seg *sg = &seg[q];
+		sd[q].x0 = (const bf16 *)sg->x0, sd[q].x1 = (const bf16 *)sg->x1, sd[q].K0 = sg->K0, sd[q].K1 = sg->K1;
+		sd[q].w0 = sd[q].w1 = NULL;
+		for (int h = 0; h < 2; h++) {
+			const void *const *w = h ? sg->w1 : sg->w0;
+			if (!(h ? sg->K1 : sg->K0))
+				continue;
+			const void **d = dt + (size_t)used++ * E;
+			*(h ? &sd[q].w1 : &sd[q].w0) = (const bf16 *const *)d;
+			for (int e = 0; e < E; e++)
+				ta.p[ta.n][e] = w[e];
+			ta.dst[ta.n++] = d;
+			if (ta.n == WG_TAB_PER_LAUNCH) {
+				wg_tab_kernel<<<1, 256, 0, moe_stream(dev)>>>(ta);
+				CUDA_LAUNCHED();
+				ta.n = 0;
+			}
+		}
+	}
+	if (ta.n) {
+		wg_tab_kernel<<<1, 256, 0, moe_stream(dev)>>>(ta);
+		CUDA_LAUNCHED();
+	}
+	return 0;
+}
+
 /* The product in W_e's layout MODE (WG_NK or WG_KN), its arguments checked. */
 template <int MODE>
 static int wg_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound, const void *const *w,
-		 const void *x, void *c, int c_bf16, float alpha, float beta, int shape, int ctas)
+		 const void *x, int nseg, const wg_seg_dev *seg, void *c, int c_bf16, float alpha, float beta, int shape,
+		 int ctas)
 {
 	wg_args<MODE> a; /* 8 KiB */
 	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
 		a.w[e] = e < E ? (const bf16 *)w[e] : NULL;
 	a.up[0] = NULL;
 	a.off = d_off, a.x = (const bf16 *)x, a.c = c, a.u = NULL, a.h = NULL, a.alpha = alpha;
-	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f, a.rt_bound = 0;
+	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f, a.rt_bound = 0, a.nseg = nseg;
+	for (int q = 0; q < nseg; q++)
+		a.seg[q] = seg[q];
 	if (c_bf16)
 		return wg_dispatch<MODE, bf16>(dev, a, shape, rows_bound, ctas);
 	return wg_dispatch<MODE, float>(dev, a, shape, rows_bound, ctas);
@@ -708,7 +886,16 @@ extern "C" int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, cons
 					const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha,
 					float beta)
 {
+	return moe_cuda_grouped_mm_sm90_segs(dev, E, N, K, d_off, rows_bound, w, w_kn, x, 0, NULL, NULL, c, c_bf16, alpha,
+					     beta);
+}
+
+extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K, const int32_t *d_off,
+					     int rows_bound, const void *const *w, int w_kn, const void *x, int nseg,
+					     const moe_wg_seg *seg, void *tab, void *c, int c_bf16, float alpha, float beta)
+{
 	const char *fn = "moe_cuda_grouped_mm_sm90";
+	wg_seg_dev sd[WG_SEGS];
 	int shape, ctas, rc = wg_check_dims(fn, dev, E, "N", N, "K", K, rows_bound, d_off);
 	if (rc)
 		return rc;
@@ -719,24 +906,36 @@ extern "C" int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, cons
 	if (beta != 0.0f && beta != 1.0f)
 		return tier_fail(-EINVAL, "%s: beta = %g; it must be 0 (write C) or 1 (add to C)", fn, (double)beta);
 	if ((rc = wg_check_table(fn, "w", E, w)) || (rc = wg_check_buf(fn, "x", x)) || (rc = wg_check_buf(fn, "c", c)) ||
-	    (rc = wg_plan(fn, dev, E, N, rows_bound, &shape, &ctas)))
+	    (rc = wg_check_segs(fn, E, nseg, seg, tab)) || (rc = wg_plan(fn, dev, E, N, rows_bound, &shape, &ctas)))
 		return rc;
 	if (rows_bound == 0)
 		return 0;
+	if ((rc = wg_put_tables(dev, E, nseg, seg, tab, sd)))
+		return rc;
 	if (w_kn)
-		return wg_mm<WG_KN>(dev, E, N, K, d_off, rows_bound, w, x, c, c_bf16, alpha, beta, shape, ctas);
-	return wg_mm<WG_NK>(dev, E, N, K, d_off, rows_bound, w, x, c, c_bf16, alpha, beta, shape, ctas);
+		return wg_mm<WG_KN>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, c, c_bf16, alpha, beta, shape, ctas);
+	return wg_mm<WG_NK>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, c, c_bf16, alpha, beta, shape, ctas);
 }
 
 extern "C" int moe_cuda_grouped_gate_up_sm90(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
 					     const void *const *gate, const void *const *up, const void *x, float *g,
 					     float *u, void *h)
 {
+	return moe_cuda_grouped_gate_up_sm90_lora(dev, E, H, I, d_off, rows_bound, gate, up, x, NULL, NULL, g, u, h);
+}
+
+extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, int I, const int32_t *d_off,
+						  int rows_bound, const void *const *gate, const void *const *up,
+						  const void *x, const moe_wg_seg *lora, void *tab, float *g, float *u,
+						  void *h)
+{
 	const char *fn = "moe_cuda_grouped_gate_up_sm90";
+	wg_seg_dev sd[WG_SEGS];
+	int nseg = lora != NULL;
 	int shape, ctas, rc = wg_check_dims(fn, dev, E, "I", I, "H", H, rows_bound, d_off);
 	if (rc || (rc = wg_check_table(fn, "gate", E, gate)) || (rc = wg_check_table(fn, "up", E, up)) ||
 	    (rc = wg_check_buf(fn, "x", x)) || (rc = wg_check_buf(fn, "g", g)) || (rc = wg_check_buf(fn, "u", u)) ||
-	    (rc = wg_check_buf(fn, "h", h)))
+	    (rc = wg_check_buf(fn, "h", h)) || (rc = wg_check_segs(fn, E, nseg, lora, tab)))
 		return rc;
 	/* the tile reads 2 I rows of B: pick its shape as for N = 2 I */
 	if ((rc = wg_plan(fn, dev, E, 2 * I, rows_bound, &shape, &ctas)))
@@ -749,6 +948,10 @@ extern "C" int moe_cuda_grouped_gate_up_sm90(tier_dev *dev, int E, int H, int I,
 		a.up[e] = e < E ? (const bf16 *)up[e] : NULL;
 	}
 	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = u, a.h = (bf16 *)h, a.alpha = 1.0f;
-	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0;
+	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0, a.nseg = nseg;
+	if (nseg && (rc = wg_put_tables(dev, E, nseg, lora, tab, sd)))
+		return rc;
+	if (nseg)
+		a.seg[0] = sd[0];
 	return wg_dispatch<WG_GU, float>(dev, a, shape, rows_bound, ctas);
 }

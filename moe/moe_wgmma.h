@@ -20,7 +20,19 @@
  * g, u and h only written (they may hold NaN before); H and I multiples of 8; g, u and h must not
  * overlap.
  *
- * Both: one persistent launch on the context's stream. Return 0; -EINVAL for bad arguments and
+ * Extra K segments (the _segs and _lora forms): a segment adds, for every row r of expert e,
+ *     x0[r, :] op(W0_e) + x1[r, :] op(W1_e)
+ * to the product before alpha and beta, with x0 bf16 [rows, K0] and x1 [rows, K1] (row strides K0
+ * and K1) and W0_e, W1_e in the product's layout with K0 and K1 for K (w_kn 0: [N, K0]; 1: [K0, N]).
+ * K0 and K1 are multiples of 8; one of them may be 0 (that half's x and w are not read). This is how
+ * LoRA joins a product without another pass over C: y = h down^T + Z B^T takes x0 = Z = s h A^T and
+ * W0 = B; dX = dG gate + dU up + dZ_g A_g + dZ_u A_u takes one segment (dU, up) and one (dZ_g, A_g;
+ * dZ_u, A_u). In the gate/up product a segment's first half goes to g only and its second to u:
+ * g += x0 W0_e^T, u += x1 W1_e^T (W0_e [I, K0], W1_e [I, K1]: the two adapters' B), before SwiGLU.
+ * The segments' weight tables are written into `tab` (MOE_WG_TAB_BYTES of device memory, 16-byte
+ * aligned) by a small kernel on the same stream, so tab may be reused by the next call at once.
+ *
+ * All: one persistent launch on the context's stream (and one table copy with segments). Return 0; -EINVAL for bad arguments and
  * -ENOTSUP on a device whose compute capability is not 9.0 (both checked on the host: nothing was
  * launched, the outputs untouched); -EIO for a CUDA error (its text in the message).
  *
@@ -50,6 +62,24 @@ int moe_cuda_wgmma_supported(tier_dev *dev);
 
 int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
 			     const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha, float beta);
+
+/* An extra K segment (above). */
+typedef struct {
+	const void *x0, *x1;               /* bf16 [rows, K0], [rows, K1] */
+	const void *const *w0, *const *w1; /* host arrays of E device pointers */
+	int K0, K1;
+} moe_wg_seg;
+#define MOE_WG_SEGS 2 /* extra segments a product takes */
+#define MOE_WG_TAB_BYTES ((size_t)2 * MOE_WG_SEGS * TIER_MOE_MAX_EXPERTS * sizeof(void *))
+
+int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
+				  const void *const *w, int w_kn, const void *x, int nseg, const moe_wg_seg *seg,
+				  void *tab, void *c, int c_bf16, float alpha, float beta);
+
+/* lora: NULL, or one segment (gate's half x0 W0, up's x1 W1). */
+int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
+				       const void *const *gate, const void *const *up, const void *x,
+				       const moe_wg_seg *lora, void *tab, float *g, float *u, void *h);
 
 int moe_cuda_grouped_gate_up_sm90(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
 				  const void *const *gate, const void *const *up, const void *x, float *g, float *u,

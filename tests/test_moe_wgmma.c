@@ -269,16 +269,23 @@ static void gu_check(const char *buf, const float *got, const double *want, size
 
 /* One call on g, u and h poisoned with 0xff (NaN), rb + 1 rows each: g and u against the reference,
  * h against silu(g) u of the fp64 reference, the bytes past the groups unchanged. */
-static void gu_one(const wprob *p, const char *what)
+static void gu_one(const wprob *p, const moe_wg_seg *seg, void *tab, const char *what)
 {
 	int I = p->N / 2;
 	size_t rn = (size_t)p->rows * I, all = (size_t)(p->rb + 1) * I;
 	unsigned char *poison = malloc(4 * all + 4);
 	memset(poison, 0xff, 4 * all + 4);
 	void *dg = up(poison, 4 * all), *du = up(poison, 4 * all), *dh = up(poison, 2 * all);
-	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, p->E, p->K, I, p->doff, p->rb, (const void *const *)p->dw[0],
-						       (const void *const *)p->dw[1], p->dx, dg, du, dh),
-			 0);
+	int K = p->K - (seg ? seg->K0 + seg->K1 : 0); /* the main segment's k */
+	if (seg)
+		assert_int_equal(moe_cuda_grouped_gate_up_sm90_lora(gpu, p->E, K, I, p->doff, p->rb,
+								    (const void *const *)p->dw[0], (const void *const *)p->dw[1],
+								    p->dx, seg, tab, dg, du, dh),
+				 0);
+	else
+		assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, p->E, K, I, p->doff, p->rb, (const void *const *)p->dw[0],
+							       (const void *const *)p->dw[1], p->dx, dg, du, dh),
+				 0);
 	assert_int_equal(tier_dev_sync(gpu), 0);
 	float *g = malloc(4 * all + 4), *u = malloc(4 * all + 4), *h = malloc(4 * rn + 4);
 	uint16_t *hb = malloc(2 * all + 2);
@@ -313,10 +320,200 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 		knobs(runs[i][0], runs[i][1]);
 		snprintf(what, sizeof what, "gate/up E %d H %d I %d rows %d tile %s CTAs %s", E, H, I, p.rows,
 			 runs[i][0] ? runs[i][0] : "auto", runs[i][1] ? runs[i][1] : "all");
-		gu_one(&p, what);
+		gu_one(&p, NULL, NULL, what);
 	}
 	knobs(NULL, NULL);
 	prob_free(&p);
+}
+
+/* ---- extra K segments ----
+ * A product with segments is the product over the concatenated k: x [rows, Kt] and W_e [N, Kt] of a
+ * problem with K = Kt are cut by columns into the main part (the first kw[0] k) and the segments'
+ * halves (kw[1 + 2 q], kw[2 + 2 q]), each its own device buffer, and the reference stays x W_e^T. */
+#define MAX_PARTS (1 + 2 * MOE_WG_SEGS)
+
+typedef struct {
+	int np, kw[MAX_PARTS], k0[MAX_PARTS]; /* widths and first k of the parts */
+	void *x[MAX_PARTS];                    /* bf16 [rb, kw] */
+	void **w[MAX_PARTS];                   /* per expert: its columns of W_e rows [row0, row0 + n) */
+	void *tab;
+	moe_wg_seg seg[MOE_WG_SEGS];
+} cut;
+
+/* Columns [k0, k0 + kw) of rows [row0, row0 + n) of m [*, Kt] as bf16 [n, kw] (kn 0) or [kw, n]. */
+static void *slice_up(const float *m, int Kt, int row0, int n, int k0, int kw, int kn)
+{
+	float *t = malloc(4 * (size_t)n * kw + 4);
+	for (int i = 0; i < n; i++)
+		for (int j = 0; j < kw; j++)
+			t[kn ? (size_t)j * n + i : (size_t)i * kw + j] = m[(size_t)(row0 + i) * Kt + k0 + j];
+	void *d = up_bf16(t, (size_t)n * kw);
+	free(t);
+	return d;
+}
+
+/* The parts of p for nseg segments; kn: W_e's layout; gu: a gate/up problem, whose segments' first
+ * halves take the gate rows and second halves the up rows. */
+static void cut_make(cut *c, const wprob *p, const int *kw, int nseg, int kn, int gu)
+{
+	memset(c, 0, sizeof *c);
+	c->np = 1 + 2 * nseg;
+	for (int i = 0, k = 0; i < c->np; k += kw[i++])
+		c->kw[i] = kw[i], c->k0[i] = k;
+	int I = p->N / 2;
+	for (int i = 0; i < c->np; i++) {
+		if (!c->kw[i])
+			continue;
+		c->x[i] = slice_up(p->x, p->K, 0, p->rb, c->k0[i], c->kw[i], 0);
+		c->w[i] = calloc((size_t)p->E, sizeof(void *));
+		for (int e = 0; e < p->E; e++) {
+			if (!p->w[e])
+				continue;
+			/* gate/up: the main part's gate rows (its up rows go to dw-like w2 below), else by half */
+			int row0 = gu && i > 0 && i % 2 == 0 ? I : 0, n = gu ? I : p->N;
+			c->w[i][e] = slice_up(p->w[e], p->K, row0, n, c->k0[i], c->kw[i], kn);
+		}
+	}
+	for (int q = 0; q < nseg; q++) {
+		moe_wg_seg *sg = &c->seg[q];
+		sg->K0 = c->kw[1 + 2 * q], sg->K1 = c->kw[2 + 2 * q];
+		sg->x0 = c->x[1 + 2 * q], sg->x1 = c->x[2 + 2 * q];
+		sg->w0 = (const void *const *)c->w[1 + 2 * q], sg->w1 = (const void *const *)c->w[2 + 2 * q];
+	}
+	c->tab = up(NULL, MOE_WG_TAB_BYTES);
+}
+
+static void cut_free(cut *c, int E)
+{
+	for (int i = 0; i < c->np; i++) {
+		for (int e = 0; c->w[i] && e < E; e++)
+			tier_dev_free(gpu, c->w[i][e]);
+		free(c->w[i]);
+		tier_dev_free(gpu, c->x[i]);
+	}
+	tier_dev_free(gpu, c->tab);
+}
+
+static void seg_one(const wprob *p, const cut *c, int nseg, int kn, int c_bf16, float alpha, int beta, const char *what)
+{
+	size_t cn = (size_t)(p->rb + 1) * p->N, bytes = (c_bf16 ? 2 : 4) * cn;
+	float *cf = malloc(4 * cn);
+	unsigned char *c0 = c_start(p, c_bf16, beta, cf), *got = malloc(bytes);
+	void *dc = up(c0, bytes);
+	assert_int_equal(moe_cuda_grouped_mm_sm90_segs(gpu, p->E, p->N, c->kw[0], p->doff, p->rb, (const void *const *)c->w[0],
+						       kn, c->x[0], nseg, c->seg, c->tab, dc, c_bf16, alpha, (float)beta),
+			 0);
+	assert_int_equal(tier_dev_sync(gpu), 0);
+	down(got, dc, bytes);
+	c_check(p, got, c0, cf, c_bf16, alpha, beta, what);
+	tier_dev_free(gpu, dc);
+	free(cf), free(c0), free(got);
+}
+
+/* Both layouts, every tile, two output kinds, then 2 CTAs (the ring carries main and extra stages
+ * of many tiles). kw: 1 + 2 nseg widths summing to K. */
+static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, int extra)
+{
+	static const char *tiles[] = { NULL, "128x256", "128x128", "64x256" };
+	int K = 0;
+	for (int i = 0; i < 1 + 2 * nseg; i++)
+		K += kw[i];
+	wprob p;
+	prob_make(&p, E, N, K, nrows, extra, 0);
+	char what[200];
+	for (int kn = 0; kn < 2; kn++) {
+		cut c;
+		cut_make(&c, &p, kw, nseg, kn, 0);
+		for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
+			for (int v = 0; v < 2; v++) {
+				knobs(tiles[t], v ? "2" : NULL);
+				snprintf(what, sizeof what, "segments E %d N %d k %d+%d,%d+%d,%d w_kn %d tile %s%s", E, N, kw[0],
+					 nseg > 0 ? kw[1] : 0, nseg > 0 ? kw[2] : 0, nseg > 1 ? kw[3] : 0,
+					 nseg > 1 ? kw[4] : 0, kn, tiles[t] ? tiles[t] : "auto", v ? " 2 CTAs" : "");
+				seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
+			}
+		knobs(NULL, NULL);
+		cut_free(&c, E);
+	}
+	prob_free(&p);
+}
+
+/* Gate/up with a LoRA-like segment: g gets x0 W0_e^T, u x1 W1_e^T. The reference zeroes the weights
+ * each half does not use (the gate rows' x1 columns, the up rows' x0 columns). */
+static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, int extra)
+{
+	static const char *runs[][2] = { { NULL, NULL }, { "128x128", NULL }, { "64x256", NULL }, { NULL, "2" } };
+	int kw[3] = { H, r0, r1 };
+	wprob p;
+	char what[160];
+	prob_make(&p, E, 2 * I, H + r0 + r1, nrows, extra, 1);
+	for (int e = 0; e < E; e++)
+		for (int n = 0; p.w[e] && n < 2 * I; n++) {
+			float *row = p.w[e] + (size_t)n * p.K;
+			if (n < I)
+				memset(row + H + r0, 0, 4 * (size_t)r1);
+			else
+				memset(row + H, 0, 4 * (size_t)r0);
+		}
+	free(p.ref);
+	prob_ref(&p);
+	cut c;
+	cut_make(&c, &p, kw, 1, 0, 1);
+	/* the main part's up rows: columns [0, H) of rows [I, 2 I) */
+	void **upw = calloc((size_t)E, sizeof(void *));
+	for (int e = 0; e < E; e++)
+		upw[e] = p.w[e] ? slice_up(p.w[e], p.K, I, I, 0, H, 0) : NULL;
+	wprob q = p; /* the device sees the main part through dw / dx, the segment through c */
+	q.dw[0] = c.w[0], q.dw[1] = upw, q.dx = c.x[0];
+	for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+		knobs(runs[i][0], runs[i][1]);
+		snprintf(what, sizeof what, "gate/up + segment E %d H %d I %d r %d,%d rows %d tile %s CTAs %s", E, H, I, r0,
+			 r1, p.rows, runs[i][0] ? runs[i][0] : "auto", runs[i][1] ? runs[i][1] : "all");
+		gu_one(&q, &c.seg[0], c.tab, what);
+	}
+	knobs(NULL, NULL);
+	for (int e = 0; e < E; e++)
+		tier_dev_free(gpu, upw[e]);
+	free(upw);
+	cut_free(&c, E);
+	prob_free(&p);
+}
+
+/* One plain segment (LoRA's B in y = h down^T + Z B^T, or its A in dh), then two: a full-depth one
+ * (dU up) and a split one (dZ_g A_g; dZ_u A_u), the backward's dX; odd widths, tails of the k
+ * tile, 40 uneven groups. */
+static void test_segments(void **state)
+{
+	(void)state;
+	int n[40];
+	for (int e = 0; e < 40; e++)
+		n[e] = (int)tier_rng_below(&rng, 160);
+	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[20] = 129, n[39] = 0;
+	static const int one[] = { 200, 16, 0 }, lone[] = { 136, 0, 8 }, two[] = { 200, 200, 0, 16, 24 },
+			 wide[] = { 72, 64, 0, 48, 80 };
+	seg_case(40, 264, one, 1, n, 3);
+	seg_case(40, 136, lone, 1, n, 0);
+	seg_case(40, 264, two, 2, n, 3);
+	seg_case(40, 72, wide, 2, n, 5);
+	static const int few[] = { 0, 513, 77, 1, 1000 }, big[] = { 768, 768, 0, 16, 16 };
+	seg_case(5, 2048, big, 2, few, 64);
+}
+
+/* Gate/up with the segment: both adapters (ranks 16 and 8, 32 and 32), gate alone, up alone; a
+ * tail of 72 columns; the trainer's shape. */
+static void test_gate_up_segment(void **state)
+{
+	(void)state;
+	int n[40];
+	for (int e = 0; e < 40; e++)
+		n[e] = (int)tier_rng_below(&rng, 100);
+	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[20] = 129, n[39] = 0;
+	gu_seg_case(40, 136, 200, 16, 8, n, 3);
+	gu_seg_case(40, 136, 200, 32, 32, n, 0);
+	gu_seg_case(40, 64, 72, 16, 0, n, 3);
+	gu_seg_case(40, 64, 72, 0, 24, n, 3);
+	static const int few[] = { 0, 513, 77, 1, 1000 };
+	gu_seg_case(5, 2048, 768, 16, 16, few, 64);
 }
 
 /* ---- the cases ---- */
@@ -477,6 +674,26 @@ static void test_bad_input(void **state)
 	knobs("96x96", NULL);
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, f, f, p), -EINVAL);
 	knobs(NULL, NULL);
+	/* segments: K0 % 8, both halves empty, a NULL or odd x or table, no or odd table space, too many */
+	moe_wg_seg sg[3] = { { p, p, w, w, 8, 8 }, { p, p, w, w, 8, 8 }, { p, p, w, w, 8, 8 } };
+	const moe_wg_seg bad_seg[] = { { p, p, w, w, 12, 8 }, { p, p, w, w, 0, 0 },     { NULL, p, w, w, 8, 8 },
+				       { p, (void *)72, w, w, 8, 8 }, { p, p, NULL, w, 8, 8 }, { p, p, w, wodd, 8, 8 },
+				       { p, p, w, w, -8, 8 } };
+	for (size_t i = 0; i < sizeof bad_seg / sizeof bad_seg[0]; i++) {
+		assert_int_equal(moe_cuda_grouped_mm_sm90_segs(gpu, 2, 8, 8, off, 2, w, 0, p, 1, &bad_seg[i], p, p, 0, 1.0f,
+							       0.0f),
+				 -EINVAL);
+		assert_int_equal(moe_cuda_grouped_gate_up_sm90_lora(gpu, 2, 8, 8, off, 2, w, w, p, &bad_seg[i], p, f, f, p),
+				 -EINVAL);
+	}
+	assert_int_equal(moe_cuda_grouped_mm_sm90_segs(gpu, 2, 8, 8, off, 2, w, 0, p, 1, sg, NULL, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90_segs(gpu, 2, 8, 8, off, 2, w, 0, p, 1, sg, (void *)72, p, 0, 1.0f, 0.0f),
+			 -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90_segs(gpu, 2, 8, 8, off, 2, w, 0, p, 3, sg, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90_segs(gpu, 2, 8, 8, off, 2, w, 0, p, -1, sg, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90_segs(gpu, 2, 8, 8, off, 2, w, 0, p, 1, NULL, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90_lora(gpu, 2, 8, 8, off, 2, w, w, p, sg, NULL, f, f, p), -EINVAL);
+	knobs(NULL, NULL);
 	assert_int_equal(moe_cuda_wgmma_supported(cpu), 0);
 	assert_int_equal(moe_cuda_wgmma_supported(NULL), 0);
 }
@@ -518,6 +735,8 @@ int main(void)
 		cmocka_unit_test(test_large),
 		cmocka_unit_test(test_1024_experts),
 		cmocka_unit_test(test_edges),
+		cmocka_unit_test(test_segments),
+		cmocka_unit_test(test_gate_up_segment),
 		cmocka_unit_test(test_gate_up_small),
 		cmocka_unit_test(test_gate_up_many),
 		cmocka_unit_test(test_gate_up_large),
