@@ -129,14 +129,15 @@ extern "C" int moe_cuda_experts_check(const char *fn, int E, const int32_t *off,
 	return 0;
 }
 
-/* Y [n, out] += s (X A^T) B^T through Z [n, r] bf16; Y fp32 or bf16. */
+/* Y [n, out] += (s X A^T) B^T through Z [n, r] bf16 (s in Z, as the wgmma path's segments need it);
+ * Y fp32 or bf16. */
 static int lora_fwd(tier_dev *dev, int ln, const tier_moe_lora *l, int e, int n, int in, int out, const bf16 *X,
 		    void *Y, int y_bf16, bf16 *Z)
 {
 	if (!moe_lora_on(l))
 		return 0;
-	int r = l->rank, rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, r, in, 1.0f, X, in, l->a[e], in, 0.0f, Z, r, 1);
-	return rc ? rc : moe_cuda_mm_lane(dev, ln, 0, 1, n, out, r, l->scale, Z, r, l->b[e], r, 1.0f, Y, out, y_bf16);
+	int r = l->rank, rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, r, in, l->scale, X, in, l->a[e], in, 0.0f, Z, r, 1);
+	return rc ? rc : moe_cuda_mm_lane(dev, ln, 0, 1, n, out, r, 1.0f, Z, r, l->b[e], r, 1.0f, Y, out, y_bf16);
 }
 
 /* From dY [n, out] bf16: dZ = s dY B; dB += s dY^T (X A^T); dA += dZ^T X; dX [n, in] fp32 += dZ A. */

@@ -135,7 +135,8 @@ static int gmm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int row
 	return moe_cuda_grouped_mm(dev, E, N, K, d_off, rows, w, w_kn, x, c, c_bf16, alpha, beta);
 }
 
-/* Y [rows, out] += s (X A^T) B^T for every expert; Z [rows, r] bf16 scratch. */
+/* Y [rows, out] += (s X A^T) B^T for every expert; Z [rows, r] bf16 scratch (s in Z, as in the
+ * fused path). */
 static int lora_fwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
 		    int out, const void *X, void *Y, int y_bf16, void *Z)
 {
@@ -144,8 +145,8 @@ static int lora_fwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
 	ptrs a, b;
 	int rows = off[E], r = l->rank;
 	lora_ptrs(l, E, off, &a, &b, NULL, NULL);
-	int rc = gmm(dev, E, r, in, d_off, rows, a.w, 0, X, Z, 1, 1.0f, 0.0f);
-	return rc ? rc : gmm(dev, E, out, r, d_off, rows, b.w, 0, Z, Y, y_bf16, l->scale, 1.0f);
+	int rc = gmm(dev, E, r, in, d_off, rows, a.w, 0, X, Z, 1, l->scale, 0.0f);
+	return rc ? rc : gmm(dev, E, out, r, d_off, rows, b.w, 0, Z, Y, y_bf16, 1.0f, 1.0f);
 }
 
 /* From dY [rows, out] bf16: dZ = s dY B; dB += s dY^T (X A^T); dA += dZ^T X; dX [rows, in] += dZ A. */
@@ -176,7 +177,11 @@ static int lora_bwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
  * adapters' B (forward) and A (backward) products join the base products, so no LoRA pass reads or
  * writes g, u, y, dh or dX again: those were 3 fp32 read-modify-writes of [rows, I] and [rows, H]
  * per projection. */
-static int fused_lora(tier_dev *dev, int H, int I) { return use_wgmma(dev, I) && use_wgmma(dev, H); }
+static int fused_lora(tier_dev *dev, int H, int I)
+{
+	const char *v = getenv("TIER_MOE_LORA_FUSED"); /* 0: the separate LoRA passes (comparisons) */
+	return use_wgmma(dev, I) && use_wgmma(dev, H) && !(v && !strcmp(v, "0"));
+}
 
 static int rank_of(const tier_moe_lora *l) { return moe_lora_on(l) ? l->rank : 0; }
 

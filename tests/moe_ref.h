@@ -226,8 +226,9 @@ static inline void ref_swiglu(int H, int I, const double *x, const double *gate,
 
 /* ---- the CUDA path's bf16 storage, emulated ------------------------------------------------------
  * The CUDA block (moe/moe_experts.cu, moe_bwd.cu, moe_layer.cu) stores in bf16: the gathered rows
- * xg, LoRA's Z = X A^T (forward and backward) and dZ = s dY B, h = silu(g) u, the expert output y
- * (rounded once after the down product and again after the down adapter adds to it), combine's
+ * xg, LoRA's Z (s X A^T in the forward, X A^T for the backward's dB) and dZ = s dY B, h = silu(g) u,
+ * the expert output y (rounded once after the down product and again after the down adapter adds
+ * to it; the wgmma path adds the adapter before its one rounding: 1 ulp within the tolerance), combine's
  * backward dy = w d_out, the SwiGLU backward's dG and dU, and the router's d_logits before the two
  * products with x and W_r. Everything else is fp32 (g, u, dh, dxg, dx, logits, LoRA gradients).
  * The row references below compute in fp64 and, with rnd set, round to bf16 at exactly those
@@ -266,7 +267,8 @@ static inline void ref_dense(int in, int out, const double *x, const float *W, d
 		y[o] = acc;
 	}
 }
-/* y [out] += s B z with z = R(A x) [r] (an adapter's forward; nothing when a is NULL). */
+/* y [out] += B z with z = R(s A x) [r] (an adapter's forward, the scale in Z as the CUDA path
+ * stores it; nothing when a is NULL). */
 static inline void ref_lora_add(int rnd, int in, int out, const double *x, const float *a, const float *b, int r,
 				double s, double *y)
 {
@@ -275,12 +277,12 @@ static inline void ref_lora_add(int rnd, int in, int out, const double *x, const
 	double *z = malloc(sizeof(double) * (size_t)r);
 	ref_dense(in, r, x, a, z);
 	for (int q = 0; q < r; q++)
-		z[q] = ref_rnd(rnd, z[q]);
+		z[q] = ref_rnd(rnd, s * z[q]);
 	for (int o = 0; o < out; o++) {
 		double acc = 0.0;
 		for (int q = 0; q < r; q++)
 			acc += (double)b[(size_t)o * r + q] * z[q];
-		y[o] += s * acc;
+		y[o] += acc;
 	}
 	free(z);
 }

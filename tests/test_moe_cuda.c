@@ -355,8 +355,8 @@ static void hfree(int E, float **f)
 static void check_close(const float *got, const float *want, size_t n, double tol, const char *what)
 {
 	double *w = ref_dup(want, n), e = ref_relerr(got, w, n);
-	if (!(e <= tol))
-		fprintf(stderr, "# %s: relative error %g > %g\n", what, e, tol);
+	if (!(e <= tol) || getenv("TIER_TEST_VERBOSE"))
+		fprintf(stderr, "# %s: relative error %g (tolerance %g)\n", what, e, tol);
 	assert_true(e <= tol);
 	free(w);
 }
