@@ -11,6 +11,7 @@
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
 #include "moe/moe_wgmma.h"
+#include "moe/moe_skinny.h"
 
 /* The per-expert pointer arrays one projection needs, NULL where an expert has no rows. */
 struct ptrs {
@@ -187,11 +188,34 @@ static int rank_of(const tier_moe_lora *l) { return moe_lora_on(l) ? l->rank : 0
 
 static bf16 *z_at(void *z) { return (bf16 *)((char *)z + MOE_LORA_TAB_BYTES); }
 
+/* The rank products (N = r): the skinny kernel, bound by reading X once, where the rank suits it. */
+static int skinny_fits(int r) { return r % 8 == 0 && r <= 64; }
+
+/* Z = s X op(W) [rows, r] for one adapter's W (w_kn 0: A [r, K]; 1: B [K, r]). */
+static int rank_mm(tier_dev *dev, int E, int r, int K, const int32_t *d_off, int rows, const ptrs *w, int w_kn,
+		   const void *X, bf16 *Z, float s)
+{
+	if (skinny_fits(r))
+		return moe_cuda_grouped_skinny(dev, E, r, K, d_off, rows, 1, w->w, NULL, w_kn, X, Z, NULL, s);
+	return gmm(dev, E, r, K, d_off, rows, w->w, w_kn, X, Z, 1, s, 0.0f);
+}
+
 /* Z = s X A^T for one adapter into Z [rows, r] (nothing without it). */
 static int lora_z(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *d_off, int rows, int in, const ptrs *a,
 		  const void *X, bf16 *Z, float s)
 {
-	return moe_lora_on(l) ? gmm(dev, E, l->rank, in, d_off, rows, a->w, 0, X, Z, 1, s, 0.0f) : 0;
+	return moe_lora_on(l) ? rank_mm(dev, E, l->rank, in, d_off, rows, a, 0, X, Z, s) : 0;
+}
+
+/* Z_gate = s_g X A_g^T and Z_up = s_u X A_u^T, in one pass over X when the adapters agree in rank
+ * and scale (sg, su: the scales to use, 1 for the backward's unscaled Z). */
+static int lora_z2(tier_dev *dev, const tier_moe_lora *lg, const tier_moe_lora *lu, int E, const int32_t *d_off,
+		   int rows, int in, const ptrs *ag, const ptrs *au, const void *X, bf16 *zg, bf16 *zu, float sg, float su)
+{
+	if (moe_lora_on(lg) && moe_lora_on(lu) && lg->rank == lu->rank && sg == su && skinny_fits(lg->rank))
+		return moe_cuda_grouped_skinny(dev, E, lg->rank, in, d_off, rows, 2, ag->w, au->w, 0, X, zg, zu, sg);
+	int rc = lora_z(dev, lg, E, d_off, rows, in, ag, X, zg, sg);
+	return rc ? rc : lora_z(dev, lu, E, d_off, rows, in, au, X, zu, su);
 }
 
 static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
@@ -208,8 +232,7 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	if (ru)
 		lora_ptrs(lu, E, off, &au, &bu, NULL, NULL);
 	sg.x0 = zg, sg.w0 = bg.w, sg.K0 = rg, sg.x1 = zu, sg.w1 = bu.w, sg.K1 = ru;
-	if ((rc = lora_z(dev, lg, E, d_off, rows, H, &ag, xg, zg, rg ? lg->scale : 0)) ||
-	    (rc = lora_z(dev, lu, E, d_off, rows, H, &au, xg, zu, ru ? lu->scale : 0)) ||
+	if ((rc = lora_z2(dev, lg, lu, E, d_off, rows, H, &ag, &au, xg, zg, zu, rg ? lg->scale : 0, ru ? lu->scale : 0)) ||
 	    (rc = moe_cuda_grouped_gate_up_sm90_lora(dev, E, H, I, d_off, rows, gp->w, upp->w, xg, rg || ru ? &sg : NULL,
 						     z, g, u, h)))
 		return rc;
@@ -222,9 +245,10 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	return moe_cuda_grouped_mm_sm90_segs(dev, E, H, I, d_off, rows, dp->w, 0, h, rd ? 1 : 0, &sd, z, y, 1, 1.0f, 0.0f);
 }
 
-/* One adapter's backward but dX: dZ = s dY B into dZ; dB += s dY^T (X A^T) (Z scratch); dA += dZ^T X. */
+/* One adapter's backward but dX: dZ = s dY B into dZ; dB += s dY^T Z with Z = X A^T (computed into
+ * the Z scratch unless have_z: the caller made it); dA += dZ^T X. */
 static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
-		      int out, const void *X, const void *dY, bf16 *Z, bf16 *dZ, ptrs *a)
+		      int out, const void *X, const void *dY, bf16 *Z, int have_z, bf16 *dZ, ptrs *a)
 {
 	if (!moe_lora_on(l))
 		return 0;
@@ -232,9 +256,9 @@ static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_
 	gptrs da, db;
 	int rows = off[E], r = l->rank, rc;
 	lora_ptrs(l, E, off, a, &b, &da, &db);
-	if ((rc = gmm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)))
+	if ((rc = rank_mm(dev, E, r, out, d_off, rows, &b, 1, dY, dZ, l->scale)))
 		return rc;
-	if (l->db && ((rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f)) ||
+	if (l->db && ((!have_z && (rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f))) ||
 		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, l->scale, db.p))))
 		return rc;
 	return l->da ? moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p) : 0;
@@ -252,15 +276,28 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	bf16 *zb = z_at(z), *dzg = (bf16 *)dz, *dzu = dzg + (size_t)rows * rg;
 	/* h is the input of the down adapter: recompute it */
 	if (rd && ((rc = moe_cuda_swiglu(dev, n, g, u, h)) ||
-		   (rc = lora_grads(dev, ld, E, off, d_off, I, H, h, dy, zb, dzg, &ad))))
+		   (rc = lora_grads(dev, ld, E, off, d_off, I, H, h, dy, zb, 0, dzg, &ad))))
 		return rc;
 	sd.x0 = dzg, sd.w0 = ad.w, sd.K0 = rd;
 	/* dh = dY down + dZ_d A_d: down_e [H, I] and A_d [r, I] are [K, N] */
 	if ((rc = moe_cuda_grouped_mm_sm90_segs(dev, E, I, H, d_off, rows, dp->w, 1, dy, rd ? 1 : 0, &sd, z, dh, 0, 1.0f,
 						0.0f)) ||
-	    (rc = moe_cuda_swiglu_bwd(dev, n, g, u, dh, dg, du)) ||
-	    (rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zb, dzg, &ag)) ||
-	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, zb, dzu, &au)))
+	    (rc = moe_cuda_swiglu_bwd(dev, n, g, u, dh, dg, du)))
+		return rc;
+	/* the adapters' Z for dB, both in one pass over X where they can */
+	int zs = (!rg || lg->db) && (!ru || lu->db) && (rg || ru);
+	bf16 *zg = zb, *zu = zb + (size_t)rows * rg;
+	if (zs) {
+		ptrs b;
+		if (rg)
+			lora_ptrs(lg, E, off, &ag, &b, NULL, NULL);
+		if (ru)
+			lora_ptrs(lu, E, off, &au, &b, NULL, NULL);
+		if ((rc = lora_z2(dev, lg, lu, E, d_off, rows, H, &ag, &au, xg, zg, zu, 1.0f, 1.0f)))
+			return rc;
+	}
+	if ((rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zg, zs, dzg, &ag)) ||
+	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, zs ? zu : zb, zs, dzu, &au)))
 		return rc;
 	/* dX = dG gate + dU up + dZ_g A_g + dZ_u A_u in one product (gate_e, up_e [I, H], A [r, H]: [K, N]) */
 	s2[0].x0 = du, s2[0].w0 = upp->w, s2[0].K0 = I;
