@@ -1007,6 +1007,70 @@ __global__ void rope_kernel(rope_args a, X *x)
 	}
 }
 
+/* Eight consecutive elements as fp32, and back (16-byte aligned: one uint4 of bf16, two float4). */
+__device__ __forceinline__ void load8(const bf16 *p, float *v)
+{
+	uint4 u = *(const uint4 *)p;
+	const __nv_bfloat162 *b = (const __nv_bfloat162 *)&u;
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		float2 f = __bfloat1622float2(b[j]);
+		v[2 * j] = f.x, v[2 * j + 1] = f.y;
+	}
+}
+__device__ __forceinline__ void load8(const float *p, float *v)
+{
+	float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+	v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void store8(bf16 *p, const float *v)
+{
+	uint4 u;
+	__nv_bfloat162 *b = (__nv_bfloat162 *)&u;
+#pragma unroll
+	for (int j = 0; j < 4; j++)
+		b[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+	*(uint4 *)p = u;
+}
+__device__ __forceinline__ void store8(float *p, const float *v)
+{
+	((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+	((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+/* The same rotation a token at a time: its angles once in shared memory (not once per head, as
+ * rope_kernel recomputes them), then 8 pairs per thread with 16-byte accesses. half % 8 == 0 and x
+ * 16-byte aligned. The angles are computed exactly as rope_kernel does, so the results are the same. */
+template <typename X>
+__global__ void rope_tok_kernel(rope_args a, X *x, int64_t tokens)
+{
+	__shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+	int per = a.half / 8, n = a.H * per;
+	for (int64_t tok = blockIdx.x; tok < tokens; tok += gridDim.x) {
+		__syncthreads(); /* the last token's angles are no longer read */
+		for (int i = threadIdx.x; i < a.half; i += blockDim.x) {
+			float pos = (float)(a.pos ? a.pos[tok] : (int)(tok % a.S)), s, c;
+			sincosf(pos * a.inv[i], &s, &c);
+			cs[i] = c, sn[i] = s * a.sign;
+		}
+		__syncthreads();
+		X *row = x + tok * a.H * 2 * a.half;
+		for (int idx = threadIdx.x; idx < n; idx += blockDim.x) {
+			int i0 = (idx % per) * 8;
+			X *e = row + (int64_t)(idx / per) * 2 * a.half + i0;
+			float x0[8], x1[8], y0[8], y1[8];
+			load8(e, x0), load8(e + a.half, x1);
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				float c = cs[i0 + j], sv = sn[i0 + j];
+				y0[j] = x0[j] * c - x1[j] * sv;
+				y1[j] = x1[j] * c + x0[j] * sv;
+			}
+			store8(e, y0), store8(e + a.half, y1);
+		}
+	}
+}
+
 int cuda_check(const char *what)
 {
 	cudaError_t e = cudaGetLastError();
@@ -1275,6 +1339,16 @@ extern "C" int attn_cuda_rope(tier_dev *dev, const tier_rope_params *r, const in
 		a.inv[i] = 1.0f / powf(r->theta, (float)(2 * i) / (float)r->head_dim);
 	a.pos = pos, a.pairs = r->tokens * r->n_heads * half;
 	a.S = (int)r->seq, a.H = (int)r->n_heads, a.half = (int)half, a.sign = inverse ? -1.f : 1.f;
+	if (half % 8 == 0 && (uintptr_t)x % 16 == 0) {
+		unsigned tb = (unsigned)(r->tokens < 65536 ? r->tokens : 65536);
+		if (tb == 0)
+			return 0;
+		if (inverse)
+			rope_tok_kernel<float><<<tb, 128, 0, s>>>(a, (float *)x, r->tokens);
+		else
+			rope_tok_kernel<bf16><<<tb, 128, 0, s>>>(a, (bf16 *)x, r->tokens);
+		return cuda_check("rope kernel");
+	}
 	unsigned blocks = (unsigned)((a.pairs + 255) / 256 < 65536 ? (a.pairs + 255) / 256 : 65536);
 	if (inverse)
 		rope_kernel<float><<<blocks, 256, 0, s>>>(a, (float *)x);
