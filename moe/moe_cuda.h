@@ -60,7 +60,8 @@ int moe_cuda_mm_lane(tier_dev *dev, int lane, int ta, int tb, int M, int N, int 
 int moe_cuda_experts_check(const char *fn, int E, const int32_t *offsets_host, const tier_moe_experts *w,
 			   const tier_moe_loras *lora);
 /* Forward over rows 0..offsets_host[E]-1 of xg (bf16): g, u [rows, I] fp32 (LoRA added), h bf16,
- * y [rows, H] bf16 (LoRA added). z: bf16 scratch [rows, max LoRA rank] (NULL without LoRA). */
+ * y [rows, H] bf16 (LoRA added). z: scratch of moe_lora_z_bytes(rows, max LoRA rank) bytes (NULL
+ * without LoRA). */
 int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			      const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
 			      const void *xg, float *g, float *u, void *h, void *y, void *z);
@@ -100,7 +101,8 @@ int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 			 const void *const *gate, const void *const *up, const void *const *down,
 			 const void *xg, float *g, float *u, void *h, void *y);
 /* Backward: dxg [rows, H] fp32 written from dy [rows, H] bf16; LoRA da, db (fp32) accumulated.
- * Scratch: h, dg, du bf16 [rows, I]; dh fp32 [rows, I]; z, dz bf16 [rows, max rank]. */
+ * Scratch: h, dg, du bf16 [rows, I]; dh fp32 [rows, I]; z and dz of moe_lora_z_bytes and
+ * moe_lora_dz_bytes (rows, max rank) bytes. */
 int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const float *g,
 			 const float *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z,

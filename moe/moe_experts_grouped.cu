@@ -2,9 +2,11 @@
  * device-side grouped GEMMs of moe_grouped.cu: a fixed number of launches per layer whatever the
  * number of experts (the per-expert cuBLASLt loop of moe_experts.cu makes up to 9 launches per
  * expert and projection pass, which the host cannot issue as fast as the GPU runs them when groups
- * are a few hundred rows). LoRA as in the loop: Z = X A^T [rows, r] in bf16, then Y += s Z B^T;
- * backward dZ = s dY B, dB += s dY^T Z, dA += dZ^T X (per-expert reductions: grouped_wgrad), and
- * dX += dZ A. */
+ * are a few hundred rows). LoRA as in the loop: Z = s X A^T [rows, r] in bf16, then Y += Z B^T;
+ * backward dZ = s dY B, dB += s dY^T (X A^T), dA += dZ^T X (per-expert reductions: grouped_wgrad),
+ * and dX += dZ A. On Hopper the B (forward) and A (backward) products join the base products as
+ * extra K segments of the wgmma kernels, and the rank products run on the skinny kernel
+ * (moe_skinny.cu); elsewhere each LoRA product is its own pass. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +83,7 @@ extern "C" int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t 
 	for (int q = 0; q < 3; q++)
 		if (!lora_fits(moe_lora_of(lora, q), E, off))
 			return 0;
-	/* the mma.sync kernel's grid holds at most 65535 row tiles (the LoRA products run there); its
+	/* the mma.sync kernel's grid holds at most 65535 row tiles (the LoRA products may run there); its
 	 * own bound, (rows + 127 min(E, rows)) / 128 with 128-row tiles, or with 64 rows when small */
 	long long rows = off[E], m = E < rows ? E : rows;
 	if ((rows + 127 * m) / 128 > 65535 || (rows + 63 * m) / 64 > 65535)

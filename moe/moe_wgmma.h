@@ -32,7 +32,7 @@
  * The segments' weight tables are written into `tab` (MOE_WG_TAB_BYTES of device memory, 16-byte
  * aligned) by a small kernel on the same stream, so tab may be reused by the next call at once.
  *
- * All: one persistent launch on the context's stream (and one table copy with segments). Return 0; -EINVAL for bad arguments and
+ * All: one persistent launch on the context's stream (and one or two table copies with segments). Return 0; -EINVAL for bad arguments and
  * -ENOTSUP on a device whose compute capability is not 9.0 (both checked on the host: nothing was
  * launched, the outputs untouched); -EIO for a CUDA error (its text in the message).
  *
@@ -40,9 +40,8 @@
  *   TIER_MOE_WGMMA_TILE=128x256|128x128|64x256  the CTA tile (rows x columns of the product;
  *                                               gate/up: of g and u together, half of it each).
  *                                               Default: 64x256 when groups of the mean size
- *                                               rows_bound / E fill 64-row tiles 1.2x better than
- *                                               128-row ones, else 128x256 (128x128 when N <= 128,
- *                                               gate/up: I <= 64).
+ *                                               rows_bound / E fit one 64-row tile, else 128x256
+ *                                               (128x128 when N <= 128, gate/up: I <= 64).
  *   TIER_MOE_WGMMA_CTAS=n                       at most n CTAs (default one per SM); small values
  *                                               push many tiles through each CTA's ring.
  * A malformed value is -EINVAL. */

@@ -286,6 +286,7 @@ typedef struct {
 	int skew;  /* every token's best expert is 0: all tokens to one expert */
 	int fused; /* gate_up [2I, H] in TIER_MOE_UP_FIRST order */
 	int frozen_a; /* LoRA A frozen (da NULL) */
+	int only;     /* with r: the adapters present, bit q for gate, up, down (0: all three) */
 } gcase;
 
 /* E arrays of n bf16-rounded values: host fp32 copies and device bf16 (or fp32 when f32). */
@@ -448,6 +449,8 @@ static void layer_case(const gcase *c)
 	memset(&glo, 0, sizeof glo);
 	tier_moe_lora *gl[3] = { &glo.gate, &glo.up, &glo.down };
 	for (int q = 0; q < 3 && r; q++) {
+		if (c->only && !(c->only >> q & 1))
+			continue;
 		A[q] = hrand(E, r * ins[q], 1.0f / sqrtf((float)ins[q])), B[q] = hrand(E, outs[q] * r, 0.5f);
 		dA0[q] = hrand(E, r * ins[q], 1.0f), dB0[q] = hrand(E, outs[q] * r, 1.0f);
 		eA[q] = calloc((size_t)E, sizeof(double *)), eB[q] = calloc((size_t)E, sizeof(double *));
@@ -516,8 +519,9 @@ static void layer_case(const gcase *c)
 	for (int e = 0; e < E; e++) {
 		ex[e] = (ref_expert){ .gate = cg[e], .up = cu[e], .down = dw[e], .r = r, .s = 0.75 };
 		for (int q = 0; q < 3 && r; q++)
-			ex[e].a[q] = A[q][e], ex[e].b[q] = B[q][e], ex[e].da[q] = c->frozen_a ? NULL : eA[q][e],
-			ex[e].db[q] = eB[q][e];
+			if (A[q])
+				ex[e].a[q] = A[q][e], ex[e].b[q] = B[q][e], ex[e].da[q] = c->frozen_a ? NULL : eA[q][e],
+				ex[e].db[q] = eB[q][e];
 	}
 	float *ge = malloc(4 * (size_t)n * I + 4), *ue = malloc(4 * (size_t)n * I + 4), *ye = malloc(4 * (size_t)n * H + 4);
 	float *oute = malloc(4 * TH);
@@ -600,7 +604,7 @@ static void layer_case(const gcase *c)
 	else
 		check_grew(dwrg, dwr0, dwred, EH, 1.0, lbl);
 	for (int q = 0; q < 3 && r; q++)
-		for (int e = 0; e < E; e++) {
+		for (int e = 0; A[q] && e < E; e++) {
 			float *ga = dl_f32(gdA[q][e], r * ins[q]), *gb = dl_f32(gdB[q][e], outs[q] * r);
 			if (oc[e + 1] == oc[e] || c->frozen_a) { /* no rows, or frozen: untouched */
 				if (oc[e + 1] == oc[e])
@@ -640,15 +644,15 @@ static void test_layer(void **state)
 	tier_moe_router_cfg big = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 896, 16, 1, 0, 0, 0 };
 	tier_moe_router_cfg one = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 1, 0, 0, 0, 0 };
 	/* rc, T, H, I, r, cf, aux, z, skew, fused, frozen_a */
-	layer_case(&(gcase){ q, 200, 256, 96, 0, 0, 0.01f, 0.001f, 0, 0, 0 });   /* Qwen3 form, no LoRA */
-	layer_case(&(gcase){ q, 200, 256, 96, 8, 0, 0.01f, 0.001f, 0, 0, 0 });   /* with LoRA */
-	layer_case(&(gcase){ q0, 77, 96, 64, 16, 0, 0.02f, 0, 0, 1, 0 });        /* fused gate_up, up first */
-	layer_case(&(gcase){ m, 1, 128, 160, 8, 0, 0.01f, 0.01f, 0, 0, 0 });     /* T = 1: empty experts */
-	layer_case(&(gcase){ d, 50, 128, 64, 4, 1.0f, 0, 0, 0, 0, 1 });         /* DeepSeek, drops, frozen A */
-	layer_case(&(gcase){ one, 64, 64, 32, 8, 2.0f, 0.01f, 0, 1, 0, 0 });     /* all to one expert, capacity */
-	layer_case(&(gcase){ one, 33, 64, 32, 8, 0, 0.01f, 0, 1, 0, 0 });        /* all to one expert, dropless */
-	layer_case(&(gcase){ big, 24, 64, 32, 4, 0, 0.001f, 0.0001f, 0, 0, 0 }); /* E = 896, k = 16 */
-	layer_case(&(gcase){ m, 19, 33, 17, 3, 0, 0.01f, 0, 0, 0, 0 });          /* odd H, I and rank */
+	layer_case(&(gcase){ q, 200, 256, 96, 0, 0, 0.01f, 0.001f, 0, 0, 0, 0 });   /* Qwen3 form, no LoRA */
+	layer_case(&(gcase){ q, 200, 256, 96, 8, 0, 0.01f, 0.001f, 0, 0, 0, 0 });   /* with LoRA */
+	layer_case(&(gcase){ q0, 77, 96, 64, 16, 0, 0.02f, 0, 0, 1, 0, 0 });        /* fused gate_up, up first */
+	layer_case(&(gcase){ m, 1, 128, 160, 8, 0, 0.01f, 0.01f, 0, 0, 0, 0 });     /* T = 1: empty experts */
+	layer_case(&(gcase){ d, 50, 128, 64, 4, 1.0f, 0, 0, 0, 0, 1, 0 });         /* DeepSeek, drops, frozen A */
+	layer_case(&(gcase){ one, 64, 64, 32, 8, 2.0f, 0.01f, 0, 1, 0, 0, 0 });     /* all to one expert, capacity */
+	layer_case(&(gcase){ one, 33, 64, 32, 8, 0, 0.01f, 0, 1, 0, 0, 0 });        /* all to one expert, dropless */
+	layer_case(&(gcase){ big, 24, 64, 32, 4, 0, 0.001f, 0.0001f, 0, 0, 0, 0 }); /* E = 896, k = 16 */
+	layer_case(&(gcase){ m, 19, 33, 17, 3, 0, 0.01f, 0, 0, 0, 0, 0 });          /* odd H, I and rank */
 }
 
 /* ---- the device-side grouped GEMM (moe/moe_grouped.cu) against an fp64 reference ----------------
@@ -977,14 +981,18 @@ static void test_layer_grouped(void **state)
 	tier_moe_router_cfg big = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 896, 16, 1, 0, 0, 0 };
 	tier_moe_router_cfg one = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 1, 0, 0, 0, 0 };
 	assert_int_equal(setenv("TIER_MOE_GROUPED", "1", 1), 0);
-	layer_case(&(gcase){ q, 200, 256, 96, 0, 0, 0.01f, 0.001f, 0, 0, 0 });
-	layer_case(&(gcase){ q, 200, 256, 96, 8, 0, 0.01f, 0.001f, 0, 0, 0 });   /* LoRA through the grouped path */
-	layer_case(&(gcase){ q, 77, 96, 64, 16, 0, 0.02f, 0, 0, 1, 0 });        /* fused gate_up with LoRA */
-	layer_case(&(gcase){ m, 5, 64, 40, 8, 1.0f, 0, 0, 0, 0, 1 });           /* drops, frozen A */
-	layer_case(&(gcase){ q, 130, 128, 64, 0, 0, 0.01f, 0, 0, 1, 0 });       /* fused gate_up */
-	layer_case(&(gcase){ m, 1, 128, 160, 0, 0, 0.01f, 0.01f, 0, 0, 0 });    /* T = 1 */
-	layer_case(&(gcase){ one, 150, 64, 32, 0, 2.0f, 0.01f, 0, 1, 0, 0 });   /* all to one expert, drops */
-	layer_case(&(gcase){ big, 24, 64, 40, 0, 0, 0.001f, 0.0001f, 0, 0, 0 }); /* E = 896, k = 16 */
+	layer_case(&(gcase){ q, 200, 256, 96, 0, 0, 0.01f, 0.001f, 0, 0, 0, 0 });
+	layer_case(&(gcase){ q, 200, 256, 96, 8, 0, 0.01f, 0.001f, 0, 0, 0, 0 });   /* LoRA through the grouped path */
+	layer_case(&(gcase){ q, 77, 96, 64, 16, 0, 0.02f, 0, 0, 1, 0, 0 });        /* fused gate_up with LoRA */
+	layer_case(&(gcase){ m, 5, 64, 40, 8, 1.0f, 0, 0, 0, 0, 1, 0 });           /* drops, frozen A */
+	layer_case(&(gcase){ q, 130, 128, 64, 0, 0, 0.01f, 0, 0, 1, 0, 0 });       /* fused gate_up */
+	layer_case(&(gcase){ m, 1, 128, 160, 0, 0, 0.01f, 0.01f, 0, 0, 0, 0 });    /* T = 1 */
+	layer_case(&(gcase){ one, 150, 64, 32, 0, 2.0f, 0.01f, 0, 1, 0, 0, 0 });   /* all to one expert, drops */
+	layer_case(&(gcase){ big, 24, 64, 40, 0, 0, 0.001f, 0.0001f, 0, 0, 0, 0 }); /* E = 896, k = 16 */
+	/* H, I >= 64: LoRA inside the wgmma products (on an H200), one adapter or two, frozen A */
+	for (int only = 1; only < 8; only++)
+		layer_case(&(gcase){ q, 90, 64, 64, 16, 0, 0.01f, 0, 0, 0, 0, only });
+	layer_case(&(gcase){ m, 40, 128, 64, 8, 1.0f, 0, 0, 0, 1, 1, 0 });         /* frozen A, drops, fused gate_up */
 	unsetenv("TIER_MOE_GROUPED");
 }
 

@@ -490,7 +490,7 @@ static void test_segments(void **state)
 		n[e] = (int)tier_rng_below(&rng, 160);
 	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[20] = 129, n[39] = 0;
 	static const int one[] = { 200, 16, 0 }, lone[] = { 136, 0, 8 }, two[] = { 200, 200, 0, 16, 24 },
-			 wide[] = { 72, 64, 0, 48, 80 };
+			 wide[] = { 72, 64, 8, 48, 80 }; /* four tables: two copy launches */
 	seg_case(40, 264, one, 1, n, 3);
 	seg_case(40, 136, lone, 1, n, 0);
 	seg_case(40, 264, two, 2, n, 3);
