@@ -7,7 +7,9 @@
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
 . "$(dirname "$0")/session-lib.sh"
-for t in test_attn_cuda test_ops_cuda test_golden_cuda test_moe_cuda; do step 120 "$t" "$b/tests/$t"; done
+for t in test_attn_cuda test_ops_cuda test_golden_cuda test_moe_cuda test_moe_skinny test_moe_wgmma; do
+	step 120 "$t" "$b/tests/$t"
+done
 grep -q '^test_attn_cuda  *rc=0 ' "$sum" || export TIER_ATTN_FWD=v1 TIER_ATTN_BWD=v1
 for f in v1 v2 w8; do TIER_ATTN_FWD=$f TIER_ATTN_BWD=v1 step 60 "attn-f$f" "$b/tier-bench" attn --json; done
 for k in v2 k128 q64; do TIER_ATTN_BWD=$k step 60 "attn-b$k" "$b/tier-bench" attn --json; done

@@ -15,6 +15,7 @@ TIER_MOE_GROUPED=0 step 120 test_moe_cuda-loop "$b/tests/test_moe_cuda"
 TIER_MOE_GROUPED=1 step 120 test_moe_cuda-grouped "$b/tests/test_moe_cuda"
 TIER_MOE_GROUPED=1 TIER_MOE_WGMMA=0 step 120 test_moe_cuda-mmasync "$b/tests/test_moe_cuda"
 [ -x "$b/tests/test_moe_wgmma" ] && step 120 test_moe_wgmma "$b/tests/test_moe_wgmma"
+[ -x "$b/tests/test_moe_skinny" ] && step 60 test_moe_skinny "$b/tests/test_moe_skinny"
 args=(); for m in "${models[@]}"; do args+=(--model "$m"); done
 for s in ${SHAPES:-}; do args+=(--shape "$s"); done
 step 300 moe-auto "$b/tier-bench" moe "${args[@]}" --json
