@@ -555,9 +555,9 @@ __device__ __forceinline__ void wg_release(const wg_shared &sh, int s, int lane)
 		bar_arrive(sh.empty + 8 * s);
 }
 
-/* Consumer g (0 or 1): per stage one group of up to 4 products (k 16 each: fewer in a segment's
- * last stage, whose k past its end are zeros) is issued while the previous stage's group may still
- * run; that stage goes back to the producer once its group is complete. A tile's stages are its main
+/* Consumer g (0 or 1): per stage one group of 4 products (k 16 each; k past a segment's end are
+ * zeros) is issued while the previous stage's group may still run; that stage goes back to the
+ * producer once its group is complete. A tile's stages are its main
  * segment's, then each extra segment's, all summed into one accumulator. */
 template <class CFG, typename OUT>
 __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &sh, int ncol, long long total, int g)
@@ -576,7 +576,6 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 		for (int q = -1; q < a.nseg; q++) {
 			int K = q < 0 ? a.K : a.seg[q].K0 + a.seg[q].K1;
 			for (int k0 = 0; k0 < K; k0 += WG_BK) {
-				int nkk = (K - k0 + 15) >> 4; /* K % 8 == 0: a partial 16 holds zeros */
 				bar_wait(sh.full + 8 * s, ph);
 				__syncwarp(); /* the .aligned instructions below want the warp converged */
 				fence_proxy_async();
@@ -584,10 +583,11 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 				uint64_t da = wg_desc(st + aoff), db = TB ? wg_desc_mn(st + boff) : wg_desc(st + boff);
 				acc_fence(d);
 				wgmma_fence();
+				/* all 4 products even in a segment's last, partial stage (its k past the end are
+				 * zeros): a branch around wgmma makes ptxas serialise every wgmma of the kernel */
 #pragma unroll
 				for (int kk = 0; kk < WG_BK / 16; kk++) /* A: k + 16 = 32 bytes = 2 in the start address */
-					if (kk < nkk)
-						wgmma_op<TB>(d, da + 2 * kk, db + BSTEP * kk, !(first && kk == 0));
+					wgmma_op<TB>(d, da + 2 * kk, db + BSTEP * kk, !(first && kk == 0));
 				wgmma_commit();
 				if (!first) {
 					wgmma_wait<1>();
