@@ -1,6 +1,7 @@
 /* gemm.c - argument checks shared by moe/ (its matrix product is base_sgemm, base/blas.c). */
 #include "config.h"
 #include <errno.h>
+#include <stdint.h>
 #include "moe/moe_internal.h"
 
 int moe_check_dev(tier_dev *dev, const char *fn)
@@ -30,5 +31,24 @@ int moe_check_dim(const char *fn, const char *name, int v)
 {
 	if (v < 1 || v > (1 << 20))
 		return tier_fail(-EINVAL, "%s: %s = %d; it must be 1..%d", fn, name, v, 1 << 20);
+	return 0;
+}
+
+int moe_check_buf16(const char *fn, const char *name, const void *p)
+{
+	if (!p)
+		return tier_fail(-EINVAL, "%s: %s is NULL; pass a buffer of the documented size", fn, name);
+	if ((uintptr_t)p % 16)
+		return tier_fail(-EINVAL, "%s: %s is not 16-byte aligned; pass an aligned buffer", fn, name);
+	return 0;
+}
+
+int moe_check_table16(const char *fn, const char *name, int E, const void *const *w)
+{
+	if (!w)
+		return tier_fail(-EINVAL, "%s: %s is NULL; pass a host array of E device pointers", fn, name);
+	for (int e = 0; e < E; e++)
+		if ((uintptr_t)w[e] % 16)
+			return tier_fail(-EINVAL, "%s: %s[%d] is not 16-byte aligned; pass aligned weights", fn, name, e);
 	return 0;
 }

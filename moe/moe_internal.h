@@ -80,6 +80,10 @@ static inline const tier_moe_lora *moe_lora_of(const tier_moe_loras *lo, int whi
 /* T, H, E, k ranges (H or I may be passed as 'dim'). */
 int moe_check_tk(const char *fn, int T, int k, int E);
 int moe_check_dim(const char *fn, const char *name, int v);
+/* The CUDA kernels' operands: a device buffer not NULL and 16-byte aligned; a host array of E device
+ * pointers, each 16-byte aligned (NULL allowed: only experts without rows may have none). */
+int moe_check_buf16(const char *fn, const char *name, const void *p);
+int moe_check_table16(const char *fn, const char *name, int E, const void *const *w);
 
 #ifdef __cplusplus
 }

@@ -373,37 +373,16 @@ static int sk_check(const char *fn, tier_dev *dev, int E, int r, int K, int rows
 	return 0;
 }
 
-/* A device buffer: not NULL, 16-byte aligned. */
-static int sk_check_buf(const char *fn, const char *name, const void *p)
-{
-	if (!p)
-		return tier_fail(-EINVAL, "%s: %s is NULL; pass a buffer of the documented size", fn, name);
-	if ((uintptr_t)p % 16)
-		return tier_fail(-EINVAL, "%s: %s is not 16-byte aligned; pass an aligned buffer", fn, name);
-	return 0;
-}
-
-/* A host array of E device pointers, each 16-byte aligned (NULL only for experts without rows). */
-static int sk_check_table(const char *fn, const char *name, int E, const void *const *w)
-{
-	if (!w)
-		return tier_fail(-EINVAL, "%s: %s is NULL; pass a host array of E device pointers", fn, name);
-	for (int e = 0; e < E; e++)
-		if ((uintptr_t)w[e] % 16)
-			return tier_fail(-EINVAL, "%s: %s[%d] is not 16-byte aligned; pass aligned weights", fn, name, e);
-	return 0;
-}
-
 extern "C" int moe_cuda_grouped_skinny(tier_dev *dev, int E, int r, int K, const int32_t *d_off, int rows_bound,
 				       int nw, const void *const *w0, const void *const *w1, int w_kn, const void *x,
 				       void *z0, void *z1, float alpha)
 {
 	const char *fn = "moe_cuda_grouped_skinny";
 	int bm, rc = sk_check(fn, dev, E, r, K, rows_bound, nw, w_kn, alpha);
-	if (rc || (rc = sk_check_buf(fn, "x", x)) || (rc = sk_check_buf(fn, "z0", z0)) ||
-	    (rc = sk_check_table(fn, "w0", E, w0)))
+	if (rc || (rc = moe_check_buf16(fn, "x", x)) || (rc = moe_check_buf16(fn, "z0", z0)) ||
+	    (rc = moe_check_table16(fn, "w0", E, w0)))
 		return rc;
-	if (nw == 2 && ((rc = sk_check_buf(fn, "z1", z1)) || (rc = sk_check_table(fn, "w1", E, w1))))
+	if (nw == 2 && ((rc = moe_check_buf16(fn, "z1", z1)) || (rc = moe_check_table16(fn, "w1", E, w1))))
 		return rc;
 	if (nw == 2 && z0 == z1)
 		return tier_fail(-EINVAL, "%s: z0 and z1 are the same buffer; pass one per product", fn);

@@ -729,28 +729,6 @@ static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_boun
 	}
 }
 
-/* A host array of E device pointers, each 16-byte aligned (NULL allowed: only empty experts may have
- * no weights). */
-static int wg_check_table(const char *fn, const char *name, int E, const void *const *w)
-{
-	if (!w)
-		return tier_fail(-EINVAL, "%s: %s is NULL; pass a host array of E device pointers", fn, name);
-	for (int e = 0; e < E; e++)
-		if ((uintptr_t)w[e] % 16)
-			return tier_fail(-EINVAL, "%s: %s[%d] is not 16-byte aligned; pass aligned weights", fn, name, e);
-	return 0;
-}
-
-/* The device buffers: non-NULL and 16-byte aligned. */
-static int wg_check_buf(const char *fn, const char *name, const void *p)
-{
-	if (!p)
-		return tier_fail(-EINVAL, "%s: %s is NULL; pass a buffer of the documented size", fn, name);
-	if ((uintptr_t)p % 16)
-		return tier_fail(-EINVAL, "%s: %s is not 16-byte aligned; pass an aligned buffer", fn, name);
-	return 0;
-}
-
 /* The checks both entry points share: the device, E, the output columns N and the depth K (named
  * nn and kn in the messages), rows_bound and the offsets. */
 static int wg_check_dims(const char *fn, tier_dev *dev, int E, const char *nn, int N, const char *kn, int K,
@@ -807,8 +785,9 @@ static int wg_check_segs(const char *fn, int E, int nseg, const moe_wg_seg *seg,
 		    sg->K0 > INT_MAX / 2 || sg->K1 > INT_MAX / 2)
 			return tier_fail(-EINVAL, "%s: segment %d has K0 = %d, K1 = %d; they must be multiples of 8, not "
 					 "both 0", fn, q, sg->K0, sg->K1);
-		if ((sg->K0 && ((rc = wg_check_buf(fn, "x0", sg->x0)) || (rc = wg_check_table(fn, "w0", E, sg->w0)))) ||
-		    (sg->K1 && ((rc = wg_check_buf(fn, "x1", sg->x1)) || (rc = wg_check_table(fn, "w1", E, sg->w1)))))
+		if (sg->K0 && ((rc = moe_check_buf16(fn, "x0", sg->x0)) || (rc = moe_check_table16(fn, "w0", E, sg->w0))))
+			return rc;
+		if (sg->K1 && ((rc = moe_check_buf16(fn, "x1", sg->x1)) || (rc = moe_check_table16(fn, "w1", E, sg->w1))))
 			return rc;
 	}
 	return 0;
@@ -906,8 +885,8 @@ extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K,
 		return tier_fail(-EINVAL, "%s: c_bf16 = %d; it must be 0 (fp32 C) or 1 (bf16 C)", fn, c_bf16);
 	if (beta != 0.0f && beta != 1.0f)
 		return tier_fail(-EINVAL, "%s: beta = %g; it must be 0 (write C) or 1 (add to C)", fn, (double)beta);
-	if ((rc = wg_check_table(fn, "w", E, w)) || (rc = wg_check_buf(fn, "x", x)) || (rc = wg_check_buf(fn, "c", c)) ||
-	    (rc = wg_check_segs(fn, E, nseg, seg, tab)) || (rc = wg_plan(fn, dev, E, N, rows_bound, &shape, &ctas)))
+	if ((rc = moe_check_table16(fn, "w", E, w)) || (rc = moe_check_buf16(fn, "x", x)) ||
+	    (rc = moe_check_buf16(fn, "c", c)) || (rc = wg_check_segs(fn, E, nseg, seg, tab)) || (rc = wg_plan(fn, dev, E, N, rows_bound, &shape, &ctas)))
 		return rc;
 	if (rows_bound == 0)
 		return 0;
@@ -934,9 +913,9 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 	wg_seg_dev sd[WG_SEGS];
 	int nseg = lora != NULL;
 	int shape, ctas, rc = wg_check_dims(fn, dev, E, "I", I, "H", H, rows_bound, d_off);
-	if (rc || (rc = wg_check_table(fn, "gate", E, gate)) || (rc = wg_check_table(fn, "up", E, up)) ||
-	    (rc = wg_check_buf(fn, "x", x)) || (rc = wg_check_buf(fn, "g", g)) || (rc = wg_check_buf(fn, "u", u)) ||
-	    (rc = wg_check_buf(fn, "h", h)) || (rc = wg_check_segs(fn, E, nseg, lora, tab)))
+	if (rc || (rc = moe_check_table16(fn, "gate", E, gate)) || (rc = moe_check_table16(fn, "up", E, up)) ||
+	    (rc = moe_check_buf16(fn, "x", x)) || (rc = moe_check_buf16(fn, "g", g)) || (rc = moe_check_buf16(fn, "u", u)) ||
+	    (rc = moe_check_buf16(fn, "h", h)) || (rc = wg_check_segs(fn, E, nseg, lora, tab)))
 		return rc;
 	/* the tile reads 2 I rows of B: pick its shape as for N = 2 I */
 	if ((rc = wg_plan(fn, dev, E, 2 * I, rows_bound, &shape, &ctas)))
