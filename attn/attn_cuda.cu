@@ -121,6 +121,30 @@ __device__ __forceinline__ void add2(float *p, float x, float y)
 #endif
 }
 
+/* The forward's end, for both kernel families: the warp's TM row tiles divided by their row sums
+ * into o (bf16), and lse = (m ms + log2 sum) ln 2, ms taking the running max m to base-2 units. */
+template <int D, int TM>
+__device__ __forceinline__ void fwd_store(const fwd_args &a, float (&o)[TM][D / 8][4], const float (&m)[TM][2],
+					  const float (&l)[TM][2], int64_t t0, int r0, int h, int g, int t, float ms)
+{
+#pragma unroll
+	for (int mi = 0; mi < TM; mi++)
+#pragma unroll
+		for (int r = 0; r < 2; r++) {
+			float sum = quad_sum(l[mi][r]), inv = 1.f / sum;
+			int qi = r0 + mi * 16 + g + 8 * r;
+			if (qi >= a.S)
+				continue;
+			bf16 *row = a.o + ((t0 + qi) * a.H + h) * D;
+#pragma unroll
+			for (int dt = 0; dt < D / 8; dt++)
+				*reinterpret_cast<__nv_bfloat162 *>(row + dt * 8 + 2 * t) =
+					__floats2bfloat162_rn(o[mi][dt][2 * r] * inv, o[mi][dt][2 * r + 1] * inv);
+			if (t == 0)
+				a.lse[(t0 + qi) * a.H + h] = (m[mi][r] * ms + log2f(sum)) * LN2;
+		}
+}
+
 template <int D>
 __global__ void __launch_bounds__(128) fwd_kernel(fwd_args a)
 {
@@ -248,22 +272,7 @@ __global__ void __launch_bounds__(128) fwd_kernel(fwd_args a)
 		}
 		__syncthreads();
 	}
-#pragma unroll
-	for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-		for (int r = 0; r < 2; r++) {
-			float sum = quad_sum(l[mi][r]), inv = 1.f / sum;
-			int qi = r0 + mi * 16 + g + 8 * r;
-			if (qi >= a.S)
-				continue;
-			bf16 *row = a.o + ((t0 + qi) * a.H + h) * D;
-#pragma unroll
-			for (int dt = 0; dt < DT; dt++)
-				*reinterpret_cast<__nv_bfloat162 *>(row + dt * 8 + 2 * t) =
-					__floats2bfloat162_rn(o[mi][dt][2 * r] * inv, o[mi][dt][2 * r + 1] * inv);
-			if (t == 0)
-				a.lse[(t0 + qi) * a.H + h] = (m[mi][r] + log2f(sum)) * LN2;
-		}
+	fwd_store<D, MT>(a, o, m, l, t0, r0, h, g, t, 1.0f); /* v1 keeps m in base-2 units */
 }
 
 /* D_i = rowsum(dout_i * o_i), one warp per row (bf16 pairs, fp32 sum). */
@@ -736,22 +745,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) fwd2_kernel(fwd_args a)
 			}
 		}
 	}
-#pragma unroll
-	for (int mi = 0; mi < TM; mi++)
-#pragma unroll
-		for (int r = 0; r < 2; r++) {
-			float sum = quad_sum(l[mi][r]), inv = 1.f / sum;
-			int qi = r0 + mi * 16 + g + 8 * r;
-			if (qi >= a.S)
-				continue;
-			bf16 *row = a.o + ((t0 + qi) * a.H + h) * D;
-#pragma unroll
-			for (int dt = 0; dt < DT; dt++)
-				*reinterpret_cast<__nv_bfloat162 *>(row + dt * 8 + 2 * t) =
-					__floats2bfloat162_rn(o[mi][dt][2 * r] * inv, o[mi][dt][2 * r + 1] * inv);
-			if (t == 0)
-				a.lse[(t0 + qi) * a.H + h] = (m[mi][r] * a.sl2 + log2f(sum)) * LN2;
-		}
+	fwd_store<D, TM>(a, o, m, l, t0, r0, h, g, t, a.sl2);
 }
 
 template <int D, int WARPS, int QB> struct bwd2_cfg {

@@ -1,4 +1,4 @@
-/* cuda_reduce.cuh - block-wide reductions shared by the CUDA sources (moe/, core/). */
+/* cuda_reduce.cuh - block-wide reductions and scans shared by the CUDA sources (moe/, core/). */
 #ifndef TIER_BASE_CUDA_REDUCE_CUH
 #define TIER_BASE_CUDA_REDUCE_CUH
 
@@ -42,6 +42,26 @@ __device__ static inline float block_max(float v, float *red)
 	v = red[32];
 	__syncthreads();
 	return v;
+}
+
+/* The exclusive prefix sum of v over the block: a shuffle scan per warp, then the warp totals
+ * (wsum: one shared int per warp). All threads; synchronises (once). */
+__device__ static inline int block_exclusive_scan(int v, int *wsum)
+{
+	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, incl = v;
+#pragma unroll
+	for (int d = 1; d < 32; d <<= 1) {
+		int u = __shfl_up_sync(0xffffffffu, incl, d);
+		if (lane >= d)
+			incl += u;
+	}
+	if (lane == 31)
+		wsum[warp] = incl;
+	__syncthreads();
+	int before = incl - v;
+	for (int w = 0; w < warp; w++)
+		before += wsum[w];
+	return before;
 }
 
 #endif

@@ -1,6 +1,6 @@
 /* mma_sm80.cuh - the warp-level tensor-core primitives of the mma.sync kernels (attn/attn_cuda.cu,
  * moe/moe_grouped.cu), one copy: bf16 m16n8k16 with fp32 accumulation, ldmatrix from shared memory
- * (plain and transposed), and 16-byte cp.async with zero-fill. PTX ISA sm_80 forms; they run on
+ * (plain and transposed), and 16-byte cp.async with zero-fill (one chunk, a tile, the ring). PTX ISA sm_80 forms; they run on
  * sm_90 too. Include from .cu files only. */
 #ifndef TIER_BASE_MMA_SM80_CUH
 #define TIER_BASE_MMA_SM80_CUH
@@ -49,6 +49,23 @@ __device__ __forceinline__ void cp_async16(void *sm, const void *gm, bool valid)
 {
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(sm)), "l"(gm),
 		     "r"(valid ? 16 : 0));
+}
+
+/* Rows [row0, row0 + ROWS) x columns [col0, col0 + COLS) of the bf16 matrix g (row stride ld) into
+ * shared s (row stride LD), in 16-byte chunks over THREADS threads; rows at or past rend and
+ * columns at or past cend (a multiple of 8 from col0: a chunk is all in or all out) load zeros. */
+template <int ROWS, int COLS, int LD, int THREADS>
+__device__ __forceinline__ void cp_async_tile(__nv_bfloat16 *s, const __nv_bfloat16 *g, size_t ld, int row0, int rend,
+					      int col0, int cend)
+{
+	constexpr int CPR = COLS / 8; /* chunks per row */
+	static_assert(ROWS * CPR % THREADS == 0, "whole chunks per thread");
+#pragma unroll
+	for (int i = 0; i < ROWS * CPR / THREADS; i++) {
+		int q = threadIdx.x + i * THREADS, r = q / CPR, c = q % CPR * 8, gr = row0 + r, gc = col0 + c;
+		bool ok = gr < rend && gc < cend;
+		cp_async16(s + r * LD + c, ok ? g + (size_t)gr * ld + gc : g, ok);
+	}
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -30,4 +30,21 @@ static inline int moe_cuda_dev(tier_dev *dev, const char *fn)
 
 static inline cudaStream_t moe_stream(tier_dev *dev) { return (cudaStream_t)tier_dev_stream(dev); }
 
+/* Two adjacent outputs of an epilogue, fp32 or bf16 (the fp32 values rounded once). */
+__device__ __forceinline__ float2 moe_get2(const float *p) { return *(const float2 *)p; }
+__device__ __forceinline__ float2 moe_get2(const bf16 *p) { return __bfloat1622float2(*(const __nv_bfloat162 *)p); }
+__device__ __forceinline__ void moe_set2(float *p, float v0, float v1) { *(float2 *)p = make_float2(v0, v1); }
+__device__ __forceinline__ void moe_set2(bf16 *p, float v0, float v1)
+{
+	*(__nv_bfloat162 *)p = __floats2bfloat162_rn(v0, v1);
+}
+
+/* BM-row tiles of the expert group [lo, hi) (no overflow near INT_MAX): how the grouped kernels
+ * (moe_grouped.cu, moe_wgmma.cu, moe_skinny.cu) number their work from the device offsets. */
+template <int BM>
+__device__ __forceinline__ int moe_row_tiles(int lo, int hi)
+{
+	return hi > lo ? (hi - lo - 1) / BM + 1 : 0;
+}
+
 #endif

@@ -4,9 +4,9 @@
  * expert and projection pass, which the host cannot issue as fast as the GPU runs them when groups
  * are a few hundred rows). LoRA as in the loop: Z = s X A^T [rows, r] in bf16, then Y += Z B^T;
  * backward dZ = s dY B, dB += s dY^T (X A^T), dA += dZ^T X (per-expert reductions: grouped_wgrad),
- * and dX += dZ A. On Hopper the B (forward) and A (backward) products join the base products as
- * extra K segments of the wgmma kernels, and the rank products run on the skinny kernel
- * (moe_skinny.cu); elsewhere each LoRA product is its own pass. */
+ * and dX += dZ A. The rank products (N = r) run on the skinny kernel (moe_skinny.cu). On Hopper the
+ * B (forward) and A (backward) products join the base products as extra K segments of the wgmma
+ * kernels; elsewhere each of them is its own pass. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,13 +129,26 @@ static int use_wgmma(tier_dev *dev, int N)
 	return N >= 64 && !(v && !strcmp(v, "0")) && moe_cuda_wgmma_supported(dev);
 }
 
-/* C = alpha X op(W_e) + beta C over each expert's rows, on the best kernel for the layout. */
+/* The LoRA rank products (N = r, bf16 out): the skinny kernel, bound by reading X once, where the
+ * rank suits it. */
+static int skinny_fits(int r) { return r % 8 == 0 && r <= 64; }
+
+/* C = alpha X op(W_e) + beta C over each expert's rows, on the best kernel for the shape. */
 static int gmm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows, const void *const *w, int w_kn,
 	       const void *x, void *c, int c_bf16, float alpha, float beta)
 {
+	if (c_bf16 && beta == 0.0f && skinny_fits(N))
+		return moe_cuda_grouped_skinny(dev, E, N, K, d_off, rows, 1, w, NULL, w_kn, x, c, NULL, alpha);
 	if (use_wgmma(dev, N))
 		return moe_cuda_grouped_mm_sm90(dev, E, N, K, d_off, rows, w, w_kn, x, c, c_bf16, alpha, beta);
 	return moe_cuda_grouped_mm(dev, E, N, K, d_off, rows, w, w_kn, x, c, c_bf16, alpha, beta);
+}
+
+/* Z = s X A^T for one adapter into Z [rows, r] (nothing without it). */
+static int lora_z(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *d_off, int rows, int in, const ptrs *a,
+		  const void *X, bf16 *Z, float s)
+{
+	return moe_lora_on(l) ? gmm(dev, E, l->rank, in, d_off, rows, a->w, 0, X, Z, 1, s, 0.0f) : 0;
 }
 
 /* Y [rows, out] += (s X A^T) B^T for every expert; Z [rows, r] bf16 scratch (s in Z, as in the
@@ -146,32 +159,41 @@ static int lora_fwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
 	if (!moe_lora_on(l))
 		return 0;
 	ptrs a, b;
-	int rows = off[E], r = l->rank;
 	lora_ptrs(l, E, off, &a, &b, NULL, NULL);
-	int rc = gmm(dev, E, r, in, d_off, rows, a.w, 0, X, Z, 1, l->scale, 0.0f);
-	return rc ? rc : gmm(dev, E, out, r, d_off, rows, b.w, 0, Z, Y, y_bf16, 1.0f, 1.0f);
+	int rc = lora_z(dev, l, E, d_off, off[E], in, &a, X, (bf16 *)Z, l->scale);
+	return rc ? rc : gmm(dev, E, out, l->rank, d_off, off[E], b.w, 0, Z, Y, y_bf16, 1.0f, 1.0f);
 }
 
-/* From dY [rows, out] bf16: dZ = s dY B; dB += s dY^T (X A^T); dA += dZ^T X; dX [rows, in] += dZ A. */
+/* One adapter's backward but dX: dZ = s dY B into dZ; dB += s dY^T Z with Z = X A^T (computed into
+ * the Z scratch unless have_z: the caller made it); dA += dZ^T X. */
+static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
+		      int out, const void *X, const void *dY, bf16 *Z, int have_z, bf16 *dZ, ptrs *a)
+{
+	if (!moe_lora_on(l))
+		return 0;
+	ptrs b;
+	gptrs da, db;
+	int rows = off[E], r = l->rank, rc;
+	lora_ptrs(l, E, off, a, &b, &da, &db);
+	/* B_e is stored [out, r]: as the right operand of dY B it is [K, N] */
+	if ((rc = gmm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)))
+		return rc;
+	if (l->db && ((!have_z && (rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f))) ||
+		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, l->scale, db.p))))
+		return rc;
+	return l->da ? moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p) : 0;
+}
+
+/* From dY [rows, out] bf16: lora_grads, then dX [rows, in] += dZ A. */
 static int lora_bwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
 		    int out, const void *X, const void *dY, float *dX, void *Z, void *dZ)
 {
 	if (!moe_lora_on(l))
 		return 0;
-	ptrs a, b;
-	gptrs da, db;
-	int rows = off[E], r = l->rank, rc;
-	lora_ptrs(l, E, off, &a, &b, &da, &db);
-	/* B_e is stored [out, r]: as the right operand of dY B it is [K, N] */
-	if ((rc = gmm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)))
-		return rc;
-	if (l->db && ((rc = gmm(dev, E, r, in, d_off, rows, a.w, 0, X, Z, 1, 1.0f, 0.0f)) ||
-		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, l->scale, db.p))))
-		return rc;
-	if (l->da && (rc = moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p)))
-		return rc;
+	ptrs a;
+	int rc = lora_grads(dev, l, E, off, d_off, in, out, X, dY, (bf16 *)Z, 0, (bf16 *)dZ, &a);
 	/* A_e is stored [r, in]: [K, N] of dZ A */
-	return gmm(dev, E, in, r, d_off, rows, a.w, 1, dZ, dX, 0, 1.0f, 1.0f);
+	return rc ? rc : gmm(dev, E, in, l->rank, d_off, off[E], a.w, 1, dZ, dX, 0, 1.0f, 1.0f);
 }
 
 /* ---- LoRA inside the wgmma products (extra K segments, moe_wgmma.h) ----
@@ -189,25 +211,6 @@ static int fused_lora(tier_dev *dev, int H, int I)
 static int rank_of(const tier_moe_lora *l) { return moe_lora_on(l) ? l->rank : 0; }
 
 static bf16 *z_at(void *z) { return (bf16 *)((char *)z + MOE_LORA_TAB_BYTES); }
-
-/* The rank products (N = r): the skinny kernel, bound by reading X once, where the rank suits it. */
-static int skinny_fits(int r) { return r % 8 == 0 && r <= 64; }
-
-/* Z = s X op(W) [rows, r] for one adapter's W (w_kn 0: A [r, K]; 1: B [K, r]). */
-static int rank_mm(tier_dev *dev, int E, int r, int K, const int32_t *d_off, int rows, const ptrs *w, int w_kn,
-		   const void *X, bf16 *Z, float s)
-{
-	if (skinny_fits(r))
-		return moe_cuda_grouped_skinny(dev, E, r, K, d_off, rows, 1, w->w, NULL, w_kn, X, Z, NULL, s);
-	return gmm(dev, E, r, K, d_off, rows, w->w, w_kn, X, Z, 1, s, 0.0f);
-}
-
-/* Z = s X A^T for one adapter into Z [rows, r] (nothing without it). */
-static int lora_z(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *d_off, int rows, int in, const ptrs *a,
-		  const void *X, bf16 *Z, float s)
-{
-	return moe_lora_on(l) ? rank_mm(dev, E, l->rank, in, d_off, rows, a, 0, X, Z, s) : 0;
-}
 
 /* Z_gate = s_g X A_g^T and Z_up = s_u X A_u^T, in one pass over X when the adapters agree in rank
  * and scale (sg, su: the scales to use, 1 for the backward's unscaled Z). */
@@ -245,25 +248,6 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 			return rc;
 	}
 	return moe_cuda_grouped_mm_sm90_segs(dev, E, H, I, d_off, rows, dp->w, 0, h, rd ? 1 : 0, &sd, z, y, 1, 1.0f, 0.0f);
-}
-
-/* One adapter's backward but dX: dZ = s dY B into dZ; dB += s dY^T Z with Z = X A^T (computed into
- * the Z scratch unless have_z: the caller made it); dA += dZ^T X. */
-static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
-		      int out, const void *X, const void *dY, bf16 *Z, int have_z, bf16 *dZ, ptrs *a)
-{
-	if (!moe_lora_on(l))
-		return 0;
-	ptrs b;
-	gptrs da, db;
-	int rows = off[E], r = l->rank, rc;
-	lora_ptrs(l, E, off, a, &b, &da, &db);
-	if ((rc = rank_mm(dev, E, r, out, d_off, rows, &b, 1, dY, dZ, l->scale)))
-		return rc;
-	if (l->db && ((!have_z && (rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f))) ||
-		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, l->scale, db.p))))
-		return rc;
-	return l->da ? moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p) : 0;
 }
 
 static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,

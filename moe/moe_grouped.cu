@@ -75,13 +75,6 @@ struct gg_tile {
 /* ---- sm_80 instructions (the style of attn/attn_cuda.cu) ---- */
 
 /* ---- which tile a CTA computes ---- */
-template <int BM>
-__device__ __forceinline__ int n_tiles(const int32_t *off, int e)
-{
-	int n = off[e + 1] - off[e];
-	return n > 0 ? (n + BM - 1) / BM : 0;
-}
-
 /* Row tile b of the grid is the (b - first)-th BM-row tile of the expert whose tiles, counted in
  * expert order, cover b. Each thread sums the tiles of up to ceil(E / 256) consecutive experts, a
  * shuffle scan per warp and the 8 warp totals give each thread its first tile, and the one whose
@@ -91,28 +84,16 @@ template <int BM>
 __device__ static bool find_tile(const int32_t *off, int E, int b, gg_tile *t)
 {
 	__shared__ int wsum[GG_THREADS / 32], hit[3];
-	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	int tid = threadIdx.x;
 	int per = (E + GG_THREADS - 1) / GG_THREADS, e0 = tid * per, e1 = min(e0 + per, E), mine = 0;
 	for (int e = e0; e < e1; e++)
-		mine += n_tiles<BM>(off, e);
-	int incl = mine;
-#pragma unroll
-	for (int d = 1; d < 32; d <<= 1) {
-		int v = __shfl_up_sync(0xffffffffu, incl, d);
-		if (lane >= d)
-			incl += v;
-	}
-	if (lane == 31)
-		wsum[warp] = incl;
+		mine += moe_row_tiles<BM>(off[e], off[e + 1]);
 	if (tid == 0)
 		hit[0] = -1;
-	__syncthreads();
-	int first = incl - mine;
-	for (int w = 0; w < warp; w++)
-		first += wsum[w];
+	int first = block_exclusive_scan(mine, wsum); /* its barrier orders hit[0] = -1 before the hit */
 	if (b >= first && b < first + mine)
 		for (int e = e0; e < e1; e++) {
-			int nt = n_tiles<BM>(off, e);
+			int nt = moe_row_tiles<BM>(off[e], off[e + 1]);
 			if (b < first + nt) {
 				hit[0] = e, hit[1] = off[e] + (b - first) * BM, hit[2] = off[e + 1];
 				break;
@@ -129,15 +110,7 @@ __device__ static bool find_tile(const int32_t *off, int E, int b, gg_tile *t)
 template <int BM>
 __device__ __forceinline__ void load_a(bf16 *sa, const bf16 *X, int K, const gg_tile &t, int k0)
 {
-	constexpr int CPR = GG_BK / 8, LDA = GG_BK + GG_PAD; /* 16-byte chunks per row */
-	static_assert(BM * CPR % GG_THREADS == 0, "whole chunks per thread");
-#pragma unroll
-	for (int i = 0; i < BM * CPR / GG_THREADS; i++) {
-		int q = threadIdx.x + i * GG_THREADS, r = q / CPR, c = q % CPR * 8;
-		int gr = t.row0 + r, gk = k0 + c;
-		bool ok = gr < t.rend && gk < K; /* K % 8 == 0: a chunk is all in or all out */
-		cp_async16(sa + r * LDA + c, ok ? X + (size_t)gr * K + gk : X, ok);
-	}
+	cp_async_tile<BM, GG_BK, GG_BK + GG_PAD, GG_THREADS>(sa, X, K, t.row0, t.rend, k0, K);
 }
 
 /* W [N, K] (B row r = column col0 + r), or gate and up interleaved by 16 for gate_up: row r is
@@ -159,13 +132,7 @@ __device__ __forceinline__ void load_b_nk(bf16 *sb, const bf16 *W0, const bf16 *
 /* W [K, N]: shared row r is W's row k0 + r, columns [col0, col0 + BN). */
 __device__ __forceinline__ void load_b_kn(bf16 *sb, const bf16 *W, int N, int K, int col0, int k0)
 {
-	constexpr int CPR = GG_BN / 8, LDB = GG_BN + GG_PAD;
-#pragma unroll
-	for (int i = 0; i < GG_BK * CPR / GG_THREADS; i++) {
-		int q = threadIdx.x + i * GG_THREADS, r = q / CPR, c = q % CPR * 8, gk = k0 + r, n = col0 + c;
-		bool ok = gk < K && n < N; /* N % 8 == 0: a chunk is all in or all out */
-		cp_async16(sb + r * LDB + c, ok ? W + (size_t)gk * N + n : W, ok);
-	}
+	cp_async_tile<GG_BK, GG_BN, GG_BN + GG_PAD, GG_THREADS>(sb, W, N, k0, K, col0, N);
 }
 
 /* ---- one stage of products: acc[mi][nj] is the warp's 16 x 8 tile (mi, nj) ---- */
@@ -200,21 +167,16 @@ __device__ __forceinline__ void mma_stage(float (*acc)[4][4], const bf16 *sa, co
 
 /* ---- epilogues: the accumulator (mi, nj) holds rows g, g + 8 (g = lane / 4), columns 2 (lane % 4)
  * and the next, of its 16 x 8 tile ---- */
-__device__ __forceinline__ float2 get2(const float *p) { return *(const float2 *)p; }
-__device__ __forceinline__ float2 get2(const bf16 *p) { return __bfloat1622float2(*(const __nv_bfloat162 *)p); }
-__device__ __forceinline__ void set2(float *p, float2 v) { *(float2 *)p = v; }
-__device__ __forceinline__ void set2(bf16 *p, float2 v) { *(__nv_bfloat162 *)p = __float22bfloat162_rn(v); }
-
 /* alpha (v0, v1) + beta C in fp32, stored once: a bf16 C is rounded once, not per term. */
 template <typename OUT>
 __device__ __forceinline__ void put2(OUT *p, float v0, float v1, float alpha, int beta)
 {
 	float2 v = make_float2(alpha * v0, alpha * v1);
 	if (beta) { /* beta 0 never reads C: it may hold anything, NaN included */
-		float2 o = get2(p);
+		float2 o = moe_get2(p);
 		v.x += o.x, v.y += o.y;
 	}
-	set2(p, v);
+	moe_set2(p, v.x, v.y);
 }
 
 template <int BM, typename OUT>
@@ -463,14 +425,7 @@ struct gw_smem {
 template <int W>
 __device__ __forceinline__ void gw_load(bf16 *s, const bf16 *g, int ld, int row0, int rend, int col0)
 {
-	constexpr int CPR = W / 8, LD = W + GG_PAD;
-	static_assert(GW_BK * CPR % GW_THREADS == 0, "whole chunks per thread");
-#pragma unroll
-	for (int i = 0; i < GW_BK * CPR / GW_THREADS; i++) {
-		int q = threadIdx.x + i * GW_THREADS, r = q / CPR, c = q % CPR * 8, gr = row0 + r, gc = col0 + c;
-		bool ok = gr < rend && gc < ld; /* ld % 8 == 0: a chunk is all in or all out */
-		cp_async16(s + r * LD + c, ok ? g + (size_t)gr * ld + gc : g, ok);
-	}
+	cp_async_tile<GW_BK, W, W + GG_PAD, GW_THREADS>(s, g, ld, row0, rend, col0, ld);
 }
 
 /* The warp's 16 rows kk.. of one stage: acc[mi][nj] += A[kk.., m tile mi]^T B[kk.., n tile nj]. The

@@ -80,33 +80,6 @@ struct sk_tile {
 };
 
 /* ---- which tile a CTA computes ---- */
-/* Row tiles of the group [lo, hi). */
-template <int BM>
-__device__ __forceinline__ int sk_ntiles(int lo, int hi)
-{
-	return hi > lo ? (hi - lo - 1) / BM + 1 : 0;
-}
-
-/* The exclusive prefix sum of v over the block: a shuffle scan per warp, then the warp totals
- * (wsum: one shared int per warp). All threads; synchronises. */
-__device__ __forceinline__ int sk_scan(int v, int *wsum)
-{
-	int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, incl = v;
-#pragma unroll
-	for (int d = 1; d < 32; d <<= 1) {
-		int u = __shfl_up_sync(0xffffffffu, incl, d);
-		if (lane >= d)
-			incl += u;
-	}
-	if (lane == 31)
-		wsum[warp] = incl;
-	__syncthreads();
-	int before = incl - v;
-	for (int w = 0; w < warp; w++)
-		before += wsum[w];
-	return before;
-}
-
 /* CTA b's tile: the (b - first)-th BM-row tile of the expert whose tiles, counted in expert order,
  * cover b. Thread i owns the PER experts from i PER: it loads all their offsets before using any
  * (one memory latency, not PER), counts their tiles, learns from the scan where its run of tiles
@@ -125,13 +98,13 @@ __device__ static bool sk_find(const int32_t *off, int E, int b, sk_tile *t)
 		hi[i] = e0 + i < E ? off[e0 + i + 1] : 0;
 #pragma unroll
 	for (int i = 0, l = lo; i < PER; i++) {
-		n[i] = e0 + i < E ? sk_ntiles<BM>(l, hi[i]) : 0;
+		n[i] = e0 + i < E ? moe_row_tiles<BM>(l, hi[i]) : 0;
 		mine += n[i];
 		l = hi[i];
 	}
 	if (threadIdx.x == 0)
 		hit.e = -1;
-	int first = sk_scan(mine, wsum); /* its barrier orders hit.e = -1 before the write below */
+	int first = block_exclusive_scan(mine, wsum); /* its barrier orders hit.e = -1 before the write below */
 #pragma unroll
 	for (int i = 0, l = lo; i < PER; i++) {
 		if (b >= first && b < first + n[i])
@@ -149,14 +122,7 @@ __device__ static bool sk_find(const int32_t *off, int E, int b, sk_tile *t)
 template <class C>
 __device__ __forceinline__ void sk_load_x(bf16 *s, const bf16 *X, int K, const sk_tile &t, int k0)
 {
-	constexpr int CPR = SK_BK / 8; /* 16-byte chunks per row */
-	static_assert(C::BM * CPR % SK_THREADS == 0, "whole chunks per thread");
-#pragma unroll
-	for (int i = 0; i < C::BM * CPR / SK_THREADS; i++) {
-		int q = threadIdx.x + i * SK_THREADS, row = q / CPR, c = q % CPR * 8, gr = t.row0 + row, gk = k0 + c;
-		bool ok = gr < t.rend && gk < K; /* K % 8 == 0: a chunk is all in or all out */
-		cp_async16(s + row * C::LDX + c, ok ? X + (size_t)gr * K + gk : X, ok);
-	}
+	cp_async_tile<C::BM, SK_BK, C::LDX, SK_THREADS>(s, X, K, t.row0, t.rend, k0, K);
 }
 
 /* Both products' weights for k [k0, k0 + 64). w_kn 0: shared row j RP + c is row c of W_j,e [r, K]

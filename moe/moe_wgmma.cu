@@ -251,44 +251,25 @@ __device__ __forceinline__ void wgmma_op(float (&d)[128], uint64_t da, uint64_t 
 }
 
 /* ---- the tile table ---- */
-/* Row tiles of a group [lo, hi) (no overflow near INT_MAX). */
-template <int BM>
-__device__ __forceinline__ int wg_ntiles(int lo, int hi)
-{
-	return hi > lo ? (hi - lo - 1) / BM + 1 : 0;
-}
-
 /* tile0 and roff from the device offsets: each thread sums the tiles of up to ceil(E / 384)
  * consecutive experts; a shuffle scan per warp and the 12 warp totals give each thread its first
  * tile. All threads; synchronises. */
 template <int BM, class ARGS>
 __device__ static void wg_table(const ARGS &a, const wg_shared &sh)
 {
-	int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	int tid = threadIdx.x;
 	int per = (a.E + WG_THREADS - 1) / WG_THREADS, e0 = min(tid * per, a.E), e1 = min(e0 + per, a.E), mine = 0;
 	for (int e = e0; e < e1; e++) {
 		int lo = a.off[e];
 		sh.roff[e] = lo;
-		mine += wg_ntiles<BM>(lo, a.off[e + 1]);
+		mine += moe_row_tiles<BM>(lo, a.off[e + 1]);
 	}
 	if (tid == 0)
 		sh.roff[a.E] = a.off[a.E];
-	int incl = mine;
-#pragma unroll
-	for (int d = 1; d < 32; d <<= 1) {
-		int v = __shfl_up_sync(0xffffffffu, incl, d);
-		if (lane >= d)
-			incl += v;
-	}
-	if (lane == 31)
-		sh.wsum[warp] = incl;
-	__syncthreads();
-	int first = incl - mine;
-	for (int w = 0; w < warp; w++)
-		first += sh.wsum[w];
+	int first = block_exclusive_scan(mine, sh.wsum); /* its barrier publishes roff too */
 	for (int e = e0; e < e1; e++) {
 		sh.tile0[e] = first;
-		first += wg_ntiles<BM>(sh.roff[e], sh.roff[e + 1]);
+		first += moe_row_tiles<BM>(sh.roff[e], sh.roff[e + 1]);
 	}
 	if (tid == WG_THREADS - 1) /* its range is the last one: first is now the total */
 		sh.tile0[a.E] = first;
@@ -479,14 +460,6 @@ __device__ static void wg_produce(const typename CFG::args &a, const wg_shared &
 }
 
 /* ---- the consumers: warpgroups 1 and 2 ---- */
-__device__ __forceinline__ float2 wg_get2(const float *p) { return *(const float2 *)p; }
-__device__ __forceinline__ float2 wg_get2(const bf16 *p) { return __bfloat1622float2(*(const __nv_bfloat162 *)p); }
-__device__ __forceinline__ void wg_put2(float *p, float v0, float v1) { *(float2 *)p = make_float2(v0, v1); }
-__device__ __forceinline__ void wg_put2(bf16 *p, float v0, float v1)
-{
-	*(__nv_bfloat162 *)p = __floats2bfloat162_rn(v0, v1); /* the fp32 sum rounded once */
-}
-
 /* The m64nNk16 f32 accumulator: thread (warp w, lane l) of the warpgroup holds rows 16 w + l / 4
  * (h = 0) and 8 below (h = 1), columns 8 i + 2 (l % 4) + b (b = 0, 1) in d[4 i + 2 h + b]. With beta
  * every old value of a row is read before the first store: a load after a store to the same type
@@ -506,14 +479,14 @@ __device__ static void wg_store(float (&d)[CFG::WN / 2], const typename CFG::arg
 		int ncols = a.N - c0; /* column c0 + 8 i is in when 8 i < ncols; even, so its pair is too */
 #pragma unroll
 		for (int i = 0; i < CFG::WN / 8; i++) {
-			float2 o = a.beta && 8 * i < ncols ? wg_get2(row + 8 * i) : make_float2(0.0f, 0.0f);
+			float2 o = a.beta && 8 * i < ncols ? moe_get2(row + 8 * i) : make_float2(0.0f, 0.0f);
 			d[4 * i + 2 * h] = a.alpha * d[4 * i + 2 * h] + o.x;
 			d[4 * i + 2 * h + 1] = a.alpha * d[4 * i + 2 * h + 1] + o.y;
 		}
 #pragma unroll
 		for (int i = 0; i < CFG::WN / 8; i++)
 			if (8 * i < ncols)
-				wg_put2(row + 8 * i, d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+				moe_set2(row + 8 * i, d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
 	}
 }
 
@@ -540,9 +513,9 @@ __device__ static void wg_store_gu(float (&d)[CFG::WN / 2], const typename CFG::
 				continue;
 			float g0 = d[8 * q + 2 * h], g1 = d[8 * q + 2 * h + 1];
 			float u0 = d[8 * q + 4 + 2 * h], u1 = d[8 * q + 4 + 2 * h + 1];
-			wg_put2(G + 8 * q, g0, g1);
-			wg_put2(U + 8 * q, u0, u1);
-			wg_put2(Hh + 8 * q, g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
+			moe_set2(G + 8 * q, g0, g1);
+			moe_set2(U + 8 * q, u0, u1);
+			moe_set2(Hh + 8 * q, g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
 		}
 	}
 }

@@ -37,6 +37,54 @@ static inline double *ref_dup(const float *a, size_t n)
 	return d;
 }
 
+/* ---- the CUDA tests' device buffers and start ---- */
+/* n bytes at h (NULL: left as they are) in a new buffer on d (16 bytes when n is 0); NULL on failure. */
+static inline void *ref_dev_copy(tier_dev *d, const void *h, size_t n)
+{
+	void *p = NULL;
+	if (tier_dev_malloc(d, n ? n : 16, &p))
+		return NULL;
+	if (h && n && tier_dev_memcpy_h2d(d, p, h, n)) {
+		tier_dev_free(d, p);
+		return NULL;
+	}
+	return p;
+}
+
+/* The n floats f rounded to bf16 in a new buffer on d; NULL on failure. */
+static inline void *ref_dev_bf16(tier_dev *d, const float *f, size_t n)
+{
+	uint16_t *b = malloc(2 * n + 2);
+	if (!b)
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		b[i] = tier_f32_to_bf16(f[i]);
+	void *p = ref_dev_copy(d, b, 2 * n);
+	free(b);
+	return p;
+}
+
+/* scale N(0, 1), rounded to bf16: a value both sides hold exactly. */
+static inline float ref_rnd_bf16(tier_rng *r, float scale)
+{
+	return tier_bf16_to_f32(tier_f32_to_bf16(scale * tier_rng_normal(r)));
+}
+
+/* The start of a CUDA test's main: 0 with *gpu open, else what main returns (77: no CUDA device,
+ * the test skipped; 1: the device cannot be opened), the reason printed. */
+static inline int ref_gpu_open(const char *name, tier_dev **gpu)
+{
+	if (!tier_cuda_available()) {
+		fprintf(stderr, "# %s: no CUDA device, skipped\n", name);
+		return 77;
+	}
+	if (tier_dev_open(gpu, TIER_DEV_CUDA, 0)) {
+		fprintf(stderr, "# %s: cannot open the CUDA device\n", name);
+		return 1;
+	}
+	return 0;
+}
+
 /* Per-expert arrays: E buffers of n random floats, their fp64 copies, and freeing either kind. */
 static inline float **ref_arr(tier_rng *r, int E, size_t n, float scale)
 {

@@ -31,10 +31,8 @@ static void fill_bf16(float *f, uint16_t *b, size_t n, float scale)
 }
 static void *up(const void *h, size_t n)
 {
-	void *d = NULL;
-	assert_int_equal(tier_dev_malloc(gpu, n ? n : 4, &d), 0);
-	if (h)
-		assert_int_equal(tier_dev_memcpy_h2d(gpu, d, h, n), 0);
+	void *d = ref_dev_copy(gpu, h, n);
+	assert_non_null(d);
 	return d;
 }
 static void down(void *h, const void *d, size_t n) { assert_int_equal(tier_dev_memcpy_d2h(gpu, h, d, n), 0); }
@@ -296,7 +294,7 @@ static float **hrand(int E, size_t n, float scale)
 	for (int e = 0; e < E; e++) {
 		f[e] = malloc(4 * n);
 		for (size_t i = 0; i < n; i++)
-			f[e][i] = tier_bf16_to_f32(tier_f32_to_bf16(scale * tier_rng_normal(&rng)));
+			f[e][i] = ref_rnd_bf16(&rng, scale);
 	}
 	return f;
 }
@@ -318,11 +316,8 @@ static void **dcopy(int E, float **f, size_t n, int f32)
 }
 static void *up_bf16(const float *f, size_t n)
 {
-	uint16_t *b = malloc(2 * n + 2);
-	for (size_t i = 0; i < n; i++)
-		b[i] = tier_f32_to_bf16(f[i]);
-	void *d = up(b, 2 * n);
-	free(b);
+	void *d = ref_dev_bf16(gpu, f, n);
+	assert_non_null(d);
 	return d;
 }
 static float *dl_f32(const void *d, size_t n)

@@ -24,14 +24,12 @@
 static tier_dev *cpu, *gpu;
 static tier_rng rng;
 
-static float rnd_bf16(float scale) { return tier_bf16_to_f32(tier_f32_to_bf16(scale * tier_rng_normal(&rng))); }
+static float rnd_bf16(float scale) { return ref_rnd_bf16(&rng, scale); }
 
 static void *up(const void *h, size_t n)
 {
-	void *d = NULL;
-	assert_int_equal(tier_dev_malloc(gpu, n ? n : 16, &d), 0);
-	if (h && n)
-		assert_int_equal(tier_dev_memcpy_h2d(gpu, d, h, n), 0);
+	void *d = ref_dev_copy(gpu, h, n);
+	assert_non_null(d);
 	return d;
 }
 static void down(void *h, const void *d, size_t n)
@@ -484,14 +482,9 @@ static int teardown(void **state)
 int main(void)
 {
 #ifdef TIER_HAVE_CUDA
-	if (!tier_cuda_available()) {
-		fprintf(stderr, "# test_moe_skinny: no CUDA device, skipped\n");
-		return 77;
-	}
-	if (tier_dev_open(&gpu, TIER_DEV_CUDA, 0)) {
-		fprintf(stderr, "# test_moe_skinny: cannot open the CUDA device\n");
-		return 1;
-	}
+	int rc = ref_gpu_open("test_moe_skinny", &gpu);
+	if (rc)
+		return rc;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_shapes),
 		cmocka_unit_test(test_one_expert),
@@ -502,7 +495,7 @@ int main(void)
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_bench),
 	};
-	int rc = cmocka_run_group_tests(tests, setup, teardown);
+	rc = cmocka_run_group_tests(tests, setup, teardown);
 	tier_dev_close(gpu);
 	return rc;
 #else

@@ -23,14 +23,12 @@
 static tier_dev *cpu, *gpu;
 static tier_rng rng;
 
-static float rnd_bf16(float scale) { return tier_bf16_to_f32(tier_f32_to_bf16(scale * tier_rng_normal(&rng))); }
+static float rnd_bf16(float scale) { return ref_rnd_bf16(&rng, scale); }
 
 static void *up(const void *h, size_t n)
 {
-	void *d = NULL;
-	assert_int_equal(tier_dev_malloc(gpu, n ? n : 4, &d), 0);
-	if (h && n)
-		assert_int_equal(tier_dev_memcpy_h2d(gpu, d, h, n), 0);
+	void *d = ref_dev_copy(gpu, h, n);
+	assert_non_null(d);
 	return d;
 }
 static void down(void *h, const void *d, size_t n)
@@ -40,11 +38,8 @@ static void down(void *h, const void *d, size_t n)
 }
 static void *up_bf16(const float *f, size_t n)
 {
-	uint16_t *b = malloc(2 * n + 2);
-	for (size_t i = 0; i < n; i++)
-		b[i] = tier_f32_to_bf16(f[i]);
-	void *d = up(b, 2 * n);
-	free(b);
+	void *d = ref_dev_bf16(gpu, f, n);
+	assert_non_null(d);
 	return d;
 }
 
@@ -517,6 +512,26 @@ static void test_gate_up_segment(void **state)
 }
 
 /* ---- the cases ---- */
+/* 40 random groups of fewer than `below` rows, empty ones included (first, last, inner), sizes
+ * around the tile edges. */
+static void groups_40(int *n, int below)
+{
+	for (int e = 0; e < 40; e++)
+		n[e] = (int)tier_rng_below(&rng, (uint64_t)below);
+	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[20] = 129, n[21] = 64, n[22] = 65, n[39] = 0;
+}
+
+/* The most experts: mostly 0-3 rows (3 experts per thread in the tile table's scan), one of several
+ * tiles, empty ones first and last. */
+static int *groups_1024(void)
+{
+	int *n = malloc(sizeof(int) * 1024);
+	for (int e = 0; e < 1024; e++)
+		n[e] = (int)tier_rng_below(&rng, 4);
+	n[0] = 0, n[383] = 0, n[500] = 200, n[1023] = 0;
+	return n;
+}
+
 /* N and K not multiples of the tiles (a 72-column and an 8-k tail), a one-row and an empty group. */
 static void test_small(void **state)
 {
@@ -530,9 +545,7 @@ static void test_many(void **state)
 {
 	(void)state;
 	int n[40];
-	for (int e = 0; e < 40; e++)
-		n[e] = (int)tier_rng_below(&rng, 160);
-	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[20] = 129, n[21] = 64, n[22] = 65, n[39] = 0;
+	groups_40(n, 160);
 	run_case(40, 768, 2048, n, 3);
 }
 
@@ -548,10 +561,7 @@ static void test_large(void **state)
 static void test_1024_experts(void **state)
 {
 	(void)state;
-	int *n = malloc(sizeof(int) * 1024);
-	for (int e = 0; e < 1024; e++)
-		n[e] = (int)tier_rng_below(&rng, 4);
-	n[0] = 0, n[383] = 0, n[500] = 200, n[1023] = 0;
+	int *n = groups_1024();
 	run_case(1024, 64, 64, n, 7);
 	free(n);
 }
@@ -581,9 +591,7 @@ static void test_gate_up_many(void **state)
 {
 	(void)state;
 	int n[40];
-	for (int e = 0; e < 40; e++)
-		n[e] = (int)tier_rng_below(&rng, 100);
-	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[20] = 129, n[21] = 64, n[22] = 65, n[39] = 0;
+	groups_40(n, 100);
 	gu_case(40, 2048, 768, n, 3);
 }
 
@@ -599,10 +607,7 @@ static void test_gate_up_large(void **state)
 static void test_gate_up_1024_experts(void **state)
 {
 	(void)state;
-	int *n = malloc(sizeof(int) * 1024);
-	for (int e = 0; e < 1024; e++)
-		n[e] = (int)tier_rng_below(&rng, 4);
-	n[0] = 0, n[383] = 0, n[500] = 200, n[1023] = 0;
+	int *n = groups_1024();
 	gu_case(1024, 64, 64, n, 7);
 	free(n);
 }
@@ -716,14 +721,9 @@ static int teardown(void **state)
 int main(void)
 {
 #ifdef TIER_HAVE_CUDA
-	if (!tier_cuda_available()) {
-		fprintf(stderr, "# test_moe_wgmma: no CUDA device, skipped\n");
-		return 77;
-	}
-	if (tier_dev_open(&gpu, TIER_DEV_CUDA, 0)) {
-		fprintf(stderr, "# test_moe_wgmma: cannot open the CUDA device\n");
-		return 1;
-	}
+	int rc = ref_gpu_open("test_moe_wgmma", &gpu);
+	if (rc)
+		return rc;
 	if (!moe_cuda_wgmma_supported(gpu)) {
 		fprintf(stderr, "# test_moe_wgmma: %s is not a compute capability 9.0 GPU, skipped\n", tier_dev_name(gpu));
 		tier_dev_close(gpu);
@@ -744,7 +744,7 @@ int main(void)
 		cmocka_unit_test(test_gate_up_edges),
 		cmocka_unit_test(test_bad_input),
 	};
-	int rc = cmocka_run_group_tests(tests, setup, teardown);
+	rc = cmocka_run_group_tests(tests, setup, teardown);
 	tier_dev_close(gpu);
 	return rc;
 #else
