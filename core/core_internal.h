@@ -73,6 +73,7 @@ struct tier_model {
 	size_t n_groups;
 	uint64_t base_bytes, lora_n;
 	int have_data;
+	int grads_spent; /* the last step's optimizer consumed (dropped) the LoRA gradients */
 	tier_progress_fn progress; /* tier_model_set_progress */
 	void *progress_arg;
 };

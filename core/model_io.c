@@ -66,6 +66,9 @@ int tier_model_load_hf(tier_model *m, const char *dir)
 static int walk_groups(tier_model *m, int which, tier_peft_adapter *a, int in)
 {
 	size_t k = 0;
+	if (which && m->grads_spent)
+		return tier_fail(-ENODATA, "the LoRA gradients of a training step are dropped once its optimizer has used "
+				 "them: compute them with tier_trainer_eval(..., grads = 1) to export them");
 	for (size_t i = 0; i < m->n_groups; i++) {
 		lora_group *g = &m->groups[i];
 		tier_object *o = which ? g->grad : g->param;

@@ -168,9 +168,13 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	for (int l = 0; l < m->L; l++)
 		most = layer_bytes(m, l) > most ? layer_bytes(m, l) : most;
 	t->min_hbm = tier_align_up(sbytes, 4096) + 2 * tier_align_up(th, 4096) + most;
+	/* everything a step touches: the weights, the LoRA parameters with their gradients and two
+	 * moments, the layer inputs and the scratch */
+	uint64_t all = m->base_bytes + 16 * m->lora_n + (uint64_t)(m->L + 1) * tier_align_up(th, 4096) + sbytes;
 	tier_stats st;
 	tier_store_stats(m->s, &st);
 	t->hbm_cap = st.tier[TIER_HBM].capacity;
+	t->spill = all > t->hbm_cap;
 	if (st.tier[TIER_HBM].capacity < t->min_hbm) {
 		char need[32], have[32];
 		rc = tier_fail(-ENOSPC, "the HBM budget (%s) cannot hold one layer's weights with the activations of a "
@@ -464,6 +468,8 @@ static int op_embed(tier_trainer *t, const int32_t *tokens)
 		rc = t->m->cuda ? opsc_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, (const opsc_bf16 *)e, x)
 				: tier_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, e, x);
 	rc = trainer_op_end(t, rc);
+	if (!rc && t->spill) /* read again by layer 0's backward, long after HBM has turned over */
+		tier_writeback(t->m->s, t->ckpt[0]);
 	trainer_charge(t, TIER_PART_EMBED);
 	return rc;
 }
@@ -484,6 +490,8 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 	if (!rc && hidden)
 		rc = get_f32(t, hidden, y, (size_t)t->sh.T * t->m->H, 0);
 	rc = trainer_op_end(t, rc);
+	if (!rc && t->spill)
+		tier_writeback(t->m->s, t->ckpt[l + 1]);
 	trainer_charge(t, TIER_PART_MLP_FWD);
 	return rc;
 }
@@ -513,8 +521,20 @@ static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grad
 	if (!rc && m->cuda)
 		rc = core_get(m, loss, t->loss_d, sizeof *loss);
 	rc = trainer_op_end(t, rc);
+	if (!rc && grads) /* read by nothing after: dropped, so that no eviction or prefetch moves it */
+		rc = tier_obj_discard(m->s, t->ckpt[m->L]);
 	trainer_charge(t, TIER_PART_LOSS);
 	return rc;
+}
+
+/* Start writing layer l's final gradients down: the optimizer reads them after the whole
+ * backward, by when HBM has turned over. */
+static void layer_grads_writeback(tier_trainer *t, int l)
+{
+	tier_model *m = t->m;
+	for (size_t i = 0; i < m->n_groups; i += m->groups[i].n_members)
+		if (m->groups[i].layer == l && m->groups[i].zeroed)
+			tier_writeback(m->s, m->groups[i].grad);
 }
 
 static int op_bwd(tier_trainer *t, int l, float d_aux)
@@ -530,9 +550,15 @@ static int op_bwd(tier_trainer *t, int l, float d_aux)
 		trainer_charge(t, TIER_PART_MLP_BWD);
 		rc = dec_attn_bwd(t->m, &t->sh, x, &w, &t->b, t->gcur, t->gnext);
 	}
+	if (!rc && t->last_mb)
+		rc = trainer_grads_done(t, l);
 	float *s = t->gcur;
 	t->gcur = t->gnext, t->gnext = s;
 	rc = trainer_op_end(t, rc);
+	if (!rc) /* the layer's input is spent; its gradients are final after the last micro-batch */
+		rc = tier_obj_discard(t->m->s, t->ckpt[l]);
+	if (!rc && t->spill && t->last_mb)
+		layer_grads_writeback(t, l);
 	trainer_charge(t, TIER_PART_ATTN_BWD);
 	return rc;
 }
@@ -580,6 +606,7 @@ static int check_tokens(const tier_trainer *t, const int32_t *tokens, const int3
 
 static void zero_grads(tier_trainer *t)
 {
+	t->m->grads_spent = 0;
 	for (size_t i = 0; i < t->m->n_groups; i++)
 		t->m->groups[i].touched = 0, t->m->groups[i].zeroed = 0;
 }
@@ -605,12 +632,12 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
-	if ((rc = scratch_begin(t, &sp)))
-		return rc;
+	if ((rc = scratch_begin(t, &sp)) || (rc = trainer_grad_norm_reset(t)))
+		return pin_release_all(&sp), rc;
 	float dloss = 1.0f / (float)nm, loss_sum = 0.0f;
 	for (int mb = 0; mb < nm && !rc; mb++) {
 		float l = 0.0f;
-		t->mb = (uint32_t)mb, t->training = 1;
+		t->mb = (uint32_t)mb, t->training = 1, t->last_mb = mb == nm - 1;
 		rc = micro(t, tokens + mb * T, labels + mb * T, dloss, 1, &l, &r->aux, NULL);
 		t->training = 0;
 		loss_sum += l;
@@ -618,6 +645,9 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	double norm = 0.0;
 	if (!rc)
 		rc = trainer_grad_norm(t, &norm);
+	/* the optimizer needs no scratch: its room goes to the LoRA state */
+	int r2 = pin_release_all(&sp);
+	rc = rc ? rc : r2;
 	float lr = trainer_lr_at(&t->c, t->step);
 	float gs = t->c.clip > 0 && norm > t->c.clip ? (float)(t->c.clip / (norm + 1e-6)) : 1.0f;
 	if (!rc) {
@@ -626,8 +656,6 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	}
 	trainer_charge(t, TIER_PART_OPTIM);
 	memcpy(r->ns_part, t->part, sizeof r->ns_part);
-	int r2 = pin_release_all(&sp);
-	rc = rc ? rc : r2;
 	if (rc)
 		return rc;
 	tier_store_step(t->m->s);
@@ -655,9 +683,9 @@ int tier_trainer_eval(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
-	if ((rc = scratch_begin(t, &sp)))
-		return rc;
-	t->mb = 0;
+	if ((rc = scratch_begin(t, &sp)) || (rc = trainer_grad_norm_reset(t)))
+		return pin_release_all(&sp), rc;
+	t->mb = 0, t->last_mb = 1;
 	if (t->cache)
 		tier_cache_end_microbatch(t->cache, UINT32_MAX);
 	rc = micro(t, tokens, labels, 1.0f, grads, loss, &aux, hidden);

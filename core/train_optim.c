@@ -1,5 +1,5 @@
-/* train_optim.c - the learning-rate schedule, the global gradient norm and AdamW over the LoRA
- * groups, in batches of pinned groups. */
+/* train_optim.c - the learning-rate schedule, the global gradient norm (summed as the backward
+ * finishes each layer) and AdamW over the LoRA groups, in batches of pinned groups. */
 #include "config.h"
 #include <errno.h>
 #include <math.h>
@@ -31,31 +31,36 @@ static int batch_full(tier_trainer *t, int *n, uint64_t *bytes, uint64_t add)
 	return 1;
 }
 
-int trainer_grad_norm(tier_trainer *t, double *out)
+int trainer_grad_norm_reset(tier_trainer *t)
+{
+	t->gss = 0.0;
+	return t->m->cuda ? tier_dev_memset(t->m->dev, t->acc_d, 0, sizeof(double)) : 0;
+}
+
+/* Layer l's gradients are final (its last micro-batch's backward, still pinned): add their squares
+ * to the step's sum (whole gradient objects: the parts of experts that got no tokens were zeroed
+ * with the rest); in a spilling step, start writing them down ahead of their eviction. */
+int trainer_grads_done(tier_trainer *t, int l)
 {
 	tier_model *m = t->m;
-	double ss = 0.0;
-	int rc = m->cuda ? tier_dev_memset(m->dev, t->acc_d, 0, sizeof(double)) : 0, in_batch = 0;
-	uint64_t bytes = 0;
-	/* whole gradient objects: the parts of experts that got no tokens were zeroed with the rest */
+	int rc = 0;
 	for (size_t i = 0; i < m->n_groups && !rc; i += m->groups[i].n_members) {
 		lora_group *g = &m->groups[i];
-		float *p;
-		if (!g->zeroed)
+		if (g->layer != l || !g->zeroed || g->pin_seq != t->op_seq || !g->pin_grad)
 			continue;
-		if ((rc = trainer_pin(t, g->grad, 0, 0, &p)))
-			break;
 		if (m->cuda)
-			rc = opsc_sumsq(m->dev, g->n_total, p, t->acc_d);
+			rc = opsc_sumsq(m->dev, g->n_total, g->pin_grad, t->acc_d);
 		else
 			for (size_t j = 0; j < g->n_total; j++)
-				ss += (double)p[j] * p[j];
-		if (!rc && batch_full(t, &in_batch, &bytes, tier_obj_size(g->grad)))
-			rc = trainer_op_end(t, 0);
+				t->gss += (double)g->pin_grad[j] * g->pin_grad[j];
 	}
-	if (!rc && m->cuda)
-		rc = core_get(m, &ss, t->acc_d, sizeof ss);
-	rc = trainer_op_end(t, rc);
+	return rc;
+}
+
+int trainer_grad_norm(tier_trainer *t, double *out)
+{
+	double ss = t->gss;
+	int rc = t->m->cuda ? core_get(t->m, &ss, t->acc_d, sizeof ss) : 0;
 	*out = sqrt(ss);
 	return rc;
 }
@@ -89,23 +94,60 @@ static int adamw_group(tier_trainer *t, lora_group *g, float *p, float *gr, floa
 	return 0;
 }
 
+/* After a batch of updates (groups [from, to)): the gradients are spent, dropped without a
+ * writeback (and never prefetched again: the next step refills them); in a spilling step the new
+ * parameters and moments start their way down ahead of their eviction. */
+static int adamw_batch_end(tier_trainer *t, size_t from, size_t to, int rc)
+{
+	tier_model *m = t->m;
+	if ((rc = trainer_op_end(t, rc)))
+		return rc;
+	for (size_t i = from; i < to && !rc; i += m->groups[i].n_members) {
+		lora_group *own = &m->groups[i];
+		if (!own->zeroed)
+			continue;
+		rc = tier_obj_discard(m->s, own->grad);
+		if (t->spill)
+			tier_writeback(m->s, own->param), tier_writeback(m->s, own->optim);
+	}
+	m->grads_spent = 1;
+	return rc;
+}
+
+/* Pin a set's parameters, gradients and moments and update its members. */
+static int adamw_set(tier_trainer *t, lora_group *own, float lr, float gscale)
+{
+	float *p, *gr, *mv;
+	int rc;
+	if ((rc = trainer_pin(t, own->param, 0, 1, &p)) || (rc = trainer_pin(t, own->grad, 0, 0, &gr)) ||
+	    (rc = trainer_pin(t, own->optim, 0, 1, &mv)))
+		return rc;
+	for (int j = 0; j < own->n_members && !rc; j++)
+		if (own[j].touched)
+			rc = adamw_group(t, own + j, p, gr, mv, lr, gscale);
+	return rc;
+}
+
 int trainer_adamw(tier_trainer *t, float lr, float gscale)
 {
 	int rc = 0, in_batch = 0;
 	uint64_t bytes = 0;
-	for (size_t i = 0; i < t->m->n_groups && !rc; i += t->m->groups[i].n_members) {
+	size_t from = 0, i;
+	for (i = 0; i < t->m->n_groups && !rc; i += t->m->groups[i].n_members) {
 		lora_group *own = &t->m->groups[i];
-		float *p, *gr, *mv;
 		if (!own->zeroed)
 			continue;
-		if ((rc = trainer_pin(t, own->param, 0, 1, &p)) || (rc = trainer_pin(t, own->grad, 0, 0, &gr)) ||
-		    (rc = trainer_pin(t, own->optim, 0, 1, &mv)))
-			break;
-		for (int j = 0; j < own->n_members && !rc; j++)
-			if (own[j].touched)
-				rc = adamw_group(t, own + j, p, gr, mv, lr, gscale);
-		if (!rc && batch_full(t, &in_batch, &bytes, 4 * tier_obj_size(own->grad)))
-			rc = trainer_op_end(t, 0);
+		rc = adamw_set(t, own, lr, gscale);
+		if (rc == -ENOSPC && in_batch) { /* the batch's pins split the budget: end it, try again alone */
+			if ((rc = adamw_batch_end(t, from, i, 0)))
+				break;
+			from = i, in_batch = 0, bytes = 0;
+			rc = adamw_set(t, own, lr, gscale);
+		}
+		if (!rc && batch_full(t, &in_batch, &bytes, 4 * tier_obj_size(own->grad))) {
+			rc = adamw_batch_end(t, from, i + own->n_members, 0);
+			from = i + own->n_members;
+		}
 	}
-	return trainer_op_end(t, rc);
+	return adamw_batch_end(t, from, i, rc);
 }

@@ -46,7 +46,11 @@ struct tier_trainer {
 	int training;                     /* a training step (LoRA dropout on), not an evaluation */
 	uint64_t op_seq;                  /* operations ended (pin_group's cache key); starts at 1 */
 	uint32_t mb;                      /* the current micro-batch (the cache's key) */
+	int last_mb;                      /* it is the step's last: the LoRA gradients become final */
 	int profile;                      /* $TIER_PROFILE: wait for the device at the end of each part */
+	int spill;                        /* the step's objects exceed the HBM budget: what is written
+					   * and read again later is written down ahead of its eviction */
+	double gss;                       /* CPU: the sum of squares of the step's LoRA gradients */
 };
 
 /* train.c: charge the time since the last mark to a part of the step; pin an object for the
@@ -59,9 +63,12 @@ int trainer_op_end(tier_trainer *t, int rc);
  * to the store's prefetcher and schedule-aware policy. */
 int trainer_set_schedule(tier_trainer *t);
 
-/* train_optim.c: the learning rate of step s; the global LoRA gradient norm; AdamW on every group
- * that received gradients. */
+/* train_optim.c: the learning rate of step s; the global LoRA gradient norm (its sum of squares
+ * reset at the start of a step and accumulated by trainer_grads_done as each layer's gradients are
+ * final, while they are in HBM); AdamW on every group that received gradients. */
 float trainer_lr_at(const tier_train_cfg *c, int64_t s);
+int trainer_grad_norm_reset(tier_trainer *t);
+int trainer_grads_done(tier_trainer *t, int l);
 int trainer_grad_norm(tier_trainer *t, double *out);
 int trainer_adamw(tier_trainer *t, float lr, float gscale);
 

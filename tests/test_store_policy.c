@@ -1,5 +1,6 @@
 /* test_store_policy.c - each policy evicts the victim it should on small hand-worked cases; frozen
- * copies are never written back, dirty ones always are. */
+ * copies are never written back, dirty ones always are (synchronously at eviction, or ahead of it
+ * through tier_writeback); discarded data moves nowhere. */
 #include <errno.h>
 #include <inttypes.h>
 #include <setjmp.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 #include "tier/tier.h"
 #include "store_util.h"
@@ -317,6 +319,113 @@ static void test_stats(void **state)
 	assert_int_equal(tier_stats_read(getpid(), &pub), -ESRCH); /* removed at destroy */
 }
 
+/* tier_writeback: the dirty copy is written down without waiting, so that evicting it later is a
+ * drop, not a writeback; a rewrite meanwhile wins; a pinned copy is declined. */
+static void test_async_writeback(void **state)
+{
+	test_store ts;
+	tier_stats st;
+	void *addr;
+	(void)state;
+	assert_int_equal(test_store_open(&ts, TIER_POLICY_LRU, 2 * OBJ, 16 * OBJ, 0, 0), 0);
+	tier_object *g = mk(ts.s, OBJ, 0), *x = mk(ts.s, OBJ, 0), *y = mk(ts.s, OBJ, 0);
+	fill(ts.s, g, TIER_HBM, 70);
+	assert_int_equal(tier_acquire(ts.s, g, TIER_HBM, 0, &addr, NULL), 0);
+	assert_int_equal(tier_writeback(ts.s, g), 1); /* pinned: declined */
+	assert_int_equal(tier_release(ts.s, g, TIER_HBM, 0), 0);
+	uint64_t d2h = test_link_bytes(ts.s, TIER_LINK_D2H);
+	assert_int_equal(tier_writeback(ts.s, g), 0);
+	touch(ts.s, g, TIER_HBM, 70); /* still usable in HBM while (or after) it is written */
+	while (tier_obj_state(ts.s, g, TIER_DDR) == TIER_COPY_LOADING)
+		usleep(100); /* settled: only then is g evictable (a copy being read is not) */
+	assert_int_equal(tier_obj_state(ts.s, g, TIER_DDR), TIER_COPY_VALID);
+	assert_int_equal(tier_obj_state(ts.s, g, TIER_HBM), TIER_COPY_VALID);
+	tier_store_stats(ts.s, &st);
+	uint64_t wb = st.cls[TIER_HBM][TIER_CLASS_LORA].writebacks, drops = st.cls[TIER_HBM][TIER_CLASS_LORA].drops;
+	fill(ts.s, x, TIER_HBM, 71);
+	fill(ts.s, y, TIER_HBM, 72); /* g goes, clean now: dropped */
+	assert_int_equal(tier_obj_state(ts.s, g, TIER_HBM), TIER_COPY_ABSENT);
+	tier_store_stats(ts.s, &st);
+	assert_int_equal(st.cls[TIER_HBM][TIER_CLASS_LORA].writebacks, wb);
+	assert_int_equal(st.cls[TIER_HBM][TIER_CLASS_LORA].drops, drops + 1);
+	assert_true(test_link_bytes(ts.s, TIER_LINK_D2H) >= d2h + OBJ);
+	touch(ts.s, g, TIER_DDR, 70);
+	/* a rewrite after the writeback started: the newest data survives the next eviction */
+	assert_int_equal(tier_writeback(ts.s, y), 0);
+	assert_int_equal(tier_acquire(ts.s, y, TIER_HBM, 0, &addr, NULL), 0);
+	tier_pattern_fill(addr, OBJ, 73, 0);
+	assert_int_equal(tier_release(ts.s, y, TIER_HBM, 1), 0);
+	assert_int_equal(tier_writeback(ts.s, x), 0);
+	assert_int_equal(tier_writeback(ts.s, x), 0); /* clean or under way: nothing more to start */
+	touch(ts.s, g, TIER_HBM, 70);
+	fill(ts.s, g, TIER_HBM, 74); /* x or y goes */
+	touch(ts.s, y, TIER_DDR, 73);
+	touch(ts.s, x, TIER_DDR, 71);
+	assert_int_equal(tier_writeback(ts.s, x), 0); /* nothing dirty anywhere but the lowest tier */
+	assert_int_equal(tier_store_check(ts.s), 0);
+	test_store_close(&ts);
+}
+
+/* tier_obj_discard: the data is gone everywhere, nothing is written or fetched for it; the next
+ * acquire fills it again; a pinned object is refused. */
+static void test_discard(void **state)
+{
+	test_store ts;
+	void *addr;
+	(void)state;
+	assert_int_equal(test_store_open(&ts, TIER_POLICY_LRU, 2 * OBJ, 16 * OBJ, 0, 0), 0);
+	tier_object *g = mk(ts.s, OBJ, 0), *x = mk(ts.s, OBJ, 0), *y = mk(ts.s, OBJ, 0);
+	fill(ts.s, g, TIER_DDR, 80);
+	touch(ts.s, g, TIER_HBM, 80);
+	assert_int_equal(tier_acquire(ts.s, g, TIER_HBM, 0, &addr, NULL), 0);
+	assert_int_equal(tier_obj_discard(ts.s, g), -EBUSY);
+	assert_int_equal(tier_release(ts.s, g, TIER_HBM, 0), 0);
+	touch(ts.s, g, TIER_HBM, 80); /* the refused discard changed nothing */
+	uint64_t d2h = test_link_bytes(ts.s, TIER_LINK_D2H), h2d = test_link_bytes(ts.s, TIER_LINK_H2D);
+	fill(ts.s, x, TIER_HBM, 81); /* dirty, then discarded: never written down */
+	assert_int_equal(tier_obj_discard(ts.s, x), 0);
+	assert_int_equal(tier_obj_discard(ts.s, g), 0);
+	for (int t = 0; t < 2; t++) {
+		assert_int_equal(tier_obj_state(ts.s, g, (tier_id)t), TIER_COPY_ABSENT);
+		assert_int_equal(tier_obj_state(ts.s, x, (tier_id)t), TIER_COPY_ABSENT);
+	}
+	assert_int_equal(tier_acquire(ts.s, g, TIER_HBM, 0, &addr, NULL), -ENODATA);
+	assert_int_equal(tier_prefetch(ts.s, g, TIER_HBM), 1);
+	fill(ts.s, y, TIER_HBM, 82);
+	fill(ts.s, g, TIER_HBM, 83);
+	fill(ts.s, x, TIER_HBM, 84); /* y goes down: the only writeback */
+	assert_int_equal(test_link_bytes(ts.s, TIER_LINK_D2H), d2h + OBJ);
+	assert_int_equal(test_link_bytes(ts.s, TIER_LINK_H2D), h2d);
+	touch(ts.s, y, TIER_DDR, 82);
+	touch(ts.s, g, TIER_HBM, 83);
+	assert_int_equal(tier_obj_discard(ts.s, NULL), -EINVAL);
+	assert_int_equal(tier_store_check(ts.s), 0);
+	test_store_close(&ts);
+}
+
+/* A demand acquire that finds every unpinned copy busy in a transfer waits for it instead of
+ * failing for room. */
+static void test_alloc_waits_for_transfers(void **state)
+{
+	test_store ts;
+	void *addr;
+	(void)state;
+	for (int round = 0; round < 20; round++) {
+		assert_int_equal(test_store_open(&ts, TIER_POLICY_LRU, 2 * OBJ, 16 * OBJ, 0, 0), 0);
+		tier_object *a = mk(ts.s, OBJ, 0), *b = mk(ts.s, OBJ, 0), *c = mk(ts.s, OBJ, 0);
+		fill(ts.s, a, TIER_HBM, 90);
+		fill(ts.s, b, TIER_HBM, 91);
+		assert_int_equal(tier_acquire(ts.s, a, TIER_HBM, 0, &addr, NULL), 0);
+		assert_int_equal(tier_writeback(ts.s, b), 0); /* b is read by the transfer */
+		assert_int_equal(tier_acquire(ts.s, c, TIER_HBM, TIER_ACQ_INIT, &addr, NULL), 0);
+		assert_int_equal(tier_release(ts.s, c, TIER_HBM, 1), 0);
+		assert_int_equal(tier_release(ts.s, a, TIER_HBM, 0), 0);
+		touch(ts.s, b, TIER_DDR, 91);
+		assert_int_equal(tier_store_check(ts.s), 0);
+		test_store_close(&ts);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -327,6 +436,9 @@ int main(void)
 		cmocka_unit_test(test_frozen_never_written_back),
 		cmocka_unit_test(test_dirty_written_back),
 		cmocka_unit_test(test_stats),
+		cmocka_unit_test(test_async_writeback),
+		cmocka_unit_test(test_discard),
+		cmocka_unit_test(test_alloc_waits_for_transfers),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

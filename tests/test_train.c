@@ -253,6 +253,55 @@ static void test_store_transparent(void **state)
 	rig_close(&r);
 }
 
+/* The step's gradient norm (summed layer by layer as the backward finishes each) equals the norm
+ * of the gradients an evaluation exports, under a budget that spills and one that does not; after
+ * the step, whose optimizer dropped them, exporting gradients is refused with a way out. */
+static void test_grad_norm_and_spent_grads(void **state)
+{
+	(void)state;
+	tier_hf_config c;
+	tiny_config(&c);
+	c.num_experts = 16, c.moe_intermediate_size = 128, c.num_hidden_layers = 4, c.hidden_size = 32;
+	tier_lora_cfg lc;
+	tier_lora_cfg_init(&lc);
+	lc.targets = 0x3f, lc.init_b_std = 0.2f, lc.seed = seed;
+	rig r;
+	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);
+	uint64_t small = tier_trainer_min_hbm(r.t) * 5 / 4;
+	rig_close(&r);
+	for (int v = 0; v < 2; v++) {
+		assert_int_equal(rig_open(&r, &c, &lc, v ? small : 64u << 20, 2, 8, 3, 0.1), 0);
+		fill_batch(&r, 23, seed + 7, 16);
+		float loss;
+		assert_int_equal(tier_trainer_eval(r.t, r.tok, r.lab, 1, &loss, NULL), 0);
+		tier_peft_adapter *g;
+		assert_int_equal(tier_model_lora_export(r.m, 1, &g), 0);
+		double ss = 0.0;
+		for (size_t i = 0; i < g->n_modules; i++) {
+			const tier_peft_module *pm = &g->modules[i];
+			for (size_t j = 0; j < (size_t)g->r * pm->in; j++)
+				ss += (double)pm->a[j] * pm->a[j];
+			for (size_t j = 0; j < (size_t)g->r * pm->out; j++)
+				ss += (double)pm->b[j] * pm->b[j];
+		}
+		tier_peft_free(g);
+		tier_step_result res;
+		int rc = tier_trainer_step(r.t, r.tok, r.lab, &res);
+		if (rc)
+			printf("# step: %s\n", tier_last_error());
+		assert_int_equal(rc, 0);
+		printf("# %s budget: |g| %.7f from the step, %.7f from the exported gradients\n", v ? "spilling" : "large",
+		       res.grad_norm, sqrt(ss));
+		assert_true(ss > 0 && fabs(res.grad_norm - sqrt(ss)) <= 1e-5 * sqrt(ss));
+		assert_int_equal(tier_model_lora_export(r.m, 1, &g), -ENODATA);
+		assert_non_null(strstr(tier_last_error(), "tier_trainer_eval"));
+		assert_int_equal(tier_trainer_eval(r.t, r.tok, r.lab, 1, &loss, NULL), 0);
+		assert_int_equal(tier_model_lora_export(r.m, 1, &g), 0); /* computed again: exported */
+		tier_peft_free(g);
+		rig_close(&r);
+	}
+}
+
 /* LoRA dropout: training steps use it (their losses differ from dropout 0's after the first
  * update) and evaluation does not (equal losses); dropout on expert targets is refused. */
 static void test_lora_dropout(void **state)
@@ -843,6 +892,7 @@ int main(void)
 		cmocka_unit_test(test_lora_grads_fd_mixtral),
 		cmocka_unit_test(test_loss_falls_and_determinism),
 		cmocka_unit_test(test_store_transparent),
+		cmocka_unit_test(test_grad_norm_and_spent_grads),
 		cmocka_unit_test(test_opcache_transparent),
 		cmocka_unit_test(test_lora_dropout),
 		cmocka_unit_test(test_bad_input),

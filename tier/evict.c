@@ -8,6 +8,7 @@
  * half-demoted copy. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include "tier/store_internal.h"
 
@@ -17,7 +18,7 @@ static int evictable(const store_copy *c)
 	       !c->filling && !c->xfer && !c->obj->guard;
 }
 
-static tier_id tier_below(const tier_store *s, tier_id t)
+tier_id store_tier_below(const tier_store *s, tier_id t)
 {
 	for (int u = (int)t + 1; u < TIER_NTIERS; u++)
 		if (s->be[u])
@@ -55,7 +56,7 @@ static int evict_copy(tier_store *s, store_copy *c)
 			return 0;
 		}
 	}
-	tier_id d = tier_below(s, c->tier);
+	tier_id d = store_tier_below(s, c->tier);
 	if (d == TIER_NTIERS || o->copy[d].state != TIER_COPY_ABSENT)
 		return 1;
 	store_copy *dc = &o->copy[d];
@@ -114,11 +115,18 @@ int store_no_room(tier_store *s, tier_id t, uint64_t bytes, const char *why)
 		return tier_fail(-ENOSPC, "%s: %s does not fit in the %s budget of %s: raise the budget or use another tier",
 				 why, tier_format_size(bytes, a, sizeof a), tier_name(t),
 				 tier_format_size(backend_capacity(be), d, sizeof d));
+	const char *hint = s->pinned_bytes[t] + backend_rounded(be, bytes) > backend_capacity(be)
+				   ? " (release pinned objects or raise the budget)"
+				   : " (the tiers below are full of data that cannot move: raise their budgets)";
+	char frag[128], e[32];
+	if (backend_used(be) + backend_rounded(be, bytes) <= backend_capacity(be)) {
+		/* enough bytes are free, but pinned copies split them into smaller runs */
+		snprintf(frag, sizeof frag, " (free space split by pinned copies: the largest free run is %s; raise the "
+			 "budget)", tier_format_size(backend_largest_free(be), e, sizeof e));
+		hint = frag;
+	}
 	return tier_fail(-ENOSPC, "%s: no room for %s in %s: %s pinned, %s used of a %s budget%s",
 			 why, tier_format_size(bytes, a, sizeof a), tier_name(t),
 			 tier_format_size(s->pinned_bytes[t], b, sizeof b), tier_format_size(backend_used(be), c, sizeof c),
-			 tier_format_size(backend_capacity(be), d, sizeof d),
-			 s->pinned_bytes[t] + backend_rounded(be, bytes) > backend_capacity(be)
-				 ? " (release pinned objects or raise the budget)"
-				 : " (the tiers below are full of data that cannot move: raise their budgets)");
+			 tier_format_size(backend_capacity(be), d, sizeof d), hint);
 }

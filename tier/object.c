@@ -94,6 +94,21 @@ static void list_del(tier_store *s, store_copy *c)
  * copies are never victims (it is the object being served); `filter` narrows the victims further.
  * Returns 0, 1 (no room could be made; nothing changed but evictions done), or a negative errno
  * (a writeback failed). The copy stays ABSENT: the caller sets its state. */
+/* Wait for and settle the oldest transfer that reads or fills a copy in t (the list is newest
+ * first). 1 when one was settled, 0 when none touches t. Lock held. */
+static int settle_one_in(tier_store *s, tier_id t)
+{
+	store_xfer *old = NULL;
+	for (store_xfer *x = s->xfers; x; x = x->next)
+		if (x->src->tier == t || x->dst->tier == t)
+			old = x;
+	if (!old)
+		return 0;
+	tier_fence_wait(old->fence);
+	store_settle(s, old);
+	return 1;
+}
+
 int store_copy_alloc(tier_store *s, store_copy *c, int noevict, tier_object *for_obj,
 		     int (*filter)(tier_store *, store_copy *, void *), void *arg)
 {
@@ -106,6 +121,10 @@ int store_copy_alloc(tier_store *s, store_copy *c, int noevict, tier_object *for
 	int rc;
 	while ((rc = backend_alloc(b, o->xlen, &c->ext)) != 0) {
 		rc = noevict ? 1 : store_evict_one(s, c->tier, filter, arg);
+		/* a demand allocation waits for a transfer in flight rather than failing: its copies
+		 * (an asynchronous writeback's source, a prefetch's destination) become evictable */
+		if (rc == 1 && !noevict && !filter && settle_one_in(s, c->tier))
+			continue;
 		if (rc)
 			break;
 	}
@@ -304,6 +323,27 @@ int tier_obj_destroy(tier_store *s, tier_object *o)
 	store_obj_quiesce(s, o);
 	store_trace(s, TIER_TRC_DESTROY, o, TIER_HBM, 0);
 	obj_free(s, o);
+	store_maybe_publish(s, 0);
+	store_unlock(s);
+	return 0;
+}
+
+int tier_obj_discard(tier_store *s, tier_object *o)
+{
+	if (!s || !o)
+		return tier_fail(-EINVAL, "tier_obj_discard: store and object must not be NULL");
+	store_lock(s);
+	store_reap(s);
+	for (int t = 0; t < TIER_NTIERS; t++)
+		if (o->copy[t].pins) {
+			store_unlock(s);
+			return tier_fail(-EBUSY, "object %" PRIu64 " is pinned in %s (%u pins): release it before discarding its data",
+					 o->id, tier_name((tier_id)t), o->copy[t].pins);
+		}
+	store_obj_quiesce(s, o);
+	for (int t = 0; t < TIER_NTIERS; t++)
+		store_copy_free(s, &o->copy[t]);
+	o->has_data = 0;
 	store_maybe_publish(s, 0);
 	store_unlock(s);
 	return 0;

@@ -51,6 +51,41 @@ int tier_prefetch(tier_store *s, tier_object *o, tier_id t)
 	return rc;
 }
 
+/* 0: started, or nothing to write (no dirty copy); 1: declined. Lock held. */
+static int writeback_locked(tier_store *s, tier_object *o)
+{
+	for (int t = 0; t < TIER_NTIERS; t++) {
+		store_copy *c = &o->copy[t];
+		if (c->state != TIER_COPY_DIRTY || c->version != o->version)
+			continue;
+		if (c->pins || c->filling || c->xfer)
+			return 1; /* still being written by its holder */
+		tier_id d = store_tier_below(s, (tier_id)t);
+		if (d == TIER_NTIERS)
+			return 0; /* the lowest tier: nothing below to write to */
+		store_copy *dc = &o->copy[d];
+		store_copy_gc(s, dc);
+		if (dc->state == TIER_COPY_LOADING && dc->version == o->version && !dc->failed)
+			return 0; /* under way already */
+		if (dc->state != TIER_COPY_ABSENT || store_copy_alloc(s, dc, 1, o, NULL, NULL))
+			return 1; /* a stale copy still pinned below, or no free room there */
+		return store_start_fetch(s, dc, c, 0) < 0; /* settles VALID below, c then clean */
+	}
+	return 0;
+}
+
+int tier_writeback(tier_store *s, tier_object *o)
+{
+	if (!s || !o)
+		return 1;
+	store_lock(s);
+	store_reap(s);
+	int rc = writeback_locked(s, o);
+	store_maybe_publish(s, 0);
+	store_unlock(s);
+	return rc;
+}
+
 void tier_store_at_op(tier_store *s, size_t op)
 {
 	if (!s)

@@ -146,6 +146,7 @@ tier_object *store_obj_find(tier_store *s, uint64_t id);
 void store_obj_quiesce(tier_store *s, tier_object *o);
 int store_copy_current(const store_copy *c);
 tier_id store_lowest_tier(const tier_store *s);
+tier_id store_tier_below(const tier_store *s, tier_id t); /* the next enabled tier below t; TIER_NTIERS: none */
 void store_refresh(tier_store *s, tier_object *o);
 int store_copy_alloc(tier_store *s, store_copy *c, int noevict, tier_object *for_obj,
 		     int (*filter)(tier_store *, store_copy *, void *), void *arg);

@@ -693,9 +693,10 @@ static void summary(job *j, const run_opts *o, double first, double last, double
 		       (unsigned long long)(cs.total.dropped + cs.total.rejected),
 		       (unsigned long long)(cs.total.hits[0] + cs.total.hits[1]), (unsigned long long)cs.total.misses,
 		       cs.total.flops_saved, tier_format_size(cs.peak[0], a, sizeof a));
-	printf("# prefetch: %llu issued, %llu on time, %llu late, %llu missed\n", (unsigned long long)st.prefetch.issued,
-	       (unsigned long long)st.prefetch.on_time, (unsigned long long)st.prefetch.late,
-	       (unsigned long long)st.prefetch.missed);
+	printf("# prefetch: %llu issued, %llu on time, %llu late, %llu missed, %llu evicted unused; %.2f s waited for "
+	       "data\n", (unsigned long long)st.prefetch.issued, (unsigned long long)st.prefetch.on_time,
+	       (unsigned long long)st.prefetch.late, (unsigned long long)st.prefetch.missed,
+	       (unsigned long long)st.prefetch.wasted, (double)st.prefetch.stall_ns / 1e9);
 }
 
 static int save_adapter(job *j, const run_opts *o)

@@ -94,6 +94,12 @@ int tier_obj_create(tier_store *s, uint64_t size, tier_class cls, unsigned flags
 /* Destroy an object and all its copies, after waiting (under the store lock) for its transfers in
  * flight. -EBUSY (nothing changed) when a copy is pinned. Thread-safe. */
 int tier_obj_destroy(tier_store *s, tier_object *o);
+/* Drop the object's data in every tier without writing it anywhere (after waiting for its
+ * transfers in flight): for contents that will be rewritten before they are read again (a
+ * finished step's gradients or activations), so that neither a prefetch nor an eviction moves
+ * them. The object then has no data (the next acquire passes TIER_ACQ_INIT). 0, -EBUSY when a
+ * copy is pinned (nothing changed), -EINVAL. Thread-safe. */
+int tier_obj_discard(tier_store *s, tier_object *o);
 uint64_t tier_obj_size(const tier_object *o);
 tier_class tier_obj_class(const tier_object *o);
 unsigned tier_obj_flags(const tier_object *o);
@@ -136,6 +142,13 @@ int tier_release(tier_store *s, tier_object *o, tier_id t, int dirty);
  * loading). A prefetch that fails later is dropped with a warning. Thread-safe; does not wait for the
  * fetch (a writeback that the room needs is synchronous). */
 int tier_prefetch(tier_store *s, tier_object *o, tier_id t);
+/* Hint: start writing the object's dirty copy (the newest data, held in a tier with nothing
+ * current below it) down to the next tier, without waiting. The copy stays where it is and turns
+ * clean when the transfer settles, so that evicting it later costs no synchronous writeback.
+ * Never fails the caller: 0 (started, under way, or nothing dirty to write), 1 (declined: the copy is pinned
+ * or being filled, or the tier below has no free room without evicting). A dirty release meanwhile
+ * makes the written copy stale (dropped). Thread-safe. */
+int tier_writeback(tier_store *s, tier_object *o);
 /* Move the object so that its copy lives in `t` (valid; NVMe allowed), dropping copies in the other
  * tiers (dirty data is carried along). Returns 0, -ENOSPC, -EBUSY (pinned), -ENODATA, -EIO...;
  * on failure the object's data is where it was. Waits, holding the store lock. Thread-safe. */
