@@ -141,11 +141,11 @@ grep -q "rank 1 (pid $dead): no process $dead" "$tmp/err" || fail "-p $a,$dead: 
 if command -v python3 >/dev/null && [ -d /dev/shm ]; then
 	# A rank whose segment is of another version (a job of another build) is refused with 3.
 	sleep 30 & other=$!
-	python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<QII",0x5441545352454954,2,1600)+bytes(1584))' \
+	python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<QII",0x5441545352454954,99,1600)+bytes(1584))' \
 		"/dev/shm/tier-stats.$other"
 	./tier-stat -p $a,$b,$other 2>"$tmp/err" >/dev/null; rc=$?
 	rm -f "/dev/shm/tier-stats.$other"; kill $other; other=
-	[ $rc = 3 ] && grep -q "rank 2 (pid [0-9]*): segment of tier stats version 2" "$tmp/err" ||
+	[ $rc = 3 ] && grep -q "rank 2 (pid [0-9]*): segment of tier stats version 99" "$tmp/err" ||
 		fail "mixed versions: exit $rc, $(cat "$tmp/err")"
 fi
 

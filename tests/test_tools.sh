@@ -69,12 +69,12 @@ grep -q "publishes no tier statistics" "$tmp/err" || fail "$(cat "$tmp/err")"
 if command -v python3 >/dev/null && [ -d /dev/shm ]; then
 	# A segment of another version (as a job of another build would publish) is refused with 3.
 	sleep 30 & other=$!
-	python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<QII",0x5441545352454954,2,1600)+bytes(1584))' \
+	python3 -c 'import struct,sys; open(sys.argv[1],"wb").write(struct.pack("<QII",0x5441545352454954,99,1600)+bytes(1584))' \
 		"/dev/shm/tier-stats.$other"
 	./tier-stat -p $other 2>"$tmp/err"; rc=$?
 	rm -f "/dev/shm/tier-stats.$other"; kill $other
-	[ $rc = 3 ] || fail "tier-stat on a version-2 segment exited $rc, expected 3 ($(cat "$tmp/err"))"
-	grep -q "version 2, this tier-stat reads version 1" "$tmp/err" || fail "$(cat "$tmp/err")"
+	[ $rc = 3 ] || fail "tier-stat on a version-99 segment exited $rc, expected 3 ($(cat "$tmp/err"))"
+	grep -q "version 99, this tier-stat reads version 2" "$tmp/err" || fail "$(cat "$tmp/err")"
 fi
 ./tier-stat 2>/dev/null; [ $? = 1 ] || fail "tier-stat without -p should exit 1"
 ./tier-stat -p 1 0 2>/dev/null; [ $? = 1 ] || fail "tier-stat INTERVAL 0 should exit 1"

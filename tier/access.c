@@ -50,6 +50,7 @@ int store_start_fetch(tier_store *s, store_copy *c, store_copy *src, int prefetc
 		sx->next->prev = sx;
 	s->xfers = sx;
 	src->readers++;
+	s->cls[c->tier][o->cls].bytes_in += o->xlen;
 	c->state = TIER_COPY_LOADING;
 	c->version = o->version;
 	c->xfer = sx;

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include "tier/store_internal.h"
 
-static int evictable(const store_copy *c)
+int store_copy_evictable(const store_copy *c)
 {
 	return (c->state == TIER_COPY_VALID || c->state == TIER_COPY_DIRTY) && !c->pins && !c->readers &&
 	       !c->filling && !c->xfer && !c->obj->guard;
@@ -35,7 +35,7 @@ static void count_eviction(tier_store *s, store_copy *c, int writeback)
 	else
 		st->drops++;
 	if (c->prefetched)
-		s->pf.wasted++;
+		s->pf.wasted++, st->unused++;
 }
 
 /* Evict one copy: 0 done, 1 it cannot go anywhere, < 0 its writeback failed (copy kept). */
@@ -79,7 +79,7 @@ int store_evict_one(tier_store *s, tier_id t, int (*filter)(tier_store *, store_
 {
 	size_t n = 0;
 	for (store_copy *c = s->held[t]; c; c = c->next) {
-		if (!evictable(c) || (filter && !filter(s, c, arg)))
+		if (!store_copy_evictable(c) || (filter && !filter(s, c, arg)))
 			continue;
 		if (c->version != c->obj->version) { /* stale and unused: free room at no cost */
 			store_copy_free(s, c);

@@ -86,6 +86,29 @@ int tier_writeback(tier_store *s, tier_object *o)
 	return rc;
 }
 
+/* Bytes the window's prefetches may take in t at operation cur: the free room and the copies
+ * needed beyond the window (which the current operation would evict first), less the room the
+ * current operation's objects that are not in t yet will take when it acquires them. Without this
+ * the prefetches fill the tier and the current operation's own acquires (a new output, a missed
+ * object) evict the copies just brought for the operations after it, to be fetched twice. */
+static uint64_t window_room(tier_store *s, tier_id t, size_t cur)
+{
+	tier_backend *be = s->be[t];
+	uint64_t room = backend_capacity(be) - backend_used(be), need = 0;
+	for (store_copy *c = s->held[t]; c; c = c->next) {
+		uint64_t next = hot_next_use(s, c->obj);
+		if (store_copy_evictable(c) && (next > s->window || c->version != c->obj->version))
+			room += c->ext.bytes;
+	}
+	const tier_sched_op *p = &s->ops[cur];
+	for (unsigned k = 0; k < p->n_objects; k++) {
+		tier_object *o = p->tier == t ? store_obj_find(s, p->objects[k]) : NULL;
+		if (o && !store_copy_current(&o->copy[t]) && o->copy[t].state != TIER_COPY_LOADING)
+			need += backend_rounded(be, o->xlen);
+	}
+	return room > need ? room - need : 0;
+}
+
 void tier_store_at_op(tier_store *s, size_t op)
 {
 	if (!s)
@@ -97,6 +120,9 @@ void tier_store_at_op(tier_store *s, size_t op)
 	if (s->n_ops) {
 		s->cur_op = s->cyclic ? op % s->n_ops : op;
 		s->have_cur = 1;
+		uint64_t room[TIER_NTIERS];
+		for (int t = 0; t < TIER_NTIERS; t++)
+			room[t] = s->be[t] && t != TIER_NVME ? window_room(s, (tier_id)t, s->cur_op) : 0;
 		for (unsigned i = 1; i <= s->window; i++) {
 			size_t j = s->cur_op + i;
 			if (j >= s->n_ops) {
@@ -107,8 +133,14 @@ void tier_store_at_op(tier_store *s, size_t op)
 			const tier_sched_op *p = &s->ops[j];
 			for (unsigned k = 0; k < p->n_objects; k++) {
 				tier_object *o = store_obj_find(s, p->objects[k]);
-				if (o)
-					store_prefetch_locked(s, o, p->tier);
+				if (!o || p->tier >= TIER_NVME || store_copy_current(&o->copy[p->tier]) ||
+				    o->copy[p->tier].state == TIER_COPY_LOADING)
+					continue;
+				uint64_t sz = backend_rounded(s->be[p->tier], o->xlen);
+				if (sz > room[p->tier])
+					continue; /* left for the current operation */
+				if (store_prefetch_locked(s, o, p->tier) == 0)
+					room[p->tier] -= sz;
 			}
 		}
 	}

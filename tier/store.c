@@ -161,7 +161,8 @@ static void stats_fill(tier_store *s, tier_stats *out)
 		st->pinned = s->npinned[t];
 		for (int c = 0; c < TIER_NCLASSES; c++) {
 			const store_cls_stats *cs = &s->cls[t][c];
-			out->cls[t][c] = (tier_stats_class){ cs->hits, cs->misses, cs->evictions, cs->writebacks, cs->drops };
+			out->cls[t][c] = (tier_stats_class){ cs->hits, cs->misses, cs->evictions, cs->writebacks, cs->drops,
+								     cs->bytes_in, cs->unused };
 		}
 	}
 	for (int c = 0; c < TIER_NCLASSES; c++)

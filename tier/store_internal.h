@@ -90,7 +90,7 @@ extern const store_policy store_policy_lru, store_policy_lfu, store_policy_cost,
 const store_policy *store_policy_get(tier_policy_kind k);
 
 typedef struct {
-	uint64_t hits, misses, evictions, writebacks, drops;
+	uint64_t hits, misses, evictions, writebacks, drops, bytes_in, unused;
 } store_cls_stats;
 
 struct tier_store {
@@ -160,6 +160,7 @@ tier_link store_link(tier_id from, tier_id to);
 void store_free_all_objects(tier_store *s);
 
 /* evict.c: 0 (room made), 1 (no room could be made), or a negative errno of a failed writeback. */
+int store_copy_evictable(const store_copy *c); /* unpinned, settled, not read or filled */
 int store_evict_one(tier_store *s, tier_id t, int (*filter)(tier_store *, store_copy *, void *), void *arg);
 int store_no_room(tier_store *s, tier_id t, uint64_t bytes, const char *why);
 

@@ -104,8 +104,8 @@ static void put_store(FILE *f, const tier_stats *s)
 			const tier_stats_class *k = &s->cls[t][c];
 			fprintf(f, "%s{\"name\":", c ? "," : "");
 			put_str(f, s->class_name[c]);
-			fprintf(f, ",\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu}", U(k->hits), U(k->misses),
-				U(k->evictions));
+			fprintf(f, ",\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu,\"bytes_in\":%llu,\"unused_prefetches\":%llu}",
+				U(k->hits), U(k->misses), U(k->evictions), U(k->bytes_in), U(k->unused));
 		}
 		fputs("]}", f);
 	}

@@ -681,6 +681,15 @@ static void summary(job *j, const run_opts *o, double first, double last, double
 		       tier_format_size(st.tier[t].capacity, a, sizeof a), tier_format_size(st.tier[t].peak, b, sizeof b),
 		       (unsigned long long)h, (unsigned long long)m, (unsigned long long)e);
 	}
+	if (st.tier[TIER_HBM].capacity && st.link[TIER_LINK_H2D].bytes) { /* what crossed into HBM, by class */
+		printf("# into hbm by class:");
+		for (int k = 0, n = 0; k < TIER_STATS_NCLASSES; k++)
+			if (st.cls[TIER_HBM][k].bytes_in)
+				printf("%s %s %s (%llu prefetched unused)", n++ ? "," : "", st.class_name[k],
+				       tier_format_size(st.cls[TIER_HBM][k].bytes_in, c, sizeof c),
+				       (unsigned long long)st.cls[TIER_HBM][k].unused);
+		printf("\n");
+	}
 	for (int l = 0; l < TIER_STATS_NLINKS; l++)
 		if (st.link[l].bytes)
 			printf("# link %-10s %10s in %llu transfers\n", st.link_name[l],

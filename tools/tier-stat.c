@@ -137,7 +137,7 @@ static double add_rate(double a, double b)
 
 /* Add the words of b to those of a: the counter structs are all uint64_t (a field of another type
  * added to them must be summed by hand). */
-_Static_assert(sizeof(tier_stats_tier) == 6 * 8 && sizeof(tier_stats_class) == 5 * 8 &&
+_Static_assert(sizeof(tier_stats_tier) == 6 * 8 && sizeof(tier_stats_class) == 7 * 8 &&
 		       sizeof(tier_stats_link) == 4 * 8 && sizeof(tier_stats_prefetch) == 6 * 8,
 	       "the counter structs of tier/stats.h are summed as arrays of uint64_t");
 static void add_words(void *a, const void *b, size_t bytes)

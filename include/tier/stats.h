@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 #define TIER_STATS_MAGIC 0x5441545352454954ull /* "TIERSTAT" */
-#define TIER_STATS_VERSION 1u
+#define TIER_STATS_VERSION 2u
 #define TIER_STATS_NTIERS 3
 #define TIER_STATS_NCLASSES 6
 #define TIER_STATS_NLINKS 8
@@ -37,6 +37,8 @@ typedef struct {
 	uint64_t evictions; /* copies of this class evicted from this tier */
 	uint64_t writebacks;/* evictions that demoted dirty (or only) data to the tier below */
 	uint64_t drops;     /* evictions that dropped the copy (frozen with a copy below, discardable) */
+	uint64_t bytes_in;  /* bytes transferred into this tier for copies of this class */
+	uint64_t unused;    /* prefetched copies of this class evicted before any use */
 } tier_stats_class;
 
 typedef struct {
