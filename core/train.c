@@ -150,6 +150,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	uint64_t sbytes = t->dec_bytes + 3 * th + tl + t->loss_ws + dev_extra(t, NULL);
 	if (!(t->ckpt = calloc((size_t)m->L + 1, sizeof *t->ckpt)) || !(t->counts = calloc((size_t)E, sizeof(int32_t))) ||
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
+	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->ptr = calloc(15 * (size_t)E, sizeof *t->ptr)) || !(t->cv_src = calloc((size_t)E + 2, sizeof *t->cv_src)) ||
 	    !(t->cv_dst = calloc((size_t)E + 2, sizeof *t->cv_dst)) || !(t->cv_len = calloc((size_t)E + 2, sizeof(size_t))) ||
 	    !(t->hidx = calloc((size_t)T * (m->k > 0 ? m->k : 1), sizeof(int32_t)))) {
@@ -207,6 +208,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	free(t->ckpt);
 	free(t->counts);
 	free(t->lcounts);
+	free(t->mbcounts);
 	free(t->ptr);
 	free(t->cv_src);
 	free(t->cv_dst);
@@ -383,6 +385,10 @@ static int pin_experts(tier_trainer *t, int l, int grads, dec_weights *w)
 					  .db = (float *const *)(P + (6 + 4 * j) * E), .rank = m->lora.r, .scale = m->scale };
 	w->has_elora = ly->exp && ly->exp[0];
 	size_t I = (size_t)m->Ie, H = (size_t)m->H;
+	/* the experts the schedule did not predict are all on their way before the first is waited for */
+	for (int e = 0; e < E; e++)
+		if (t->counts[e])
+			tier_prefetch(m->s, ly->experts[e], TIER_HBM);
 	for (int e = 0; e < E; e++) {
 		if (!t->counts[e])
 			continue;
@@ -485,8 +491,10 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 	if (!rc && t->offer)
 		rc = trainer_cache_offer(t, l);
 	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute routes the same again */
-		for (int e = 0; e < t->m->E; e++)
+		for (int e = 0; e < t->m->E; e++) {
 			t->lcounts[(size_t)l * t->m->E + e] += t->counts[e];
+			t->mbcounts[(size_t)l * t->m->E + e] = t->counts[e];
+		}
 	if (!rc && hidden)
 		rc = get_f32(t, hidden, y, (size_t)t->sh.T * t->m->H, 0);
 	rc = trainer_op_end(t, rc);
@@ -581,6 +589,10 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 		rc = op_fwd(t, l, hidden ? hidden + (l + 1) * th : NULL);
 		if (m->layers[l].moe)
 			*aux += t->b.ms.aux + t->b.ms.z;
+	}
+	if (!rc && grads && m->E > 0) { /* the backward's experts are known now */
+		t->have_mbcounts = 1;
+		rc = trainer_set_schedule(t);
 	}
 	if (!rc)
 		rc = op_loss(t, lab, dloss, grads, loss, hidden ? hidden + (m->L + 1) * th : NULL);

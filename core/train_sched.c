@@ -32,6 +32,8 @@ static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
 	n = group_ids(ids, n, ly->attn, bwd);
 	n = group_ids(ids, n, ly->mlp, bwd);
 	for (int e = 0; ly->moe && e < m->E; e++) {
+		if (t->have_mbcounts && !t->mbcounts[(size_t)l * m->E + e])
+			continue; /* no token of the latest forward went to it */
 		n = add_ids(ids, n, ly->experts[e]);
 		n = group_ids(ids, n, ly->exp ? ly->exp[e] : NULL, bwd);
 	}

@@ -24,6 +24,9 @@ struct tier_trainer {
 	int64_t step;
 	int32_t *counts;       /* [E] */
 	int64_t *lcounts;      /* [L E]: tokens routed to each expert by the last step's (or eval's) forwards */
+	int64_t *mbcounts;     /* [L E]: the same for the current micro-batch's forward alone; the step
+				* schedule lists the experts it routed to (NULL before the first forward: all) */
+	int have_mbcounts;
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
 	uint64_t min_hbm, hbm_cap;
 	/* CUDA: bf16 copies of one layer's LoRA (l16, in scratch) made by one batched conversion
@@ -60,7 +63,9 @@ int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, floa
 int trainer_op_end(tier_trainer *t, int rc);
 
 /* train_sched.c: hand the step's operations (objects, forward then backward, then the optimizer)
- * to the store's prefetcher and schedule-aware policy. */
+ * to the store's prefetcher and schedule-aware policy; an expert is listed where the latest
+ * micro-batch forward routed tokens to it (exact for its backward, the prediction for the forwards
+ * after it), so that the store does not bring experts that no token will use. */
 int trainer_set_schedule(tier_trainer *t);
 
 /* train_optim.c: the learning rate of step s; the global LoRA gradient norm (its sum of squares

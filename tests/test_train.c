@@ -837,6 +837,31 @@ static void test_cold_experts_not_fetched(void **state)
 	       (unsigned long long)acq);
 	assert_int_equal(acq, 2 * 2); /* 2 experts in the forward, the same 2 again in the backward */
 	rig_close(&r);
+
+	/* Under a budget that spills, the store does not bring the cold experts either: after a first
+	 * step (whose forwards know no routing yet) a step moves at most the routed experts' bytes, each
+	 * once for the forward and once for the backward. Without routing in the schedule it brought
+	 * all 16 of every layer. */
+	c.num_hidden_layers = 6, c.num_experts_per_tok = 1;
+	memset(c.mlp_only, 0, sizeof c.mlp_only);
+	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 1, 1, seed, 0.2), 0);
+	uint64_t small = tier_trainer_min_hbm(r.t) * 3 / 2;
+	rig_close(&r);
+	assert_int_equal(rig_open(&r, &c, &lc, small, 1, 1, seed, 0.2), 0);
+	uint64_t esz = 3ull * c.moe_intermediate_size * c.hidden_size * sizeof(float), moved[3];
+	tier_step_result res;
+	for (int s = 0; s < 3; s++) {
+		r.tok[0] = 5, r.lab[0] = 7;
+		tier_store_stats(r.s, &a);
+		assert_int_equal(tier_trainer_step(r.t, r.tok, r.lab, &res), 0);
+		tier_store_stats(r.s, &b);
+		moved[s] = b.cls[TIER_HBM][TIER_CLASS_EXPERT].bytes_in - a.cls[TIER_HBM][TIER_CLASS_EXPERT].bytes_in;
+	}
+	printf("# expert bytes into HBM per step, one token, top-1 of 16, 6 layers: %llu, %llu, %llu (one expert "
+	       "%llu)\n", (unsigned long long)moved[0], (unsigned long long)moved[1], (unsigned long long)moved[2],
+	       (unsigned long long)esz);
+	assert_true(moved[1] <= 2 * 6 * tier_align_up(esz, 4096) && moved[2] <= 2 * 6 * tier_align_up(esz, 4096));
+	rig_close(&r);
 }
 
 /* Per-expert token counts of a step: each target position of each micro-batch goes to k experts of
