@@ -78,6 +78,15 @@ int dop_to_act(const tier_model *m, size_t n, const float *x, void *y)
 	return 0;
 }
 
+int dop_from_act(const tier_model *m, size_t n, const void *x, float *y)
+{
+	if (m->cuda)
+		return opsc_from_bf16(m->dev, n, x, y);
+	if (y != x)
+		memmove(y, x, sizeof(float) * n);
+	return 0;
+}
+
 int dop_copy(const tier_model *m, void *dst, const void *src, size_t bytes)
 {
 	return tier_dev_memcpy_d2d(m->dev, dst, src, bytes);

@@ -26,6 +26,7 @@ int dop_swiglu_bwd(const tier_model *m, size_t n, const float *g, const float *u
 int dop_add(const tier_model *m, size_t n, const float *a, const float *b, float *out);
 /* y (activation type) = x (fp32): a copy on the CPU, a rounding to bf16 on CUDA. */
 int dop_to_act(const tier_model *m, size_t n, const float *x, void *y);
+int dop_from_act(const tier_model *m, size_t n, const void *x, float *y); /* back to fp32 */
 int dop_copy(const tier_model *m, void *dst, const void *src, size_t bytes);
 
 #endif

@@ -159,6 +159,12 @@ __global__ void to_bf16_kernel(size_t n, const float *x, bf16 *y)
 		y[i] = __float2bfloat16_rn(x[i]);
 }
 
+__global__ void from_bf16_kernel(size_t n, const bf16 *x, float *y)
+{
+	GRID_STRIDE(i, n)
+		y[i] = __bfloat162float(x[i]);
+}
+
 /* Segment s = blockIdx.y (strided: gridDim.y is at most 65535). */
 __global__ void to_bf16_many_kernel(int n_seg, const float *const *src, bf16 *const *dst, const size_t *len)
 {
@@ -220,6 +226,15 @@ int opsc_to_bf16(tier_dev *d, size_t n, const float *x, opsc_bf16 *y)
 		return rc;
 	to_bf16_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, x, (bf16 *)y);
 	return launched("opsc_to_bf16", n);
+}
+
+int opsc_from_bf16(tier_dev *d, size_t n, const opsc_bf16 *x, float *y)
+{
+	int rc = cuda_dev(d, "opsc_from_bf16");
+	if (rc || n == 0)
+		return rc;
+	from_bf16_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, (const bf16 *)x, y);
+	return launched("opsc_from_bf16", n);
 }
 
 /* The table: n_seg source pointers, n_seg destination pointers, n_seg lengths. */

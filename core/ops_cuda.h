@@ -44,6 +44,8 @@ int opsc_embed_fwd(tier_dev *d, int T, int vocab, int dim, const int32_t *tokens
 int opsc_add(tier_dev *d, size_t n, const float *a, const float *b, float *out);
 /* y [n] (bf16) = x (fp32), rounded to nearest even. */
 int opsc_to_bf16(tier_dev *d, size_t n, const float *x, opsc_bf16 *y);
+/* y [n] (fp32) = x (bf16), exact. */
+int opsc_from_bf16(tier_dev *d, size_t n, const opsc_bf16 *x, float *y);
 /* n_seg conversions at once (one launch): dst[i][0..len[i]) = bf16(src[i][...]). src, dst, len are
  * HOST arrays of device pointers and lengths; table (device memory, opsc_many_table_bytes(n_seg)
  * bytes) receives them (copied from the host, ordered on the stream). */

@@ -57,6 +57,11 @@ int opsc_to_bf16(tier_dev *d, size_t n, const float *x, opsc_bf16 *y)
 	return NOCUDA("opsc_to_bf16");
 }
 
+int opsc_from_bf16(tier_dev *d, size_t n, const opsc_bf16 *x, float *y)
+{
+	return NOCUDA("opsc_from_bf16");
+}
+
 int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len,
 		      void *table)
 {

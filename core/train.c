@@ -148,6 +148,9 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->dec_bytes = dec_bufs_bytes(m, &t->sh);
 	size_t th = (sizeof(float) * (size_t)T * m->H + 63) / 64 * 64, tl = (sizeof(float) * (size_t)T + 63) / 64 * 64;
 	uint64_t sbytes = t->dec_bytes + 3 * th + tl + t->loss_ws + dev_extra(t, NULL);
+	/* the layer inputs kept between the forward and the backward, in the activations' type (bf16 on
+	 * CUDA, as HF keeps its hidden states; each operation works on an fp32 copy in the scratch) */
+	size_t ta = (dop_act_size(m) * (size_t)T * m->H + 63) / 64 * 64;
 	if (!(t->ckpt = calloc((size_t)m->L + 1, sizeof *t->ckpt)) || !(t->counts = calloc((size_t)E, sizeof(int32_t))) ||
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
@@ -160,7 +163,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	if ((rc = tier_obj_create(m->s, sbytes, TIER_CLASS_ACT, TIER_OBJ_DISCARDABLE, &t->scratch)))
 		goto fail;
 	for (int l = 0; l <= m->L; l++)
-		if ((rc = tier_obj_create(m->s, th, TIER_CLASS_ACT, 0, &t->ckpt[l])))
+		if ((rc = tier_obj_create(m->s, ta, TIER_CLASS_ACT, 0, &t->ckpt[l])))
 			goto fail;
 	uint64_t most = rsz(m->embed) + rsz(m->lm_head) + rsz(m->norm), opt = 0;
 	for (size_t g = 0; g < m->n_groups; g += m->groups[g].n_members) /* the optimizer pins a set's objects */
@@ -168,10 +171,10 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	most = opt > most ? opt : most;
 	for (int l = 0; l < m->L; l++)
 		most = layer_bytes(m, l) > most ? layer_bytes(m, l) : most;
-	t->min_hbm = tier_align_up(sbytes, 4096) + 2 * tier_align_up(th, 4096) + most;
+	t->min_hbm = tier_align_up(sbytes, 4096) + 2 * tier_align_up(ta, 4096) + most;
 	/* everything a step touches: the weights, the LoRA parameters with their gradients and two
 	 * moments, the layer inputs and the scratch */
-	uint64_t all = m->base_bytes + 16 * m->lora_n + (uint64_t)(m->L + 1) * tier_align_up(th, 4096) + sbytes;
+	uint64_t all = m->base_bytes + 16 * m->lora_n + (uint64_t)(m->L + 1) * tier_align_up(ta, 4096) + sbytes;
 	tier_stats st;
 	tier_store_stats(m->s, &st);
 	t->hbm_cap = st.tier[TIER_HBM].capacity;
@@ -470,9 +473,12 @@ static int op_embed(tier_trainer *t, const int32_t *tokens)
 	const int32_t *tok;
 	int rc = trainer_pin(t, t->m->embed, 0, 0, &e);
 	if (!rc && !(rc = trainer_pin(t, t->ckpt[0], TIER_ACQ_INIT, 1, &x)) &&
-	    !(rc = to_dev_ints(t, tokens, t->tok_d, (size_t)t->sh.T, &tok)))
-		rc = t->m->cuda ? opsc_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, (const opsc_bf16 *)e, x)
-				: tier_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, e, x);
+	    !(rc = to_dev_ints(t, tokens, t->tok_d, (size_t)t->sh.T, &tok))) {
+		float *x32 = t->m->cuda ? t->gnext : x;
+		rc = t->m->cuda ? opsc_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, (const opsc_bf16 *)e, x32)
+				: tier_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, e, x32);
+		rc = rc ? rc : dop_to_act(t->m, (size_t)t->sh.T * t->m->H, x32, x);
+	}
 	rc = trainer_op_end(t, rc);
 	if (!rc && t->spill) /* read again by layer 0's backward, long after HBM has turned over */
 		tier_writeback(t->m->s, t->ckpt[0]);
@@ -485,9 +491,13 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 	float *x, *y;
 	dec_weights w;
 	at_op(t);
+	size_t n = (size_t)t->sh.T * t->m->H;
 	int rc = trainer_pin(t, t->ckpt[l], 0, 0, &x);
-	if (!rc && !(rc = trainer_pin(t, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y)))
-		rc = layer_fwd(t, l, 0, x, y, &w);
+	if (!rc && !(rc = trainer_pin(t, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y))) {
+		float *x32 = t->m->cuda ? t->hn : x, *y32 = t->m->cuda ? t->gnext : y; /* fp32 copies */
+		if (!(rc = dop_from_act(t->m, n, x, x32)) && !(rc = layer_fwd(t, l, 0, x32, y32, &w)))
+			rc = dop_to_act(t->m, n, y32, y);
+	}
 	if (!rc && t->offer)
 		rc = trainer_cache_offer(t, l);
 	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute routes the same again */
@@ -496,7 +506,7 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 			t->mbcounts[(size_t)l * t->m->E + e] = t->counts[e];
 		}
 	if (!rc && hidden)
-		rc = get_f32(t, hidden, y, (size_t)t->sh.T * t->m->H, 0);
+		rc = get_f32(t, hidden, y, n, 1);
 	rc = trainer_op_end(t, rc);
 	if (!rc && t->spill)
 		tier_writeback(t->m->s, t->ckpt[l + 1]);
@@ -514,8 +524,10 @@ static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grad
 	int T = t->sh.T, rc;
 	at_op(t);
 	if ((rc = trainer_pin(t, m->norm, 0, 0, &nw)) || (rc = trainer_pin(t, m->lm_head, 0, 0, &W)) ||
-	    (rc = trainer_pin(t, t->ckpt[m->L], 0, 0, &x)) || (rc = to_dev_ints(t, labels, t->lab_d, (size_t)T, &lab)) ||
-	    (rc = dop_norm(m, T, m->H, x, nw, t->hn, t->b.r1)))
+	    (rc = trainer_pin(t, t->ckpt[m->L], 0, 0, &x)) || (rc = to_dev_ints(t, labels, t->lab_d, (size_t)T, &lab)))
+		return trainer_op_end(t, rc);
+	float *x32 = m->cuda ? t->gnext : x; /* an fp32 copy of the last layer's output */
+	if ((rc = dop_from_act(m, (size_t)T * m->H, x, x32)) || (rc = dop_norm(m, T, m->H, x32, nw, t->hn, t->b.r1)))
 		return trainer_op_end(t, rc);
 	if (hidden && (rc = get_f32(t, hidden, t->hn, (size_t)T * m->H, 1)))
 		return trainer_op_end(t, rc);
@@ -525,7 +537,7 @@ static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grad
 	else
 		rc = tier_loss_fwd(m->dev, &t->lp, t->hn, W, lab, t->lse, lossp, countp, t->lws, t->loss_ws);
 	if (!rc && grads)
-		rc = dop_norm_bwd(m, T, m->H, x, nw, t->b.r1, t->b.dtmp, t->gcur);
+		rc = dop_norm_bwd(m, T, m->H, x32, nw, t->b.r1, t->b.dtmp, t->gcur);
 	if (!rc && m->cuda)
 		rc = core_get(m, loss, t->loss_d, sizeof *loss);
 	rc = trainer_op_end(t, rc);
@@ -553,6 +565,10 @@ static int op_bwd(tier_trainer *t, int l, float d_aux)
 	if (t->cache && l > 0) /* the next layer's entries, if they spilled to DDR, come back meanwhile */
 		tier_cache_prefetch_backward(t->cache, (uint32_t)l - 1, t->mb);
 	int rc = trainer_pin(t, t->ckpt[l], 0, 0, &x);
+	if (!rc && t->m->cuda) { /* an fp32 copy of the layer's input */
+		rc = dop_from_act(t->m, (size_t)t->sh.T * t->m->H, x, t->hn);
+		x = t->hn;
+	}
 	if (!rc && !(rc = layer_fwd(t, l, 1, x, NULL, &w)) &&
 	    !(rc = dec_mlp_bwd(t->m, &t->sh, t->m->layers[l].moe, &w, &t->b, t->gcur, d_aux))) {
 		trainer_charge(t, TIER_PART_MLP_BWD);
@@ -582,7 +598,7 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 	if (!rc && hidden) {
 		float *x;
 		if (!(rc = trainer_pin(t, t->ckpt[0], 0, 0, &x)))
-			rc = get_f32(t, hidden, x, th, 0);
+			rc = get_f32(t, hidden, x, th, 1);
 		rc = trainer_op_end(t, rc);
 	}
 	for (int l = 0; l < m->L && !rc; l++) {

@@ -542,6 +542,32 @@ static void test_to_bf16(void **state)
 	free(x), free(g);
 }
 
+/* bf16 -> fp32 is exact: every one of the 65536 bit patterns (NaNs compared as NaN), then an odd
+ * length over more than one grid, with the element after the end left poisoned. */
+static void test_from_bf16(void **state)
+{
+	size_t n = 2100003;
+	uint16_t *h = malloc(2 * n);
+	float *g = malloc(4 * (n + 1));
+	(void)state;
+	for (size_t i = 0; i < n; i++)
+		h[i] = (uint16_t)(i < 65536 ? i : tier_rng_next(&rng));
+	void *dX = up(h, 2 * n), *dY = poisoned(4 * (n + 1));
+	assert_int_equal(opsc_from_bf16(gpu, n, dX, dY), 0);
+	down(g, dY, 4 * (n + 1));
+	for (size_t i = 0; i < n; i++) {
+		float want = tier_bf16_to_f32(h[i]);
+		if (isnan(want) ? !isnan(g[i]) : memcmp(&g[i], &want, 4))
+			fail_msg("from_bf16: 0x%04x gave %a, expected %a", h[i], (double)g[i], (double)want);
+	}
+	uint32_t tail;
+	memcpy(&tail, &g[n], 4);
+	assert_int_equal(tail, 0xffffffffu); /* the poison */
+	assert_int_equal(opsc_from_bf16(gpu, 0, NULL, NULL), 0);
+	tier_dev_free(gpu, dX), tier_dev_free(gpu, dY);
+	free(h), free(g);
+}
+
 /* Five segments (one empty), each destination one element longer and that element left poisoned. */
 static void test_to_bf16_many(void **state)
 {
@@ -700,7 +726,7 @@ int main(void)
 		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_linear_dropout),
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
-		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
+		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_fill),     cmocka_unit_test(test_bad_args),
 	};
 	uint64_t seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
