@@ -132,6 +132,8 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->m = m, t->c = *c, t->ps.s = m->s, t->op_seq = 1;
 	const char *prof = getenv("TIER_PROFILE");
 	t->profile = prof && *prof && strcmp(prof, "0");
+	const char *routed = getenv("TIER_SCHED_ROUTED"); /* 0: every expert in every operation (for comparisons) */
+	t->sched_routed = !routed || strcmp(routed, "0");
 	if ((rc = dec_shape_init(m, c->batch, c->seq, &t->sh)))
 		goto fail;
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
@@ -154,6 +156,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	if (!(t->ckpt = calloc((size_t)m->L + 1, sizeof *t->ckpt)) || !(t->counts = calloc((size_t)E, sizeof(int32_t))) ||
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
+	    !(t->prevcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->ptr = calloc(15 * (size_t)E, sizeof *t->ptr)) || !(t->cv_src = calloc((size_t)E + 2, sizeof *t->cv_src)) ||
 	    !(t->cv_dst = calloc((size_t)E + 2, sizeof *t->cv_dst)) || !(t->cv_len = calloc((size_t)E + 2, sizeof(size_t))) ||
 	    !(t->hidx = calloc((size_t)T * (m->k > 0 ? m->k : 1), sizeof(int32_t)))) {
@@ -212,6 +215,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	free(t->counts);
 	free(t->lcounts);
 	free(t->mbcounts);
+	free(t->prevcounts);
 	free(t->ptr);
 	free(t->cv_src);
 	free(t->cv_dst);
@@ -503,6 +507,7 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute routes the same again */
 		for (int e = 0; e < t->m->E; e++) {
 			t->lcounts[(size_t)l * t->m->E + e] += t->counts[e];
+			t->prevcounts[(size_t)l * t->m->E + e] = t->mbcounts[(size_t)l * t->m->E + e];
 			t->mbcounts[(size_t)l * t->m->E + e] = t->counts[e];
 		}
 	if (!rc && hidden)
@@ -606,7 +611,7 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 		if (m->layers[l].moe)
 			*aux += t->b.ms.aux + t->b.ms.z;
 	}
-	if (!rc && grads && m->E > 0) { /* the backward's experts are known now */
+	if (!rc && grads && m->E > 0 && t->sched_routed) { /* the backward's experts are known now */
 		t->have_mbcounts = 1;
 		rc = trainer_set_schedule(t);
 	}

@@ -24,9 +24,11 @@ struct tier_trainer {
 	int64_t step;
 	int32_t *counts;       /* [E] */
 	int64_t *lcounts;      /* [L E]: tokens routed to each expert by the last step's (or eval's) forwards */
-	int64_t *mbcounts;     /* [L E]: the same for the current micro-batch's forward alone; the step
-				* schedule lists the experts it routed to (NULL before the first forward: all) */
-	int have_mbcounts;
+	int64_t *mbcounts;     /* [L E]: the same for the latest micro-batch forward alone, and for the */
+	int64_t *prevcounts;   /* forward before it: the step schedule lists the experts the latest routed
+				* to for the backward, and those either routed to for the next forwards */
+	int sched_routed;
+	int have_mbcounts;     /* 0 before the first forward (and with $TIER_SCHED_ROUTED=0): all experts */
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
 	uint64_t min_hbm, hbm_cap;
 	/* CUDA: bf16 copies of one layer's LoRA (l16, in scratch) made by one batched conversion
