@@ -132,8 +132,13 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->m = m, t->c = *c, t->ps.s = m->s, t->op_seq = 1;
 	const char *prof = getenv("TIER_PROFILE");
 	t->profile = prof && *prof && strcmp(prof, "0");
-	const char *routed = getenv("TIER_SCHED_ROUTED"); /* 0: every expert in every operation (for comparisons) */
-	t->sched_routed = !routed || strcmp(routed, "0");
+	/* $TIER_SCHED_ROUTED: which operations list only the routed experts: "bwd" (default) the
+	 * backward's, whose routing is known; "all" the forwards' too, from the latest two forwards'
+	 * routing (an expert routed outside that prediction is fetched when the layer has routed,
+	 * behind the prefetches queued on the link: on the H200 that stalled more than the unused
+	 * forward prefetches it saved cost); "0" none */
+	const char *routed = getenv("TIER_SCHED_ROUTED");
+	t->sched_routed = !routed || !strcmp(routed, "bwd") ? 1 : !strcmp(routed, "all") ? 2 : 0;
 	if ((rc = dec_shape_init(m, c->batch, c->seq, &t->sh)))
 		goto fail;
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */

@@ -33,7 +33,7 @@ static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
 	n = group_ids(ids, n, ly->mlp, bwd);
 	for (int e = 0; ly->moe && e < m->E; e++) {
 		size_t i = (size_t)l * m->E + e;
-		if (t->have_mbcounts && !t->mbcounts[i] && (bwd || !t->prevcounts[i]))
+		if (t->have_mbcounts && (bwd || t->sched_routed == 2) && !t->mbcounts[i] && (bwd || !t->prevcounts[i]))
 			continue; /* no token of the latest forward (nor, for a forward, the one before) went to it */
 		n = add_ids(ids, n, ly->experts[e]);
 		n = group_ids(ids, n, ly->exp ? ly->exp[e] : NULL, bwd);

@@ -27,7 +27,7 @@ struct tier_trainer {
 	int64_t *mbcounts;     /* [L E]: the same for the latest micro-batch forward alone, and for the */
 	int64_t *prevcounts;   /* forward before it: the step schedule lists the experts the latest routed
 				* to for the backward, and those either routed to for the next forwards */
-	int sched_routed;
+	int sched_routed;      /* $TIER_SCHED_ROUTED: 0 none, 1 backward (default), 2 all operations */
 	int have_mbcounts;     /* 0 before the first forward (and with $TIER_SCHED_ROUTED=0): all experts */
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
 	uint64_t min_hbm, hbm_cap;
@@ -65,9 +65,9 @@ int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, floa
 int trainer_op_end(tier_trainer *t, int rc);
 
 /* train_sched.c: hand the step's operations (objects, forward then backward, then the optimizer)
- * to the store's prefetcher and schedule-aware policy; an expert is listed where the latest
- * micro-batch forward routed tokens to it (exact for its backward, the prediction for the forwards
- * after it), so that the store does not bring experts that no token will use. */
+ * to the store's prefetcher and schedule-aware policy; a backward lists only the experts its
+ * micro-batch's forward routed tokens to, so that the store does not bring experts that no token
+ * uses (forwards too with $TIER_SCHED_ROUTED=all, from the latest routing). */
 int trainer_set_schedule(tier_trainer *t);
 
 /* train_optim.c: the learning rate of step s; the global LoRA gradient norm (its sum of squares
