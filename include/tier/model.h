@@ -134,9 +134,10 @@ const tier_hf_config *tier_model_config(const tier_model *m);
 uint64_t tier_model_base_bytes(const tier_model *m);  /* bytes of all frozen weights */
 uint64_t tier_model_lora_params(const tier_model *m); /* trainable parameters */
 
-/* LoRA weights (which = 0) or their gradients of the last step (which = 1) as a PEFT adapter
- * (modules named as PEFT names them; r, lora_alpha, use_rslora, target_modules filled). Free with
- * tier_peft_free. -ENOMEM, or the store's error. */
+/* LoRA weights (which = 0) or their gradients (which = 1) of the last tier_trainer_eval with
+ * grads = 1, as a PEFT adapter (modules named as PEFT names them; r, lora_alpha, use_rslora,
+ * target_modules filled). Free with tier_peft_free. -ENOMEM, the store's error, or -ENODATA for
+ * gradients after a training step (its optimizer dropped them). */
 int tier_model_lora_export(tier_model *m, int which, tier_peft_adapter **out);
 /* Set the LoRA weights from an adapter (tier_peft_load): every module of the model must be in it
  * with matching shapes and r (-EINVAL naming the first that is not); its scale is the model's. */
