@@ -150,7 +150,7 @@ static void files_round_trip(int no_uring, int want_direct)
 		len[i] = tier_rng_below(&rng, seg / 2 / al) * al + al;
 		fo[i] = i * seg + tier_rng_below(&rng, (seg - len[i]) / al) * al;
 		src[i] = xalloc(len[i]);
-		dst[i] = xalloc(len[i] + al);
+		dst[i] = xalloc(len[i] + al + 8); /* room for the odd offset below and the guard byte after */
 		tier_pattern_fill(src[i], len[i], seed, fo[i]);
 		tier_xfer x = { .dst = tier_loc_file(id, fo[i]), .src = tier_loc_host(src[i]), .len = len[i] };
 		assert_int_equal(tier_offload_submit(off, &x, &f[i]), 0);
