@@ -61,6 +61,51 @@ double loss_ref(const tier_loss_params *p, const float *H, const float *W, const
 	return p->reduction == TIER_LOSS_MEAN ? total / n : total;
 }
 
+/* With lse_i + d_i in place of lse_i, dl/dx_iv moves by (exp(-d_i) - 1) c_iv (exactly without
+ * z-loss, to first order in d_i, ~1e-7, with it), where
+ *     c_iv = -d(dl/dx_iv)/d(lse_i) = p_iv (1 + 2 zl (lse_i - 1)) (1 - (z_iv / c)^2)
+ * (the z-loss factor 1 + 2 zl lse_i moves with lse_i too; smoothing and the one-hot do not).
+ * One shift per token, so ||ddH_i|| <= scale expm1(u |lse_i|) ||sum_v c_iv w_v||, and
+ * ||ddW_v|| <= scale sum_i expm1(u |lse_i|) |c_iv| ||h_i||, the shifts of distinct tokens having
+ * unknown signs. */
+void loss_ref_lse_bound(const tier_loss_params *p, const float *H, const float *W, const int32_t *labels,
+			double dloss, const double *lse, double *eH, double *eW)
+{
+	int64_t N = p->N, V = p->V, D = p->D, n = 0;
+	double *row = malloc((size_t)D * sizeof *row), *ew = calloc((size_t)V, sizeof *ew), sh = 0, sw = 0, scale;
+	for (int64_t i = 0; i < N; i++)
+		n += labels[i] != p->ignore_index;
+	scale = n == 0 ? 0 : fabs(p->reduction == TIER_LOSS_MEAN ? dloss / n : dloss);
+	for (int64_t i = 0; i < N; i++) {
+		double d = expm1(0x1p-24 * fabs(lse[i])), hn = 0, r2 = 0;
+		if (labels[i] == p->ignore_index)
+			continue;
+		memset(row, 0, (size_t)D * sizeof *row);
+		for (int64_t k = 0; k < D; k++)
+			hn += (double)H[i * D + k] * H[i * D + k];
+		hn = sqrt(hn);
+		for (int64_t v = 0; v < V; v++) {
+			double zz = logit(p, H, W, i, v);
+			double c = exp(zz - lse[i]) * (1 + 2 * p->z_loss * (lse[i] - 1));
+			if (p->softcap > 0)
+				c *= 1 - (zz / p->softcap) * (zz / p->softcap);
+			for (int64_t k = 0; k < D; k++)
+				row[k] += c * W[v * D + k];
+			ew[v] += d * fabs(c) * hn;
+		}
+		for (int64_t k = 0; k < D; k++)
+			r2 += row[k] * row[k];
+		sh += d * d * r2;
+	}
+	for (int64_t v = 0; v < V; v++)
+		sw += ew[v] * ew[v];
+	if (eH)
+		*eH = scale * sqrt(sh);
+	if (eW)
+		*eW = scale * sqrt(sw);
+	free(row), free(ew);
+}
+
 double loss_rel_err(const float *a, const double *ref, size_t n)
 {
 	double num = 0, den = 0;
