@@ -97,6 +97,14 @@ static void test_round_trip(void **state)
 			want(&e, TIER_TRC_RELEASE, o[i], 0, r == 2, op, step);
 		}
 	}
+	assert_int_equal(tier_obj_discard(ts.s, o[6]), 0); /* dropped, then filled again */
+	want(&e, TIER_TRC_DISCARD, o[6], 0, 0, op, step);
+	void *p6;
+	assert_int_equal(tier_acquire(ts.s, o[6], TIER_HBM, TIER_ACQ_INIT, &p6, NULL), 0);
+	want(&e, TIER_TRC_ACQUIRE, o[6], 0, 0, op, step);
+	memset(p6, 6, tier_obj_size(o[6]));
+	assert_int_equal(tier_release(ts.s, o[6], TIER_HBM, 1), 0);
+	want(&e, TIER_TRC_RELEASE, o[6], 0, 1, op, step);
 	assert_int_equal(tier_obj_destroy(ts.s, o[5]), 0);
 	want(&e, TIER_TRC_DESTROY, o[5] = NULL, 0, 0, op, step);
 	assert_int_equal(tier_store_trace_close(ts.s), 0);
@@ -190,7 +198,8 @@ static void test_bad_files(void **state)
 		{ 20, -1, 0, "truncated header" },          /* cut in the header */
 		{ 32 + 40, -1, 0, "truncated record at offset 64" },
 		{ n, 0, 'X', "not a tier trace" },          /* magic */
-		{ n, 8, 2, "trace version 2" },             /* other version */
+		{ n, 8, 3, "trace version 3" },             /* other version */
+		{ n, 8, 0, "trace version 0" },
 		{ n, 12, 40, "record size 40" },
 		{ n, 16, 1, "unknown flags" },
 		{ n, 32 + 24, 99, "kind 99" },              /* first record's kind */
@@ -208,6 +217,15 @@ static void test_bad_files(void **state)
 			fail();
 		}
 	}
+	/* version 1 (no discard record) is read; a discard record in it is refused */
+	memcpy(mod, buf, n);
+	mod[8] = 1;
+	write_file(bad, mod, n);
+	assert_int_equal(read_all(bad), 0);
+	mod[32 + 24] = TIER_TRC_DISCARD;
+	write_file(bad, mod, n);
+	assert_int_equal(read_all(bad), -EBADMSG);
+	assert_non_null(strstr(tier_last_error(), "kind 8 (1..7 exist in version 1)"));
 	unlink(bad);
 	unlink(path);
 }

@@ -201,6 +201,37 @@ static void test_two_levels(void **state)
 	sim_trace_free(&t);
 }
 
+/* A discard drops the object at both levels without a writeback, and its next access is a fill
+ * (cold), not a read: HBM of 1, object 0 written, discarded, object 1 read, object 0 again. */
+static void test_discard(void **state)
+{
+	(void)state;
+	for (int discard = 0; discard < 2; discard++) {
+		sim_trace t;
+		memset(&t, 0, sizeof t);
+		for (uint32_t i = 0; i < 2; i++)
+			assert_int_equal(sim_trace_object(&t, i, 1), 0);
+		assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_ACCESS), 0);
+		assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_DIRTY), 0);
+		if (discard)
+			assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_DISCARD), 0);
+		assert_int_equal(sim_trace_add(&t, 1, 0, 1, SIM_ACCESS), 0);
+		assert_int_equal(sim_trace_add(&t, 1, 0, 0, SIM_ACCESS), 0);
+		assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_ACCESS), 0);
+		sim_config c = { .cap = { 1, 4 }, .half_life = 4, .gbps = { 1, 1 } };
+		sim_result r;
+		assert_int_equal(sim_run(&t, SIM_LRU, &c, &r), 0);
+		/* with the discard: 0 and 1 cold in HBM, 0 comes back cold and only 1 (a fill: dirty) is
+		 * written down; without: 0 is written down when 1 arrives, read back at the end, and 1
+		 * written down then */
+		assert_int_equal(r.cold[0], discard ? 3 : 2);
+		assert_int_equal(r.misses[0], discard ? 0 : 1);
+		assert_int_equal(r.bytes[0][0], discard ? 0 : 1);
+		assert_int_equal(r.bytes[0][1], discard ? 1 : 2);
+		sim_trace_free(&t);
+	}
+}
+
 /* Objects larger than HBM are never cached (every reuse misses); a bad config is refused. */
 static void test_edges(void **state)
 {
@@ -462,7 +493,8 @@ int main(void)
 	printf("# seed %llu (TIER_SEED=N repeats a run)\n", (unsigned long long)seed);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_classic), cmocka_unit_test(test_lfu), cmocka_unit_test(test_min_property),
-		cmocka_unit_test(test_two_levels), cmocka_unit_test(test_edges), cmocka_unit_test(test_overlap_by_hand),
+		cmocka_unit_test(test_two_levels),
+		cmocka_unit_test(test_discard), cmocka_unit_test(test_edges), cmocka_unit_test(test_overlap_by_hand),
 		cmocka_unit_test(test_overlap_replay), cmocka_unit_test(test_overlap_reference),
 		cmocka_unit_test(test_overlap_property),
 	};

@@ -344,6 +344,7 @@ int tier_obj_discard(tier_store *s, tier_object *o)
 	for (int t = 0; t < TIER_NTIERS; t++)
 		store_copy_free(s, &o->copy[t]);
 	o->has_data = 0;
+	store_trace(s, TIER_TRC_DISCARD, o, TIER_HBM, 0);
 	store_maybe_publish(s, 0);
 	store_unlock(s);
 	return 0;

@@ -10,7 +10,7 @@
 #include "tier/store.h"
 
 #define TRACE_MAGIC "TIERTRC1"
-#define TRACE_VERSION 1u
+#define TRACE_VERSION 2u /* 2 added the discard record; version 1 files are read too */
 #define TRACE_HDR_SIZE 32u
 #define TRACE_REC_SIZE 32u
 
@@ -45,7 +45,7 @@ static inline void trace_encode_header(unsigned char *p)
 	memcpy(p, TRACE_MAGIC, 8);
 	trace_put32(p + 8, TRACE_VERSION);
 	trace_put32(p + 12, TRACE_REC_SIZE);
-	trace_put32(p + 16, 0); /* flags: none defined in version 1 */
+	trace_put32(p + 16, 0); /* flags: none defined */
 }
 
 static inline void trace_encode(unsigned char *p, const tier_trace_rec *r)

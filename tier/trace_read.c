@@ -8,6 +8,7 @@
 
 struct tier_trace_reader {
 	FILE *f;
+	uint32_t version;
 	uint64_t off; /* byte offset of the next record */
 	char *path;
 };
@@ -33,10 +34,10 @@ int tier_trace_open_read(tier_trace_reader **out, const char *path)
 	if (n < sizeof h)
 		return hdr_bad(f, path, "truncated header (the file ends before offset 32)");
 	uint32_t ver = trace_get32(h + 8), rs = trace_get32(h + 12), flags = trace_get32(h + 16);
-	if (ver != TRACE_VERSION) {
+	if (ver < 1 || ver > TRACE_VERSION) {
 		fclose(f);
-		return tier_fail(-EBADMSG, "%s: trace version %u at offset 8; this build reads version %u: use the tier that wrote it",
-				 path, ver, TRACE_VERSION);
+		return tier_fail(-EBADMSG, "%s: trace version %u at offset 8; this build reads versions 1 to %u: use the tier that "
+				 "wrote it", path, ver, TRACE_VERSION);
 	}
 	if (rs != TRACE_REC_SIZE) {
 		fclose(f);
@@ -45,8 +46,7 @@ int tier_trace_open_read(tier_trace_reader **out, const char *path)
 	}
 	if (flags) {
 		fclose(f);
-		return tier_fail(-EBADMSG, "%s: unknown flags 0x%x at offset 16 (version %u defines none)", path, flags,
-				 TRACE_VERSION);
+		return tier_fail(-EBADMSG, "%s: unknown flags 0x%x at offset 16 (version %u defines none)", path, flags, ver);
 	}
 	tier_trace_reader *r = calloc(1, sizeof *r);
 	char *p = strdup(path);
@@ -57,6 +57,7 @@ int tier_trace_open_read(tier_trace_reader **out, const char *path)
 		return tier_fail(-ENOMEM, "out of memory opening trace %s", path);
 	}
 	r->f = f;
+	r->version = ver;
 	r->off = TRACE_HDR_SIZE;
 	r->path = p;
 	*out = r;
@@ -80,9 +81,10 @@ int tier_trace_next(tier_trace_reader *r, tier_trace_rec *rec)
 	trace_decode(b, rec);
 	uint64_t at = r->off;
 	r->off += sizeof b;
-	if (rec->kind < TIER_TRC_ACQUIRE || rec->kind >= TIER_TRC_NKINDS)
-		return tier_fail(-EBADMSG, "%s: record at offset %llu has kind %u (1..%d exist)", r->path,
-				 (unsigned long long)at, rec->kind, TIER_TRC_NKINDS - 1);
+	int kinds = r->version == 1 ? TIER_TRC_AT_OP : TIER_TRC_NKINDS - 1; /* version 1 had no discard */
+	if (rec->kind < TIER_TRC_ACQUIRE || rec->kind > kinds)
+		return tier_fail(-EBADMSG, "%s: record at offset %llu has kind %u (1..%d exist in version %u)", r->path,
+				 (unsigned long long)at, rec->kind, kinds, r->version);
 	if (rec->tier >= TIER_NTIERS || rec->cls >= TIER_NCLASSES || rec->hit > 1 || trace_get32(b + 28))
 		return tier_fail(-EBADMSG, "%s: record at offset %llu is corrupt (tier %u, class %u, hit %u)", r->path,
 				 (unsigned long long)at, rec->tier, rec->cls, rec->hit);

@@ -138,7 +138,8 @@ static int load_rec(sim_trace *t, idmap *m, const tier_trace_rec *r)
 		return 0;
 	}
 	int acc = r->kind == TIER_TRC_ACQUIRE, dirty = r->kind == TIER_TRC_RELEASE && r->hit;
-	if ((!acc && !dirty) || r->tier > TIER_DDR)
+	int gone = r->kind == TIER_TRC_DISCARD;
+	if ((!acc && !dirty && !gone) || r->tier > TIER_DDR)
 		return 0;
 	if (acc) {
 		t->rec_acquires[r->tier]++;
@@ -153,7 +154,7 @@ static int load_rec(sim_trace *t, idmap *m, const tier_trace_rec *r)
 			return -ENOMEM;
 		t->id[*v] = r->object;
 	}
-	return sim_trace_add(t, *v, r->step, r->tier, dirty ? SIM_DIRTY : SIM_ACCESS);
+	return sim_trace_add(t, *v, r->step, r->tier, gone ? SIM_DISCARD : dirty ? SIM_DIRTY : SIM_ACCESS);
 }
 
 int sim_trace_load(sim_trace *t, const char *path)
@@ -243,15 +244,21 @@ static int write_down(level *L, uint32_t i, const sim_req *q)
 						  .kind = SIM_WRITEBACK }) : 0;
 }
 
-static int evict(level *L, size_t k, const sim_req *q)
+/* Take the k-th cached object out, without writing it anywhere. */
+static void drop(level *L, size_t k)
 {
 	uint32_t i = L->cached[k];
-	sim_obj *o = &L->o[i];
-	int rc = o->dirty ? write_down(L, i, q) : 0;
-	o->in = o->dirty = 0;
+	L->o[i].in = L->o[i].dirty = 0;
 	L->used -= L->t->size[i];
 	L->cached[k] = L->cached[--L->ncached];
 	L->o[L->cached[k]].slot = k;
+}
+
+static int evict(level *L, size_t k, const sim_req *q)
+{
+	uint32_t i = L->cached[k];
+	int rc = L->o[i].dirty ? write_down(L, i, q) : 0;
+	drop(L, k);
 	return rc;
 }
 
@@ -293,6 +300,14 @@ static int level_run(level *L, const sim_trace *s)
 		const sim_req *q = &s->req[n];
 		sim_obj *o = &L->o[q->obj];
 		int rc = 0;
+		if (q->kind == SIM_DISCARD) { /* dropped at every level, unwritten; the next access fills it */
+			if (o->in)
+				drop(L, o->slot);
+			o->seen = 0;
+			if (L->down && (rc = push(L->down, *q)))
+				return rc;
+			continue;
+		}
 		if (q->tier != L->tier) { /* a DDR request passes the HBM level, in its place in time */
 			if (L->down && (rc = push(L->down, *q)))
 				return rc;

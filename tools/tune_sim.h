@@ -10,13 +10,13 @@
 typedef enum { SIM_LRU = 0, SIM_LFU, SIM_COST, SIM_SCHEDULE, SIM_MIN, SIM_NPOL } sim_policy;
 const char *sim_policy_name(sim_policy p); /* lru, lfu, cost, schedule, min */
 
-enum { SIM_ACCESS = 0, SIM_DIRTY = 1, SIM_WRITEBACK = 2 };
+enum { SIM_ACCESS = 0, SIM_DIRTY = 1, SIM_WRITEBACK = 2, SIM_DISCARD = 3 };
 typedef struct {
 	uint32_t obj;   /* dense object index (0..nobj-1) */
 	uint32_t step;
 	uint32_t op;    /* operation (0..nops-1) the request belongs to */
 	uint8_t tier;   /* 0: HBM, 1: DDR */
-	uint8_t kind;   /* SIM_ACCESS (an acquire) or SIM_DIRTY (a dirty release) */
+	uint8_t kind;   /* SIM_ACCESS (an acquire), SIM_DIRTY (a dirty release), SIM_DISCARD (data dropped) */
 } sim_req;
 
 typedef struct {

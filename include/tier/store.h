@@ -204,6 +204,7 @@ typedef enum {
 	TIER_TRC_DESTROY,
 	TIER_TRC_STEP,        /* step: the new step number; object fields 0 */
 	TIER_TRC_AT_OP,       /* op: the operation index passed to tier_store_at_op */
+	TIER_TRC_DISCARD,     /* tier_obj_discard: the data is gone from every tier (version 2) */
 	TIER_TRC_NKINDS
 } tier_trace_kind;
 
