@@ -30,6 +30,14 @@ static void tiny_config(tier_hf_config *c)
 	c->mlp_only[0] = 1ull << 1;
 }
 
+/* 16 experts of 128, 4 layers of 32: enough weights for a budget that spills; default LoRA. */
+static void wider_config(tier_hf_config *c, tier_lora_cfg *lc)
+{
+	tiny_config(c);
+	c->num_experts = 16, c->moe_intermediate_size = 128, c->num_hidden_layers = 4, c->hidden_size = 32;
+	tier_lora_cfg_init(lc);
+}
+
 typedef struct {
 	tier_store *s;
 	tier_model *m;
@@ -229,10 +237,8 @@ static void test_store_transparent(void **state)
 {
 	(void)state;
 	tier_hf_config c;
-	tiny_config(&c);
-	c.num_experts = 16, c.moe_intermediate_size = 128, c.num_hidden_layers = 4, c.hidden_size = 32;
 	tier_lora_cfg lc;
-	tier_lora_cfg_init(&lc);
+	wider_config(&c, &lc);
 	rig r;
 	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 8, 1, 0.1), 0);
 	uint64_t need = tier_trainer_min_hbm(r.t), base = tier_model_base_bytes(r.m);
@@ -260,10 +266,8 @@ static void test_grad_norm_and_spent_grads(void **state)
 {
 	(void)state;
 	tier_hf_config c;
-	tiny_config(&c);
-	c.num_experts = 16, c.moe_intermediate_size = 128, c.num_hidden_layers = 4, c.hidden_size = 32;
 	tier_lora_cfg lc;
-	tier_lora_cfg_init(&lc);
+	wider_config(&c, &lc);
 	lc.targets = 0x3f, lc.init_b_std = 0.2f, lc.seed = seed;
 	rig r;
 	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);

@@ -308,19 +308,29 @@ void store_obj_quiesce(tier_store *s, tier_object *o)
 	}
 }
 
-int tier_obj_destroy(tier_store *s, tier_object *o)
+/* Lock the store for an operation (destroying, discarding) on an object that no one may pin;
+ * 0 with the lock held and o's transfers settled, or -EINVAL / -EBUSY (lock released). */
+static int lock_unpinned(tier_store *s, tier_object *o, const char *fn, const char *doing)
 {
 	if (!s || !o)
-		return tier_fail(-EINVAL, "tier_obj_destroy: store and object must not be NULL");
+		return tier_fail(-EINVAL, "%s: store and object must not be NULL", fn);
 	store_lock(s);
 	store_reap(s);
 	for (int t = 0; t < TIER_NTIERS; t++)
 		if (o->copy[t].pins) {
 			store_unlock(s);
-			return tier_fail(-EBUSY, "object %" PRIu64 " is pinned in %s (%u pins): release it before destroying it",
-					 o->id, tier_name((tier_id)t), o->copy[t].pins);
+			return tier_fail(-EBUSY, "object %" PRIu64 " is pinned in %s (%u pins): release it before %s", o->id,
+					 tier_name((tier_id)t), o->copy[t].pins, doing);
 		}
 	store_obj_quiesce(s, o);
+	return 0;
+}
+
+int tier_obj_destroy(tier_store *s, tier_object *o)
+{
+	int rc = lock_unpinned(s, o, "tier_obj_destroy", "destroying it");
+	if (rc)
+		return rc;
 	store_trace(s, TIER_TRC_DESTROY, o, TIER_HBM, 0);
 	obj_free(s, o);
 	store_maybe_publish(s, 0);
@@ -330,17 +340,9 @@ int tier_obj_destroy(tier_store *s, tier_object *o)
 
 int tier_obj_discard(tier_store *s, tier_object *o)
 {
-	if (!s || !o)
-		return tier_fail(-EINVAL, "tier_obj_discard: store and object must not be NULL");
-	store_lock(s);
-	store_reap(s);
-	for (int t = 0; t < TIER_NTIERS; t++)
-		if (o->copy[t].pins) {
-			store_unlock(s);
-			return tier_fail(-EBUSY, "object %" PRIu64 " is pinned in %s (%u pins): release it before discarding its data",
-					 o->id, tier_name((tier_id)t), o->copy[t].pins);
-		}
-	store_obj_quiesce(s, o);
+	int rc = lock_unpinned(s, o, "tier_obj_discard", "discarding its data");
+	if (rc)
+		return rc;
 	for (int t = 0; t < TIER_NTIERS; t++)
 		store_copy_free(s, &o->copy[t]);
 	o->has_data = 0;
