@@ -342,8 +342,9 @@ static void print_json(const tier_stats *s, const stat_delta *d, double dt, cons
 			const tier_stats_class *k = &s->cls[t][c];
 			printf("%s{\"name\":", c ? "," : "");
 			json_str(s->class_name[c]);
-			printf(",\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu,\"writebacks\":%llu,\"drops\":%llu}",
-			       U(k->hits), U(k->misses), U(k->evictions), U(k->writebacks), U(k->drops));
+			printf(",\"hits\":%llu,\"misses\":%llu,\"evictions\":%llu,\"writebacks\":%llu,\"drops\":%llu,"
+			       "\"bytes_in\":%llu,\"unused_prefetches\":%llu}", U(k->hits), U(k->misses), U(k->evictions),
+			       U(k->writebacks), U(k->drops), U(k->bytes_in), U(k->unused));
 		}
 		printf("]}");
 	}
