@@ -14,6 +14,7 @@
 struct off_cuda {
 	int ordinal;
 	cudaStream_t h2d, d2h;
+	cudaStream_t h2d_now, d2h_now; /* TIER_XFER_URGENT: not behind the queued copies of h2d, d2h */
 	void **stage;
 	cudaEvent_t *stage_ev;  /* recorded after the copy that last used the buffer */
 	unsigned nstage;
@@ -48,6 +49,8 @@ int cuda_create(tier_offload *off)
 	CU_FAIL(cudaSetDevice(c->ordinal), -EIO, "offload: device %d", c->ordinal);
 	CU_FAIL(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking), -EIO, "offload: h2d copy stream");
 	CU_FAIL(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking), -EIO, "offload: d2h copy stream");
+	CU_FAIL(cudaStreamCreateWithFlags(&c->h2d_now, cudaStreamNonBlocking), -EIO, "offload: urgent h2d copy stream");
+	CU_FAIL(cudaStreamCreateWithFlags(&c->d2h_now, cudaStreamNonBlocking), -EIO, "offload: urgent d2h copy stream");
 	unsigned n = off->cfg.staging_count;
 	c->stage = calloc(n, sizeof *c->stage);
 	c->stage_ev = calloc(n, sizeof *c->stage_ev);
@@ -78,6 +81,10 @@ void cuda_destroy(tier_offload *off)
 		cudaStreamSynchronize(c->h2d), cudaStreamDestroy(c->h2d);
 	if (c->d2h)
 		cudaStreamSynchronize(c->d2h), cudaStreamDestroy(c->d2h);
+	if (c->h2d_now)
+		cudaStreamSynchronize(c->h2d_now), cudaStreamDestroy(c->h2d_now);
+	if (c->d2h_now)
+		cudaStreamSynchronize(c->d2h_now), cudaStreamDestroy(c->d2h_now);
 	for (unsigned i = 0; i < c->nstage; i++) {
 		cudaEventDestroy(c->stage_ev[i]);
 		cudaFreeHost(c->stage[i]);
@@ -94,7 +101,8 @@ void cuda_destroy(tier_offload *off)
 int cuda_submit_copy(tier_offload *off, const tier_xfer *x, tier_link link, tier_fence *f)
 {
 	off_cuda *c = off->cuda;
-	cudaStream_t s = link == TIER_LINK_D2H ? c->d2h : c->h2d;
+	int now = (x->flags & TIER_XFER_URGENT) != 0; /* d2d runs with h2d */
+	cudaStream_t s = link == TIER_LINK_D2H ? (now ? c->d2h_now : c->d2h) : (now ? c->h2d_now : c->h2d);
 	enum cudaMemcpyKind kind = link == TIER_LINK_H2D ? cudaMemcpyHostToDevice
 				   : link == TIER_LINK_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
 	uint64_t cb = off->cfg.chunk_bytes;

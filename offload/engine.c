@@ -398,15 +398,23 @@ void tier_offload_unregister_file(tier_offload *off, int id)
 	pthread_mutex_unlock(&off->fmu);
 }
 
-/* Queue a list of chunks (linked through next) for the workers. */
-void queue_push(tier_offload *off, chunk *first, chunk *last)
+/* Queue a list of chunks (linked through next) for the workers: at the end, or at the front (an
+ * urgent transfer: the next chunks the workers start). */
+void queue_push(tier_offload *off, chunk *first, chunk *last, int front)
 {
 	pthread_mutex_lock(&off->mu);
-	if (off->tail)
-		off->tail->next = first;
-	else
+	if (front) {
+		last->next = off->head;
 		off->head = first;
-	off->tail = last;
+		if (!off->tail)
+			off->tail = last;
+	} else {
+		if (off->tail)
+			off->tail->next = first;
+		else
+			off->head = first;
+		off->tail = last;
+	}
 	pthread_cond_broadcast(&off->cv);
 	pthread_mutex_unlock(&off->mu);
 }

@@ -113,7 +113,7 @@ struct tier_offload {
 };
 
 /* engine.c */
-void queue_push(tier_offload *off, chunk *first, chunk *last);
+void queue_push(tier_offload *off, chunk *first, chunk *last, int front);
 void job_chunk_done(job *j, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void job_chunk_start(job *j);
 /* Book `bytes` on a capped link; returns the time (ns) the booking ends, 0 when uncapped. */

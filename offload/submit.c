@@ -47,7 +47,7 @@ static int request_check(tier_offload *off, const tier_xfer *x, job *j)
 	int rc, direct = 0;
 	if ((rc = check_loc(&x->src, "source", x->len)) || (rc = check_loc(&x->dst, "destination", x->len)))
 		return rc;
-	if (x->flags & ~(unsigned)(TIER_XFER_CRC_COMPUTE | TIER_XFER_CRC_VERIFY))
+	if (x->flags & ~(unsigned)(TIER_XFER_CRC_COMPUTE | TIER_XFER_CRC_VERIFY | TIER_XFER_URGENT))
 		return tier_fail(-EINVAL, "offload: unknown transfer flags 0x%x", x->flags);
 	j->link = link_of[x->src.kind][x->dst.kind];
 	if (j->link == TIER_NLINKS)
@@ -142,7 +142,7 @@ int tier_offload_submit(tier_offload *off, const tier_xfer *x, tier_fence **fenc
 		for (uint64_t i = 0; i < n; i++)
 			uring_submit(off, &j->chunks[i]);
 	else
-		queue_push(off, &j->chunks[0], &j->chunks[n - 1]);
+		queue_push(off, &j->chunks[0], &j->chunks[n - 1], (x->flags & TIER_XFER_URGENT) != 0);
 	return 0;
 }
 

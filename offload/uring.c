@@ -255,7 +255,7 @@ int uring_create(tier_offload *off)
 	return 0;
 }
 void uring_destroy(tier_offload *off) { (void)off; }
-void uring_submit(tier_offload *off, chunk *c) { c->next = NULL; queue_push(off, c, c); }
+void uring_submit(tier_offload *off, chunk *c) { c->next = NULL; queue_push(off, c, c, 0); }
 void uring_file_slot(tier_offload *off, int id, int fd) { (void)off; (void)id; (void)fd; }
 
 #endif

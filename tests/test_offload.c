@@ -480,6 +480,45 @@ static double h2d_rate(double cap, char *a, char *b, int n, uint64_t len)
 	return (double)n * len / dt;
 }
 
+void offload_hold(tier_offload *off, int on); /* engine.c's test hook */
+
+/* An urgent transfer does not queue behind the ones submitted before it: with one worker on a link
+ * capped so that each earlier transfer takes ~50 ms, the urgent one submitted last is done while
+ * none of them is; then all complete, with the right bytes. */
+static void test_urgent_first(void **state)
+{
+	enum { N = 4 };
+	const uint64_t len = 1u << 20;
+	char *a = xalloc(len), *b = xalloc(len * (N + 1));
+	tier_offload_config cfg = { .threads = 1, .chunk_bytes = 256u << 10, .no_uring = 1 };
+	cfg.link_gbps[TIER_LINK_H2D] = 0.02; /* 1 MiB in ~52 ms */
+	tier_offload *off;
+	tier_fence *f[N + 1];
+	(void)state;
+	tier_pattern_fill(a, len, 9, 0);
+	assert_int_equal(tier_offload_create(&off, &cfg), 0);
+	offload_hold(off, 1);
+	for (int i = 0; i <= N; i++) {
+		tier_xfer x = { .dst = tier_loc_device(b + i * len), .src = tier_loc_host(a), .len = i < N ? len : 4096,
+				.flags = i < N ? 0 : TIER_XFER_URGENT };
+		assert_int_equal(tier_offload_submit(off, &x, &f[i]), 0);
+	}
+	offload_hold(off, 0);
+	assert_int_equal(tier_fence_wait(f[N]), 0);
+	for (int i = 0; i < N; i++)
+		assert_false(tier_fence_done(f[i]));
+	for (int i = 0; i <= N; i++) {
+		assert_int_equal(tier_fence_wait(f[i]), 0);
+		tier_fence_put(f[i]);
+	}
+	for (int i = 0; i < N; i++)
+		assert_int_equal(tier_pattern_check(b + i * len, len, 9, 0), len);
+	assert_int_equal(tier_pattern_check(b + N * len, 4096, 9, 0), 4096);
+	tier_offload_destroy(off);
+	free(a);
+	free(b);
+}
+
 /* A capped link moves at the cap (within 20%), and its stats count bytes and busy time. */
 static void test_throttle(void **state)
 {
@@ -528,6 +567,7 @@ int main(void)
 		cmocka_unit_test(test_destroy_in_flight_uring),
 		cmocka_unit_test(test_destroy_in_flight_workers),
 		cmocka_unit_test(test_throttle),
+		cmocka_unit_test(test_urgent_first),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	rmdir(dir);

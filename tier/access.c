@@ -24,6 +24,10 @@ int store_start_fetch(tier_store *s, store_copy *c, store_copy *src, int prefetc
 {
 	tier_object *o = c->obj;
 	tier_xfer x = { .dst = c->ext.loc, .src = src->ext.loc, .len = o->xlen };
+	if (prefetch == STORE_FETCH_URGENT) { /* waited for at once: not behind the queued prefetches */
+		x.flags |= s->urgent ? TIER_XFER_URGENT : 0;
+		prefetch = 0;
+	}
 	if (s->checksum && c->tier == TIER_NVME)
 		x.flags |= TIER_XFER_CRC_COMPUTE;
 	if (s->checksum && src->tier == TIER_NVME) {
@@ -120,7 +124,7 @@ int store_wait_copy(tier_store *s, store_copy *c)
  * which must not let other threads see a half-demoted copy. 0, or the error (dst freed). */
 int store_xfer_sync(tier_store *s, store_copy *dst, store_copy *src)
 {
-	int rc = store_start_fetch(s, dst, src, 0);
+	int rc = store_start_fetch(s, dst, src, STORE_FETCH_URGENT);
 	if (rc < 0)
 		return rc;
 	store_xfer *x = dst->xfer;
@@ -207,7 +211,7 @@ static int acquire_miss(tier_store *s, tier_object *o, tier_id t, unsigned flags
 		return tier_fail(-EPROTO, "object %" PRIu64 " has data but no current copy (store bug)", o->id);
 	}
 	tier_id from = src->tier;
-	if ((rc = store_start_fetch(s, c, src, 0)) < 0)
+	if ((rc = store_start_fetch(s, c, src, STORE_FETCH_URGENT)) < 0)
 		return rc;
 	s->cls[t][o->cls].misses++;
 	s->pf.missed++;

@@ -81,6 +81,8 @@ int tier_store_create(tier_store **out, const tier_store_config *cfg)
 		return tier_fail(-ENOMEM, "out of memory for a store");
 	pthread_mutex_init(&s->lock, NULL);
 	s->dev = cfg->dev;
+	const char *urgent = getenv("TIER_URGENT");
+	s->urgent = !urgent || strcmp(urgent, "0");
 	s->checksum = cfg->nvme_checksum != 0;
 	s->policy = cfg->policy;
 	s->pol = store_policy_get(cfg->policy);

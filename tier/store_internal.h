@@ -100,6 +100,8 @@ struct tier_store {
 	int own_off;
 	tier_backend *be[TIER_NTIERS];   /* NULL: tier disabled */
 	int checksum;
+	int urgent;                      /* demand fetches and synchronous writebacks skip the queue
+					  * ($TIER_URGENT=0 turns it off, for comparisons) */
 	double link_gbps[TIER_NLINKS];   /* configured link caps (0: none), for the cost policy */
 	const store_policy *pol;
 	void *pol_state;
@@ -165,6 +167,9 @@ int store_evict_one(tier_store *s, tier_id t, int (*filter)(tier_store *, store_
 int store_no_room(tier_store *s, tier_id t, uint64_t bytes, const char *why);
 
 /* access.c */
+/* prefetch: 0 a demand-free transfer (an asynchronous writeback), 1 a prefetch, STORE_FETCH_URGENT
+ * a transfer waited for at once (a demand fetch, a synchronous writeback). */
+enum { STORE_FETCH_URGENT = 2 };
 int store_start_fetch(tier_store *s, store_copy *c, store_copy *src, int prefetch);
 void store_reap(tier_store *s);
 void store_settle(tier_store *s, store_xfer *x);

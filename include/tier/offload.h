@@ -88,6 +88,10 @@ void tier_offload_unregister_file(tier_offload *off, int id);
 enum {
 	TIER_XFER_CRC_COMPUTE = 1u << 0, /* compute the crc32c of the data (read it with tier_fence_crc) */
 	TIER_XFER_CRC_VERIFY = 1u << 1,  /* check the data against `crc`; a mismatch fails with -EBADMSG */
+	TIER_XFER_URGENT = 1u << 2,      /* someone waits for it now (a demand fetch, a synchronous
+					  * writeback): it does not queue behind the transfers submitted
+					  * before it (worker queue: at the front; CUDA: copy streams of its
+					  * own); io_uring file I/O keeps submission order */
 };
 
 typedef struct {
