@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # final-session.sh - one GPU call that checks a build end to end: the CUDA tests of the trainer's
 # kernels, the attention variants against torch SDPA (TIER_ATTN_FWD / TIER_ATTN_BWD), then the
-# trainer issue's runs: (a) batch 1 and 4 with the op cache, (b) --hbm 24G at batch 8, and (c) HF +
+# trainer issue's runs: (a) batch 1 and 4 with the op cache, (b) --hbm 24G at batch 8 (and again with
+# demand fetches queued behind the prefetches, TIER_URGENT=0, for comparison), and (c) HF +
 # PEFT with LoRA on attention and experts. Should a new attention kernel fail its test, the
 # trainer runs fall back to v1. usage: bench/final-session.sh BUILD_DIR OUT_DIR
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
 . "$(dirname "$0")/session-lib.sh"
-for t in test_attn_cuda test_ops_cuda test_golden_cuda test_moe_cuda test_moe_skinny test_moe_wgmma; do
+for t in test_attn_cuda test_ops_cuda test_golden_cuda test_moe_cuda test_moe_skinny test_moe_wgmma test_offload_cuda; do
 	step 120 "$t" "$b/tests/$t"
 done
 grep -q '^test_attn_cuda  *rc=0 ' "$sum" || export TIER_ATTN_FWD=v1 TIER_ATTN_BWD=v1
@@ -19,10 +20,11 @@ run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
 step 120 train-a1 "${run[@]}" --batch 1 --steps 5 --ddr 4G --op-cache all:hbm=48G
 step 150 train-a4 "${run[@]}" --batch 4 --steps 4 --ddr 4G --op-cache all:hbm=40G
 step 200 train-b8 "${run[@]}" --batch 8 --steps 4 --hbm 24G --ddr 110G
+TIER_URGENT=0 step 200 train-b8-queued "${run[@]}" --batch 8 --steps 4 --hbm 24G --ddr 110G # demand fetches queued
 step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing --seq 4096 \
 	--steps 4 --warmup 2
 for f in "$out"/attn-*.log; do echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd" | head -6; done
-for n in train-a1 train-a4 train-b8; do
+for n in train-a1 train-a4 train-b8 train-b8-queued; do
 	echo "== $n"; grep -E "^# (done|MFU|hbm|link|op cache|prefetch)|^ +[0-9]+ |rror" "$out/$n.log" | tail -12
 done
 echo "== torch-experts"; grep '^{' "$out/torch-experts.log"
