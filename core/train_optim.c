@@ -46,13 +46,16 @@ int trainer_grads_done(tier_trainer *t, int l)
 	int rc = 0;
 	for (size_t i = 0; i < m->n_groups && !rc; i += m->groups[i].n_members) {
 		lora_group *g = &m->groups[i];
-		if (g->layer != l || !g->zeroed || g->pin_seq != t->op_seq || !g->pin_grad)
+		if (g->layer != l || !g->zeroed)
 			continue;
+		float *p = g->pin_seq == t->op_seq ? g->pin_grad : NULL;
+		if (!p && (rc = trainer_pin(t, g->grad, 0, 0, &p))) /* written by an earlier micro-batch only */
+			break;
 		if (m->cuda)
-			rc = opsc_sumsq(m->dev, g->n_total, g->pin_grad, t->acc_d);
+			rc = opsc_sumsq(m->dev, g->n_total, p, t->acc_d);
 		else
 			for (size_t j = 0; j < g->n_total; j++)
-				t->gss += (double)g->pin_grad[j] * g->pin_grad[j];
+				t->gss += (double)p[j] * p[j];
 	}
 	return rc;
 }
