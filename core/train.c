@@ -258,7 +258,8 @@ int64_t trainer_step_index(const tier_trainer *t) { return t->step; }
 void trainer_set_step(tier_trainer *t, int64_t step) { t->step = step; }
 
 /* ---- Operations -------------------------------------------------------------------------------- */
-/* Pin the scratch object for the step and carve it. */
+/* Pin the scratch object for the step, carve it, and start the step's gradient norm (its device
+ * accumulator lives there). */
 static int scratch_begin(tier_trainer *t, pinset *sp)
 {
 	float *p;
@@ -273,7 +274,15 @@ static int scratch_begin(tier_trainer *t, pinset *sp)
 	t->lse = (float *)(c + 3 * th);
 	t->lws = c + 3 * th + (sizeof(float) * (size_t)t->sh.T + 63) / 64 * 64;
 	dev_extra(t, (char *)t->lws + t->loss_ws);
-	return 0;
+	return trainer_grad_norm_reset(t);
+}
+
+/* The fp32 values of a layer input x (the activation type) for an operation: x itself on the CPU,
+ * its conversion into the scratch buffer buf on CUDA. */
+static int input_f32(tier_trainer *t, const void *x, float *buf, float **out)
+{
+	*out = t->m->cuda ? buf : (float *)x;
+	return dop_from_act(t->m, (size_t)t->sh.T * t->m->H, x, *out);
 }
 
 /* CUDA: queue a bf16 copy of a group's n LoRA parameters p into the layer's l16 area; the copy's
@@ -503,8 +512,8 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 	size_t n = (size_t)t->sh.T * t->m->H;
 	int rc = trainer_pin(t, t->ckpt[l], 0, 0, &x);
 	if (!rc && !(rc = trainer_pin(t, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y))) {
-		float *x32 = t->m->cuda ? t->hn : x, *y32 = t->m->cuda ? t->gnext : y; /* fp32 copies */
-		if (!(rc = dop_from_act(t->m, n, x, x32)) && !(rc = layer_fwd(t, l, 0, x32, y32, &w)))
+		float *x32, *y32 = t->m->cuda ? t->gnext : y; /* the output's fp32 values, then y's type */
+		if (!(rc = input_f32(t, x, t->hn, &x32)) && !(rc = layer_fwd(t, l, 0, x32, y32, &w)))
 			rc = dop_to_act(t->m, n, y32, y);
 	}
 	if (!rc && t->offer)
@@ -536,8 +545,8 @@ static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grad
 	if ((rc = trainer_pin(t, m->norm, 0, 0, &nw)) || (rc = trainer_pin(t, m->lm_head, 0, 0, &W)) ||
 	    (rc = trainer_pin(t, t->ckpt[m->L], 0, 0, &x)) || (rc = to_dev_ints(t, labels, t->lab_d, (size_t)T, &lab)))
 		return trainer_op_end(t, rc);
-	float *x32 = m->cuda ? t->gnext : x; /* an fp32 copy of the last layer's output */
-	if ((rc = dop_from_act(m, (size_t)T * m->H, x, x32)) || (rc = dop_norm(m, T, m->H, x32, nw, t->hn, t->b.r1)))
+	float *x32;
+	if ((rc = input_f32(t, x, t->gnext, &x32)) || (rc = dop_norm(m, T, m->H, x32, nw, t->hn, t->b.r1)))
 		return trainer_op_end(t, rc);
 	if (hidden && (rc = get_f32(t, hidden, t->hn, (size_t)T * m->H, 1)))
 		return trainer_op_end(t, rc);
@@ -575,11 +584,7 @@ static int op_bwd(tier_trainer *t, int l, float d_aux)
 	if (t->cache && l > 0) /* the next layer's entries, if they spilled to DDR, come back meanwhile */
 		tier_cache_prefetch_backward(t->cache, (uint32_t)l - 1, t->mb);
 	int rc = trainer_pin(t, t->ckpt[l], 0, 0, &x);
-	if (!rc && t->m->cuda) { /* an fp32 copy of the layer's input */
-		rc = dop_from_act(t->m, (size_t)t->sh.T * t->m->H, x, t->hn);
-		x = t->hn;
-	}
-	if (!rc && !(rc = layer_fwd(t, l, 1, x, NULL, &w)) &&
+	if (!rc && !(rc = input_f32(t, x, t->hn, &x)) && !(rc = layer_fwd(t, l, 1, x, NULL, &w)) &&
 	    !(rc = dec_mlp_bwd(t->m, &t->sh, t->m->layers[l].moe, &w, &t->b, t->gcur, d_aux))) {
 		trainer_charge(t, TIER_PART_MLP_BWD);
 		rc = dec_attn_bwd(t->m, &t->sh, x, &w, &t->b, t->gcur, t->gnext);
@@ -670,7 +675,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
-	if ((rc = scratch_begin(t, &sp)) || (rc = trainer_grad_norm_reset(t)))
+	if ((rc = scratch_begin(t, &sp)))
 		return pin_release_all(&sp), rc;
 	float dloss = 1.0f / (float)nm, loss_sum = 0.0f;
 	for (int mb = 0; mb < nm && !rc; mb++) {
@@ -721,7 +726,7 @@ int tier_trainer_eval(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
-	if ((rc = scratch_begin(t, &sp)) || (rc = trainer_grad_norm_reset(t)))
+	if ((rc = scratch_begin(t, &sp)))
 		return pin_release_all(&sp), rc;
 	t->mb = 0, t->last_mb = 1;
 	if (t->cache)

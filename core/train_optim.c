@@ -39,7 +39,7 @@ int trainer_grad_norm_reset(tier_trainer *t)
 
 /* Layer l's gradients are final (its last micro-batch's backward, still pinned): add their squares
  * to the step's sum (whole gradient objects: the parts of experts that got no tokens were zeroed
- * with the rest); in a spilling step, start writing them down ahead of their eviction. */
+ * with the rest). */
 int trainer_grads_done(tier_trainer *t, int l)
 {
 	tier_model *m = t->m;

@@ -64,6 +64,21 @@ static inline void *ref_dev_bf16(tier_dev *d, const float *f, size_t n)
 	return p;
 }
 
+/* f [rows, cols] rounded to bf16 and transposed, [cols, rows], in a new buffer on d (the w_kn 1
+ * layout of the same weights); NULL on failure. */
+static inline void *ref_dev_bf16_t(tier_dev *d, const float *f, size_t rows, size_t cols)
+{
+	uint16_t *b = malloc(2 * rows * cols + 2);
+	if (!b)
+		return NULL;
+	for (size_t i = 0; i < rows; i++)
+		for (size_t j = 0; j < cols; j++)
+			b[j * rows + i] = tier_f32_to_bf16(f[i * cols + j]);
+	void *p = ref_dev_copy(d, b, 2 * rows * cols);
+	free(b);
+	return p;
+}
+
 /* scale N(0, 1), rounded to bf16: a value both sides hold exactly. */
 static inline float ref_rnd_bf16(tier_rng *r, float scale)
 {

@@ -41,12 +41,8 @@ static void down(void *h, const void *d, size_t n)
 /* f [rows, cols] as bf16, as it is (tr 0) or transposed to [cols, rows] (tr 1). */
 static void *up_bf16(const float *f, size_t rows, size_t cols, int tr)
 {
-	uint16_t *b = malloc(2 * rows * cols + 2);
-	for (size_t i = 0; i < rows; i++)
-		for (size_t j = 0; j < cols; j++)
-			b[tr ? j * rows + i : i * cols + j] = tier_f32_to_bf16(f[i * cols + j]);
-	void *d = up(b, 2 * rows * cols);
-	free(b);
+	void *d = tr ? ref_dev_bf16_t(gpu, f, rows, cols) : ref_dev_bf16(gpu, f, rows * cols);
+	assert_non_null(d);
 	return d;
 }
 

@@ -46,12 +46,8 @@ static void *up_bf16(const float *f, size_t n)
 /* W [N, K] as bf16 [K, N]: the w_kn 1 layout of the same weights. */
 static void *up_bf16_t(const float *f, int N, int K)
 {
-	uint16_t *b = malloc(2 * (size_t)N * K + 2);
-	for (int n = 0; n < N; n++)
-		for (int k = 0; k < K; k++)
-			b[(size_t)k * N + n] = tier_f32_to_bf16(f[(size_t)n * K + k]);
-	void *d = up(b, 2 * (size_t)N * K);
-	free(b);
+	void *d = ref_dev_bf16_t(gpu, f, (size_t)N, (size_t)K);
+	assert_non_null(d);
 	return d;
 }
 
