@@ -1,5 +1,5 @@
-/* cuda_path.c - HBM<->DDR on two non-blocking copy streams with events as fences, and NVMe<->HBM
- * pipelined through a ring of pinned staging buffers. Without CUDA (or with a CPU context), HBM is
+/* cuda_path.c - HBM<->DDR on two non-blocking copy streams with events as fences, fed through the
+ * metered queues of cuda_feed.c, and NVMe<->HBM pipelined through a ring of pinned staging buffers. Without CUDA (or with a CPU context), HBM is
  * host memory and this file only says so. */
 #include <errno.h>
 #include <stdio.h>
@@ -14,7 +14,7 @@
 struct off_cuda {
 	int ordinal;
 	cudaStream_t h2d, d2h;
-	cudaStream_t h2d_now, d2h_now; /* TIER_XFER_URGENT: not behind the queued copies of h2d, d2h */
+	off_feed *feed_h2d, *feed_d2h; /* what goes on h2d (with d2d) and d2h, and when */
 	void **stage;
 	cudaEvent_t *stage_ev;  /* recorded after the copy that last used the buffer */
 	unsigned nstage;
@@ -49,8 +49,10 @@ int cuda_create(tier_offload *off)
 	CU_FAIL(cudaSetDevice(c->ordinal), -EIO, "offload: device %d", c->ordinal);
 	CU_FAIL(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking), -EIO, "offload: h2d copy stream");
 	CU_FAIL(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking), -EIO, "offload: d2h copy stream");
-	CU_FAIL(cudaStreamCreateWithFlags(&c->h2d_now, cudaStreamNonBlocking), -EIO, "offload: urgent h2d copy stream");
-	CU_FAIL(cudaStreamCreateWithFlags(&c->d2h_now, cudaStreamNonBlocking), -EIO, "offload: urgent d2h copy stream");
+	int rc;
+	if ((rc = feed_create(c->ordinal, c->h2d, off->cfg.chunk_bytes, &c->feed_h2d)) ||
+	    (rc = feed_create(c->ordinal, c->d2h, off->cfg.chunk_bytes, &c->feed_d2h)))
+		return rc;
 	unsigned n = off->cfg.staging_count;
 	c->stage = calloc(n, sizeof *c->stage);
 	c->stage_ev = calloc(n, sizeof *c->stage_ev);
@@ -77,14 +79,12 @@ void cuda_destroy(tier_offload *off)
 	if (!c)
 		return;
 	cudaSetDevice(c->ordinal);
+	feed_destroy(c->feed_h2d); /* issues what is queued: the streams are synchronized below */
+	feed_destroy(c->feed_d2h);
 	if (c->h2d)
 		cudaStreamSynchronize(c->h2d), cudaStreamDestroy(c->h2d);
 	if (c->d2h)
 		cudaStreamSynchronize(c->d2h), cudaStreamDestroy(c->d2h);
-	if (c->h2d_now)
-		cudaStreamSynchronize(c->h2d_now), cudaStreamDestroy(c->h2d_now);
-	if (c->d2h_now)
-		cudaStreamSynchronize(c->d2h_now), cudaStreamDestroy(c->d2h_now);
 	for (unsigned i = 0; i < c->nstage; i++) {
 		cudaEventDestroy(c->stage_ev[i]);
 		cudaFreeHost(c->stage[i]);
@@ -101,24 +101,15 @@ void cuda_destroy(tier_offload *off)
 int cuda_submit_copy(tier_offload *off, const tier_xfer *x, tier_link link, tier_fence *f)
 {
 	off_cuda *c = off->cuda;
-	int now = (x->flags & TIER_XFER_URGENT) != 0; /* d2d runs with h2d */
-	cudaStream_t s = link == TIER_LINK_D2H ? (now ? c->d2h_now : c->d2h) : (now ? c->h2d_now : c->h2d);
 	enum cudaMemcpyKind kind = link == TIER_LINK_H2D ? cudaMemcpyHostToDevice
 				   : link == TIER_LINK_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
-	uint64_t cb = off->cfg.chunk_bytes;
 	CU_FAIL(cudaSetDevice(c->ordinal), -EIO, "offload: device %d", c->ordinal);
 	f->cuda = 1;
 	f->dev_ordinal = c->ordinal;
 	CU_FAIL(cudaEventCreate(&f->start), -EIO, "offload: fence event");
 	CU_FAIL(cudaEventCreate(&f->end), -EIO, "offload: fence event");
-	CU_FAIL(cudaEventRecord(f->start, s), -EIO, "offload: %s", tier_link_name(link));
-	for (uint64_t o = 0; o < x->len; o += cb) {
-		uint64_t n = x->len - o < cb ? x->len - o : cb;
-		CU_FAIL(cudaMemcpyAsync((char *)x->dst.ptr + o, (const char *)x->src.ptr + o, n, kind, s), -EIO,
-			"offload: %s copy of %llu bytes", tier_link_name(link), (unsigned long long)n);
-	}
-	CU_FAIL(cudaEventRecord(f->end, s), -EIO, "offload: %s", tier_link_name(link));
-	/* the stream runs it: count it now; busy time shows on the fence once waited */
+	feed_push(link == TIER_LINK_D2H ? c->feed_d2h : c->feed_h2d, f, x, kind, (x->flags & TIER_XFER_URGENT) != 0);
+	/* the stream will run it: count it now; busy time shows on the fence once waited */
 	link_end(off, link, x->len, 0, 0);
 	return 0;
 }
@@ -133,6 +124,9 @@ void cuda_fence_release(tier_fence *f)
 
 int cuda_fence_wait(tier_fence *f)
 {
+	int rc = feed_wait_issued(f);
+	if (rc)
+		return tier_fail(rc, "%s", f->msg);
 	cudaError_t e = cudaEventSynchronize(f->end);
 	if (e != cudaSuccess)
 		return tier_fail(-EIO, "offload: CUDA copy failed: %s", cudaGetErrorString(e));
@@ -149,11 +143,16 @@ int cuda_fence_wait(tier_fence *f)
 
 int cuda_fence_query(const tier_fence *f)
 {
-	return cudaEventQuery(f->end) != cudaErrorNotReady;
+	if (!atomic_load(&f->issued))
+		return 0;
+	return f->result || cudaEventQuery(f->end) != cudaErrorNotReady;
 }
 
 int cuda_fence_stream_wait(tier_fence *f, void *stream)
 {
+	int rc = feed_wait_issued(f); /* the event to wait for must be recorded first */
+	if (rc)
+		return tier_fail(rc, "%s", f->msg);
 	cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, f->end, 0);
 	if (e != cudaSuccess)
 		return tier_fail(-EIO, "offload: cudaStreamWaitEvent: %s", cudaGetErrorString(e));

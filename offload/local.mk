@@ -1,6 +1,6 @@
 ## offload/local.mk - the movers: fences, worker pool, io_uring, CUDA copy streams and staging
 libtier_la_SOURCES += offload/engine.c offload/submit.c offload/fence.c offload/fileio.c \
-	offload/uring.c offload/cuda_path.c offload/crc32c.c offload/offload_impl.h
+	offload/uring.c offload/cuda_path.c offload/cuda_feed.c offload/crc32c.c offload/offload_impl.h
 tierinclude_HEADERS += include/tier/offload.h
 
 if HAVE_CMOCKA

@@ -30,6 +30,13 @@ struct tier_fence {
 #ifdef TIER_HAVE_CUDA
 	cudaEvent_t start, end;
 	int dev_ordinal;
+	/* cuda_feed.c: the copy while it waits in a metered queue (see there for the locking) */
+	struct off_feed *feed;
+	struct tier_fence *qnext, *qprev;
+	tier_xfer fx;
+	uint64_t fx_done;   /* bytes already on the stream */
+	int fx_kind;        /* enum cudaMemcpyKind */
+	atomic_int issued;  /* the end event is recorded (or issuing failed: result says so) */
 #endif
 };
 
@@ -151,6 +158,15 @@ void cuda_fence_release(tier_fence *f);
 int cuda_fence_wait(tier_fence *f);
 int cuda_fence_query(const tier_fence *f);
 int cuda_fence_stream_wait(tier_fence *f, void *stream);
+
+#ifdef TIER_HAVE_CUDA
+/* cuda_feed.c: a metered copy queue per direction */
+typedef struct off_feed off_feed;
+int feed_create(int ordinal, cudaStream_t s, uint64_t piece, off_feed **out);
+void feed_destroy(off_feed *q); /* after issuing everything queued */
+void feed_push(off_feed *q, tier_fence *f, const tier_xfer *x, int kind, int urgent);
+int feed_wait_issued(tier_fence *f);
+#endif
 
 /* link stats helpers */
 void link_begin(tier_offload *off, tier_link link);

@@ -90,8 +90,8 @@ enum {
 	TIER_XFER_CRC_VERIFY = 1u << 1,  /* check the data against `crc`; a mismatch fails with -EBADMSG */
 	TIER_XFER_URGENT = 1u << 2,      /* someone waits for it now (a demand fetch, a synchronous
 					  * writeback): it does not queue behind the transfers submitted
-					  * before it (worker queue: at the front; CUDA: copy streams of its
-					  * own); io_uring file I/O keeps submission order */
+					  * before it (worker queue and CUDA copy queues: at the front);
+					  * io_uring file I/O keeps submission order */
 };
 
 typedef struct {
@@ -111,12 +111,14 @@ int tier_offload_submit(tier_offload *off, const tier_xfer *x, tier_fence **fenc
 int tier_offload_copy(tier_offload *off, const tier_xfer *x);
 
 /* Block until done; returns the transfer's result: 0, or -EIO, -ENOSPC, -EBADMSG, -ECANCELED ...
- * (the message of the failure is set for the calling thread). Thread-safe. */
+ * (the message of the failure is set for the calling thread). A CUDA copy still queued moves to the
+ * front of its queue. Thread-safe. */
 int tier_fence_wait(tier_fence *f);
 /* 1 when done, 0 when still running. Thread-safe. */
 int tier_fence_done(const tier_fence *f);
-/* Make a CUDA stream (cudaStream_t) wait for the fence without blocking the host; on a CPU engine
- * or for a NULL stream, this waits on the host. Returns the transfer's result when it waited on
+/* Make a CUDA stream (cudaStream_t) wait for the fence; the host blocks only while the copy is
+ * still queued (it moves to the front and the call returns once it is on its copy stream). On a
+ * CPU engine or for a NULL stream, this waits on the host. Returns the transfer's result when it waited on
  * the host, else 0 (errors then show in tier_fence_wait). */
 int tier_fence_stream_wait(tier_fence *f, void *stream);
 /* crc32c of the data, valid after a successful wait with TIER_XFER_CRC_COMPUTE. */
