@@ -322,7 +322,7 @@ static void lora_ref(const tier_trainer *t, const lora_group *g, int proj, const
 	out->b = (const float *)((const uint16_t *)shadow + md->b);
 }
 
-static void at_op(tier_trainer *t)
+void trainer_at_op(tier_trainer *t)
 {
 	tier_store_at_op(t->m->s, t->op++);
 }
@@ -487,7 +487,7 @@ static int get_f32(tier_trainer *t, float *dst, const void *src, size_t n, int i
 static int op_embed(tier_trainer *t, const int32_t *tokens)
 {
 	float *e, *x;
-	at_op(t);
+	trainer_at_op(t);
 	const int32_t *tok;
 	int rc = trainer_pin(t, t->m->embed, 0, 0, &e);
 	if (!rc && !(rc = trainer_pin(t, t->ckpt[0], TIER_ACQ_INIT, 1, &x)) &&
@@ -508,7 +508,7 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 {
 	float *x, *y;
 	dec_weights w;
-	at_op(t);
+	trainer_at_op(t);
 	size_t n = (size_t)t->sh.T * t->m->H;
 	int rc = trainer_pin(t, t->ckpt[l], 0, 0, &x);
 	if (!rc && !(rc = trainer_pin(t, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y))) {
@@ -541,7 +541,7 @@ static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grad
 	int64_t count, *countp = m->cuda ? t->count_d : &count;
 	const int32_t *lab;
 	int T = t->sh.T, rc;
-	at_op(t);
+	trainer_at_op(t);
 	if ((rc = trainer_pin(t, m->norm, 0, 0, &nw)) || (rc = trainer_pin(t, m->lm_head, 0, 0, &W)) ||
 	    (rc = trainer_pin(t, t->ckpt[m->L], 0, 0, &x)) || (rc = to_dev_ints(t, labels, t->lab_d, (size_t)T, &lab)))
 		return trainer_op_end(t, rc);
@@ -580,7 +580,7 @@ static int op_bwd(tier_trainer *t, int l, float d_aux)
 {
 	float *x;
 	dec_weights w;
-	at_op(t);
+	trainer_at_op(t);
 	if (t->cache && l > 0) /* the next layer's entries, if they spilled to DDR, come back meanwhile */
 		tier_cache_prefetch_backward(t->cache, (uint32_t)l - 1, t->mb);
 	int rc = trainer_pin(t, t->ckpt[l], 0, 0, &x);
@@ -693,10 +693,8 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	rc = rc ? rc : r2;
 	float lr = trainer_lr_at(&t->c, t->step);
 	float gs = t->c.clip > 0 && norm > t->c.clip ? (float)(t->c.clip / (norm + 1e-6)) : 1.0f;
-	if (!rc) {
-		at_op(t);
-		rc = trainer_adamw(t, lr, gs);
-	}
+	if (!rc)
+		rc = trainer_adamw(t, lr, gs); /* announces its operations, one per layer */
 	trainer_charge(t, TIER_PART_OPTIM);
 	memcpy(r->ns_part, t->part, sizeof r->ns_part);
 	if (rc)

@@ -18,8 +18,8 @@ float trainer_lr_at(const tier_train_cfg *c, int64_t s)
 	return (float)(c->lr * (c->min_lr_ratio + (1.0 - c->min_lr_ratio) * cosv));
 }
 
-/* The optimizer's walks over the groups pin a batch of groups per operation (one wait on the
- * device per batch, not per group): up to OPT_BATCH groups and an eighth of the HBM budget. */
+/* The optimizer pins a layer's groups in batches (one wait on the device per batch, not per
+ * group): up to OPT_BATCH groups and an eighth of the HBM budget. */
 #define OPT_BATCH 256
 
 static int batch_full(tier_trainer *t, int *n, uint64_t *bytes, uint64_t add)
@@ -131,19 +131,20 @@ static int adamw_set(tier_trainer *t, lora_group *own, float lr, float gscale)
 	return rc;
 }
 
-int trainer_adamw(tier_trainer *t, float lr, float gscale)
+/* One layer's sets, groups [lo, hi): pinned together in batches, updated, released. */
+static int adamw_layer(tier_trainer *t, size_t lo, size_t hi, float lr, float gscale)
 {
 	int rc = 0, in_batch = 0;
 	uint64_t bytes = 0;
-	size_t from = 0, i;
-	for (i = 0; i < t->m->n_groups && !rc; i += t->m->groups[i].n_members) {
+	size_t from = lo, i;
+	for (i = lo; i < hi && !rc; i += t->m->groups[i].n_members) {
 		lora_group *own = &t->m->groups[i];
 		if (!own->zeroed)
 			continue;
 		rc = adamw_set(t, own, lr, gscale);
 		if (rc == -ENOSPC && in_batch) { /* the batch's pins split the budget: end it, try again alone */
 			if ((rc = adamw_batch_end(t, from, i, 0)))
-				break;
+				return rc;
 			from = i, in_batch = 0, bytes = 0;
 			rc = adamw_set(t, own, lr, gscale);
 		}
@@ -153,4 +154,23 @@ int trainer_adamw(tier_trainer *t, float lr, float gscale)
 		}
 	}
 	return adamw_batch_end(t, from, i, rc);
+}
+
+/* Layer by layer, last to first, each layer an operation of the schedule (train_sched.c). That
+ * order ends on the state the next step's forward reads first, still in HBM, while the last
+ * layers' state, updated first, has been written down by then and is evicted without a wait. */
+int trainer_adamw(tier_trainer *t, float lr, float gscale)
+{
+	const tier_model *m = t->m;
+	size_t hi = m->n_groups;
+	int rc = 0;
+	for (int l = m->L - 1; l >= 0 && !rc; l--) {
+		size_t lo = hi;
+		while (lo > 0 && m->groups[lo - 1].layer == l) /* groups are in layer order */
+			lo--;
+		trainer_at_op(t);
+		rc = adamw_layer(t, lo, hi, lr, gscale);
+		hi = lo;
+	}
+	return rc;
 }

@@ -42,10 +42,15 @@ static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
 	return bwd ? n : add_ids(ids, n, t->ckpt[l + 1]);
 }
 
+/* The optimizer is one operation per layer, last layer first (its sets' parameters, gradients and
+ * moments; trainer_adamw), so that the prefetcher brings layer l - 1's state while layer l is
+ * updated, and the first layers' updates bring the next step's embedding and first layer. As one
+ * operation it left no room to prefetch: its 13 GiB of state, not yet in HBM, was all "needed
+ * now". */
 int trainer_set_schedule(tier_trainer *t)
 {
 	tier_model *m = t->m;
-	int L = m->L, per = L * 2 + 2, nops = per * t->c.micro_batches + 1;
+	int L = m->L, per = L * 2 + 2, nops = per * t->c.micro_batches + L;
 	size_t cap = (size_t)W_NSLOTS + 4 + 4 * (size_t)m->E + 3 * m->n_groups + 8;
 	tier_sched_op *ops = calloc((size_t)nops, sizeof *ops);
 	uint64_t *pool = calloc((size_t)per * cap + 3 * m->n_groups + 8, sizeof *pool), *p = pool;
@@ -69,12 +74,16 @@ int trainer_set_schedule(tier_trainer *t)
 			ops[mb * per + i] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
 		p += n;
 	}
-	size_t n = 0;
-	for (size_t g = 0; g < m->n_groups; g += m->groups[g].n_members) {
-		n = group_ids(p, n, &m->groups[g], 1);
-		n = add_ids(p, n, m->groups[g].optim);
+	size_t g = 0;
+	for (int l = 0; l < L; l++) {
+		size_t n = 0;
+		for (; g < m->n_groups && m->groups[g].layer == l; g += m->groups[g].n_members) {
+			n = group_ids(p, n, &m->groups[g], 1);
+			n = add_ids(p, n, m->groups[g].optim);
+		}
+		ops[nops - 1 - l] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
+		p += n;
 	}
-	ops[nops - 1] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
 	int rc = tier_store_set_schedule(m->s, ops, (size_t)nops, 1);
 	free(ops);
 	free(pool);

@@ -63,6 +63,8 @@ struct tier_trainer {
 void trainer_charge(tier_trainer *t, int part);
 int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, float **p);
 int trainer_op_end(tier_trainer *t, int rc);
+/* Announce the next operation of the step's schedule to the store (prefetches what follows). */
+void trainer_at_op(tier_trainer *t);
 
 /* train_sched.c: hand the step's operations (objects, forward then backward, then the optimizer)
  * to the store's prefetcher and schedule-aware policy; a backward lists only the experts its

@@ -690,6 +690,14 @@ static void summary(job *j, const run_opts *o, double first, double last, double
 				       (unsigned long long)st.cls[TIER_HBM][k].unused);
 		printf("\n");
 	}
+	if (st.tier[TIER_DDR].capacity && st.link[TIER_LINK_D2H].bytes) { /* written down: what is dirty, by class */
+		printf("# into ddr by class:");
+		for (int k = 0, n = 0; k < TIER_STATS_NCLASSES; k++)
+			if (st.cls[TIER_DDR][k].bytes_in)
+				printf("%s %s %s", n++ ? "," : "", st.class_name[k],
+				       tier_format_size(st.cls[TIER_DDR][k].bytes_in, c, sizeof c));
+		printf("\n");
+	}
 	for (int l = 0; l < TIER_STATS_NLINKS; l++)
 		if (st.link[l].bytes)
 			printf("# link %-10s %10s in %llu transfers\n", st.link_name[l],
