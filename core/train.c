@@ -28,6 +28,8 @@ void trainer_charge(tier_trainer *t, int part)
 	uint64_t now = tier_now_ns();
 	t->part[part] += now - t->mark;
 	t->mark = now;
+	t->pin_part[part] += t->pin_since;
+	t->pin_since = 0;
 }
 
 /* pin() with its time counted (PIN overlaps the part it happens in). */
@@ -35,7 +37,9 @@ int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, floa
 {
 	uint64_t t0 = tier_now_ns();
 	int rc = pin(&t->ps, o, flags, dirty, p);
-	t->part[TIER_PART_PIN] += tier_now_ns() - t0;
+	uint64_t dt = tier_now_ns() - t0;
+	t->part[TIER_PART_PIN] += dt;
+	t->pin_since += dt;
 	return rc;
 }
 
@@ -263,7 +267,11 @@ void trainer_set_step(tier_trainer *t, int64_t step) { t->step = step; }
 static int scratch_begin(tier_trainer *t, pinset *sp)
 {
 	float *p;
+	uint64_t t0 = tier_now_ns();
 	int rc = pin(sp, t->scratch, TIER_ACQ_INIT, 1, &p);
+	uint64_t dt = tier_now_ns() - t0; /* room for it is made here: counted as a pin */
+	t->part[TIER_PART_PIN] += dt;
+	t->pin_since += dt;
 	if (rc)
 		return rc;
 	char *c = (char *)p;
@@ -669,6 +677,8 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	pinset sp = { .s = t->m->s };
 	memset(r, 0, sizeof *r);
 	memset(t->part, 0, sizeof t->part);
+	memset(t->pin_part, 0, sizeof t->pin_part);
+	t->pin_since = 0;
 	if (t->cache) /* entries a failed step left behind must not stand in for this step's */
 		tier_cache_end_microbatch(t->cache, UINT32_MAX);
 	t->mark = tier_now_ns();
@@ -697,6 +707,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 		rc = trainer_adamw(t, lr, gs); /* announces its operations, one per layer */
 	trainer_charge(t, TIER_PART_OPTIM);
 	memcpy(r->ns_part, t->part, sizeof r->ns_part);
+	memcpy(r->ns_pin_part, t->pin_part, sizeof r->ns_pin_part);
 	if (rc)
 		return rc;
 	tier_store_step(t->m->s);

@@ -296,6 +296,13 @@ static void test_grad_norm_and_spent_grads(void **state)
 		assert_int_equal(rc, 0);
 		printf("# %s budget: |g| %.7f from the step, %.7f from the exported gradients\n", v ? "spilling" : "large",
 		       res.grad_norm, sqrt(ss));
+		uint64_t pins = 0; /* the pinning time of each part is inside the part and adds up to PIN */
+		for (int p = 0; p < TIER_PART_PIN; p++) {
+			assert_true(res.ns_pin_part[p] <= res.ns_part[p]);
+			pins += res.ns_pin_part[p];
+		}
+		assert_int_equal(res.ns_pin_part[TIER_PART_PIN], 0);
+		assert_true(pins == res.ns_part[TIER_PART_PIN] && pins > 0);
 		assert_true(ss > 0 && fabs(res.grad_norm - sqrt(ss)) <= 1e-5 * sqrt(ss));
 		assert_int_equal(tier_model_lora_export(r.m, 1, &g), -ENODATA);
 		assert_non_null(strstr(tier_last_error(), "tier_trainer_eval"));

@@ -363,7 +363,7 @@ typedef struct {
 	int tracing;     /* --trace: closed (and its write errors reported) before the store goes */
 	uint64_t hbm;    /* the HBM budget in effect (after clamping to the GPU) */
 	double flop_per_token, peak; /* MFU: 4 x active parameters per token; the GPU's peak (0: no MFU) */
-	uint64_t parts[TIER_NPARTS], step_ns; /* time by part of the step, summed over the steps */
+	uint64_t parts[TIER_NPARTS], pin_parts[TIER_NPARTS], step_ns; /* time by part of the step (and pinning in it), summed over the steps */
 	int profile_step; /* TIER_PROFILE_STEP=N: step N (from 1) between cudaProfilerStart and Stop */
 } job;
 
@@ -580,6 +580,9 @@ static void log_step(job *j, int s, const tier_step_result *r, const counters *n
 	fprintf(j->log, ",\"ns_part\":{");
 	for (int p = 0; p < TIER_NPARTS; p++)
 		fprintf(j->log, "%s\"%s\":%llu", p ? "," : "", tier_step_part_name(p), (unsigned long long)r->ns_part[p]);
+	fprintf(j->log, "},\"ns_pin_part\":{");
+	for (int p = 0; p < TIER_PART_PIN; p++)
+		fprintf(j->log, "%s\"%s\":%llu", p ? "," : "", tier_step_part_name(p), (unsigned long long)r->ns_pin_part[p]);
 	fprintf(j->log, "}}\n");
 }
 
@@ -632,7 +635,7 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 		prev = now;
 		*tokens += r.tokens;
 		for (int p = 0; p < TIER_NPARTS; p++)
-			j->parts[p] += r.ns_part[p];
+			j->parts[p] += r.ns_part[p], j->pin_parts[p] += r.ns_pin_part[p];
 		j->step_ns += r.ns;
 		if (o->ckpt_every && ((s + 1) % o->ckpt_every == 0 || s + 1 == o->steps)) {
 			char path[4200];
@@ -670,6 +673,10 @@ static void summary(job *j, const run_opts *o, double first, double last, double
 			printf(" %s %.1f%%%s", tier_step_part_name(p), 100.0 * (double)j->parts[p] / (double)j->step_ns,
 			       p + 1 < TIER_NPARTS ? "," : "");
 		printf(" (pin overlaps the others; TIER_PROFILE=1 for exact parts)\n");
+		printf("# of which pinning (waiting for data, room or writebacks):");
+		for (int p = 0; p < TIER_PART_PIN; p++)
+			printf(" %s %.1f%%%s", tier_step_part_name(p), 100.0 * (double)j->pin_parts[p] / (double)j->step_ns,
+			       p + 1 < TIER_PART_PIN ? "," : "\n");
 	}
 	for (int t = 0; t < TIER_NTIERS; t++) {
 		if (!st.tier[t].capacity)

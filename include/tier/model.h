@@ -172,6 +172,9 @@ typedef struct {
 	 * acquiring objects). Device work is asynchronous: a part is charged where the host waits for
 	 * it, unless $TIER_PROFILE=1 makes every part wait for the device at its end (slower, exact). */
 	uint64_t ns_part[9];
+	/* Of each part, the time spent acquiring objects (waiting for a fetch, for room, for a
+	 * writeback): ns_pin_part[TIER_PART_PIN] is 0, the sum being ns_part[TIER_PART_PIN]. */
+	uint64_t ns_pin_part[9];
 } tier_step_result;
 enum { TIER_PART_EMBED, TIER_PART_ATTN_FWD, TIER_PART_ROUTE, TIER_PART_MLP_FWD, TIER_PART_LOSS,
        TIER_PART_MLP_BWD, TIER_PART_ATTN_BWD, TIER_PART_OPTIM, TIER_PART_PIN, TIER_NPARTS };
