@@ -43,6 +43,8 @@ int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, floa
 	return rc;
 }
 
+static int scratch_end(tier_trainer *t, int keep);
+
 void tier_train_cfg_init(tier_train_cfg *c)
 {
 	memset(c, 0, sizeof *c);
@@ -191,6 +193,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	tier_store_stats(m->s, &st);
 	t->hbm_cap = st.tier[TIER_HBM].capacity;
 	t->spill = all > t->hbm_cap;
+	t->scratch_keep = t->hbm_cap >= t->min_hbm + opt; /* an optimizer set's room to spare */
 	if (st.tier[TIER_HBM].capacity < t->min_hbm) {
 		char need[32], have[32];
 		rc = tier_fail(-ENOSPC, "the HBM budget (%s) cannot hold one layer's weights with the activations of a "
@@ -213,6 +216,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	if (!t)
 		return;
 	pin_release_all(&t->ps);
+	scratch_end(t, 0);
 	tier_cache_destroy(t->cache);
 	if (t->scratch)
 		tier_obj_destroy(t->m->s, t->scratch);
@@ -262,19 +266,22 @@ int64_t trainer_step_index(const tier_trainer *t) { return t->step; }
 void trainer_set_step(tier_trainer *t, int64_t step) { t->step = step; }
 
 /* ---- Operations -------------------------------------------------------------------------------- */
-/* Pin the scratch object for the step, carve it, and start the step's gradient norm (its device
- * accumulator lives there). */
-static int scratch_begin(tier_trainer *t, pinset *sp)
+/* Pin the scratch object for the step (unless still pinned from the last one), carve it, and
+ * start the step's gradient norm (its device accumulator lives there). */
+static int scratch_begin(tier_trainer *t)
 {
-	float *p;
-	uint64_t t0 = tier_now_ns();
-	int rc = pin(sp, t->scratch, TIER_ACQ_INIT, 1, &p);
-	uint64_t dt = tier_now_ns() - t0; /* room for it is made here: counted as a pin */
-	t->part[TIER_PART_PIN] += dt;
-	t->pin_since += dt;
-	if (rc)
-		return rc;
-	char *c = (char *)p;
+	if (!t->scratch_p) {
+		void *p;
+		uint64_t t0 = tier_now_ns();
+		int rc = tier_acquire(t->m->s, t->scratch, TIER_HBM, TIER_ACQ_INIT, &p, NULL);
+		uint64_t dt = tier_now_ns() - t0; /* room for it is made here: counted as a pin */
+		t->part[TIER_PART_PIN] += dt;
+		t->pin_since += dt;
+		if (rc)
+			return rc;
+		t->scratch_p = p;
+	}
+	char *c = t->scratch_p;
 	size_t th = (sizeof(float) * (size_t)t->sh.T * t->m->H + 63) / 64 * 64;
 	dec_bufs_bind(t->m, &t->sh, c, &t->b);
 	c += t->dec_bytes;
@@ -283,6 +290,19 @@ static int scratch_begin(tier_trainer *t, pinset *sp)
 	t->lws = c + 3 * th + (sizeof(float) * (size_t)t->sh.T + 63) / 64 * 64;
 	dev_extra(t, (char *)t->lws + t->loss_ws);
 	return trainer_grad_norm_reset(t);
+}
+
+/* Unpin the scratch, unless keep, and drop its contents (dead between steps). Kept, it spares the
+ * next step's start the evictions that make room for it (at batch 8 under --hbm 24G that start
+ * waited for the optimizer's writebacks); it is kept when the budget holds the optimizer's sets
+ * beside it (t->scratch_keep). */
+static int scratch_end(tier_trainer *t, int keep)
+{
+	if (!t->scratch_p || keep)
+		return 0;
+	t->scratch_p = NULL;
+	int rc = tier_release(t->m->s, t->scratch, TIER_HBM, 1);
+	return rc ? rc : tier_obj_discard(t->m->s, t->scratch);
 }
 
 /* The fp32 values of a layer input x (the activation type) for an operation: x itself on the CPU,
@@ -674,7 +694,6 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 		return tier_fail(-ENODATA, "the model has no base weights; load them (tier_model_load_hf) or make them "
 				 "(tier_model_init_random) first");
 	uint64_t t0 = tier_now_ns();
-	pinset sp = { .s = t->m->s };
 	memset(r, 0, sizeof *r);
 	memset(t->part, 0, sizeof t->part);
 	memset(t->pin_part, 0, sizeof t->pin_part);
@@ -685,8 +704,8 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
-	if ((rc = scratch_begin(t, &sp)))
-		return pin_release_all(&sp), rc;
+	if ((rc = scratch_begin(t)))
+		return scratch_end(t, 0), rc;
 	float dloss = 1.0f / (float)nm, loss_sum = 0.0f;
 	for (int mb = 0; mb < nm && !rc; mb++) {
 		float l = 0.0f;
@@ -698,8 +717,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	double norm = 0.0;
 	if (!rc)
 		rc = trainer_grad_norm(t, &norm);
-	/* the optimizer needs no scratch: its room goes to the LoRA state */
-	int r2 = pin_release_all(&sp);
+	int r2 = scratch_end(t, !rc && t->scratch_keep); /* else its room goes to the LoRA state */
 	rc = rc ? rc : r2;
 	float lr = trainer_lr_at(&t->c, t->step);
 	float gs = t->c.clip > 0 && norm > t->c.clip ? (float)(t->c.clip / (norm + 1e-6)) : 1.0f;
@@ -730,18 +748,17 @@ int tier_trainer_eval(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 		return rc;
 	if (!t->m->have_data)
 		return tier_fail(-ENODATA, "the model has no base weights; load or make them first");
-	pinset sp = { .s = t->m->s };
 	float aux = 0.0f;
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
-	if ((rc = scratch_begin(t, &sp)))
-		return pin_release_all(&sp), rc;
+	if ((rc = scratch_begin(t)))
+		return scratch_end(t, 0), rc;
 	t->mb = 0, t->last_mb = 1;
 	if (t->cache)
 		tier_cache_end_microbatch(t->cache, UINT32_MAX);
 	rc = micro(t, tokens, labels, 1.0f, grads, loss, &aux, hidden);
-	int r2 = pin_release_all(&sp);
+	int r2 = scratch_end(t, !rc && t->scratch_keep);
 	*loss += aux;
 	return rc ? rc : r2;
 }

@@ -14,6 +14,8 @@ struct tier_trainer {
 	dec_shape sh;
 	dec_bufs b;
 	tier_object *scratch;  /* ACT, discardable: the buffers above, the loss's lse and workspace */
+	void *scratch_p;       /* its address while pinned (from a step's start; across steps if kept) */
+	int scratch_keep;      /* keep it pinned between steps (scratch_end) */
 	tier_object **ckpt;    /* [L + 1] ACT: the input of each layer (ckpt[L]: the last output) */
 	size_t dec_bytes, loss_ws;
 	tier_loss_params lp;

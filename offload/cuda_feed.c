@@ -1,12 +1,17 @@
 /* cuda_feed.c - the metered copy queues of the CUDA links: one per direction (h2d, which also
  * carries d2d, and d2h), each fed to its copy stream by a thread of its own that keeps at most
- * FEED_AHEAD bytes in flight on the GPU.
+ * three pieces of chunk_bytes in flight on the GPU.
  *
  * Why a queue in software: the copy engine runs the copies it was given in the order it was given
  * them, whatever their stream. On the H200 a 4 KiB copy on a stream of its own finished only after
  * the 384 MiB queued before it on another stream. A demand fetch can therefore jump ahead of the
  * prefetches only while those still wait here. Urgent transfers join at the front; a transfer that
  * somebody waits for moves to the front (tier_fence_wait, tier_fence_stream_wait).
+ *
+ * Not metered: the staged NVMe<->HBM pieces that the workers put on the same streams (cuda_path.c),
+ * up to staging_count buffers' worth. Waiting on a fence while tier_offload_destroy runs is the
+ * caller's race (the queue is freed); waiting after it returns is fine: everything queued was
+ * issued before the queue went.
  *
  * Synchronization: q->mu guards the queue (head, tail, the fences' qnext/qprev/fx_done), the
  * in-flight ring and stop. A fence's `issued` flips 0 -> 1 under both q->mu and f->mu, once its
@@ -16,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "offload_impl.h"
 
 #ifdef TIER_HAVE_CUDA
@@ -49,11 +55,15 @@ static void q_unlink(off_feed *q, tier_fence *f)
 	f->qnext = f->qprev = NULL;
 }
 
-/* At the front, but behind a transfer whose first pieces are already on the stream: its start
- * event is recorded, and pieces of another transfer in between would count in its busy time. */
+/* At the front, but behind a transfer whose first pieces are already on the stream (its start
+ * event is recorded, and pieces of another transfer in between would count in its busy time), and
+ * behind the transfers put at the front before it: first come, first served among the urgent. */
 static void q_insert_front(off_feed *q, tier_fence *f)
 {
 	tier_fence *after = q->head && q->head->fx_done ? q->head : NULL;
+	for (tier_fence *n = after ? after->qnext : q->head; n && n->fx_front; n = n->qnext)
+		after = n;
+	f->fx_front = 1;
 	f->qprev = after;
 	f->qnext = after ? after->qnext : q->head;
 	if (f->qnext)
@@ -82,6 +92,9 @@ static void q_append(off_feed *q, tier_fence *f)
 static void q_issued(off_feed *q, tier_fence *f, cudaError_t e)
 {
 	q_unlink(q, f);
+	if (e != cudaSuccess) /* its pieces already on the stream still move data: the fence may not
+			       * report done (and its memory be reused) before they have */
+		(void)cudaStreamSynchronize(q->s);
 	pthread_mutex_lock(&f->mu);
 	if (e != cudaSuccess) {
 		f->result = -EIO;
@@ -104,11 +117,26 @@ static void feed_reap(off_feed *q)
 	}
 }
 
+/* Bytes of the head transfer's next piece. */
+static uint64_t feed_next_bytes(const off_feed *q)
+{
+	const tier_fence *f = q->head;
+	return f->fx.len - f->fx_done < q->piece ? f->fx.len - f->fx_done : q->piece;
+}
+
+/* The wait between two looks at the oldest piece in flight: short against a piece's time on the
+ * link (8 MiB: ~160 us on PCIe 5), which the piece behind it covers. */
+static void feed_nap(void)
+{
+	struct timespec ts = { 0, 20000 };
+	nanosleep(&ts, NULL);
+}
+
 /* Put the next piece of the head transfer on the stream (and its events). */
 static void feed_issue(off_feed *q)
 {
 	tier_fence *f = q->head;
-	uint64_t n = f->fx.len - f->fx_done < q->piece ? f->fx.len - f->fx_done : q->piece;
+	uint64_t n = feed_next_bytes(q);
 	unsigned slot = (q->r0 + q->rn) % FEED_RING;
 	cudaError_t e = cudaSuccess;
 	if (!f->fx_done)
@@ -139,10 +167,9 @@ static void *feed_main(void *arg)
 		if (!q->head)
 			break; /* stopping, and everything queued is on the stream */
 		feed_reap(q);
-		if (q->rn == FEED_RING || q->inflight >= q->ahead) {
-			cudaEvent_t e = q->ring[q->r0]; /* only this thread records the ring's events */
+		if (q->rn == FEED_RING || (q->rn && q->inflight + feed_next_bytes(q) > q->ahead)) {
 			pthread_mutex_unlock(&q->mu);
-			cudaEventSynchronize(e); /* a failed copy shows on its fence's end event */
+			feed_nap(); /* polled: cudaEventSynchronize would spin a core all step long */
 			pthread_mutex_lock(&q->mu);
 			continue; /* the head may have changed meanwhile */
 		}
@@ -181,7 +208,7 @@ int feed_create(int ordinal, cudaStream_t s, uint64_t piece, off_feed **out)
 	q->s = s;
 	q->ordinal = ordinal;
 	q->piece = piece;
-	q->ahead = 2 * piece; /* the GPU never runs dry while the feeder wakes up */
+	q->ahead = 3 * piece; /* the GPU does not run dry while the feeder naps */
 	for (; q->nev < FEED_RING; q->nev++)
 		if (cudaEventCreateWithFlags(&q->ring[q->nev], cudaEventDisableTiming) != cudaSuccess) {
 			feed_destroy(q);
@@ -203,6 +230,7 @@ void feed_push(off_feed *q, tier_fence *f, const tier_xfer *x, int kind, int urg
 	f->fx = *x;
 	f->fx_kind = kind;
 	f->fx_done = 0;
+	f->fx_front = 0;
 	tier_fence_get(f);
 	pthread_mutex_lock(&q->mu);
 	if (urgent)
@@ -222,7 +250,7 @@ int feed_wait_issued(tier_fence *f)
 	if (!q || atomic_load(&f->issued))
 		return f->result;
 	pthread_mutex_lock(&q->mu);
-	if (!atomic_load(&f->issued) && q->head != f && !f->fx_done) {
+	if (!atomic_load(&f->issued) && q->head != f && !f->fx_done && !f->fx_front) {
 		q_unlink(q, f);
 		q_insert_front(q, f);
 		pthread_cond_signal(&q->cv);

@@ -36,6 +36,7 @@ struct tier_fence {
 	tier_xfer fx;
 	uint64_t fx_done;   /* bytes already on the stream */
 	int fx_kind;        /* enum cudaMemcpyKind */
+	int fx_front;       /* put at the front (urgent or waited for) */
 	atomic_int issued;  /* the end event is recorded (or issuing failed: result says so) */
 #endif
 };
