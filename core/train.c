@@ -216,7 +216,9 @@ void tier_trainer_destroy(tier_trainer *t)
 	if (!t)
 		return;
 	pin_release_all(&t->ps);
-	scratch_end(t, 0);
+	if (t->scratch_p) /* kept from the last step: unpinned clean, which drops it (-EINVAL says so)
+			   * without a dirty release in an access trace after its last step */
+		(void)tier_release(t->m->s, t->scratch, TIER_HBM, 0);
 	tier_cache_destroy(t->cache);
 	if (t->scratch)
 		tier_obj_destroy(t->m->s, t->scratch);
@@ -238,6 +240,7 @@ void tier_trainer_destroy(tier_trainer *t)
 }
 
 uint64_t tier_trainer_min_hbm(const tier_trainer *t) { return t->min_hbm; }
+uint64_t tier_trainer_scratch_bytes(const tier_trainer *t) { return tier_obj_size(t->scratch); }
 
 int tier_trainer_cache_stats(tier_trainer *t, tier_cache_stats *out)
 {

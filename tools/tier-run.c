@@ -444,7 +444,7 @@ static void on_load_progress(uint64_t done, uint64_t total, void *arg)
 
 static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 {
-	char path[4200], a[32], b[32], c[32], d[32];
+	char path[4200], a[32], b[32], c[32], d[32], e[32];
 	if (o->model && o->init)
 		return fprintf(stderr, "tier-run: give --model DIR or --init random, not both\n"), 1;
 	if (o->config && !o->init)
@@ -530,7 +530,7 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	if (!o->quiet)
 		printf("# model %s: %lld layers, H %lld, %lld experts (top-%lld) of %lld, %lld heads / %lld KV; base %s, "
 		       "LoRA r %d on %s (%llu parameters); data %s (%llu tokens)\n# budgets: hbm %s%s (the step needs "
-		       "%s), ddr %s; policy %s; batch %d x %d tokens x %d micro-batches\n",
+		       "%s, %s of it scratch), ddr %s; policy %s; batch %d x %d tokens x %d micro-batches\n",
 		       o->model ? o->model : "synthetic", (long long)cfg->num_hidden_layers, (long long)cfg->hidden_size,
 		       (long long)cfg->num_experts, (long long)cfg->num_experts_per_tok,
 		       (long long)cfg->moe_intermediate_size, (long long)cfg->num_attention_heads,
@@ -538,7 +538,8 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 		       (unsigned long long)tier_model_lora_params(j->m), data,
 		       (unsigned long long)tier_data_count(j->d), tier_format_size(j->hbm, b, sizeof b),
 		       tier_dev_kind_of(j->dev) == TIER_DEV_CPU ? " (emulated)" : "",
-		       tier_format_size(tier_trainer_min_hbm(j->t), c, sizeof c), tier_format_size(o->ddr, d, sizeof d),
+		       tier_format_size(tier_trainer_min_hbm(j->t), c, sizeof c),
+		       tier_format_size(tier_trainer_scratch_bytes(j->t), e, sizeof e), tier_format_size(o->ddr, d, sizeof d),
 		       o->policy, o->batch, o->seq, o->micro);
 	if (o->out) {
 		snprintf(path, sizeof path, "%s/train_log.jsonl", o->out);

@@ -192,6 +192,9 @@ void tier_trainer_destroy(tier_trainer *t); /* NULL is fine */
 /* Bytes of HBM one step needs at least (largest layer's weights and LoRA state, two checkpoints,
  * the workspace). */
 uint64_t tier_trainer_min_hbm(const tier_trainer *t);
+/* Of it, the step's scratch: one layer's activations and gradients, the MoE and loss workspaces
+ * (grows with batch x seq; what decides the largest batch under an HBM budget). */
+uint64_t tier_trainer_scratch_bytes(const tier_trainer *t);
 /* One optimizer step over micro_batches micro-batches: tokens and labels [micro_batches, batch,
  * seq] (labels: the target of each position, -100 for none). Returns 0 with *r filled, -EINVAL
  * (token or label out of range), or the store's error (the step is then lost: LoRA weights are
