@@ -11,12 +11,17 @@
 #define AL 64
 static size_t al(size_t n) { return (n + AL - 1) / AL * AL; }
 
-int dec_shape_init(const tier_model *m, int batch, int seq, dec_shape *sh)
+int dec_shape_init(const tier_model *m, int batch, int seq, int moe_chunks, dec_shape *sh)
 {
 	memset(sh, 0, sizeof *sh);
 	if (batch < 1 || seq < 1 || (int64_t)batch * seq > (1 << 24))
 		return tier_fail(-EINVAL, "batch %d x seq %d: both must be >= 1 and the product at most 2^24", batch, seq);
 	sh->T = batch * seq, sh->batch = batch, sh->seq = seq;
+	sh->mchunks = moe_chunks > 1 ? moe_chunks : 1;
+	if (moe_chunks < 0 || sh->T % sh->mchunks)
+		return tier_fail(-EINVAL, "MoE chunks %d (--moe-chunks): the micro-batch's %d tokens (batch %d x seq %d) must divide by it",
+				 moe_chunks, sh->T, batch, seq);
+	sh->mT = sh->T / sh->mchunks;
 	sh->moe.router.kind = m->mixtral ? TIER_MOE_ROUTER_TOPK_SOFTMAX : TIER_MOE_ROUTER_SOFTMAX_TOPK;
 	sh->moe.router.n_experts = m->E > 0 ? m->E : 1;
 	sh->moe.router.top_k = m->k > 0 ? m->k : 1;
@@ -25,6 +30,11 @@ int dec_shape_init(const tier_model *m, int batch, int seq, dec_shape *sh)
 	sh->moe.inter = m->Ie > 0 ? m->Ie : 1;
 	sh->moe.aux_coef = m->cfg.output_router_logits ? (float)m->cfg.router_aux_loss_coef : 0.0f;
 	sh->moe.dtype = m->cuda ? TIER_MOE_BF16 : TIER_MOE_F32;
+	if (sh->mchunks > 1 && m->E > 0 && (sh->moe.aux_coef != 0.0f || sh->moe.z_coef != 0.0f ||
+					     sh->moe.capacity_factor > 0.0f))
+		return tier_fail(-EINVAL, "MoE chunks %d (--moe-chunks): the router's aux loss (output_router_logits), z-loss or capacity "
+				 "limit depends on every token of the micro-batch; use 1 chunk or turn them off",
+				 sh->mchunks);
 	tier_attn_params_init(&sh->ap, batch, seq, m->nh, m->nkv, m->hd);
 	sh->rq = (tier_rope_params){ .tokens = sh->T, .seq = seq, .n_heads = m->nh, .head_dim = m->hd, .theta = m->theta };
 	sh->rk = sh->rq;
@@ -84,13 +94,13 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	carve(fa, sizeof fa / sizeof fa[0], buf, &off);
 	size_t mlp0 = off;
 	carve(fm, sizeof fm / sizeof fm[0], buf, &off);
-	size_t saved = any_moe(m) ? tier_moe_saved_bytes(&sh->moe, sh->T) : 0;
+	size_t saved = any_moe(m) ? tier_moe_saved_bytes(&sh->moe, sh->mT) : 0;
 	if (buf && saved)
-		tier_moe_saved_bind(&sh->moe, sh->T, buf + off, saved, &b->ms);
+		tier_moe_saved_bind(&sh->moe, sh->mT, buf + off, saved, &b->ms);
 	off += al(saved);
-	if (buf) {
+	if (buf) { /* in chunks, the saved state holds the last chunk's only: not worth keeping */
 		b->save[0] = buf, b->save_bytes[0] = mlp0;
-		b->save[1] = buf + mlp0, b->save_bytes[1] = off - mlp0;
+		b->save[1] = buf + mlp0, b->save_bytes[1] = sh->mchunks > 1 && any_moe(m) ? 0 : off - mlp0;
 	}
 	carve(fg, sizeof fg / sizeof fg[0], buf, &off);
 	/* one workspace for the largest user: the MoE block, attention, a LoRA linear */
@@ -103,7 +113,7 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	lo.gate = (tier_moe_lora){ .a = dummy, .b = dummy, .rank = m->lora.r };
 	lo.up = lo.down = lo.gate;
 	if (any_moe(m))
-		ws = tier_moe_workspace_bytes(&sh->moe, sh->T, &lo);
+		ws = tier_moe_workspace_bytes(&sh->moe, sh->mT, &lo);
 	tier_attn_workspace_bytes(m->dev, &sh->ap, &aw);
 	ws = ws > aw ? ws : aw;
 	ws = ws > lw ? ws : lw;
@@ -169,32 +179,57 @@ int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const
 	return dop_norm(m, T, H, b->h1, w->w[W_LN2], b->b, b->r2);
 }
 
+/* Rows from row0 on of a [T, H] activation (bf16 on CUDA) or fp32 buffer: a MoE chunk's tokens. */
+static const float *act_rows(const tier_model *m, const float *p, size_t row0)
+{
+	return (const float *)((const char *)p + row0 * (size_t)m->H * dop_act_size(m));
+}
+
+static float *f32_rows(const tier_model *m, float *p, size_t row0)
+{
+	return p + row0 * (size_t)m->H;
+}
+
 int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int32_t *counts,
 	      int32_t *hidx)
 {
-	size_t n = (size_t)sh->T * m->k;
-	int rc = tier_moe_router_fwd(m->dev, &sh->moe.router, sh->T, m->H, b->b, w->w[W_ROUTER], NULL, b->ms.logits,
-				     b->ms.topk_idx, b->ms.topk_w);
-	const int32_t *idx = b->ms.topk_idx;
-	if (!rc && m->cuda) {
-		rc = core_get(m, hidx, b->ms.topk_idx, sizeof(int32_t) * n);
-		idx = hidx;
-	}
-	if (rc)
-		return rc;
+	size_t n = (size_t)sh->mT * m->k;
 	memset(counts, 0, sizeof(int32_t) * (size_t)m->E);
-	for (size_t i = 0; i < n; i++)
-		counts[idx[i]]++;
+	for (int c = 0; c < sh->mchunks; c++) { /* the saved state holds one chunk's routing */
+		int rc = tier_moe_router_fwd(m->dev, &sh->moe.router, sh->mT, m->H, act_rows(m, b->b, (size_t)c * sh->mT),
+					     w->w[W_ROUTER], NULL, b->ms.logits, b->ms.topk_idx, b->ms.topk_w);
+		const int32_t *idx = b->ms.topk_idx;
+		if (!rc && m->cuda) {
+			rc = core_get(m, hidx, b->ms.topk_idx, sizeof(int32_t) * n);
+			idx = hidx;
+		}
+		if (rc)
+			return rc;
+		for (size_t i = 0; i < n; i++)
+			counts[idx[i]]++;
+	}
 	return 0;
+}
+
+/* The MoE block's forward over chunk c (its output rows into b->mo, its state into b->ms). */
+static int moe_chunk_fwd(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int c)
+{
+	size_t r0 = (size_t)c * sh->mT;
+	return tier_moe_layer_fwd(m->dev, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], NULL, &w->ex,
+				  w->has_elora ? &w->elora : NULL, f32_rows(m, b->mo, r0), &b->ms, b->ws, b->ws_bytes);
+}
+
+int dec_mlp_recompute(const dec_shape *sh, int moe)
+{
+	return !moe || sh->mchunks == 1;
 }
 
 int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b, float *out)
 {
-	tier_dev *d = m->dev;
-	int T = sh->T, H = m->H, I = m->I, rc;
+	int T = sh->T, H = m->H, I = m->I, rc = 0;
 	if (moe)
-		rc = tier_moe_layer_fwd(d, &sh->moe, T, b->b, w->w[W_ROUTER], NULL, &w->ex,
-					w->has_elora ? &w->elora : NULL, b->mo, &b->ms, b->ws, b->ws_bytes);
+		for (int c = 0; c < sh->mchunks && !rc; c++)
+			rc = moe_chunk_fwd(m, sh, w, b, c);
 	else if (!(rc = dop_linear(m, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->g, b->ws)) &&
 		 !(rc = dop_linear(m, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->u, b->ws)) &&
 		 !(rc = dop_swiglu(m, (size_t)T * I, b->g, b->u, b->act)))
@@ -208,9 +243,16 @@ static int mlp_bwd(const tier_model *m, const dec_shape *sh, int moe, const dec_
 {
 	tier_dev *d = m->dev;
 	int T = sh->T, H = m->H, I = m->I, rc;
+	for (int c = 0; moe && c < sh->mchunks; c++) { /* in chunks: each one's forward again, then its backward */
+		size_t r0 = (size_t)c * sh->mT;
+		if ((sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c))) ||
+		    (rc = tier_moe_layer_bwd(d, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], &w->ex,
+					     w->has_elora ? &w->elora : NULL, &b->ms, dout + r0 * (size_t)H, d_aux,
+					     f32_rows(m, b->db, r0), NULL, b->ws, b->ws_bytes)))
+			return rc;
+	}
 	if (moe)
-		return tier_moe_layer_bwd(d, &sh->moe, T, b->b, w->w[W_ROUTER], &w->ex, w->has_elora ? &w->elora : NULL,
-					  &b->ms, dout, d_aux, b->db, NULL, b->ws, b->ws_bytes);
+		return 0;
 	if ((rc = dop_linear_bwd(m, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], dout, b->dact, 0, b->ws)) ||
 	    (rc = dop_swiglu_bwd(m, (size_t)T * I, b->g, b->u, b->dact, b->dg, b->du)) ||
 	    (rc = dop_linear_bwd(m, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->dg, b->db, 0, b->ws)))

@@ -32,13 +32,15 @@ typedef struct {
 
 typedef struct {
 	int T, batch, seq;
+	int mT, mchunks;        /* the MoE half runs in mchunks chunks of mT tokens (T = mT mchunks) */
 	tier_moe_cfg moe;
 	tier_attn_params ap;
 	tier_rope_params rq, rk;
 } dec_shape;
 
-/* Fill the shape of a micro-batch; the byte count of the buffers (carve with dec_bufs_bind). */
-int dec_shape_init(const tier_model *m, int batch, int seq, dec_shape *sh);
+/* Fill the shape of a micro-batch (moe_chunks: tier_train_cfg's); the byte count of the buffers
+ * (carve with dec_bufs_bind). */
+int dec_shape_init(const tier_model *m, int batch, int seq, int moe_chunks, dec_shape *sh);
 size_t dec_bufs_bytes(const tier_model *m, const dec_shape *sh);
 void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs *b);
 
@@ -53,7 +55,10 @@ int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_wei
  * d_aux as in tier_moe_layer_bwd. */
 int dec_bwd(const tier_model *m, const dec_shape *sh, int moe, const float *x, const dec_weights *w, dec_bufs *b,
 	    const float *dout, float d_aux, float *dx);
-/* dec_bwd in its two halves: the MLP's (b->db from dout), then the attention's (dx). */
+/* dec_bwd in its two halves: the MLP's (b->db from dout), then the attention's (dx). With MoE
+ * chunks the MLP half's backward first runs each chunk's forward again (the caller skips the
+ * MLP forward of its recompute: dec_mlp_recompute says whether it is needed). */
+int dec_mlp_recompute(const dec_shape *sh, int moe);
 int dec_mlp_bwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b,
 		const float *dout, float d_aux);
 int dec_attn_bwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b,

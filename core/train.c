@@ -145,7 +145,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	 * forward prefetches it saved cost); "0" none */
 	const char *routed = getenv("TIER_SCHED_ROUTED");
 	t->sched_routed = !routed || !strcmp(routed, "bwd") ? 1 : !strcmp(routed, "all") ? 2 : 0;
-	if ((rc = dec_shape_init(m, c->batch, c->seq, &t->sh)))
+	if ((rc = dec_shape_init(m, c->batch, c->seq, c->moe_chunks, &t->sh)))
 		goto fail;
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
 	if ((rc = tier_attn_workspace_bytes(m->dev, &t->sh.ap, &aws))) {
@@ -479,6 +479,8 @@ static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *o
 	if (m->layers[l].moe && (rc = pin_experts(t, l, grads, w)))
 		return rc;
 	trainer_charge(t, TIER_PART_ROUTE);
+	if (bwd && !dec_mlp_recompute(&t->sh, m->layers[l].moe))
+		return rc; /* MoE chunks: the backward runs each chunk's forward before its backward */
 	if (!(bwd && trainer_cache_restore(t, l, 1, &rc)) && !rc)
 		rc = dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out ? out : t->b.dtmp);
 	trainer_charge(t, TIER_PART_MLP_FWD);

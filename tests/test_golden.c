@@ -777,6 +777,9 @@ static int check_grads_bf16(const fixture *f, tier_model *m)
 }
 #endif
 
+static int golden_chunks; /* tier_train_cfg.moe_chunks of test_model_vs_hf: 0 one piece, else the
+			   * smallest divisor above 1 of the fixture's token count */
+
 static void test_model_vs_hf(void **state)
 {
 	fixture f;
@@ -791,6 +794,10 @@ static void test_model_vs_hf(void **state)
 	tier_train_cfg tc;
 	tier_train_cfg_init(&tc);
 	tc.batch = f.B, tc.seq = f.S;
+	for (int d = 2; golden_chunks && d <= f.T && !tc.moe_chunks; d++)
+		tc.moe_chunks = f.T % d ? 0 : d;
+	if (golden_chunks)
+		printf("# %s: the MoE half in %d chunks of %d tokens\n", f.c->name, tc.moe_chunks, f.T / tc.moe_chunks);
 	assert_int_equal(tier_trainer_create(r.m, &tc, &r.t), 0);
 	int64_t *ids = fx_tokens(&f, "input_ids"), *sh = fx_tokens(&f, "shift_labels");
 	int32_t *tok = malloc(sizeof(int32_t) * f.T), *lab = malloc(sizeof(int32_t) * f.T);
@@ -846,6 +853,14 @@ static void test_model_vs_hf(void **state)
 	fixture_close(&f);
 }
 
+/* The same comparison with the MoE half run in token chunks (tier_train_cfg.moe_chunks). */
+static void test_model_vs_hf_chunked(void **state)
+{
+	golden_chunks = 1;
+	test_model_vs_hf(state);
+	golden_chunks = 0;
+}
+
 /* Bad input: one case's checkpoint under another case's config is refused with a message that
  * names the tensor, and leaves the model without data (evaluation then fails cleanly). */
 static void test_wrong_checkpoint(void **state)
@@ -898,6 +913,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		{ "qwen3_moe_c: model_vs_hf (cuda)", test_model_vs_hf, NULL, NULL, (void *)&cases[3] },
 		{ "mixtral_c: model_vs_hf (cuda)", test_model_vs_hf, NULL, NULL, (void *)&cases[4] },
+		{ "qwen3_moe_c: model_vs_hf, MoE in chunks (cuda)", test_model_vs_hf_chunked, NULL, NULL, (void *)&cases[3] },
+		{ "mixtral_c: model_vs_hf, MoE in chunks (cuda)", test_model_vs_hf_chunked, NULL, NULL, (void *)&cases[4] },
 	};
 #else
 #define CASE_TESTS(i, n)                                                                          \
@@ -910,6 +927,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		CASE_TESTS(0, "qwen3_moe_a"), CASE_TESTS(1, "qwen3_moe_b"), CASE_TESTS(2, "mixtral"),
 		CASE_TESTS(3, "qwen3_moe_c"), CASE_TESTS(4, "mixtral_c"),
+		{ "qwen3_moe_a: model_vs_hf, MoE in chunks", test_model_vs_hf_chunked, NULL, NULL, (void *)&cases[0] },
+		{ "mixtral: model_vs_hf, MoE in chunks", test_model_vs_hf_chunked, NULL, NULL, (void *)&cases[2] },
 		cmocka_unit_test(test_wrong_checkpoint),
 	};
 #endif

@@ -84,6 +84,8 @@ expect1 "not both" --model "$tmp" --init random
 expect1 "config.json" --model "$tmp/nosuch"
 expect1 "unknown\|unrecognized" --nosuch
 expect1 "give one" --checkpoint-every 2 $small
+expect1 "must divide" --moe-chunks 3 $small # 2 x 16 tokens
+./tier-run $small --moe-chunks 4 --quiet >/dev/null 2>"$tmp/err" || fail "--moe-chunks 4: $(cat "$tmp/err")"
 ./tier-run --help | grep -q -- '--lora-targets' || fail "--help does not document --lora-targets"
 ./tier-run --store-demo --help | grep -q 'store demonstration' || fail "tier-run --store-demo is not reachable"
 echo "PASS"

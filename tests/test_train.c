@@ -48,6 +48,7 @@ typedef struct {
 
 static const char *rig_opcache; /* operator cache rules of the next rig (NULL: none) */
 static int rig_micro = 1;        /* micro-batches of the next rig */
+static int rig_chunks = 0;       /* MoE chunks of the next rig (tier_train_cfg.moe_chunks) */
 
 static int rig_open(rig *r, const tier_hf_config *c, const tier_lora_cfg *lc, uint64_t hbm, int batch, int seq,
 		    uint64_t wseed, double init)
@@ -61,7 +62,7 @@ static int rig_open(rig *r, const tier_hf_config *c, const tier_lora_cfg *lc, ui
 		return rc;
 	tier_train_cfg_init(&r->tc);
 	r->tc.batch = batch, r->tc.seq = seq, r->tc.steps = 30, r->tc.warmup = 0, r->tc.lr = 1e-2f;
-	r->tc.opcache = rig_opcache, r->tc.micro_batches = rig_micro;
+	r->tc.opcache = rig_opcache, r->tc.micro_batches = rig_micro, r->tc.moe_chunks = rig_chunks;
 	if ((rc = tier_trainer_create(r->m, &r->tc, &r->t)))
 		return rc;
 	size_t T = (size_t)batch * seq * 4;
@@ -311,6 +312,79 @@ static void test_grad_norm_and_spent_grads(void **state)
 		tier_peft_free(g);
 		rig_close(&r);
 	}
+}
+
+/* The squares of every LoRA gradient of the last eval with grads, and the largest relative
+ * difference from ref (when given) over the modules' gradients. */
+static double grads_vs(rig *r, const tier_peft_adapter *ref, tier_peft_adapter **out)
+{
+	assert_int_equal(tier_model_lora_export(r->m, 1, out), 0);
+	double worst = 0.0;
+	for (size_t i = 0; ref && i < ref->n_modules; i++) {
+		const tier_peft_module *a = &ref->modules[i], *b = &(*out)->modules[i];
+		size_t na = (size_t)ref->r * a->in, nb = (size_t)ref->r * a->out;
+		double dd = 0, nn = 0;
+		for (size_t j = 0; j < na; j++)
+			dd += pow((double)a->a[j] - b->a[j], 2), nn += (double)a->a[j] * a->a[j];
+		for (size_t j = 0; j < nb; j++)
+			dd += pow((double)a->b[j] - b->b[j], 2), nn += (double)a->b[j] * a->b[j];
+		if (nn > 0 && sqrt(dd / nn) > worst)
+			worst = sqrt(dd / nn);
+	}
+	return worst;
+}
+
+/* The MoE half in token chunks: the same loss and LoRA gradients as in one piece (up to the
+ * order of the gradient sums), training losses alike, a smaller scratch; also with the op cache
+ * (which then keeps attention halves only). Chunks that do not divide the micro-batch, or a
+ * router with an aux loss, are refused. */
+static void test_moe_chunks(void **state)
+{
+	(void)state;
+	tier_hf_config c;
+	tier_lora_cfg lc;
+	wider_config(&c, &lc);
+	lc.targets = 0x3f, lc.init_b_std = 0.2f, lc.seed = seed;
+	tier_peft_adapter *ref = NULL, *g;
+	float ev[4], tr[4][3];
+	uint64_t scratch[4];
+	static const int chunks[4] = { 1, 2, 4, 4 };
+	for (int v = 0; v < 4; v++) {
+		rig r;
+		rig_chunks = chunks[v], rig_opcache = v == 3 ? "all:hbm=16M" : NULL;
+		assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 12, 3, 0.1), 0);
+		scratch[v] = tier_trainer_scratch_bytes(r.t);
+		fill_batch(&r, 23, seed + 5, 24);
+		assert_int_equal(tier_trainer_eval(r.t, r.tok, r.lab, 1, &ev[v], NULL), 0);
+		double d = grads_vs(&r, ref, &g);
+		printf("# %d chunks%s: scratch %llu bytes, loss %.7f, LoRA gradients %.2e from one chunk's\n", chunks[v],
+		       v == 3 ? " with the op cache" : "", (unsigned long long)scratch[v], ev[v], d);
+		assert_true(fabs(ev[v] - ev[0]) <= 1e-6 * fabs(ev[0]) && d <= 1e-5);
+		if (ref)
+			tier_peft_free(g);
+		else
+			ref = g;
+		for (int st = 0; st < 3; st++) {
+			tier_step_result res;
+			assert_int_equal(tier_trainer_step(r.t, r.tok, r.lab, &res), 0);
+			tr[v][st] = res.loss;
+			assert_true(fabs(tr[v][st] - tr[0][st]) <= 1e-5 * fabs(tr[0][st]));
+		}
+		rig_close(&r);
+	}
+	tier_peft_free(ref);
+	assert_true(scratch[1] < scratch[0] && scratch[2] < scratch[1]);
+	rig r;
+	rig_chunks = 5; /* 24 tokens */
+	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 12, 3, 0.1), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "must divide"));
+	rig_close(&r);
+	c.output_router_logits = 1;
+	rig_chunks = 2;
+	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 12, 3, 0.1), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "aux loss"));
+	rig_close(&r);
+	rig_chunks = 0, rig_opcache = NULL;
 }
 
 /* LoRA dropout: training steps use it (their losses differ from dropout 0's after the first
@@ -932,6 +1006,7 @@ int main(void)
 		cmocka_unit_test(test_loss_falls_and_determinism),
 		cmocka_unit_test(test_store_transparent),
 		cmocka_unit_test(test_grad_norm_and_spent_grads),
+		cmocka_unit_test(test_moe_chunks),
 		cmocka_unit_test(test_opcache_transparent),
 		cmocka_unit_test(test_lora_dropout),
 		cmocka_unit_test(test_bad_input),

@@ -156,6 +156,13 @@ typedef struct {
 	 * layer offers its forward's results (attention half, MLP half) and the backward uses what was
 	 * kept instead of recomputing it. NULL or "": none (full recompute, the default). */
 	const char *opcache;
+	/* The MoE half of each layer runs over the micro-batch in this many token chunks (0 or 1: in
+	 * one), forward and backward (the backward recomputes a chunk's forward just before its
+	 * backward): the MoE block's saved state and workspace, the largest parts of the scratch, shrink
+	 * by that factor, for a larger batch under an HBM budget; the experts' products get smaller
+	 * groups. batch x seq must divide by it. The router must have no aux loss, z-loss or capacity
+	 * limit (they depend on every token of the micro-batch); the op cache keeps no MLP half. */
+	int moe_chunks;
 } tier_train_cfg;
 /* batch 4, seq 64, 1 micro-batch, 100 steps, warmup 5, lr 2e-3, min_lr_ratio 0.1, betas 0.9/0.999,
  * eps 1e-8, weight decay 0, clip 1. */
