@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # final-session.sh - one GPU call that checks a build end to end: the CUDA tests of the trainer's
 # kernels, the attention variants against torch SDPA (TIER_ATTN_FWD / TIER_ATTN_BWD), then the
-# trainer issue's runs: (a) batch 1 and 4 with the op cache, (b) --hbm 24G at batch 8 (and again with
-# demand fetches queued behind the prefetches, TIER_URGENT=0, for comparison), and (c) HF +
+# trainer issue's runs: (a) batch 1 and 4 with the op cache, (b) --hbm 24G at batch 8, 12 and 16 (the
+# larger two with the MoE half in 4 token chunks, --moe-chunks), and (c) HF +
 # PEFT with LoRA on attention and experts. Should a new attention kernel fail its test, the
 # trainer runs fall back to v1. usage: bench/final-session.sh BUILD_DIR OUT_DIR
 set -u
@@ -20,12 +20,14 @@ run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
 step 120 train-a1 "${run[@]}" --batch 1 --steps 5 --ddr 4G --op-cache all:hbm=48G
 step 150 train-a4 "${run[@]}" --batch 4 --steps 4 --ddr 4G --op-cache all:hbm=40G
 step 200 train-b8 "${run[@]}" --batch 8 --steps 4 --hbm 24G --ddr 110G
-TIER_URGENT=0 step 200 train-b8-queued "${run[@]}" --batch 8 --steps 4 --hbm 24G --ddr 110G # demand fetches queued
-step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing --seq 4096 \
+# larger batches under the same cap, the MoE half in token chunks (a smaller scratch)
+step 240 train-b16c4 "${run[@]}" --batch 16 --moe-chunks 4 --steps 3 --hbm 24G --ddr 110G
+step 200 train-b12c4 "${run[@]}" --batch 12 --moe-chunks 4 --steps 3 --hbm 24G --ddr 110G
+step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing --seq 4096 --batch 8 \
 	--steps 4 --warmup 2
 for f in "$out"/attn-*.log; do echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd" | head -6; done
-for n in train-a1 train-a4 train-b8 train-b8-queued; do
-	echo "== $n"; grep -E "^# (done|MFU|hbm|link|op cache|prefetch)|^ +[0-9]+ |rror" "$out/$n.log" | tail -12
+for n in train-a1 train-a4 train-b8 train-b16c4 train-b12c4; do
+	echo "== $n"; grep -E "^# (budgets|done|MFU|hbm|link|op cache|prefetch|of which)|^ +[0-9]+ |rror" "$out/$n.log" | tail -14
 done
 echo "== torch-experts"; grep '^{' "$out/torch-experts.log"
 cat "$sum"
