@@ -94,13 +94,14 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	carve(fa, sizeof fa / sizeof fa[0], buf, &off);
 	size_t mlp0 = off;
 	carve(fm, sizeof fm / sizeof fm[0], buf, &off);
+	size_t dense_end = off; /* g, u, act: a dense layer's MLP half */
 	size_t saved = any_moe(m) ? tier_moe_saved_bytes(&sh->moe, sh->mT) : 0;
 	if (buf && saved)
 		tier_moe_saved_bind(&sh->moe, sh->mT, buf + off, saved, &b->ms);
 	off += al(saved);
-	if (buf) { /* in chunks, the saved state holds the last chunk's only: not worth keeping */
+	if (buf) { /* in chunks, the MoE state holds the last chunk's only: the MLP half keeps g, u, act */
 		b->save[0] = buf, b->save_bytes[0] = mlp0;
-		b->save[1] = buf + mlp0, b->save_bytes[1] = sh->mchunks > 1 && any_moe(m) ? 0 : off - mlp0;
+		b->save[1] = buf + mlp0, b->save_bytes[1] = (sh->mchunks > 1 ? dense_end : off) - mlp0;
 	}
 	carve(fg, sizeof fg / sizeof fg[0], buf, &off);
 	/* one workspace for the largest user: the MoE block, attention, a LoRA linear */

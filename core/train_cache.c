@@ -42,6 +42,8 @@ static tier_op_cost half_cost(const tier_trainer *t, int l, int half)
 int trainer_cache_offer(tier_trainer *t, int l)
 {
 	for (int h = 0; h < 2 && t->cache; h++) {
+		if (h == 1 && !dec_mlp_recompute(&t->sh, t->m->layers[l].moe))
+			continue; /* MoE in chunks: its backward runs each chunk's forward again */
 		tier_op_cost c = half_cost(t, l, h);
 		int rc = t->b.save_bytes[h] ? tier_cache_offer(t->cache, ckey(t, l, h), t->b.save[h], t->b.save_bytes[h],
 							       &c, tier_dev_stream(t->m->dev), NULL) : 0;

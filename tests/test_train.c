@@ -334,10 +334,11 @@ static double grads_vs(rig *r, const tier_peft_adapter *ref, tier_peft_adapter *
 	return worst;
 }
 
-/* The MoE half in token chunks: the same loss and LoRA gradients as in one piece (up to the
- * order of the gradient sums), training losses alike, a smaller scratch; also with the op cache
- * (which then keeps attention halves only). Chunks that do not divide the micro-batch, or a
- * router with an aux loss, are refused. */
+/* The MoE half in token chunks: the same hidden states, loss, expert counts and LoRA gradients as
+ * in one piece (up to the order of the gradient sums), training losses alike, a smaller scratch;
+ * also with the op cache (which then keeps no MoE half), with odd chunks of 7 tokens and with 2
+ * micro-batches. Chunks that do not divide the micro-batch, or a router with an aux loss, are
+ * refused. */
 static void test_moe_chunks(void **state)
 {
 	(void)state;
@@ -349,13 +350,22 @@ static void test_moe_chunks(void **state)
 	float ev[4], tr[4][3];
 	uint64_t scratch[4];
 	static const int chunks[4] = { 1, 2, 4, 4 };
+	enum { NH = (4 + 2) * 24 * 32 }; /* (layers + 2) x tokens x hidden */
+	static float hid[4][NH];
+	int64_t counts[4][16];
 	for (int v = 0; v < 4; v++) {
 		rig r;
 		rig_chunks = chunks[v], rig_opcache = v == 3 ? "all:hbm=16M" : NULL;
 		assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 12, 3, 0.1), 0);
 		scratch[v] = tier_trainer_scratch_bytes(r.t);
 		fill_batch(&r, 23, seed + 5, 24);
-		assert_int_equal(tier_trainer_eval(r.t, r.tok, r.lab, 1, &ev[v], NULL), 0);
+		assert_int_equal(tier_trainer_eval(r.t, r.tok, r.lab, 1, &ev[v], hid[v]), 0);
+		assert_int_equal(tier_trainer_expert_counts(r.t, 0, counts[v]), 0);
+		assert_memory_equal(counts[v], counts[0], sizeof counts[0]); /* every chunk routed, once */
+		double hmax = 0, hd = 0;
+		for (size_t i = 0; i < NH; i++)
+			hmax = fmax(hmax, fabs(hid[0][i])), hd = fmax(hd, fabs((double)hid[v][i] - hid[0][i]));
+		assert_true(hd <= 1e-6 * hmax); /* every token's hidden states, each layer */
 		double d = grads_vs(&r, ref, &g);
 		printf("# %d chunks%s: scratch %llu bytes, loss %.7f, LoRA gradients %.2e from one chunk's\n", chunks[v],
 		       v == 3 ? " with the op cache" : "", (unsigned long long)scratch[v], ev[v], d);
@@ -367,13 +377,42 @@ static void test_moe_chunks(void **state)
 		for (int st = 0; st < 3; st++) {
 			tier_step_result res;
 			assert_int_equal(tier_trainer_step(r.t, r.tok, r.lab, &res), 0);
-			tr[v][st] = res.loss;
-			assert_true(fabs(tr[v][st] - tr[0][st]) <= 1e-5 * fabs(tr[0][st]));
+			tr[v][st] = res.loss; /* the first step's forward is the eval's; after it AdamW's
+					       * normalised updates amplify the gradients' rounding */
+			assert_true(fabs(tr[v][st] - tr[0][st]) <= (st ? 1e-3 : 1e-6) * fabs(tr[0][st]));
+		}
+		tier_cache_stats cs;
+		if (v == 3) { /* the attention and dense MLP halves came from the cache; no MoE half went in */
+			assert_int_equal(tier_trainer_cache_stats(r.t, &cs), 0);
+			assert_true(cs.total.hits[0] + cs.total.hits[1] > 0 && cs.kind[TIER_OP_GROUPED_GEMM].offers == 0);
 		}
 		rig_close(&r);
 	}
 	tier_peft_free(ref);
 	assert_true(scratch[1] < scratch[0] && scratch[2] < scratch[1]);
+	/* chunks of an odd 7 tokens (3 x 7), and chunks with 2 micro-batches: the same training losses */
+	static const int shp[2][4] = { { 3, 7, 3, 1 }, { 2, 12, 2, 2 } }; /* batch, seq, chunks, micro */
+	for (int k = 0; k < 2; k++) {
+		float l2[2][3];
+		for (int v = 0; v < 2; v++) {
+			rig q;
+			rig_chunks = v ? shp[k][2] : 1, rig_micro = shp[k][3];
+			assert_int_equal(rig_open(&q, &c, &lc, 64u << 20, shp[k][0], shp[k][1], 3, 0.1), 0);
+			fill_batch(&q, 23, seed + 9, (size_t)shp[k][0] * shp[k][1] * shp[k][3]);
+			for (int st = 0; st < 3; st++) {
+				tier_step_result res;
+				assert_int_equal(tier_trainer_step(q.t, q.tok, q.lab, &res), 0);
+				l2[v][st] = res.loss;
+			}
+			rig_close(&q);
+		}
+		for (int st = 0; st < 3; st++) {
+			printf("# batch %d x seq %d, %d micro-batches, step %d: loss %.7f in one piece, %.7f in %d chunks\n",
+			       shp[k][0], shp[k][1], shp[k][3], st + 1, l2[0][st], l2[1][st], shp[k][2]);
+			assert_true(fabs(l2[1][st] - l2[0][st]) <= (st ? 1e-3 : 1e-6) * fabs(l2[0][st]));
+		}
+	}
+	rig_micro = 1;
 	rig r;
 	rig_chunks = 5; /* 24 tokens */
 	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 12, 3, 0.1), -EINVAL);

@@ -161,7 +161,7 @@ typedef struct {
 	 * backward): the MoE block's saved state and workspace, the largest parts of the scratch, shrink
 	 * by that factor, for a larger batch under an HBM budget; the experts' products get smaller
 	 * groups. batch x seq must divide by it. The router must have no aux loss, z-loss or capacity
-	 * limit (they depend on every token of the micro-batch); the op cache keeps no MLP half. */
+	 * limit (they depend on every token of the micro-batch); the op cache keeps no MoE half. */
 	int moe_chunks;
 } tier_train_cfg;
 /* batch 4, seq 64, 1 micro-batch, 100 steps, warmup 5, lr 2e-3, min_lr_ratio 0.1, betas 0.9/0.999,
