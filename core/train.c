@@ -160,11 +160,14 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->loss_ws = (lws + 63) / 64 * 64;
 	t->dec_bytes = dec_bufs_bytes(m, &t->sh);
 	size_t th = (sizeof(float) * (size_t)T * m->H + 63) / 64 * 64, tl = (sizeof(float) * (size_t)T + 63) / 64 * 64;
-	uint64_t sbytes = t->dec_bytes + 3 * th + tl + t->loss_ws + dev_extra(t, NULL);
+	/* layer-major: every micro-batch's layer inputs, and its running gradient in the scratch */
+	t->nck = c->layer_major && c->micro_batches > 1 ? c->micro_batches : 1;
+	uint64_t sbytes = t->dec_bytes + 3 * th + tl + t->loss_ws + dev_extra(t, NULL) + (t->nck > 1 ? t->nck * th : 0);
 	/* the layer inputs kept between the forward and the backward, in the activations' type (bf16 on
 	 * CUDA, as HF keeps its hidden states; each operation works on an fp32 copy in the scratch) */
 	size_t ta = (dop_act_size(m) * (size_t)T * m->H + 63) / 64 * 64;
-	if (!(t->ckpt = calloc((size_t)m->L + 1, sizeof *t->ckpt)) || !(t->counts = calloc((size_t)E, sizeof(int32_t))) ||
+	size_t nckpt = ((size_t)m->L + 1) * t->nck;
+	if (!(t->ckpt = calloc(nckpt, sizeof *t->ckpt)) || !(t->counts = calloc((size_t)E, sizeof(int32_t))) ||
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->prevcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
@@ -176,19 +179,21 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	}
 	if ((rc = tier_obj_create(m->s, sbytes, TIER_CLASS_ACT, TIER_OBJ_DISCARDABLE, &t->scratch)))
 		goto fail;
-	for (int l = 0; l <= m->L; l++)
-		if ((rc = tier_obj_create(m->s, ta, TIER_CLASS_ACT, 0, &t->ckpt[l])))
+	for (size_t i = 0; i < nckpt; i++)
+		if ((rc = tier_obj_create(m->s, ta, TIER_CLASS_ACT, 0, &t->ckpt[i])))
 			goto fail;
+	t->ck = t->ckpt;
 	uint64_t most = rsz(m->embed) + rsz(m->lm_head) + rsz(m->norm), opt = 0;
 	for (size_t g = 0; g < m->n_groups; g += m->groups[g].n_members) /* the optimizer pins a set's objects */
 		opt = 4 * rsz(m->groups[g].param) > opt ? 4 * rsz(m->groups[g].param) : opt;
 	most = opt > most ? opt : most;
 	for (int l = 0; l < m->L; l++)
 		most = layer_bytes(m, l) > most ? layer_bytes(m, l) : most;
-	t->min_hbm = tier_align_up(sbytes, 4096) + 2 * tier_align_up(ta, 4096) + most;
+	/* an operation pins a layer's input and output for each of its micro-batches */
+	t->min_hbm = tier_align_up(sbytes, 4096) + 2 * t->nck * tier_align_up(ta, 4096) + most;
 	/* everything a step touches: the weights, the LoRA parameters with their gradients and two
 	 * moments, the layer inputs and the scratch */
-	uint64_t all = m->base_bytes + 16 * m->lora_n + (uint64_t)(m->L + 1) * tier_align_up(ta, 4096) + sbytes;
+	uint64_t all = m->base_bytes + 16 * m->lora_n + nckpt * tier_align_up(ta, 4096) + sbytes;
 	tier_stats st;
 	tier_store_stats(m->s, &st);
 	t->hbm_cap = st.tier[TIER_HBM].capacity;
@@ -222,9 +227,9 @@ void tier_trainer_destroy(tier_trainer *t)
 	tier_cache_destroy(t->cache);
 	if (t->scratch)
 		tier_obj_destroy(t->m->s, t->scratch);
-	for (int l = 0; t->ckpt && l <= t->m->L; l++)
-		if (t->ckpt[l])
-			tier_obj_destroy(t->m->s, t->ckpt[l]);
+	for (size_t i = 0; t->ckpt && i < ((size_t)t->m->L + 1) * t->nck; i++)
+		if (t->ckpt[i])
+			tier_obj_destroy(t->m->s, t->ckpt[i]);
 	tier_store_set_schedule(t->m->s, NULL, 0, 0);
 	free(t->ckpt);
 	free(t->counts);
@@ -291,8 +296,15 @@ static int scratch_begin(tier_trainer *t)
 	t->gcur = (float *)c, t->gnext = (float *)(c + th), t->hn = (float *)(c + 2 * th);
 	t->lse = (float *)(c + 3 * th);
 	t->lws = c + 3 * th + (sizeof(float) * (size_t)t->sh.T + 63) / 64 * 64;
-	dev_extra(t, (char *)t->lws + t->loss_ws);
+	char *e = (char *)t->lws + t->loss_ws;
+	t->gmb = (float *)(e + dev_extra(t, e)); /* layer-major: nck running gradients of th bytes */
+	t->g0 = t->gcur, t->g1 = t->gnext;
 	return trainer_grad_norm_reset(t);
+}
+
+int trainer_scratch_drop(tier_trainer *t)
+{
+	return scratch_end(t, 0);
 }
 
 /* Unpin the scratch, unless keep, and drop its contents (dead between steps). Kept, it spares the
@@ -517,34 +529,56 @@ static int get_f32(tier_trainer *t, float *dst, const void *src, size_t n, int i
 	return rc ? rc : tier_dtype_convert(dst, TIER_DT_F32, h, TIER_DT_BF16, n);
 }
 
-static int op_embed(tier_trainer *t, const int32_t *tokens)
+/* Each operation: a body per micro-batch (pins and kernels), trainer_op_end, then a post per
+ * micro-batch (what is written down or dropped once the kernels are done). The layer-major step
+ * runs the bodies of every micro-batch in one operation (step_layer_major). */
+
+/* Micro-batch mb's layer inputs (t->ck) and dropout masks; the layer-major step also keeps each
+ * micro-batch's running gradient in the scratch (t->gmb). */
+static void use_mb(tier_trainer *t, int mb)
+{
+	t->mb = (uint32_t)mb;
+	t->ck = t->ckpt + (size_t)(t->nck > 1 ? mb : 0) * (t->m->L + 1);
+}
+
+static int embed_body(tier_trainer *t, const int32_t *tokens)
 {
 	float *e, *x;
-	trainer_at_op(t);
 	const int32_t *tok;
 	int rc = trainer_pin(t, t->m->embed, 0, 0, &e);
-	if (!rc && !(rc = trainer_pin(t, t->ckpt[0], TIER_ACQ_INIT, 1, &x)) &&
+	if (!rc && !(rc = trainer_pin(t, t->ck[0], TIER_ACQ_INIT, 1, &x)) &&
 	    !(rc = to_dev_ints(t, tokens, t->tok_d, (size_t)t->sh.T, &tok))) {
 		float *x32 = t->m->cuda ? t->gnext : x;
 		rc = t->m->cuda ? opsc_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, (const opsc_bf16 *)e, x32)
 				: tier_embed_fwd(t->m->dev, t->sh.T, t->m->V, t->m->H, tok, e, x32);
 		rc = rc ? rc : dop_to_act(t->m, (size_t)t->sh.T * t->m->H, x32, x);
 	}
-	rc = trainer_op_end(t, rc);
-	if (!rc && t->spill) /* read again by layer 0's backward, long after HBM has turned over */
-		tier_writeback(t->m->s, t->ckpt[0]);
+	return rc;
+}
+
+static void embed_post(tier_trainer *t)
+{
+	if (t->spill) /* read again by layer 0's backward, long after HBM has turned over */
+		tier_writeback(t->m->s, t->ck[0]);
+}
+
+static int op_embed(tier_trainer *t, const int32_t *tokens)
+{
+	trainer_at_op(t);
+	int rc = trainer_op_end(t, embed_body(t, tokens));
+	if (!rc)
+		embed_post(t);
 	trainer_charge(t, TIER_PART_EMBED);
 	return rc;
 }
 
-static int op_fwd(tier_trainer *t, int l, float *hidden)
+static int fwd_body(tier_trainer *t, int l, float *hidden)
 {
 	float *x, *y;
 	dec_weights w;
-	trainer_at_op(t);
 	size_t n = (size_t)t->sh.T * t->m->H;
-	int rc = trainer_pin(t, t->ckpt[l], 0, 0, &x);
-	if (!rc && !(rc = trainer_pin(t, t->ckpt[l + 1], TIER_ACQ_INIT, 1, &y))) {
+	int rc = trainer_pin(t, t->ck[l], 0, 0, &x);
+	if (!rc && !(rc = trainer_pin(t, t->ck[l + 1], TIER_ACQ_INIT, 1, &y))) {
 		float *x32, *y32 = t->m->cuda ? t->gnext : y; /* the output's fp32 values, then y's type */
 		if (!(rc = input_f32(t, x, t->hn, &x32)) && !(rc = layer_fwd(t, l, 0, x32, y32, &w)))
 			rc = dop_to_act(t->m, n, y32, y);
@@ -553,36 +587,52 @@ static int op_fwd(tier_trainer *t, int l, float *hidden)
 		rc = trainer_cache_offer(t, l);
 	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute routes the same again */
 		for (int e = 0; e < t->m->E; e++) {
-			t->lcounts[(size_t)l * t->m->E + e] += t->counts[e];
-			t->prevcounts[(size_t)l * t->m->E + e] = t->mbcounts[(size_t)l * t->m->E + e];
-			t->mbcounts[(size_t)l * t->m->E + e] = t->counts[e];
+			size_t i = (size_t)l * t->m->E + e;
+			t->lcounts[i] += t->counts[e];
+			if (t->nck > 1 && t->mb > 0) { /* layer-major: the operation's micro-batches together */
+				t->mbcounts[i] += t->counts[e];
+				continue;
+			}
+			t->prevcounts[i] = t->mbcounts[i];
+			t->mbcounts[i] = t->counts[e];
 		}
 	if (!rc && hidden)
 		rc = get_f32(t, hidden, y, n, 1);
-	rc = trainer_op_end(t, rc);
-	if (!rc && t->spill)
-		tier_writeback(t->m->s, t->ckpt[l + 1]);
+	return rc;
+}
+
+static void fwd_post(tier_trainer *t, int l)
+{
+	if (t->spill)
+		tier_writeback(t->m->s, t->ck[l + 1]);
+}
+
+static int op_fwd(tier_trainer *t, int l, float *hidden)
+{
+	trainer_at_op(t);
+	int rc = trainer_op_end(t, fwd_body(t, l, hidden));
+	if (!rc)
+		fwd_post(t, l);
 	trainer_charge(t, TIER_PART_MLP_FWD);
 	return rc;
 }
 
 /* Final norm and the loss; t->gcur gets d loss / d (last layer output). */
-static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grads, float *loss, float *hidden)
+static int loss_body(tier_trainer *t, const int32_t *labels, float dloss, int grads, float *loss, float *hidden)
 {
 	tier_model *m = t->m;
 	float *nw, *W, *x, *lossp = m->cuda ? t->loss_d : loss;
 	int64_t count, *countp = m->cuda ? t->count_d : &count;
 	const int32_t *lab;
 	int T = t->sh.T, rc;
-	trainer_at_op(t);
 	if ((rc = trainer_pin(t, m->norm, 0, 0, &nw)) || (rc = trainer_pin(t, m->lm_head, 0, 0, &W)) ||
-	    (rc = trainer_pin(t, t->ckpt[m->L], 0, 0, &x)) || (rc = to_dev_ints(t, labels, t->lab_d, (size_t)T, &lab)))
-		return trainer_op_end(t, rc);
+	    (rc = trainer_pin(t, t->ck[m->L], 0, 0, &x)) || (rc = to_dev_ints(t, labels, t->lab_d, (size_t)T, &lab)))
+		return rc;
 	float *x32;
 	if ((rc = input_f32(t, x, t->gnext, &x32)) || (rc = dop_norm(m, T, m->H, x32, nw, t->hn, t->b.r1)))
-		return trainer_op_end(t, rc);
+		return rc;
 	if (hidden && (rc = get_f32(t, hidden, t->hn, (size_t)T * m->H, 1)))
-		return trainer_op_end(t, rc);
+		return rc;
 	if (grads)
 		rc = tier_loss_fwd_bwd(m->dev, &t->lp, t->hn, W, lab, dloss, t->lse, lossp, countp, t->b.dtmp, NULL,
 				       t->lws, t->loss_ws);
@@ -592,9 +642,21 @@ static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grad
 		rc = dop_norm_bwd(m, T, m->H, x32, nw, t->b.r1, t->b.dtmp, t->gcur);
 	if (!rc && m->cuda)
 		rc = core_get(m, loss, t->loss_d, sizeof *loss);
-	rc = trainer_op_end(t, rc);
-	if (!rc && grads) /* read by nothing after: dropped, so that no eviction or prefetch moves it */
-		rc = tier_obj_discard(m->s, t->ckpt[m->L]);
+	return rc;
+}
+
+static int loss_post(tier_trainer *t, int grads)
+{
+	/* read by nothing after: dropped, so that no eviction or prefetch moves it */
+	return grads ? tier_obj_discard(t->m->s, t->ck[t->m->L]) : 0;
+}
+
+static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grads, float *loss, float *hidden)
+{
+	trainer_at_op(t);
+	int rc = trainer_op_end(t, loss_body(t, labels, dloss, grads, loss, hidden));
+	if (!rc)
+		rc = loss_post(t, grads);
 	trainer_charge(t, TIER_PART_LOSS);
 	return rc;
 }
@@ -609,14 +671,14 @@ static void layer_grads_writeback(tier_trainer *t, int l)
 			tier_writeback(m->s, m->groups[i].grad);
 }
 
-static int op_bwd(tier_trainer *t, int l, float d_aux)
+/* Layer l's backward from t->gcur into t->gnext, then the two swap. */
+static int bwd_body(tier_trainer *t, int l, float d_aux)
 {
 	float *x;
 	dec_weights w;
-	trainer_at_op(t);
 	if (t->cache && l > 0) /* the next layer's entries, if they spilled to DDR, come back meanwhile */
 		tier_cache_prefetch_backward(t->cache, (uint32_t)l - 1, t->mb);
-	int rc = trainer_pin(t, t->ckpt[l], 0, 0, &x);
+	int rc = trainer_pin(t, t->ck[l], 0, 0, &x);
 	if (!rc && !(rc = input_f32(t, x, t->hn, &x)) && !(rc = layer_fwd(t, l, 1, x, NULL, &w)) &&
 	    !(rc = dec_mlp_bwd(t->m, &t->sh, t->m->layers[l].moe, &w, &t->b, t->gcur, d_aux))) {
 		trainer_charge(t, TIER_PART_MLP_BWD);
@@ -626,11 +688,24 @@ static int op_bwd(tier_trainer *t, int l, float d_aux)
 		rc = trainer_grads_done(t, l);
 	float *s = t->gcur;
 	t->gcur = t->gnext, t->gnext = s;
-	rc = trainer_op_end(t, rc);
-	if (!rc) /* the layer's input is spent; its gradients are final after the last micro-batch */
-		rc = tier_obj_discard(t->m->s, t->ckpt[l]);
+	return rc;
+}
+
+static int bwd_post(tier_trainer *t, int l)
+{
+	/* the layer's input is spent; its gradients are final after the last micro-batch */
+	int rc = tier_obj_discard(t->m->s, t->ck[l]);
 	if (!rc && t->spill && t->last_mb)
 		layer_grads_writeback(t, l);
+	return rc;
+}
+
+static int op_bwd(tier_trainer *t, int l, float d_aux)
+{
+	trainer_at_op(t);
+	int rc = trainer_op_end(t, bwd_body(t, l, d_aux));
+	if (!rc)
+		rc = bwd_post(t, l);
 	trainer_charge(t, TIER_PART_ATTN_BWD);
 	return rc;
 }
@@ -642,10 +717,11 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 	tier_model *m = t->m;
 	size_t th = (size_t)t->sh.T * m->H;
 	t->offer = grads && t->cache;
+	use_mb(t, (int)t->mb);
 	int rc = op_embed(t, tok);
 	if (!rc && hidden) {
 		float *x;
-		if (!(rc = trainer_pin(t, t->ckpt[0], 0, 0, &x)))
+		if (!(rc = trainer_pin(t, t->ck[0], 0, 0, &x)))
 			rc = get_f32(t, hidden, x, th, 1);
 		rc = trainer_op_end(t, rc);
 	}
@@ -662,6 +738,85 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 		rc = op_loss(t, lab, dloss, grads, loss, hidden ? hidden + (m->L + 1) * th : NULL);
 	for (int l = m->L - 1; l >= 0 && !rc && grads; l--)
 		rc = op_bwd(t, l, dloss);
+	return rc;
+}
+
+/* Micro-batch mb's running gradient in a layer-major step (th-aligned rows of the scratch). */
+static float *gmb_of(const tier_trainer *t, int mb)
+{
+	size_t th = (sizeof(float) * (size_t)t->sh.T * t->m->H + 63) / 64 * 64;
+	return (float *)((char *)t->gmb + (size_t)mb * th);
+}
+
+/* The operation's posts, one per micro-batch, after trainer_op_end; the first error wins. */
+enum { POST_EMBED, POST_FWD, POST_LOSS, POST_BWD };
+static int lm_posts(tier_trainer *t, int rc, int what, int l)
+{
+	for (int mb = 0; mb < t->c.micro_batches && !rc; mb++) {
+		use_mb(t, mb);
+		t->last_mb = mb == t->c.micro_batches - 1;
+		if (what == POST_EMBED)
+			embed_post(t);
+		else if (what == POST_FWD)
+			fwd_post(t, l);
+		else
+			rc = what == POST_LOSS ? loss_post(t, 1) : bwd_post(t, l);
+	}
+	return rc;
+}
+
+/* A training step's forward and backward, layer-major (tier_train_cfg.layer_major): each
+ * operation runs the body of every micro-batch, its weights pinned once. *loss_sum and *aux get
+ * the micro-batches' losses and router losses added. */
+static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *lab, float dloss, float *loss_sum,
+			    float *aux)
+{
+	tier_model *m = t->m;
+	int nm = t->c.micro_batches, rc = 0;
+	size_t T = (size_t)t->sh.T, bytes = sizeof(float) * T * m->H;
+	t->offer = t->cache != NULL, t->training = 1;
+	trainer_at_op(t);
+	for (int mb = 0; mb < nm && !rc; mb++)
+		use_mb(t, mb), rc = embed_body(t, tok + mb * T);
+	rc = lm_posts(t, trainer_op_end(t, rc), POST_EMBED, 0);
+	trainer_charge(t, TIER_PART_EMBED);
+	for (int l = 0; l < m->L && !rc; l++) {
+		trainer_at_op(t);
+		for (int mb = 0; mb < nm && !rc; mb++) {
+			use_mb(t, mb);
+			if (!(rc = fwd_body(t, l, NULL)) && m->layers[l].moe)
+				*aux += t->b.ms.aux + t->b.ms.z;
+		}
+		rc = lm_posts(t, trainer_op_end(t, rc), POST_FWD, l);
+		trainer_charge(t, TIER_PART_MLP_FWD);
+	}
+	if (!rc && m->E > 0 && t->sched_routed) { /* the backward's experts are known now */
+		t->have_mbcounts = 1;
+		rc = trainer_set_schedule(t);
+	}
+	trainer_at_op(t);
+	for (int mb = 0; mb < nm && !rc; mb++) { /* each loss gradient straight into its running gradient */
+		float l = 0.0f;
+		use_mb(t, mb);
+		t->gcur = gmb_of(t, mb), t->gnext = t->g1;
+		rc = loss_body(t, lab + mb * T, dloss, 1, &l, NULL);
+		*loss_sum += l;
+	}
+	rc = lm_posts(t, trainer_op_end(t, rc), POST_LOSS, 0);
+	trainer_charge(t, TIER_PART_LOSS);
+	for (int l = m->L - 1; l >= 0 && !rc; l--) {
+		trainer_at_op(t);
+		for (int mb = 0; mb < nm && !rc; mb++) {
+			use_mb(t, mb);
+			t->last_mb = mb == nm - 1;
+			t->gcur = gmb_of(t, mb), t->gnext = t->g1; /* the body leaves dx in g1, then swaps */
+			if (!(rc = bwd_body(t, l, dloss)))
+				rc = dop_copy(m, gmb_of(t, mb), t->g1, bytes);
+		}
+		rc = lm_posts(t, trainer_op_end(t, rc), POST_BWD, l);
+		trainer_charge(t, TIER_PART_ATTN_BWD);
+	}
+	t->gcur = t->g0, t->gnext = t->g1, t->training = 0;
 	return rc;
 }
 
@@ -712,7 +867,9 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	if ((rc = scratch_begin(t)))
 		return scratch_end(t, 0), rc;
 	float dloss = 1.0f / (float)nm, loss_sum = 0.0f;
-	for (int mb = 0; mb < nm && !rc; mb++) {
+	if (t->nck > 1)
+		rc = step_layer_major(t, tokens, labels, dloss, &loss_sum, &r->aux);
+	for (int mb = 0; mb < nm && !rc && t->nck == 1; mb++) {
 		float l = 0.0f;
 		t->mb = (uint32_t)mb, t->training = 1, t->last_mb = mb == nm - 1;
 		rc = micro(t, tokens + mb * T, labels + mb * T, dloss, 1, &l, &r->aux, NULL);

@@ -148,6 +148,12 @@ static int adamw_layer(tier_trainer *t, size_t lo, size_t hi, float lr, float gs
 			from = i, in_batch = 0, bytes = 0;
 			rc = adamw_set(t, own, lr, gscale);
 		}
+		if (rc == -ENOSPC && t->scratch_p) { /* alone, beside the kept scratch: drop it, once more */
+			if ((rc = adamw_batch_end(t, from, i, 0)) || (rc = trainer_scratch_drop(t)))
+				return rc;
+			from = i, in_batch = 0, bytes = 0;
+			rc = adamw_set(t, own, lr, gscale);
+		}
 		if (!rc && batch_full(t, &in_batch, &bytes, 4 * tier_obj_size(own->grad))) {
 			rc = adamw_batch_end(t, from, i + own->n_members, 0);
 			from = i + own->n_members;

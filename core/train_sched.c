@@ -21,6 +21,18 @@ static size_t group_ids(uint64_t *ids, size_t n, const lora_group *g, int grads)
 	return grads ? add_ids(ids, n, g->grad) : n;
 }
 
+/* Layer inputs a and b (of each micro-batch in a layer-major step). */
+static size_t ckpt_ids(const tier_trainer *t, int a, int b, uint64_t *ids, size_t n)
+{
+	for (int r = 0; r < t->nck; r++) {
+		tier_object *const *row = t->ckpt + (size_t)r * (t->m->L + 1);
+		n = add_ids(ids, n, row[a]);
+		if (b != a)
+			n = add_ids(ids, n, row[b]);
+	}
+	return n;
+}
+
 /* The objects of layer l's forward (bwd = 1: backward) operation. */
 static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
 {
@@ -38,8 +50,7 @@ static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
 		n = add_ids(ids, n, ly->experts[e]);
 		n = group_ids(ids, n, ly->exp ? ly->exp[e] : NULL, bwd);
 	}
-	n = add_ids(ids, n, t->ckpt[l]);
-	return bwd ? n : add_ids(ids, n, t->ckpt[l + 1]);
+	return ckpt_ids(t, l, bwd ? l : l + 1, ids, n);
 }
 
 /* The optimizer is one operation per layer, last layer first (its sets' parameters, gradients and
@@ -50,8 +61,9 @@ static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
 int trainer_set_schedule(tier_trainer *t)
 {
 	tier_model *m = t->m;
-	int L = m->L, per = L * 2 + 2, nops = per * t->c.micro_batches + L;
-	size_t cap = (size_t)W_NSLOTS + 4 + 4 * (size_t)m->E + 3 * m->n_groups + 8;
+	/* micro-batch-major: the operations repeat for each micro-batch; layer-major: once */
+	int L = m->L, per = L * 2 + 2, reps = t->nck > 1 ? 1 : t->c.micro_batches, nops = per * reps + L;
+	size_t cap = (size_t)W_NSLOTS + 4 + 4 * (size_t)m->E + 3 * m->n_groups + 8 + 2 * (size_t)t->nck;
 	tier_sched_op *ops = calloc((size_t)nops, sizeof *ops);
 	uint64_t *pool = calloc((size_t)per * cap + 3 * m->n_groups + 8, sizeof *pool), *p = pool;
 	if (!ops || !pool) {
@@ -62,15 +74,15 @@ int trainer_set_schedule(tier_trainer *t)
 	for (int i = 0; i < per; i++) {
 		size_t n = 0;
 		if (i == 0) {
-			n = add_ids(p, add_ids(p, 0, m->embed), t->ckpt[0]);
+			n = ckpt_ids(t, 0, 0, p, add_ids(p, 0, m->embed));
 		} else if (i <= L) {
 			n = layer_ids(t, i - 1, 0, p);
 		} else if (i == L + 1) {
-			n = add_ids(p, add_ids(p, add_ids(p, 0, m->norm), m->lm_head), t->ckpt[L]);
+			n = ckpt_ids(t, L, L, p, add_ids(p, add_ids(p, 0, m->norm), m->lm_head));
 		} else {
 			n = layer_ids(t, 2 * L + 1 - i, 1, p);
 		}
-		for (int mb = 0; mb < t->c.micro_batches; mb++)
+		for (int mb = 0; mb < reps; mb++)
 			ops[mb * per + i] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
 		p += n;
 	}

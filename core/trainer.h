@@ -16,10 +16,14 @@ struct tier_trainer {
 	tier_object *scratch;  /* ACT, discardable: the buffers above, the loss's lse and workspace */
 	void *scratch_p;       /* its address while pinned (from a step's start; across steps if kept) */
 	int scratch_keep;      /* keep it pinned between steps (scratch_end) */
-	tier_object **ckpt;    /* [L + 1] ACT: the input of each layer (ckpt[L]: the last output) */
+	tier_object **ckpt;    /* [nck][L + 1] ACT: the input of each layer (ckpt[L]: the last output) */
+	tier_object **ck;      /* the current micro-batch's row of ckpt (use_mb) */
+	int nck;               /* rows: micro_batches in a layer-major step, else 1 */
 	size_t dec_bytes, loss_ws;
 	tier_loss_params lp;
 	float *gcur, *gnext, *lse, *hn;  /* in scratch: gradient ping-pong [T, H], loss lse [T], final norm [T, H] */
+	float *g0, *g1;        /* the ping-pong's two buffers as carved */
+	float *gmb;            /* layer-major: each micro-batch's running gradient [nck][T, H] (in scratch) */
 	void *lws;
 	pinset ps;             /* the current operation's pins */
 	size_t op;             /* index into the schedule */
@@ -68,6 +72,8 @@ int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, floa
 int trainer_op_end(tier_trainer *t, int rc);
 /* Announce the next operation of the step's schedule to the store (prefetches what follows). */
 void trainer_at_op(tier_trainer *t);
+/* Unpin and drop the scratch kept between steps (the optimizer, short of room); 0 or the error. */
+int trainer_scratch_drop(tier_trainer *t);
 
 /* train_sched.c: hand the step's operations (objects, forward then backward, then the optimizer)
  * to the store's prefetcher and schedule-aware policy; a backward lists only the experts its

@@ -86,6 +86,10 @@ expect1 "unknown\|unrecognized" --nosuch
 expect1 "give one" --checkpoint-every 2 $small
 expect1 "must divide" --moe-chunks 3 $small # 2 x 16 tokens
 ./tier-run $small --moe-chunks 4 --quiet >/dev/null 2>"$tmp/err" || fail "--moe-chunks 4: $(cat "$tmp/err")"
+# layer-major micro-batches: the same adapter as the default order, bit for bit
+./tier-run $small --micro-batches 2 --quiet --out "$tmp/mb" >/dev/null 2>"$tmp/err" || fail "--micro-batches 2: $(cat "$tmp/err")"
+./tier-run $small --micro-batches 2 --layer-major --quiet --out "$tmp/lm" >/dev/null 2>"$tmp/err" || fail "--layer-major: $(cat "$tmp/err")"
+cmp -s "$tmp/mb/adapter_model.safetensors" "$tmp/lm/adapter_model.safetensors" || fail "--layer-major changed the adapter"
 ./tier-run --help | grep -q -- '--lora-targets' || fail "--help does not document --lora-targets"
 ./tier-run --store-demo --help | grep -q 'store demonstration' || fail "tier-run --store-demo is not reachable"
 echo "PASS"

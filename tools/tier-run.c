@@ -30,7 +30,7 @@ typedef struct {
 	const char *opcache; /* --op-cache RULES (tier_cache_config_parse) */
 	uint64_t hbm, ddr, nvme;
 	char nvme_dir[4096];
-	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every, hbm_max, hbm_set, pwin, moe_chunks;
+	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every, hbm_max, hbm_set, pwin, moe_chunks, layer_major;
 	double lora_alpha, lr, min_lr_ratio, wd, clip, init_range, peak_tflops, dropout;
 	uint64_t seed;
 } run_opts;
@@ -73,6 +73,9 @@ static void usage(FILE *f)
 		"  --moe-chunks N       run each MoE block over the micro-batch in N token chunks (default 1): a\n"
 		"                       smaller scratch for a larger batch under --hbm; batch x seq must divide\n"
 		"                       by N; not with the router's aux loss (output_router_logits)\n"
+		"  --layer-major        with --micro-batches N: each layer's forward and backward runs all N\n"
+		"                       micro-batches, its weights fetched once a step, not N times (the same\n"
+		"                       losses; N micro-batches' layer inputs kept, spilled to --ddr)\n"
 		"  --lr X               peak learning rate (default 1e-2)\n"
 		"  --warmup N           linear warmup steps (default 20), then cosine\n"
 		"  --min-lr-ratio X     the cosine's floor as a fraction of --lr (default 0.1)\n"
@@ -112,7 +115,7 @@ enum {
 	O_MODEL = 256, O_INIT, O_CONFIG, O_INITR, O_DATA, O_R, O_ALPHA, O_RSLORA, O_TARGETS, O_STEPS, O_BATCH, O_SEQ,
 	O_MICRO, O_LR, O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_HBM, O_DDR, O_NVME, O_POLICY, O_DEVICE, O_OUT,
 	O_QUIET, O_HELP, O_CKPT, O_RESUME,
-	O_TRACE, O_PEAK, O_OPCACHE, O_PWIN, O_DROPOUT, O_MOECHUNKS,
+	O_TRACE, O_PEAK, O_OPCACHE, O_PWIN, O_DROPOUT, O_MOECHUNKS, O_LMAJOR,
 };
 static const struct option opts[] = {
 	{ "model", required_argument, NULL, O_MODEL }, { "init", required_argument, NULL, O_INIT },
@@ -133,6 +136,7 @@ static const struct option opts[] = {
 	{ "trace", required_argument, NULL, O_TRACE }, { "peak-tflops", required_argument, NULL, O_PEAK },
 	{ "op-cache", required_argument, NULL, O_OPCACHE }, { "prefetch-window", required_argument, NULL, O_PWIN },
 	{ "lora-dropout", required_argument, NULL, O_DROPOUT }, { "moe-chunks", required_argument, NULL, O_MOECHUNKS },
+	{ "layer-major", no_argument, NULL, O_LMAJOR },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -241,6 +245,7 @@ static int parse_one(run_opts *o, int c, const char *a)
 	case O_TRACE: o->trace = a; return 0;
 	case O_PWIN: return parse_int(name, a, 0, 64, &o->pwin);
 	case O_MOECHUNKS: return parse_int(name, a, 1, 1 << 20, &o->moe_chunks);
+	case O_LMAJOR: o->layer_major = 1; return 0;
 	case O_OPCACHE: {
 		tier_cache_config cc;
 		if (tier_cache_config_parse(a, &cc)) {
@@ -520,6 +525,7 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	tc.batch = o->batch, tc.seq = o->seq, tc.micro_batches = o->micro, tc.steps = o->steps;
 	tc.warmup = o->warmup, tc.lr = (float)o->lr, tc.min_lr_ratio = (float)o->min_lr_ratio;
 	tc.weight_decay = (float)o->wd, tc.clip = (float)o->clip, tc.opcache = o->opcache, tc.moe_chunks = o->moe_chunks;
+	tc.layer_major = o->layer_major;
 	if (tier_trainer_create(j->m, &tc, &j->t))
 		return fail_lib("trainer");
 	if (o->resume && tier_trainer_load(j->t, o->resume))

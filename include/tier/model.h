@@ -163,6 +163,12 @@ typedef struct {
 	 * groups. batch x seq must divide by it. The router must have no aux loss, z-loss or capacity
 	 * limit (they depend on every token of the micro-batch); the op cache keeps no MoE half. */
 	int moe_chunks;
+	/* With micro_batches > 1: each operation runs every micro-batch (layer 0's forward for all of
+	 * them, then layer 1's, ...; the backward likewise), so that a layer's weights are fetched
+	 * once a step instead of once per micro-batch. Each micro-batch keeps its own layer inputs
+	 * (store objects, spilled to DDR under a small budget) and running gradient (in the scratch).
+	 * The same sums in the same order: the losses equal the micro-batch-major step's bit for bit. */
+	int layer_major;
 } tier_train_cfg;
 /* batch 4, seq 64, 1 micro-batch, 100 steps, warmup 5, lr 2e-3, min_lr_ratio 0.1, betas 0.9/0.999,
  * eps 1e-8, weight decay 0, clip 1. */
