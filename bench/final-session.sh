@@ -2,7 +2,8 @@
 # final-session.sh - one GPU call that checks a build end to end: the CUDA tests of the trainer's
 # kernels, the attention variants against torch SDPA (TIER_ATTN_FWD / TIER_ATTN_BWD), then the
 # trainer issue's runs: (a) batch 1 and 4 with the op cache, (b) --hbm 24G at batch 8, 12 and 16 (the
-# larger two with the MoE half in 4 token chunks, --moe-chunks), and (c) HF +
+# larger two with the MoE half in 4 token chunks, --moe-chunks) and 4 layer-major micro-batches of
+# 8 (--layer-major), and (c) HF +
 # PEFT with LoRA on attention and experts. Should a new attention kernel fail its test, the
 # trainer runs fall back to v1. usage: bench/final-session.sh BUILD_DIR OUT_DIR
 set -u
@@ -23,10 +24,12 @@ step 200 train-b8 "${run[@]}" --batch 8 --steps 4 --hbm 24G --ddr 110G
 # larger batches under the same cap, the MoE half in token chunks (a smaller scratch)
 step 240 train-b16c4 "${run[@]}" --batch 16 --moe-chunks 4 --steps 3 --hbm 24G --ddr 110G
 step 200 train-b12c4 "${run[@]}" --batch 12 --moe-chunks 4 --steps 3 --hbm 24G --ddr 110G
+# 4 micro-batches of 8, layer-major: each layer's weights cross once a step for 4 x 32768 tokens
+step 300 train-b8x4lm "${run[@]}" --batch 8 --micro-batches 4 --layer-major --steps 3 --hbm 24G --ddr 110G
 step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing --seq 4096 --batch 8 \
 	--steps 4 --warmup 2
 for f in "$out"/attn-*.log; do echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd" | head -6; done
-for n in train-a1 train-a4 train-b8 train-b16c4 train-b12c4; do
+for n in train-a1 train-a4 train-b8 train-b16c4 train-b12c4 train-b8x4lm; do
 	echo "== $n"; grep -E "^# (budgets|done|MFU|hbm|link|op cache|prefetch|of which)|^ +[0-9]+ |rror" "$out/$n.log" | tail -14
 done
 echo "== torch-experts"; grep '^{' "$out/torch-experts.log"
