@@ -167,6 +167,11 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	 * CUDA, as HF keeps its hidden states; each operation works on an fp32 copy in the scratch) */
 	size_t ta = (dop_act_size(m) * (size_t)T * m->H + 63) / 64 * 64;
 	size_t nckpt = ((size_t)m->L + 1) * t->nck;
+	if ((size_t)t->nck * (W_NSLOTS + (size_t)E + 3) + 64 > PIN_MAX) { /* each micro-batch pins the layer again */
+		rc = tier_fail(-EINVAL, "layer-major with %d micro-batches of a layer of %d experts pins more than %d "
+			       "objects an operation; use fewer micro-batches", t->nck, E, PIN_MAX);
+		goto fail;
+	}
 	if (!(t->ckpt = calloc(nckpt, sizeof *t->ckpt)) || !(t->counts = calloc((size_t)E, sizeof(int32_t))) ||
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
@@ -304,6 +309,7 @@ static int scratch_begin(tier_trainer *t)
 
 int trainer_scratch_drop(tier_trainer *t)
 {
+	t->scratch_keep = 0; /* it did not fit beside the optimizer: not kept from now on */
 	return scratch_end(t, 0);
 }
 
@@ -786,6 +792,7 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 			use_mb(t, mb);
 			if (!(rc = fwd_body(t, l, NULL)) && m->layers[l].moe)
 				*aux += t->b.ms.aux + t->b.ms.z;
+			trainer_charge(t, TIER_PART_MLP_FWD); /* before the next micro-batch's attention */
 		}
 		rc = lm_posts(t, trainer_op_end(t, rc), POST_FWD, l);
 		trainer_charge(t, TIER_PART_MLP_FWD);
@@ -812,6 +819,7 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 			t->gcur = gmb_of(t, mb), t->gnext = t->g1; /* the body leaves dx in g1, then swaps */
 			if (!(rc = bwd_body(t, l, dloss)))
 				rc = dop_copy(m, gmb_of(t, mb), t->g1, bytes);
+			trainer_charge(t, TIER_PART_ATTN_BWD);
 		}
 		rc = lm_posts(t, trainer_op_end(t, rc), POST_BWD, l);
 		trainer_charge(t, TIER_PART_ATTN_BWD);

@@ -526,6 +526,8 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	tc.warmup = o->warmup, tc.lr = (float)o->lr, tc.min_lr_ratio = (float)o->min_lr_ratio;
 	tc.weight_decay = (float)o->wd, tc.clip = (float)o->clip, tc.opcache = o->opcache, tc.moe_chunks = o->moe_chunks;
 	tc.layer_major = o->layer_major;
+	if (o->layer_major && o->micro < 2)
+		fprintf(stderr, "tier-run: --layer-major has no effect with one micro-batch (add --micro-batches N)\n");
 	if (tier_trainer_create(j->m, &tc, &j->t))
 		return fail_lib("trainer");
 	if (o->resume && tier_trainer_load(j->t, o->resume))
