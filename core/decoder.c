@@ -238,22 +238,29 @@ int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_wei
 	return rc ? rc : dop_add(m, (size_t)T * H, b->h1, b->mo, out);
 }
 
+/* The MoE block's backward, chunk by chunk; in chunks each one's forward runs again first (the
+ * saved state holds one chunk). */
+static int moe_bwd(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, const float *dout,
+		   float d_aux)
+{
+	int rc = 0;
+	for (int c = 0; c < sh->mchunks && !rc; c++) {
+		size_t r0 = (size_t)c * sh->mT;
+		if (!(sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c))))
+			rc = tier_moe_layer_bwd(m->dev, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], &w->ex,
+						w->has_elora ? &w->elora : NULL, &b->ms, dout + r0 * (size_t)m->H,
+						d_aux, f32_rows(m, b->db, r0), NULL, b->ws, b->ws_bytes);
+	}
+	return rc;
+}
+
 /* Backward of the MLP half: b->db = d mlp / d b from dout. */
 static int mlp_bwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b,
 		   const float *dout, float d_aux)
 {
-	tier_dev *d = m->dev;
 	int T = sh->T, H = m->H, I = m->I, rc;
-	for (int c = 0; moe && c < sh->mchunks; c++) { /* in chunks: each one's forward again, then its backward */
-		size_t r0 = (size_t)c * sh->mT;
-		if ((sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c))) ||
-		    (rc = tier_moe_layer_bwd(d, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], &w->ex,
-					     w->has_elora ? &w->elora : NULL, &b->ms, dout + r0 * (size_t)H, d_aux,
-					     f32_rows(m, b->db, r0), NULL, b->ws, b->ws_bytes)))
-			return rc;
-	}
 	if (moe)
-		return 0;
+		return moe_bwd(m, sh, w, b, dout, d_aux);
 	if ((rc = dop_linear_bwd(m, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], dout, b->dact, 0, b->ws)) ||
 	    (rc = dop_swiglu_bwd(m, (size_t)T * I, b->g, b->u, b->dact, b->dg, b->du)) ||
 	    (rc = dop_linear_bwd(m, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->dg, b->db, 0, b->ws)))

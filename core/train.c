@@ -32,14 +32,21 @@ void trainer_charge(tier_trainer *t, int part)
 	t->pin_since = 0;
 }
 
-/* pin() with its time counted (PIN overlaps the part it happens in). */
+/* Count the time since t0 as pinning (PIN overlaps the part it happens in; the part's share is
+ * charged with it). */
+static void pin_time(tier_trainer *t, uint64_t t0)
+{
+	uint64_t dt = tier_now_ns() - t0;
+	t->part[TIER_PART_PIN] += dt;
+	t->pin_since += dt;
+}
+
+/* pin() with its time counted. */
 int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, float **p)
 {
 	uint64_t t0 = tier_now_ns();
 	int rc = pin(&t->ps, o, flags, dirty, p);
-	uint64_t dt = tier_now_ns() - t0;
-	t->part[TIER_PART_PIN] += dt;
-	t->pin_since += dt;
+	pin_time(t, t0);
 	return rc;
 }
 
@@ -159,7 +166,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 		goto fail;
 	t->loss_ws = (lws + 63) / 64 * 64;
 	t->dec_bytes = dec_bufs_bytes(m, &t->sh);
-	size_t th = (sizeof(float) * (size_t)T * m->H + 63) / 64 * 64, tl = (sizeof(float) * (size_t)T + 63) / 64 * 64;
+	size_t th = t->th = (sizeof(float) * (size_t)T * m->H + 63) / 64 * 64, tl = (sizeof(float) * (size_t)T + 63) / 64 * 64;
 	/* layer-major: every micro-batch's layer inputs, and its running gradient in the scratch */
 	t->nck = c->layer_major && c->micro_batches > 1 ? c->micro_batches : 1;
 	uint64_t sbytes = t->dec_bytes + 3 * th + tl + t->loss_ws + dev_extra(t, NULL) + (t->nck > 1 ? t->nck * th : 0);
@@ -287,15 +294,13 @@ static int scratch_begin(tier_trainer *t)
 		void *p;
 		uint64_t t0 = tier_now_ns();
 		int rc = tier_acquire(t->m->s, t->scratch, TIER_HBM, TIER_ACQ_INIT, &p, NULL);
-		uint64_t dt = tier_now_ns() - t0; /* room for it is made here: counted as a pin */
-		t->part[TIER_PART_PIN] += dt;
-		t->pin_since += dt;
+		pin_time(t, t0); /* room for it is made here */
 		if (rc)
 			return rc;
 		t->scratch_p = p;
 	}
 	char *c = t->scratch_p;
-	size_t th = (sizeof(float) * (size_t)t->sh.T * t->m->H + 63) / 64 * 64;
+	size_t th = t->th;
 	dec_bufs_bind(t->m, &t->sh, c, &t->b);
 	c += t->dec_bytes;
 	t->gcur = (float *)c, t->gnext = (float *)(c + th), t->hn = (float *)(c + 2 * th);
@@ -750,8 +755,7 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 /* Micro-batch mb's running gradient in a layer-major step (th-aligned rows of the scratch). */
 static float *gmb_of(const tier_trainer *t, int mb)
 {
-	size_t th = (sizeof(float) * (size_t)t->sh.T * t->m->H + 63) / 64 * 64;
-	return (float *)((char *)t->gmb + (size_t)mb * th);
+	return (float *)((char *)t->gmb + (size_t)mb * t->th);
 }
 
 /* The operation's posts, one per micro-batch, after trainer_op_end; the first error wins. */
@@ -779,7 +783,7 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 {
 	tier_model *m = t->m;
 	int nm = t->c.micro_batches, rc = 0;
-	size_t T = (size_t)t->sh.T, bytes = sizeof(float) * T * m->H;
+	size_t T = (size_t)t->sh.T;
 	t->offer = t->cache != NULL, t->training = 1;
 	trainer_at_op(t);
 	for (int mb = 0; mb < nm && !rc; mb++)
@@ -818,7 +822,7 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 			t->last_mb = mb == nm - 1;
 			t->gcur = gmb_of(t, mb), t->gnext = t->g1; /* the body leaves dx in g1, then swaps */
 			if (!(rc = bwd_body(t, l, dloss)))
-				rc = dop_copy(m, gmb_of(t, mb), t->g1, bytes);
+				rc = dop_copy(m, gmb_of(t, mb), t->g1, sizeof(float) * T * m->H);
 			trainer_charge(t, TIER_PART_ATTN_BWD);
 		}
 		rc = lm_posts(t, trainer_op_end(t, rc), POST_BWD, l);
@@ -877,13 +881,14 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	float dloss = 1.0f / (float)nm, loss_sum = 0.0f;
 	if (t->nck > 1)
 		rc = step_layer_major(t, tokens, labels, dloss, &loss_sum, &r->aux);
-	for (int mb = 0; mb < nm && !rc && t->nck == 1; mb++) {
-		float l = 0.0f;
-		t->mb = (uint32_t)mb, t->training = 1, t->last_mb = mb == nm - 1;
-		rc = micro(t, tokens + mb * T, labels + mb * T, dloss, 1, &l, &r->aux, NULL);
-		t->training = 0;
-		loss_sum += l;
-	}
+	else
+		for (int mb = 0; mb < nm && !rc; mb++) {
+			float l = 0.0f;
+			t->mb = (uint32_t)mb, t->training = 1, t->last_mb = mb == nm - 1;
+			rc = micro(t, tokens + mb * T, labels + mb * T, dloss, 1, &l, &r->aux, NULL);
+			t->training = 0;
+			loss_sum += l;
+		}
 	double norm = 0.0;
 	if (!rc)
 		rc = trainer_grad_norm(t, &norm);

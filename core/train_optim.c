@@ -142,14 +142,10 @@ static int adamw_layer(tier_trainer *t, size_t lo, size_t hi, float lr, float gs
 		if (!own->zeroed)
 			continue;
 		rc = adamw_set(t, own, lr, gscale);
-		if (rc == -ENOSPC && in_batch) { /* the batch's pins split the budget: end it, try again alone */
-			if ((rc = adamw_batch_end(t, from, i, 0)))
-				return rc;
-			from = i, in_batch = 0, bytes = 0;
-			rc = adamw_set(t, own, lr, gscale);
-		}
-		if (rc == -ENOSPC && t->scratch_p) { /* alone, beside the kept scratch: drop it, once more */
-			if ((rc = adamw_batch_end(t, from, i, 0)) || (rc = trainer_scratch_drop(t)))
+		/* no room: end the batch (its pins split the budget) and try the set alone; alone, drop
+		 * the scratch kept between steps and try once more */
+		while (rc == -ENOSPC && (in_batch || t->scratch_p)) {
+			if ((rc = adamw_batch_end(t, from, i, 0)) || (!in_batch && (rc = trainer_scratch_drop(t))))
 				return rc;
 			from = i, in_batch = 0, bytes = 0;
 			rc = adamw_set(t, own, lr, gscale);

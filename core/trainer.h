@@ -23,6 +23,7 @@ struct tier_trainer {
 	tier_loss_params lp;
 	float *gcur, *gnext, *lse, *hn;  /* in scratch: gradient ping-pong [T, H], loss lse [T], final norm [T, H] */
 	float *g0, *g1;        /* the ping-pong's two buffers as carved */
+	size_t th;             /* bytes of one fp32 [T, H] scratch buffer (64-aligned) */
 	float *gmb;            /* layer-major: each micro-batch's running gradient [nck][T, H] (in scratch) */
 	void *lws;
 	pinset ps;             /* the current operation's pins */

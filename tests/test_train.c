@@ -316,8 +316,8 @@ static void test_grad_norm_and_spent_grads(void **state)
 	}
 }
 
-/* The squares of every LoRA gradient of the last eval with grads, and the largest relative
- * difference from ref (when given) over the modules' gradients. */
+/* The LoRA gradients of the last eval with grads into *out, and their largest relative difference
+ * (L2, per module) from ref's when ref is given (0 without). */
 static double grads_vs(rig *r, const tier_peft_adapter *ref, tier_peft_adapter **out)
 {
 	assert_int_equal(tier_model_lora_export(r->m, 1, out), 0);

@@ -668,6 +668,21 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 	return 0;
 }
 
+/* What crossed into tier t, by class (for HBM with the prefetches that went unused). */
+static void print_into(const tier_stats *st, int t)
+{
+	char c[32];
+	printf("# into %s by class:", t == TIER_HBM ? "hbm" : "ddr");
+	for (int k = 0, n = 0; k < TIER_STATS_NCLASSES; k++) {
+		if (!st->cls[t][k].bytes_in)
+			continue;
+		printf("%s %s %s", n++ ? "," : "", st->class_name[k], tier_format_size(st->cls[t][k].bytes_in, c, sizeof c));
+		if (t == TIER_HBM)
+			printf(" (%llu prefetched unused)", (unsigned long long)st->cls[t][k].unused);
+	}
+	printf("\n");
+}
+
 static void summary(job *j, const run_opts *o, double first, double last, double el, int64_t tokens)
 {
 	tier_stats st;
@@ -701,23 +716,10 @@ static void summary(job *j, const run_opts *o, double first, double last, double
 		       tier_format_size(st.tier[t].capacity, a, sizeof a), tier_format_size(st.tier[t].peak, b, sizeof b),
 		       (unsigned long long)h, (unsigned long long)m, (unsigned long long)e);
 	}
-	if (st.tier[TIER_HBM].capacity && st.link[TIER_LINK_H2D].bytes) { /* what crossed into HBM, by class */
-		printf("# into hbm by class:");
-		for (int k = 0, n = 0; k < TIER_STATS_NCLASSES; k++)
-			if (st.cls[TIER_HBM][k].bytes_in)
-				printf("%s %s %s (%llu prefetched unused)", n++ ? "," : "", st.class_name[k],
-				       tier_format_size(st.cls[TIER_HBM][k].bytes_in, c, sizeof c),
-				       (unsigned long long)st.cls[TIER_HBM][k].unused);
-		printf("\n");
-	}
-	if (st.tier[TIER_DDR].capacity && st.link[TIER_LINK_D2H].bytes) { /* written down: what is dirty, by class */
-		printf("# into ddr by class:");
-		for (int k = 0, n = 0; k < TIER_STATS_NCLASSES; k++)
-			if (st.cls[TIER_DDR][k].bytes_in)
-				printf("%s %s %s", n++ ? "," : "", st.class_name[k],
-				       tier_format_size(st.cls[TIER_DDR][k].bytes_in, c, sizeof c));
-		printf("\n");
-	}
+	if (st.tier[TIER_HBM].capacity && st.link[TIER_LINK_H2D].bytes) /* what crossed into HBM, by class */
+		print_into(&st, TIER_HBM);
+	if (st.tier[TIER_DDR].capacity && st.link[TIER_LINK_D2H].bytes) /* written down: what is dirty, by class */
+		print_into(&st, TIER_DDR);
 	for (int l = 0; l < TIER_STATS_NLINKS; l++)
 		if (st.link[l].bytes)
 			printf("# link %-10s %10s in %llu transfers\n", st.link_name[l],
