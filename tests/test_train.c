@@ -439,7 +439,8 @@ static void test_moe_chunks(void **state)
 /* Layer-major steps (tier_train_cfg.layer_major) equal micro-batch-major ones bit for bit: the
  * losses of 4 steps of 3 micro-batches and the LoRA weights after them, with a budget that holds
  * everything and with one that spills (writebacks and discards of every micro-batch's layer
- * inputs), and with the op cache; the weights of a layer cross into HBM fewer times. */
+ * inputs), with the op cache, and with the MoE half in 2 token chunks (the GPU's best configuration
+ * under a cap combines both); the weights of a layer cross into HBM fewer times. */
 static void test_layer_major(void **state)
 {
 	(void)state;
@@ -452,13 +453,15 @@ static void test_layer_major(void **state)
 	assert_int_equal(rig_open(&q, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);
 	uint64_t small = tier_trainer_min_hbm(q.t) * 3 / 2;
 	rig_close(&q);
-	for (int k = 0; k < 3; k++) {
+	static const char *what[4] = { "large budget", "spilling budget", "spilling budget, op cache",
+				       "spilling budget, 2 MoE chunks" };
+	for (int k = 0; k < 4; k++) {
 		float loss[2][4];
 		tier_peft_adapter *w[2];
 		uint64_t dense_in[2];
 		int64_t counts[2][16];
 		for (int v = 0; v < 2; v++) {
-			rig_lmajor = v, rig_opcache = k == 2 ? "all:hbm=1M" : NULL;
+			rig_lmajor = v, rig_opcache = k == 2 ? "all:hbm=1M" : NULL, rig_chunks = k == 3 ? 2 : 0;
 			assert_int_equal(rig_open(&q, &c, &lc, k ? small : 64u << 20, 2, 8, 3, 0.1), 0);
 			fill_batch(&q, 23, seed + 11, 3 * 16);
 			for (int st = 0; st < 4; st++) {
@@ -477,7 +480,7 @@ static void test_layer_major(void **state)
 			rig_close(&q);
 		}
 		printf("# %s: losses %.7f %.7f %.7f %.7f; dense weights into hbm %llu bytes micro-batch-major, %llu "
-"layer-major\n", k == 0 ? "large budget" : k == 1 ? "spilling budget" : "spilling budget, op cache", loss[1][0],
+"layer-major\n", what[k], loss[1][0],
 		       loss[1][1], loss[1][2], loss[1][3], (unsigned long long)dense_in[0], (unsigned long long)dense_in[1]);
 		assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
 		assert_memory_equal(counts[0], counts[1], sizeof counts[0]);
@@ -491,7 +494,7 @@ static void test_layer_major(void **state)
 		tier_peft_free(w[0]);
 		tier_peft_free(w[1]);
 	}
-	rig_micro = 1, rig_lmajor = 0, rig_opcache = NULL;
+	rig_micro = 1, rig_lmajor = 0, rig_opcache = NULL, rig_chunks = 0;
 }
 
 /* LoRA dropout: training steps use it (their losses differ from dropout 0's after the first
