@@ -20,11 +20,14 @@ const char *tier_step_part_name(int part)
 	return part >= 0 && part < TIER_NPARTS ? n[part] : NULL;
 }
 
-/* Charge the time since the last mark to `part`. */
+/* Charge the time since the last mark to `part` (on the host's clock; a step also puts a device
+ * mark, whose times replace the host's at its end: see step_parts). */
 void trainer_charge(tier_trainer *t, int part)
 {
 	if (t->profile)
 		tier_dev_sync(t->m->dev);
+	else if (t->marking)
+		tier_marks_put(t->marks, part); /* a failure shows in tier_marks_collect */
 	uint64_t now = tier_now_ns();
 	t->part[part] += now - t->mark;
 	t->mark = now;
@@ -145,6 +148,10 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->m = m, t->c = *c, t->ps.s = m->s, t->op_seq = 1;
 	const char *prof = getenv("TIER_PROFILE");
 	t->profile = prof && *prof && strcmp(prof, "0");
+	if (!t->profile && tier_marks_open(&t->marks, m->dev)) {
+		free(t);
+		return -ENOMEM;
+	}
 	/* $TIER_SCHED_ROUTED: which operations list only the routed experts: "bwd" (default) the
 	 * backward's, whose routing is known; "all" the forwards' too, from the latest two forwards'
 	 * routing (an expert routed outside that prediction is fetched when the layer has routed,
@@ -253,6 +260,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	free(t->cv_dst);
 	free(t->cv_len);
 	free(t->hidx);
+	tier_marks_close(t->marks);
 	free(t);
 }
 
@@ -854,6 +862,23 @@ static void zero_grads(tier_trainer *t)
 		t->m->groups[i].touched = 0, t->m->groups[i].zeroed = 0;
 }
 
+/* The end of a step's timing: the parts on the device's clock replace the host's, which say only
+ * where the host waited (it queues kernels and blocks later, wherever a result is first needed).
+ * PIN stays host time: it is the host's own waiting. Should the marks fail, the host's times
+ * stand. */
+static void step_parts(tier_trainer *t)
+{
+	if (!t->marking)
+		return;
+	t->marking = 0;
+	uint64_t dev[TIER_NPARTS] = { 0 };
+	if (tier_marks_collect(t->marks, dev, TIER_NPARTS))
+		return;
+	for (int p = 0; p < TIER_NPARTS; p++)
+		if (p != TIER_PART_PIN)
+			t->part[p] = dev[p];
+}
+
 int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *labels, tier_step_result *r)
 {
 	if (!t || !r)
@@ -873,11 +898,16 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	if (t->cache) /* entries a failed step left behind must not stand in for this step's */
 		tier_cache_end_microbatch(t->cache, UINT32_MAX);
 	t->mark = tier_now_ns();
+	if (t->marks) { /* the step's origin */
+		tier_marks_begin(t->marks);
+		tier_marks_put(t->marks, -1);
+		t->marking = 1;
+	}
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
 	if ((rc = scratch_begin(t)))
-		return scratch_end(t, 0), rc;
+		return t->marking = 0, scratch_end(t, 0), rc;
 	float dloss = 1.0f / (float)nm, loss_sum = 0.0f;
 	if (t->nck > 1)
 		rc = step_layer_major(t, tokens, labels, dloss, &loss_sum, &r->aux);
@@ -899,6 +929,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	if (!rc)
 		rc = trainer_adamw(t, lr, gs); /* announces its operations, one per layer */
 	trainer_charge(t, TIER_PART_OPTIM);
+	step_parts(t);
 	memcpy(r->ns_part, t->part, sizeof r->ns_part);
 	memcpy(r->ns_pin_part, t->pin_part, sizeof r->ns_pin_part);
 	if (rc)

@@ -54,6 +54,8 @@ struct tier_trainer {
 	double *acc_d;
 	uint64_t part[TIER_NPARTS], mark; /* time by part of the step; the current part's start */
 	uint64_t pin_part[TIER_NPARTS], pin_since; /* of it acquiring objects; since the last charge */
+	tier_marks *marks;                /* the same charges on the device's clock (NULL: host only) */
+	int marking;                      /* inside a step: each charge puts a mark */
 	tier_cache *cache;                /* the operator cache (NULL: full recompute) */
 	int offer;                        /* a training forward: offer its results to the cache */
 	int training;                     /* a training step (LoRA dropout on), not an evaluation */

@@ -1,4 +1,5 @@
-/* test_base.c - sizes, error messages, the byte pattern, random numbers, the CPU device context. */
+/* test_base.c - sizes, error messages, the byte pattern, random numbers, the CPU device context and
+ * its marks. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -6,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 #include "tier/tier.h"
 
@@ -120,13 +122,57 @@ static void test_cpu_device(void **state)
 	}
 }
 
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { 0, ms * 1000000L };
+	while (nanosleep(&ts, &ts))
+		;
+}
+
+/* Marks on a CPU context are the host clock: the time between two marks goes to the later one's
+ * tag (the origin's -1 and a tag out of range to none); past the first 256 marks the arrays grow;
+ * begin starts over. */
+static void test_cpu_marks(void **state)
+{
+	(void)state;
+	tier_dev *d;
+	tier_marks *m;
+	assert_int_equal(tier_dev_open(&d, TIER_DEV_CPU, 0), 0);
+	assert_int_equal(tier_marks_open(&m, NULL), -EINVAL);
+	assert_int_equal(tier_marks_open(&m, d), 0);
+	uint64_t ns[2] = { 0, 0 }, t0 = tier_now_ns();
+	tier_marks_begin(m);
+	assert_int_equal(tier_marks_put(m, -1), 0);
+	sleep_ms(3);
+	assert_int_equal(tier_marks_put(m, 0), 0);
+	sleep_ms(6);
+	assert_int_equal(tier_marks_put(m, 1), 0);
+	sleep_ms(3);
+	assert_int_equal(tier_marks_put(m, 7), 0); /* out of range: not charged */
+	for (int i = 0; i < 600; i++)
+		assert_int_equal(tier_marks_put(m, i & 1), 0);
+	assert_int_equal(tier_marks_count(m), 604);
+	assert_int_equal(tier_marks_collect(m, ns, 2), 0);
+	uint64_t wall = tier_now_ns() - t0;
+	printf("# marks: %.3f ms to tag 0, %.3f ms to tag 1, %.3f ms wall\n", ns[0] / 1e6, ns[1] / 1e6, wall / 1e6);
+	assert_true(ns[0] >= 3000000 && ns[1] >= 6000000 && ns[0] + ns[1] + 3000000 <= wall);
+	tier_marks_begin(m);
+	memset(ns, 0, sizeof ns);
+	assert_int_equal(tier_marks_count(m), 0);
+	assert_int_equal(tier_marks_collect(m, ns, 2), 0);
+	assert_true(ns[0] == 0 && ns[1] == 0);
+	tier_marks_close(m);
+	tier_marks_close(NULL);
+	tier_dev_close(d);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_parse_size_units), cmocka_unit_test(test_parse_size_bad),
 		cmocka_unit_test(test_format_size), cmocka_unit_test(test_error_message_is_per_thread),
 		cmocka_unit_test(test_pattern_windows_agree), cmocka_unit_test(test_rng_moments),
-		cmocka_unit_test(test_cpu_device),
+		cmocka_unit_test(test_cpu_device), cmocka_unit_test(test_cpu_marks),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -306,6 +306,10 @@ static void test_grad_norm_and_spent_grads(void **state)
 		}
 		assert_int_equal(res.ns_pin_part[TIER_PART_PIN], 0);
 		assert_true(pins == res.ns_part[TIER_PART_PIN] && pins > 0);
+		uint64_t parts = 0; /* the parts (the device's marks) lie inside the step's wall time */
+		for (int p = 0; p < TIER_PART_PIN; p++)
+			parts += res.ns_part[p];
+		assert_true(parts <= res.ns && parts >= res.ns / 2);
 		assert_true(ss > 0 && fabs(res.grad_norm - sqrt(ss)) <= 1e-5 * sqrt(ss));
 		assert_int_equal(tier_model_lora_export(r.m, 1, &g), -ENODATA);
 		assert_non_null(strstr(tier_last_error(), "tier_trainer_eval"));

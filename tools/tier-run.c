@@ -700,7 +700,9 @@ static void summary(job *j, const run_opts *o, double first, double last, double
 		for (int p = 0; p < TIER_NPARTS; p++)
 			printf(" %s %.1f%%%s", tier_step_part_name(p), 100.0 * (double)j->parts[p] / (double)j->step_ns,
 			       p + 1 < TIER_NPARTS ? "," : "");
-		printf(" (pin overlaps the others; TIER_PROFILE=1 for exact parts)\n");
+		printf(" (%s; pin is the host's waiting and overlaps the others)\n",
+		       getenv("TIER_PROFILE") && strcmp(getenv("TIER_PROFILE"), "0") && *getenv("TIER_PROFILE")
+			       ? "host time, each part waiting for the device" : "the device's time between the parts' ends");
 		printf("# of which pinning (waiting for data, room or writebacks):");
 		for (int p = 0; p < TIER_PART_PIN; p++)
 			printf(" %s %.1f%%%s", tier_step_part_name(p), 100.0 * (double)j->pin_parts[p] / (double)j->step_ns,

@@ -101,6 +101,21 @@ int tier_dev_sync(tier_dev *dev);
 /* NUMA node closest to the device (-1 when unknown, 0 on a CPU context without libnuma). */
 int tier_dev_numa_node(const tier_dev *dev);
 
+/* Marks: the device's time between tagged points of the compute stream (a CUDA event each; the
+ * host clock on a CPU context, whose work is done when queued). begin forgets the marks put so
+ * far; put records one with a tag; collect adds the time from each mark to the next to
+ * ns_by_tag[tag of the later one] (tags outside 0..ntags-1 are not charged: -1 for an origin),
+ * waiting for the marks to complete. A mark's time includes any gap in which the device waited
+ * for the host. put and collect return 0, -ENOMEM or -EIO (collect with a message); after a failed
+ * put, later puts and collect fail until the next begin. */
+typedef struct tier_marks tier_marks;
+int tier_marks_open(tier_marks **out, tier_dev *dev);
+void tier_marks_close(tier_marks *m); /* NULL is fine */
+void tier_marks_begin(tier_marks *m);
+int tier_marks_put(tier_marks *m, int tag);
+int tier_marks_collect(tier_marks *m, uint64_t *ns_by_tag, int ntags);
+int tier_marks_count(const tier_marks *m);
+
 /* Raw memory primitives. Only the store (and tests, benchmarks) call these: every byte the engine
  * uses goes through the store's budgets. Device memory on CUDA, host memory on CPU. */
 int tier_dev_malloc(tier_dev *dev, size_t bytes, void **out);   /* -ENOMEM with message */

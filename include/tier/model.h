@@ -181,9 +181,10 @@ typedef struct {
 	float lr;          /* the learning rate applied */
 	int64_t tokens;    /* tokens with a target in the step */
 	uint64_t ns;       /* wall time of the step */
-	/* Wall time by part (ns, summed over micro-batches; PIN is the part of the others spent
-	 * acquiring objects). Device work is asynchronous: a part is charged where the host waits for
-	 * it, unless $TIER_PROFILE=1 makes every part wait for the device at its end (slower, exact). */
+	/* Time by part (ns, summed over micro-batches) on the device's clock: the time between the
+	 * compute stream's marks at the parts' ends (tier_marks), which includes the gaps where the
+	 * device waited for the host. PIN is host time, the part of the others spent acquiring
+	 * objects. $TIER_PROFILE=1: host time, every part waiting for the device at its end. */
 	uint64_t ns_part[9];
 	/* Of each part, the time spent acquiring objects (waiting for a fetch, for room, for a
 	 * writeback): ns_pin_part[TIER_PART_PIN] is 0, the sum being ns_part[TIER_PART_PIN]. */
