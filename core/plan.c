@@ -110,15 +110,18 @@ static void plan_items(const tier_plan_model *m, const tier_plan_opts *o, tier_p
 	r->item[TIER_PLAN_WEIGHTS_LIVE] = (uint64_t)(2 * 2.0 * (p->dense_layer_max + local_experts * p->expert_one));
 	double lora_layer = p->lora_layer_max - (moe_layers ? (double)p->lora_expert_one * (m->experts - local_experts) : 0);
 	r->item[TIER_PLAN_LORA] = (uint64_t)(16.0 * p->lora / g + 6.0 * lora_layer + 0.999);
-	r->item[TIER_PLAN_ACT_CKPT] = (uint64_t)(m->layers * T * h * 2);
+	/* layer-major keeps every micro-batch's checkpoints and running gradient (fp32) */
+	const double mbk = r->layer_major ? (double)r->accum : 1;
+	r->item[TIER_PLAN_ACT_CKPT] = (uint64_t)(mbk * m->layers * T * h * 2);
 	double chunk = (double)(o->mlp_chunk < r->seq * r->mbs ? o->mlp_chunk : r->seq * r->mbs);
 	r->item[TIER_PLAN_ACT_LIVE] = (uint64_t)(4 * T * h * 2 + 2 * T * attn_width(m) * 2 +
-						 2 * chunk * k * (2 * h + 3 * inter) * 2 + T * (moe_layers ? m->experts : 0) * 4);
+						 2 * chunk * k * (2 * h + 3 * inter) * 2 + T * (moe_layers ? m->experts : 0) * 4 +
+						 (mbk - 1) * T * h * 4);
 	double lc = (double)(o->loss_chunk < r->seq * r->mbs ? o->loss_chunk : r->seq * r->mbs);
 	double vb = (double)(o->vocab_block < m->vocab ? o->vocab_block : m->vocab);
 	r->item[TIER_PLAN_LOSS] = (uint64_t)(2 * lc * vb * 4 + 2 * T * 4 + lc * h * 4);
 	/* Forward results worth keeping for backward: projection outputs and the experts' gate and up. */
-	r->opcache_want = (uint64_t)(m->layers * T * attn_width(m) * 2 + moe_layers * T * k * 2 * inter * 2);
+	r->opcache_want = (uint64_t)(mbk * (m->layers * T * attn_width(m) * 2 + moe_layers * T * k * 2 * inter * 2));
 }
 
 /* Put each item in HBM, then DDR, then NVMe (live items, loss buffers and the op cache: HBM only). */
@@ -183,10 +186,13 @@ static void plan_time(const tier_plan_model *m, const tier_plan_cluster *c, tier
 	attn_flops(m, (double)r->seq, &am, &ai);
 	am *= r->mbs;
 	ai *= r->mbs;
+	/* N micro-batches: N times the compute and the activations' traffic; the weights (and their
+	 * gathers) cross once per micro-batch, or once a step when layer-major */
+	const double N = (double)r->accum, passes = r->layer_major ? 1 : N;
 	double mm = 2.0 * p->matmul_active * T, lora = 2.0 * p->lora_active * T;
-	r->flops[0] = mm + am + ai + lora;
+	r->flops[0] = N * (mm + am + ai + lora);
 	r->flops[1] = r->flops[0] * (1 - r->opcache_hit);
-	r->flops[2] = mm + 2.5 * am + 2 * lora;
+	r->flops[2] = N * (mm + 2.5 * am + 2 * lora);
 	r->flops[3] = 12.0 * p->lora / g;
 	r->flops_total = r->flops[0] + r->flops[1] + r->flops[2] + r->flops[3];
 	r->t[TIER_PLAN_T_COMPUTE] = r->flops_total / (c->tflops * c->mfu * 1e12);
@@ -195,12 +201,15 @@ static void plan_time(const tier_plan_model *m, const tier_plan_cluster *c, tier
 	double w_off = (double)(pl[TIER_PLAN_WEIGHTS][TIER_PLAN_DDR] + pl[TIER_PLAN_WEIGHTS][TIER_PLAN_NVME]);
 	double ck_off = (double)(pl[TIER_PLAN_ACT_CKPT][TIER_PLAN_DDR] + pl[TIER_PLAN_ACT_CKPT][TIER_PLAN_NVME]);
 	double lo_off = (double)(pl[TIER_PLAN_LORA][TIER_PLAN_DDR] + pl[TIER_PLAN_LORA][TIER_PLAN_NVME]);
-	double h2d = 2 * w_off + ck_off + lo_off, d2h = ck_off + lo_off;
+	ck_off *= r->layer_major ? 1 : N; /* layer-major: the item holds every micro-batch's */
+	double h2d = 2 * w_off * passes + ck_off + lo_off, d2h = ck_off + lo_off;
 	r->pcie_bytes = h2d > d2h ? h2d : d2h;
 	r->t[TIER_PLAN_T_PCIE] = r->pcie_bytes / (c->pcie_gbps * GB);
 
 	double nv_w = (double)(pl[TIER_PLAN_ACT_CKPT][TIER_PLAN_NVME] + pl[TIER_PLAN_LORA][TIER_PLAN_NVME]);
-	double nv_r = 2.0 * pl[TIER_PLAN_WEIGHTS][TIER_PLAN_NVME] + nv_w;
+	if (!r->layer_major)
+		nv_w += (N - 1) * pl[TIER_PLAN_ACT_CKPT][TIER_PLAN_NVME];
+	double nv_r = 2.0 * passes * pl[TIER_PLAN_WEIGHTS][TIER_PLAN_NVME] + nv_w;
 	r->nvme_bytes = nv_r + nv_w;
 	double per_gpu = 1.0 / c->gpus_per_node;
 	r->t[TIER_PLAN_T_NVME] = nv_r / (c->nvme_read_gbps * per_gpu * GB) + nv_w / (c->nvme_write_gbps * per_gpu * GB);
@@ -211,7 +220,7 @@ static void plan_time(const tier_plan_model *m, const tier_plan_cluster *c, tier
 	 * dedup), e_nodes (1 - (1 - 1/e_nodes)^k) nodes in expectation under uniform routing, less
 	 * its own. */
 	const int64_t moe_layers = m->layers - m->dense_layers;
-	const double vol = 3.0 * 2 * moe_layers * T * h * 2;
+	const double vol = N * 3.0 * 2 * moe_layers * T * h * 2;
 	double a2a_intra = r->ep > 1 ? vol * m->top_k * (r->ep - 1) / r->ep : 0, a2a_inter = 0;
 	if (r->ep > c->gpus_per_node) {
 		double en = (double)r->ep / c->gpus_per_node;
@@ -219,9 +228,9 @@ static void plan_time(const tier_plan_model *m, const tier_plan_cluster *c, tier
 	}
 	/* FSDP: dense weights gathered in forward and backward, experts over the dp replicas, LoRA
 	 * params gathered (bf16, twice) and their fp32 grads reduce-scattered. */
-	double fsdp = g > 1 ? (2.0 * 2 * p->dense_total + 8.0 * p->lora) * (g - 1) / g : 0;
+	double fsdp = g > 1 ? (passes * (2.0 * 2 * p->dense_total + 4.0 * p->lora) + 4.0 * p->lora) * (g - 1) / g : 0;
 	if (r->dp > 1)
-		fsdp += 2.0 * 2 * ((double)p->experts / r->ep) * (r->dp - 1) / r->dp;
+		fsdp += passes * 2.0 * 2 * ((double)p->experts / r->ep) * (r->dp - 1) / r->dp;
 	int multi = r->gpus > c->gpus_per_node;
 	r->net_intra_bytes = a2a_intra + (multi ? 0 : fsdp);
 	r->net_inter_bytes = a2a_inter + (multi ? fsdp : 0);
@@ -237,7 +246,7 @@ static void plan_time(const tier_plan_model *m, const tier_plan_cluster *c, tier
 			r->bottleneck = i;
 		}
 	}
-	r->tokens_per_s = r->step_s > 0 ? g * T / r->step_s : 0;
+	r->tokens_per_s = r->step_s > 0 ? g * T * N / r->step_s : 0;
 }
 
 static void plan_one(const tier_plan_model *m, const tier_plan_cluster *c, const tier_plan_opts *o, int ep,
@@ -279,6 +288,9 @@ int tier_plan_run(const tier_plan_model *m, const tier_plan_cluster *c, const ti
 	if (!m)
 		return tier_plan_model_check(m);
 	mm = *m;
+	if (o->accum < 0)
+		return tier_fail(-EINVAL, "plan options: micro-batches per step (accum) must be >= 1, not %lld",
+				 (long long)o->accum);
 	if (o->seq < 0 || o->mbs < 0 || o->lora_r < -1 || o->mlp_chunk < 1 || o->loss_chunk < 1 || o->vocab_block < 1)
 		return tier_fail(-EINVAL, "plan options: sequence, micro-batch, LoRA rank and chunk sizes must be "
 				 "positive (seq %lld, mbs %lld, r %d, chunks %lld/%lld/%lld)", (long long)o->seq,
@@ -299,6 +311,8 @@ int tier_plan_run(const tier_plan_model *m, const tier_plan_cluster *c, const ti
 	r.gpus = c->nodes * c->gpus_per_node;
 	r.seq = mm.seq;
 	r.mbs = mm.mbs;
+	r.accum = o->accum ? o->accum : 1;
+	r.layer_major = o->layer_major && r.accum > 1;
 	if (o->ep > 0 && !ep_valid(&mm, r.gpus, o->ep))
 		return tier_fail(-EINVAL, "EP size %d must divide both the GPU count %d and the expert count %lld",
 				 o->ep, r.gpus, (long long)mm.experts);

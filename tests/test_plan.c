@@ -178,6 +178,53 @@ static void test_tiny_plan_spill(void **state)
 	near(r.t[TIER_PLAN_T_NVME], (3792 + 712 + 712) / 1e9, 1e-12, "nvme time");
 }
 
+/* Gradient accumulation: 4 micro-batches a step take 4 times the compute, the all-to-all and (not
+ * layer-major) the weights' crossings and gathers; layer-major moves the weights once a step and
+ * keeps every micro-batch's checkpoints and running gradient; --layer-major with one micro-batch
+ * is the plain plan. */
+static void test_accum(void **state)
+{
+	(void)state;
+	tier_plan_model m;
+	tier_plan_cluster c;
+	tier_plan_opts o;
+	tier_plan_result r, one;
+	tiny(&m);
+	tiny_cluster(&c, 12000);
+	tiny_opts(&o);
+	assert_int_equal(tier_plan_run(&m, &c, &o, &one), 0);
+	o.accum = 1, o.layer_major = 1;
+	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
+	assert_int_equal(r.accum, 1);
+	assert_int_equal(r.layer_major, 0);
+	assert_true(r.step_s == one.step_s && r.pcie_bytes == one.pcie_bytes && r.net_intra_bytes == one.net_intra_bytes);
+	o.accum = 4, o.layer_major = 0;
+	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
+	assert_memory_equal(r.item, one.item, sizeof r.item);
+	near(r.flops_total, 4 * (2 * 48640 + 64512) + 672, 1e-12, "flops, 4 micro-batches");
+	/* weights twice per micro-batch, checkpoints once per micro-batch, LoRA once: 15168 + 2048 + 1200 */
+	assert_true(r.pcie_bytes == 18416);
+	/* all-to-all 4 x 3072; FSDP (4 x (2 x 2 B x 744 + 4 B x 112) + 4 B x 112) x 1/2 */
+	near(r.net_intra_bytes, 12288 + 7072, 1e-12, "NVLink bytes, 4 micro-batches");
+	near(r.tokens_per_s, 4 * 32 / r.step_s, 1e-12, "tokens/s, 4 micro-batches");
+	/* layer-major: 1536 B more live (3 more running gradients of 16 x 8 fp32), so HBM 13600 */
+	tiny_cluster(&c, 13600);
+	o.layer_major = 1;
+	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
+	assert_true(r.fits && r.layer_major == 1 && r.accum == 4);
+	assert_int_equal(r.item[TIER_PLAN_ACT_CKPT], 4 * 512);
+	assert_int_equal(r.item[TIER_PLAN_ACT_LIVE], one.item[TIER_PLAN_ACT_LIVE] + 1536);
+	assert_int_equal(r.opcache_want, 4 * one.opcache_want);
+	assert_int_equal(r.place[TIER_PLAN_LORA][TIER_PLAN_HBM], 96);
+	/* weights twice a step, every checkpoint once, LoRA off HBM once: 3792 + 2048 + 1136 */
+	assert_true(r.pcie_bytes == 6976);
+	near(r.net_intra_bytes, 12288 + 1936, 1e-12, "NVLink bytes, layer-major");
+	near(r.flops_total, 4 * (2 * 48640 + 64512) + 672, 1e-12, "flops, layer-major");
+	o.accum = -1;
+	assert_int_equal(tier_plan_run(&m, &c, &o, &r), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "accum"));
+}
+
 /* The fit boundary: one byte less HBM than the live items need does not fit, whatever DDR holds. */
 static void test_fit_boundary(void **state)
 {
@@ -551,7 +598,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tiny_params), cmocka_unit_test(test_tiny_plan_hbm),
-		cmocka_unit_test(test_tiny_plan_spill), cmocka_unit_test(test_fit_boundary),
+		cmocka_unit_test(test_tiny_plan_spill), cmocka_unit_test(test_accum), cmocka_unit_test(test_fit_boundary),
 		cmocka_unit_test(test_published_counts), cmocka_unit_test(test_random_models),
 		cmocka_unit_test(test_smallest), cmocka_unit_test(test_bad_input), cmocka_unit_test(test_calibrate),
 #ifdef TIER_HAVE_JANSSON

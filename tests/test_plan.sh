@@ -30,6 +30,15 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["gpus"] ==
 	and d["params"]["total"] == 2779500174336, d' "$tmp/out" 2>"$tmp/err" || \
 	{ command -v python3 >/dev/null && fail "json: $(cat "$tmp/err")"; }
 
+echo "# 4 layer-major micro-batches a step: in the report and the JSON, 4 times the tokens"
+expect 0 qwen3-30b-a3b h200-8x --gpus-per-node 1 --seq 4096 --mbs 8 --accum 4 --layer-major --json
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["accum"] == 4 and d["layer_major"] is True \
+	and abs(d["tokens_per_s"] * d["step_s"] / (4 * 8 * 4096) - 1) < 1e-4, d' "$tmp/out" 2>"$tmp/err" || \
+	{ command -v python3 >/dev/null && fail "json, accum: $(cat "$tmp/err")"; }
+expect 0 qwen3-30b-a3b h200-8x --gpus-per-node 1 --seq 4096 --mbs 8 --accum 4 --layer-major
+grep -q "micro-batch 8 x 4 a step (layer-major)" "$tmp/out" || fail "layout line lacks the micro-batches"
+grep -q "# step time (4 micro-batches, layer-major" "$tmp/out" || fail "time table lacks the micro-batches"
+
 echo "# --smallest, and HBM only"
 expect 0 seed-2.8t h200-8x --smallest
 grep -q "1 node x 8 GPUs = 8 GPUs (the smallest that fits)" "$tmp/out" || fail "smallest: $(head -1 "$tmp/out")"
@@ -45,6 +54,8 @@ expect 2 seed-2.8t tpu
 grep -q "h200-8x" "$tmp/err" || fail "unknown cluster message lists no presets"
 expect 2 seed-2.8t h200-8x --ep 3
 expect 2 seed-2.8t h200-8x --seq 0
+expect 2 seed-2.8t h200-8x --accum 0
+grep -q "accum" "$tmp/err" || fail "--accum 0 message: $(cat "$tmp/err")"
 expect 2 seed-2.8t h200-8x --hbm-reserve lots
 expect 2 seed-2.8t h200-8x --lora-targets q,kv
 expect 2 seed-2.8t h200-8x --mfu 2

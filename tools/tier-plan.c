@@ -18,7 +18,8 @@ typedef struct {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: tier-plan MODEL CLUSTER [--nodes N] [--ep N] [--seq N] [--mbs N] [--lora-r N]\n"
+		"Usage: tier-plan MODEL CLUSTER [--nodes N] [--ep N] [--seq N] [--mbs N] [--accum N [--layer-major]]\n"
+		"                 [--lora-r N]\n"
 		"                 [--lora-targets LIST] [--hbm-reserve SIZE] [--opcache SIZE] [--no-tiering]\n"
 		"                 [--gpus-per-node N] [--hbm SIZE] [--ddr SIZE] [--nvme SIZE] [--mfu X]\n"
 		"                 [--smallest [--max-nodes N]] [--calibrate FILE] [--json] [--help]\n"
@@ -32,6 +33,9 @@ static void usage(FILE *f)
 		"                      override the node type (SIZE in binary units: 141G is 141 GiB)\n"
 		"  --ep N              expert-parallel group size (default: the largest that divides GPUs and experts)\n"
 		"  --seq N, --mbs N    sequence length and micro-batch per GPU (default: the model's)\n"
+		"  --accum N           micro-batches per optimizer step (gradient accumulation, default 1)\n"
+		"  --layer-major       each layer runs all N micro-batches with its weights fetched once a step\n"
+		"                      (tier-run --layer-major); every micro-batch's checkpoints are kept\n"
 		"  --lora-r N          LoRA rank; --lora-targets q,k,v,o,gate,up,down,router | all-linear | none\n"
 		"  --hbm-reserve SIZE  HBM kept back per GPU for CUDA, NCCL, fragmentation (default 8G)\n"
 		"  --opcache SIZE      op-cache budget per GPU (default: what HBM has left)\n"
@@ -68,6 +72,7 @@ static int parse_args(int argc, char **argv, options *o)
 {
 	static const struct option lo[] = {
 		{ "nodes", 1, 0, 'n' }, { "ep", 1, 0, 'e' }, { "seq", 1, 0, 's' }, { "mbs", 1, 0, 'b' },
+		{ "accum", 1, 0, 'a' }, { "layer-major", 0, 0, 'L' },
 		{ "lora-r", 1, 0, 'r' }, { "lora-targets", 1, 0, 't' }, { "hbm-reserve", 1, 0, 'R' },
 		{ "opcache", 1, 0, 'c' }, { "no-tiering", 0, 0, 'T' }, { "smallest", 0, 0, 'S' },
 		{ "max-nodes", 1, 0, 'M' }, { "gpus-per-node", 1, 0, 'g' }, { "hbm", 1, 0, 'H' }, { "ddr", 1, 0, 'D' },
@@ -84,6 +89,8 @@ static int parse_args(int argc, char **argv, options *o)
 		case 'e': if (parse_num("--ep", optarg, 1, &v)) return 2; o->plan.ep = (int)v; break;
 		case 's': if (parse_num("--seq", optarg, 1, &v)) return 2; o->plan.seq = v; break;
 		case 'b': if (parse_num("--mbs", optarg, 1, &v)) return 2; o->plan.mbs = v; break;
+		case 'a': if (parse_num("--accum", optarg, 1, &v)) return 2; o->plan.accum = v; break;
+		case 'L': o->plan.layer_major = 1; break;
 		case 'r': if (parse_num("--lora-r", optarg, 0, &v)) return 2; o->plan.lora_r = (int)v; break;
 		case 'M': if (parse_num("--max-nodes", optarg, 1, &v)) return 2; o->max_nodes = (int)v; break;
 		case 'g': if (parse_num("--gpus-per-node", optarg, 1, &v)) return 2; o->gpn = (int)v; break;
@@ -187,7 +194,8 @@ static void print_tiers(const tier_plan_result *r)
 
 static void print_time(const tier_plan_cluster *c, const tier_plan_result *r)
 {
-	printf("# step time per micro-batch (every GPU its own), terms overlap: the step is the largest\n");
+	printf("# step time (%lld micro-batch%s%s; every GPU its own), terms overlap: the step is the largest\n",
+	       (long long)r->accum, r->accum == 1 ? "" : "es", r->layer_major ? ", layer-major" : "");
 	printf("#%-9s %14s %-8s %12s %-8s %10s\n", " term", "amount", "", "rate", "", "time (s)");
 	/* The network row shows the link that takes longer: NVLink inside nodes or the NICs between. */
 	int ib = r->net_inter_bytes / c->net_gbps >= r->net_intra_bytes / c->nvlink_gbps;
@@ -229,10 +237,11 @@ static void print_json(const tier_plan_model *m, const tier_plan_cluster *c, con
 	const tier_plan_params *p = &r->params;
 	char name[8 * sizeof m->name];
 	printf("{\"model\":\"%s\",\"cluster\":\"%s\",\"nodes\":%d,\"gpus\":%d,\"ep\":%d,\"dp\":%d,\"seq\":%lld,"
-	       "\"mbs\":%lld,\"params\":{\"embed\":%llu,\"lm_head\":%llu,\"attn\":%llu,\"dense_mlp\":%llu,"
+	       "\"mbs\":%lld,\"accum\":%lld,\"layer_major\":%s,\"params\":{\"embed\":%llu,\"lm_head\":%llu,\"attn\":%llu,\"dense_mlp\":%llu,"
 	       "\"experts\":%llu,\"shared\":%llu,\"router\":%llu,\"norms\":%llu,\"total\":%llu,\"active\":%llu,"
 	       "\"lora\":%llu},\"bytes_per_gpu\":{", json_str(m->name, name, sizeof name), c->name, c->nodes, r->gpus, r->ep, r->dp,
-	       (long long)r->seq, (long long)r->mbs, (unsigned long long)p->embed, (unsigned long long)p->lm_head,
+	       (long long)r->seq, (long long)r->mbs, (long long)r->accum, r->layer_major ? "true" : "false",
+	       (unsigned long long)p->embed, (unsigned long long)p->lm_head,
 	       (unsigned long long)(p->attn[0] + p->attn[1] + p->attn[2]), (unsigned long long)p->dense_mlp,
 	       (unsigned long long)p->experts, (unsigned long long)p->shared, (unsigned long long)p->router,
 	       (unsigned long long)p->norms, (unsigned long long)p->total, (unsigned long long)p->active,
@@ -303,9 +312,9 @@ int main(int argc, char **argv)
 	print_targets(rank == 0 ? 0 : o.plan.lora_targets ? o.plan.lora_targets : m.lora_targets, tg, sizeof tg);
 	printf("# tier-plan: %s on %s: %d node%s x %d GPUs = %d GPUs%s\n", m.name, c.name, c.nodes,
 	       c.nodes == 1 ? "" : "s", c.gpus_per_node, r.gpus, o.smallest ? " (the smallest that fits)" : "");
-	printf("# layout: EP %d x FSDP %d (%lld experts per GPU per layer); seq %lld, micro-batch %lld; LoRA r=%d on %s\n",
-	       r.ep, r.dp, (long long)r.experts_per_gpu, (long long)r.seq, (long long)r.mbs,
-	       rank, tg);
+	printf("# layout: EP %d x FSDP %d (%lld experts per GPU per layer); seq %lld, micro-batch %lld x %lld a step%s; "
+	       "LoRA r=%d on %s\n", r.ep, r.dp, (long long)r.experts_per_gpu, (long long)r.seq, (long long)r.mbs,
+	       (long long)r.accum, r.layer_major ? " (layer-major)" : "", rank, tg);
 	printf("# rates: %.0f TFLOP/s x MFU %.3g, PCIe %.1f GB/s, NVMe %.1f GB/s read per node, NVLink %.0f GB/s, "
 	       "network %.1f GB/s per GPU%s%s\n", c.tflops, c.mfu, c.pcie_gbps, c.nvme_read_gbps, c.nvlink_gbps,
 	       c.net_gbps, found ? " (calibrated: " : "", found ? (found == 7 ? "all)" : "some)") : "");

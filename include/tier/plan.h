@@ -122,6 +122,10 @@ typedef struct {
 	int64_t loss_chunk, vocab_block; /* chunked cross-entropy tile */
 	uint64_t opcache_max;    /* op-cache budget per GPU; UINT64_MAX: what HBM has left */
 	int no_tiering;          /* 1: HBM only (what fits without DDR and NVMe) */
+	int64_t accum;           /* micro-batches per optimizer step (gradient accumulation); 0: 1 */
+	int layer_major;         /* 1: each layer runs all micro-batches with its weights fetched once
+				    (tier-run --layer-major): weights and gathers cross once a step, every
+				    micro-batch's checkpoints are kept */
 } tier_plan_opts;
 void tier_plan_opts_default(tier_plan_opts *o);
 
@@ -144,6 +148,8 @@ typedef struct {
 	tier_plan_params params;
 	int gpus, ep, dp;
 	int64_t seq, mbs, experts_per_gpu;
+	int64_t accum;               /* micro-batches per step */
+	int layer_major;
 	uint64_t item[TIER_PLAN_NITEMS];                       /* bytes per GPU */
 	uint64_t place[TIER_PLAN_NITEMS][TIER_PLAN_NTIERS];   /* where each item sits */
 	uint64_t cap[TIER_PLAN_NTIERS], used[TIER_PLAN_NTIERS]; /* per GPU */
@@ -160,7 +166,7 @@ typedef struct {
 	double tokens_per_s;         /* whole cluster, overlapped */
 } tier_plan_result;
 
-/* Plan one step (one micro-batch per GPU). 0; -EINVAL naming the problem (model, cluster, an EP size
+/* Plan one optimizer step of accum micro-batches per GPU. 0; -EINVAL naming the problem (model, cluster, an EP size
  * that does not divide the GPUs or the experts, sizes); *r untouched on failure. Thread-safe. */
 int tier_plan_run(const tier_plan_model *m, const tier_plan_cluster *c, const tier_plan_opts *o,
 		  tier_plan_result *r);
