@@ -90,6 +90,11 @@ expect1 "must divide" --moe-chunks 3 $small # 2 x 16 tokens
 ./tier-run $small --micro-batches 2 --quiet --out "$tmp/mb" >/dev/null 2>"$tmp/err" || fail "--micro-batches 2: $(cat "$tmp/err")"
 ./tier-run $small --micro-batches 2 --layer-major --quiet --out "$tmp/lm" >/dev/null 2>"$tmp/err" || fail "--layer-major: $(cat "$tmp/err")"
 cmp -s "$tmp/mb/adapter_model.safetensors" "$tmp/lm/adapter_model.safetensors" || fail "--layer-major changed the adapter"
+# micro-batches whose weights do not fit the HBM budget: tier-run suggests --layer-major, not when given
+./tier-run $small --steps 1 --micro-batches 2 --out "$tmp/h1" >"$tmp/hint.txt" 2>&1 || fail "--micro-batches 2: $(cat "$tmp/hint.txt")"
+grep -q "^# hint: .*--layer-major fetches them once a step for all 2" "$tmp/hint.txt" || fail "no --layer-major hint"
+./tier-run $small --steps 1 --micro-batches 2 --layer-major --out "$tmp/h2" >"$tmp/hint.txt" 2>&1 || fail "--layer-major: $(cat "$tmp/hint.txt")"
+! grep -q "^# hint:" "$tmp/hint.txt" || fail "a --layer-major hint with --layer-major given"
 ./tier-run --help | grep -q -- '--lora-targets' || fail "--help does not document --lora-targets"
 ./tier-run --store-demo --help | grep -q 'store demonstration' || fail "tier-run --store-demo is not reachable"
 echo "PASS"
