@@ -7,6 +7,7 @@
  * which the device waited for the host to queue more (charged to the part the host was busy in).
  * On a CPU context the work is done when it is queued, and a mark is the host clock. */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include "config.h"
 #include "tier/base.h"
@@ -56,6 +57,8 @@ void tier_marks_close(tier_marks *m)
 /* Room for one more mark: double the arrays (and make the new events). */
 static int marks_grow(tier_marks *m)
 {
+	if (m->cap > INT_MAX / 2)
+		return -ENOMEM;
 	int cap = m->cap ? 2 * m->cap : 256;
 	int *tag = realloc(m->tag, sizeof *tag * (size_t)cap);
 	if (tag)
@@ -109,13 +112,18 @@ int tier_marks_collect(tier_marks *m, uint64_t *ns_by_tag, int ntags)
 {
 	if (m->broken)
 		return tier_fail(m->broken, "device marks: %s", m->broken == -ENOMEM ? "out of memory" : "a CUDA event failed");
+#ifdef TIER_HAVE_CUDA
+	if (m->cuda && m->n > 0 && cudaEventSynchronize(m->ev[m->n - 1]) != cudaSuccess) { /* the stream's order: all */
+		cudaGetLastError();
+		return tier_fail(-EIO, "device marks: waiting for the last CUDA event failed");
+	}
+#endif
 	for (int i = 1; i < m->n; i++) {
 		uint64_t dt = m->ns[i] - m->ns[i - 1];
 #ifdef TIER_HAVE_CUDA
 		float ms = 0.0f;
 		if (m->cuda) {
-			if (cudaEventSynchronize(m->ev[i]) != cudaSuccess ||
-			    cudaEventElapsedTime(&ms, m->ev[i - 1], m->ev[i]) != cudaSuccess) {
+			if (cudaEventElapsedTime(&ms, m->ev[i - 1], m->ev[i]) != cudaSuccess) {
 				cudaGetLastError();
 				return tier_fail(-EIO, "device marks: reading CUDA event times failed");
 			}

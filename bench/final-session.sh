@@ -30,7 +30,7 @@ step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gra
 	--steps 4 --warmup 2
 for f in "$out"/attn-*.log; do echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd" | head -6; done
 for n in train-a1 train-a4 train-b8 train-b16c4 train-b12c4 train-b8x4lm; do
-	echo "== $n"; grep -E "^# (budgets|done|MFU|hbm|link|op cache|prefetch|of which)|^ +[0-9]+ |rror" "$out/$n.log" | tail -14
+	echo "== $n"; grep -E "^# (budgets|done|MFU|hbm|link|op cache|prefetch|pinning)|^ +[0-9]+ |rror" "$out/$n.log" | tail -14
 done
 echo "== torch-experts"; grep '^{' "$out/torch-experts.log"
 cat "$sum"

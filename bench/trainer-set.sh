@@ -17,7 +17,7 @@ step 80 torch-experts python3 bench/train_torch.py --targets attn+experts --grad
 step 150 train-b16x2lm "${run[@]}" --batch 16 --moe-chunks 4 --micro-batches 2 --layer-major --steps 4 --hbm 24G \
 	--ddr 110G
 for n in train-b8x4lm train-b16x2lm train-a1 train-a16c4; do
-	echo "== $n"; grep -E "^# (budgets|done|time|of which)|^ +[0-9]+ |rror" "$out/$n.log"
+	echo "== $n"; grep -E "^# (budgets|done|time|pinning)|^ +[0-9]+ |rror" "$out/$n.log"
 done
 echo "== torch-experts"; grep '^{' "$out/torch-experts.log"
 cat "$sum"

@@ -59,6 +59,10 @@ int tier_plan_cluster_check(const tier_plan_cluster *c)
 	return 0;
 }
 
+/* Tokens a step (sequence x micro-batch x micro-batches) at most: the byte counts (layers x tokens x
+ * width x a few bytes) stay far inside 64 bits. */
+#define TOKENS_MAX (1ll << 40)
+
 void tier_plan_opts_default(tier_plan_opts *o)
 {
 	memset(o, 0, sizeof *o);
@@ -116,7 +120,7 @@ static void plan_items(const tier_plan_model *m, const tier_plan_opts *o, tier_p
 	double chunk = (double)(o->mlp_chunk < r->seq * r->mbs ? o->mlp_chunk : r->seq * r->mbs);
 	r->item[TIER_PLAN_ACT_LIVE] = (uint64_t)(4 * T * h * 2 + 2 * T * attn_width(m) * 2 +
 						 2 * chunk * k * (2 * h + 3 * inter) * 2 + T * (moe_layers ? m->experts : 0) * 4 +
-						 (mbk - 1) * T * h * 4);
+						 (r->layer_major ? mbk * T * h * 4 : 0));
 	double lc = (double)(o->loss_chunk < r->seq * r->mbs ? o->loss_chunk : r->seq * r->mbs);
 	double vb = (double)(o->vocab_block < m->vocab ? o->vocab_block : m->vocab);
 	r->item[TIER_PLAN_LOSS] = (uint64_t)(2 * lc * vb * 4 + 2 * T * 4 + lc * h * 4);
@@ -187,7 +191,8 @@ static void plan_time(const tier_plan_model *m, const tier_plan_cluster *c, tier
 	am *= r->mbs;
 	ai *= r->mbs;
 	/* N micro-batches: N times the compute and the activations' traffic; the weights (and their
-	 * gathers) cross once per micro-batch, or once a step when layer-major */
+	 * gathers, and the LoRA gradients' reduce-scatter) cross once per micro-batch, or once a step
+	 * when layer-major (each layer's gradient is complete after its operation) */
 	const double N = (double)r->accum, passes = r->layer_major ? 1 : N;
 	double mm = 2.0 * p->matmul_active * T, lora = 2.0 * p->lora_active * T;
 	r->flops[0] = N * (mm + am + ai + lora);
@@ -228,7 +233,7 @@ static void plan_time(const tier_plan_model *m, const tier_plan_cluster *c, tier
 	}
 	/* FSDP: dense weights gathered in forward and backward, experts over the dp replicas, LoRA
 	 * params gathered (bf16, twice) and their fp32 grads reduce-scattered. */
-	double fsdp = g > 1 ? (passes * (2.0 * 2 * p->dense_total + 4.0 * p->lora) + 4.0 * p->lora) * (g - 1) / g : 0;
+	double fsdp = g > 1 ? passes * (2.0 * 2 * p->dense_total + 8.0 * p->lora) * (g - 1) / g : 0;
 	if (r->dp > 1)
 		fsdp += passes * 2.0 * 2 * ((double)p->experts / r->ep) * (r->dp - 1) / r->dp;
 	int multi = r->gpus > c->gpus_per_node;
@@ -288,9 +293,9 @@ int tier_plan_run(const tier_plan_model *m, const tier_plan_cluster *c, const ti
 	if (!m)
 		return tier_plan_model_check(m);
 	mm = *m;
-	if (o->accum < 0)
-		return tier_fail(-EINVAL, "plan options: micro-batches per step (accum) must be >= 1, not %lld",
-				 (long long)o->accum);
+	if (o->accum < 0 || o->accum > TOKENS_MAX)
+		return tier_fail(-EINVAL, "plan options: micro-batches per step (accum) must be in 1..%lld, not %lld",
+				 (long long)TOKENS_MAX, (long long)o->accum);
 	if (o->seq < 0 || o->mbs < 0 || o->lora_r < -1 || o->mlp_chunk < 1 || o->loss_chunk < 1 || o->vocab_block < 1)
 		return tier_fail(-EINVAL, "plan options: sequence, micro-batch, LoRA rank and chunk sizes must be "
 				 "positive (seq %lld, mbs %lld, r %d, chunks %lld/%lld/%lld)", (long long)o->seq,
@@ -313,6 +318,10 @@ int tier_plan_run(const tier_plan_model *m, const tier_plan_cluster *c, const ti
 	r.mbs = mm.mbs;
 	r.accum = o->accum ? o->accum : 1;
 	r.layer_major = o->layer_major && r.accum > 1;
+	if (mm.seq > TOKENS_MAX || mm.mbs > TOKENS_MAX || mm.seq * mm.mbs > TOKENS_MAX / r.accum)
+		return tier_fail(-EINVAL, "plan options: sequence %lld x micro-batch %lld x %lld micro-batches is over "
+				 "the %lld tokens a step the planner's byte counts hold", (long long)mm.seq,
+				 (long long)mm.mbs, (long long)r.accum, (long long)TOKENS_MAX);
 	if (o->ep > 0 && !ep_valid(&mm, r.gpus, o->ep))
 		return tier_fail(-EINVAL, "EP size %d must divide both the GPU count %d and the expert count %lld",
 				 o->ep, r.gpus, (long long)mm.experts);

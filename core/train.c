@@ -148,10 +148,8 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->m = m, t->c = *c, t->ps.s = m->s, t->op_seq = 1;
 	const char *prof = getenv("TIER_PROFILE");
 	t->profile = prof && *prof && strcmp(prof, "0");
-	if (!t->profile && tier_marks_open(&t->marks, m->dev)) {
-		free(t);
-		return -ENOMEM;
-	}
+	if (!t->profile && (rc = tier_marks_open(&t->marks, m->dev)))
+		goto fail;
 	/* $TIER_SCHED_ROUTED: which operations list only the routed experts: "bwd" (default) the
 	 * backward's, whose routing is known; "all" the forwards' too, from the latest two forwards'
 	 * routing (an expert routed outside that prediction is fetched when the layer has routed,
@@ -864,19 +862,19 @@ static void zero_grads(tier_trainer *t)
 
 /* The end of a step's timing: the parts on the device's clock replace the host's, which say only
  * where the host waited (it queues kernels and blocks later, wherever a result is first needed).
- * PIN stays host time: it is the host's own waiting. Should the marks fail, the host's times
- * stand. */
-static void step_parts(tier_trainer *t)
+ * PIN stays host time: it is the host's own waiting. After a failed step (whose message must
+ * stand) or failed marks the host's times stand; r->parts_on_device says which. */
+static void step_parts(tier_trainer *t, int rc, tier_step_result *r)
 {
-	if (!t->marking)
-		return;
+	int was = t->marking;
 	t->marking = 0;
 	uint64_t dev[TIER_NPARTS] = { 0 };
-	if (tier_marks_collect(t->marks, dev, TIER_NPARTS))
+	if (!was || rc || tier_marks_collect(t->marks, dev, TIER_NPARTS))
 		return;
 	for (int p = 0; p < TIER_NPARTS; p++)
 		if (p != TIER_PART_PIN)
 			t->part[p] = dev[p];
+	r->parts_on_device = 1;
 }
 
 int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *labels, tier_step_result *r)
@@ -929,7 +927,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	if (!rc)
 		rc = trainer_adamw(t, lr, gs); /* announces its operations, one per layer */
 	trainer_charge(t, TIER_PART_OPTIM);
-	step_parts(t);
+	step_parts(t, rc, r);
 	memcpy(r->ns_part, t->part, sizeof r->ns_part);
 	memcpy(r->ns_pin_part, t->pin_part, sizeof r->ns_pin_part);
 	if (rc)

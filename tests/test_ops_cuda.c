@@ -757,12 +757,12 @@ static void test_marks(void **state)
 	memsets(buf, bytes, 16);
 	assert_int_equal(tier_marks_put(m, 1), 0);
 	uint64_t queued = tier_now_ns() - h0;
-	for (int i = 0; i < 600; i++)
-		assert_int_equal(tier_marks_put(m, 0), 0);
+	for (int i = 0; i < 600; i++) /* to a tag out of range: the host's time making events is no one's */
+		assert_int_equal(tier_marks_put(m, 2), 0);
 	assert_int_equal(tier_marks_collect(m, ns, 2), 0);
 	printf("# marks: 8 memsets of 1 GiB %.3f ms on the device clock, %.3f ms timed with a sync; 16: %.3f ms "
 	       "(queued in %.3f ms of host time)\n", ns[0] / 1e6, synced / 1e6, ns[1] / 1e6, queued / 1e6);
-	assert_true(queued < ns[0] / 4); /* the host did not wait: the time is the device's */
+	assert_true(queued < ns[1] / 2); /* the host did not wait: the time is the device's */
 	assert_true(ns[0] >= synced / 2 && ns[0] <= synced * 2);
 	assert_true(ns[1] >= ns[0] * 7 / 5 && ns[1] <= ns[0] * 13 / 5);
 	tier_marks_close(m);

@@ -204,16 +204,23 @@ static void test_accum(void **state)
 	near(r.flops_total, 4 * (2 * 48640 + 64512) + 672, 1e-12, "flops, 4 micro-batches");
 	/* weights twice per micro-batch, checkpoints once per micro-batch, LoRA once: 15168 + 2048 + 1200 */
 	assert_true(r.pcie_bytes == 18416);
-	/* all-to-all 4 x 3072; FSDP (4 x (2 x 2 B x 744 + 4 B x 112) + 4 B x 112) x 1/2 */
-	near(r.net_intra_bytes, 12288 + 7072, 1e-12, "NVLink bytes, 4 micro-batches");
+	/* all-to-all 4 x 3072; FSDP 4 x (2 x 2 B x 744 + 8 B x 112) x 1/2 */
+	near(r.net_intra_bytes, 12288 + 7744, 1e-12, "NVLink bytes, 4 micro-batches");
 	near(r.tokens_per_s, 4 * 32 / r.step_s, 1e-12, "tokens/s, 4 micro-batches");
-	/* layer-major: 1536 B more live (3 more running gradients of 16 x 8 fp32), so HBM 13600 */
-	tiny_cluster(&c, 13600);
+	/* NVMe (DDR of 1000 B per GPU, as in test_tiny_plan_spill): weights read twice and checkpoints
+	 * read and written once per micro-batch, LoRA once: reads 4 x 2 x 1896 + 4 x 512 + 200, writes
+	 * 4 x 512 + 200, at 1 GB/s each way per GPU */
+	c.ddr_per_node = 2000;
+	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
+	assert_int_equal(r.place[TIER_PLAN_ACT_CKPT][TIER_PLAN_NVME], 512);
+	near(r.t[TIER_PLAN_T_NVME], (15168 + 2248 + 2248) / 1e9, 1e-12, "nvme time, 4 micro-batches");
+	/* layer-major: 2048 B more live (a running gradient of 16 x 8 fp32 per micro-batch), so HBM 14112 */
+	tiny_cluster(&c, 14112);
 	o.layer_major = 1;
 	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
 	assert_true(r.fits && r.layer_major == 1 && r.accum == 4);
 	assert_int_equal(r.item[TIER_PLAN_ACT_CKPT], 4 * 512);
-	assert_int_equal(r.item[TIER_PLAN_ACT_LIVE], one.item[TIER_PLAN_ACT_LIVE] + 1536);
+	assert_int_equal(r.item[TIER_PLAN_ACT_LIVE], one.item[TIER_PLAN_ACT_LIVE] + 2048);
 	assert_int_equal(r.opcache_want, 4 * one.opcache_want);
 	assert_int_equal(r.place[TIER_PLAN_LORA][TIER_PLAN_HBM], 96);
 	/* weights twice a step, every checkpoint once, LoRA off HBM once: 3792 + 2048 + 1136 */
@@ -223,6 +230,11 @@ static void test_accum(void **state)
 	o.accum = -1;
 	assert_int_equal(tier_plan_run(&m, &c, &o, &r), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "accum"));
+	o.accum = 1ll << 41;
+	assert_int_equal(tier_plan_run(&m, &c, &o, &r), -EINVAL);
+	o.accum = 1ll << 37; /* 16 tokens x 2^37: over 2^40 tokens a step */
+	assert_int_equal(tier_plan_run(&m, &c, &o, &r), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "tokens a step"));
 }
 
 /* The fit boundary: one byte less HBM than the live items need does not fit, whatever DDR holds. */

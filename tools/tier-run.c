@@ -373,6 +373,7 @@ typedef struct {
 	uint64_t hbm;    /* the HBM budget in effect (after clamping to the GPU) */
 	double flop_per_token, peak; /* MFU: 4 x active parameters per token; the GPU's peak (0: no MFU) */
 	uint64_t parts[TIER_NPARTS], pin_parts[TIER_NPARTS], step_ns; /* time by part of the step (and pinning in it), summed over the steps */
+	int host_parts; /* some step's parts are host time (TIER_PROFILE=1, or its device marks failed) */
 	int profile_step; /* TIER_PROFILE_STEP=N: step N (from 1) between cudaProfilerStart and Stop */
 } job;
 
@@ -654,6 +655,7 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 		*tokens += r.tokens;
 		for (int p = 0; p < TIER_NPARTS; p++)
 			j->parts[p] += r.ns_part[p], j->pin_parts[p] += r.ns_pin_part[p];
+		j->host_parts |= !r.parts_on_device;
 		j->step_ns += r.ns;
 		if (o->ckpt_every && ((s + 1) % o->ckpt_every == 0 || s + 1 == o->steps)) {
 			char path[4200];
@@ -706,9 +708,8 @@ static void summary(job *j, const run_opts *o, double first, double last, double
 			printf(" %s %.1f%%%s", tier_step_part_name(p), 100.0 * (double)j->parts[p] / (double)j->step_ns,
 			       p + 1 < TIER_NPARTS ? "," : "");
 		printf(" (%s; pin is the host's waiting and overlaps the others)\n",
-		       getenv("TIER_PROFILE") && strcmp(getenv("TIER_PROFILE"), "0") && *getenv("TIER_PROFILE")
-			       ? "host time, each part waiting for the device" : "the device's time between the parts' ends");
-		printf("# of which pinning (waiting for data, room or writebacks):");
+		       j->host_parts ? "host time" : "the device's time between the parts' ends");
+		printf("# pinning (waiting for data, room or writebacks) by the part the host was in:");
 		for (int p = 0; p < TIER_PART_PIN; p++)
 			printf(" %s %.1f%%%s", tier_step_part_name(p), 100.0 * (double)j->pin_parts[p] / (double)j->step_ns,
 			       p + 1 < TIER_PART_PIN ? "," : "\n");

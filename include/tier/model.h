@@ -181,14 +181,18 @@ typedef struct {
 	float lr;          /* the learning rate applied */
 	int64_t tokens;    /* tokens with a target in the step */
 	uint64_t ns;       /* wall time of the step */
-	/* Time by part (ns, summed over micro-batches) on the device's clock: the time between the
-	 * compute stream's marks at the parts' ends (tier_marks), which includes the gaps where the
-	 * device waited for the host. PIN is host time, the part of the others spent acquiring
-	 * objects. $TIER_PROFILE=1: host time, every part waiting for the device at its end. */
+	/* Time by part (ns, summed over micro-batches). With parts_on_device, on the device's clock:
+	 * the time between the compute stream's marks at the parts' ends (tier_marks), which includes
+	 * the gaps where the device waited for the host. Else host time (with $TIER_PROFILE=1 every
+	 * part waiting for the device at its end). PIN is always host time: acquiring objects, which
+	 * overlaps the others. */
 	uint64_t ns_part[9];
-	/* Of each part, the time spent acquiring objects (waiting for a fetch, for room, for a
-	 * writeback): ns_pin_part[TIER_PART_PIN] is 0, the sum being ns_part[TIER_PART_PIN]. */
+	/* The host time spent acquiring objects (waiting for a fetch, for room, for a writeback) by
+	 * the part the host was in: ns_pin_part[TIER_PART_PIN] is 0, the sum being
+	 * ns_part[TIER_PART_PIN]. Host time: on a GPU it may exceed the part's device time (the host
+	 * waits for a fetch while the device still runs the part before). */
 	uint64_t ns_pin_part[9];
+	int parts_on_device; /* 1: ns_part is the device's time (tier_marks), 0: the host's */
 } tier_step_result;
 enum { TIER_PART_EMBED, TIER_PART_ATTN_FWD, TIER_PART_ROUTE, TIER_PART_MLP_FWD, TIER_PART_LOSS,
        TIER_PART_MLP_BWD, TIER_PART_ATTN_BWD, TIER_PART_OPTIM, TIER_PART_PIN, TIER_NPARTS };
