@@ -310,6 +310,8 @@ static void test_grad_norm_and_spent_grads(void **state)
 		for (int p = 0; p < TIER_PART_PIN; p++)
 			parts += res.ns_part[p];
 		assert_true(parts <= res.ns && parts >= res.ns / 2);
+		const char *pf = getenv("TIER_PROFILE"); /* the trainer's rule: no marks when profiling */
+		assert_int_equal(res.parts_on_device, !(pf && *pf && strcmp(pf, "0"))); /* a CPU context's marks */
 		assert_true(ss > 0 && fabs(res.grad_norm - sqrt(ss)) <= 1e-5 * sqrt(ss));
 		assert_int_equal(tier_model_lora_export(r.m, 1, &g), -ENODATA);
 		assert_non_null(strstr(tier_last_error(), "tier_trainer_eval"));
