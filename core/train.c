@@ -132,6 +132,66 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
 	return off;
 }
 
+/* The environment's switches: $TIER_PROFILE (each part waits for the device; no device marks) and
+ * $TIER_SCHED_ROUTED, which operations list only the routed experts: "bwd" (default) the
+ * backward's, whose routing is known; "all" the forwards' too, from the latest two forwards'
+ * routing (an expert routed outside that prediction is fetched when the layer has routed, behind
+ * the prefetches queued on the link: on the H200 that stalled more than the unused forward
+ * prefetches it saved cost); "0" none. */
+static void trainer_env(tier_trainer *t)
+{
+	const char *prof = getenv("TIER_PROFILE");
+	t->profile = prof && *prof && strcmp(prof, "0");
+	const char *routed = getenv("TIER_SCHED_ROUTED");
+	t->sched_routed = !routed || !strcmp(routed, "bwd") ? 1 : !strcmp(routed, "all") ? 2 : 0;
+}
+
+/* The host tables sized by the experts and the tokens, and the checkpoint slots. */
+static int trainer_tables(tier_trainer *t, size_t nckpt)
+{
+	const tier_model *m = t->m;
+	size_t E = m->E > 0 ? (size_t)m->E : 1, T = (size_t)t->sh.T;
+	if (!(t->ckpt = calloc(nckpt, sizeof *t->ckpt)) || !(t->counts = calloc(E, sizeof(int32_t))) ||
+	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
+	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
+	    !(t->prevcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
+	    !(t->ptr = calloc(15 * E, sizeof *t->ptr)) || !(t->cv_src = calloc(E + 2, sizeof *t->cv_src)) ||
+	    !(t->cv_dst = calloc(E + 2, sizeof *t->cv_dst)) || !(t->cv_len = calloc(E + 2, sizeof(size_t))) ||
+	    !(t->hidx = calloc(T * (m->k > 0 ? (size_t)m->k : 1), sizeof(int32_t))))
+		return tier_fail(-ENOMEM, "out of memory for the trainer's tables");
+	return 0;
+}
+
+/* What the HBM budget must hold (t->min_hbm: the scratch of sbytes, an operation's layer inputs and
+ * outputs of ta bytes each, the largest layer or optimizer set) and whether the step spills; -ENOSPC
+ * naming both sizes when the budget is smaller. */
+static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nckpt)
+{
+	const tier_model *m = t->m;
+	uint64_t most = rsz(m->embed) + rsz(m->lm_head) + rsz(m->norm), opt = 0;
+	for (size_t g = 0; g < m->n_groups; g += m->groups[g].n_members) /* the optimizer pins a set's objects */
+		opt = 4 * rsz(m->groups[g].param) > opt ? 4 * rsz(m->groups[g].param) : opt;
+	most = opt > most ? opt : most;
+	for (int l = 0; l < m->L; l++)
+		most = layer_bytes(m, l) > most ? layer_bytes(m, l) : most;
+	/* an operation pins a layer's input and output for each of its micro-batches */
+	t->min_hbm = tier_align_up(sbytes, 4096) + 2 * t->nck * tier_align_up(ta, 4096) + most;
+	/* everything a step touches: the weights, the LoRA parameters with their gradients and two
+	 * moments, the layer inputs and the scratch */
+	uint64_t all = m->base_bytes + 16 * m->lora_n + nckpt * tier_align_up(ta, 4096) + sbytes;
+	tier_stats st;
+	tier_store_stats(m->s, &st);
+	t->hbm_cap = st.tier[TIER_HBM].capacity;
+	t->spill = all > t->hbm_cap;
+	t->scratch_keep = t->hbm_cap >= t->min_hbm + opt; /* an optimizer set's room to spare */
+	if (t->hbm_cap >= t->min_hbm)
+		return 0;
+	char need[32], have[32];
+	return tier_fail(-ENOSPC, "the HBM budget (%s) cannot hold one layer's weights with the activations of a "
+			 "micro-batch: %s needed; raise --hbm or lower --batch/--seq",
+			 tier_format_size(t->hbm_cap, have, sizeof have), tier_format_size(t->min_hbm, need, sizeof need));
+}
+
 int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **out)
 {
 	if (!out)
@@ -146,17 +206,9 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	if (!t)
 		return tier_fail(-ENOMEM, "out of memory for the trainer");
 	t->m = m, t->c = *c, t->ps.s = m->s, t->op_seq = 1;
-	const char *prof = getenv("TIER_PROFILE");
-	t->profile = prof && *prof && strcmp(prof, "0");
+	trainer_env(t);
 	if (!t->profile && (rc = tier_marks_open(&t->marks, m->dev)))
 		goto fail;
-	/* $TIER_SCHED_ROUTED: which operations list only the routed experts: "bwd" (default) the
-	 * backward's, whose routing is known; "all" the forwards' too, from the latest two forwards'
-	 * routing (an expert routed outside that prediction is fetched when the layer has routed,
-	 * behind the prefetches queued on the link: on the H200 that stalled more than the unused
-	 * forward prefetches it saved cost); "0" none */
-	const char *routed = getenv("TIER_SCHED_ROUTED");
-	t->sched_routed = !routed || !strcmp(routed, "bwd") ? 1 : !strcmp(routed, "all") ? 2 : 0;
 	if ((rc = dec_shape_init(m, c->batch, c->seq, c->moe_chunks, &t->sh)))
 		goto fail;
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
@@ -184,47 +236,14 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 			       "objects an operation; use fewer micro-batches", t->nck, E, PIN_MAX);
 		goto fail;
 	}
-	if (!(t->ckpt = calloc(nckpt, sizeof *t->ckpt)) || !(t->counts = calloc((size_t)E, sizeof(int32_t))) ||
-	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
-	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
-	    !(t->prevcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
-	    !(t->ptr = calloc(15 * (size_t)E, sizeof *t->ptr)) || !(t->cv_src = calloc((size_t)E + 2, sizeof *t->cv_src)) ||
-	    !(t->cv_dst = calloc((size_t)E + 2, sizeof *t->cv_dst)) || !(t->cv_len = calloc((size_t)E + 2, sizeof(size_t))) ||
-	    !(t->hidx = calloc((size_t)T * (m->k > 0 ? m->k : 1), sizeof(int32_t)))) {
-		rc = tier_fail(-ENOMEM, "out of memory for the trainer's tables");
-		goto fail;
-	}
-	if ((rc = tier_obj_create(m->s, sbytes, TIER_CLASS_ACT, TIER_OBJ_DISCARDABLE, &t->scratch)))
+	if ((rc = trainer_tables(t, nckpt)) ||
+	    (rc = tier_obj_create(m->s, sbytes, TIER_CLASS_ACT, TIER_OBJ_DISCARDABLE, &t->scratch)))
 		goto fail;
 	for (size_t i = 0; i < nckpt; i++)
 		if ((rc = tier_obj_create(m->s, ta, TIER_CLASS_ACT, 0, &t->ckpt[i])))
 			goto fail;
 	t->ck = t->ckpt;
-	uint64_t most = rsz(m->embed) + rsz(m->lm_head) + rsz(m->norm), opt = 0;
-	for (size_t g = 0; g < m->n_groups; g += m->groups[g].n_members) /* the optimizer pins a set's objects */
-		opt = 4 * rsz(m->groups[g].param) > opt ? 4 * rsz(m->groups[g].param) : opt;
-	most = opt > most ? opt : most;
-	for (int l = 0; l < m->L; l++)
-		most = layer_bytes(m, l) > most ? layer_bytes(m, l) : most;
-	/* an operation pins a layer's input and output for each of its micro-batches */
-	t->min_hbm = tier_align_up(sbytes, 4096) + 2 * t->nck * tier_align_up(ta, 4096) + most;
-	/* everything a step touches: the weights, the LoRA parameters with their gradients and two
-	 * moments, the layer inputs and the scratch */
-	uint64_t all = m->base_bytes + 16 * m->lora_n + nckpt * tier_align_up(ta, 4096) + sbytes;
-	tier_stats st;
-	tier_store_stats(m->s, &st);
-	t->hbm_cap = st.tier[TIER_HBM].capacity;
-	t->spill = all > t->hbm_cap;
-	t->scratch_keep = t->hbm_cap >= t->min_hbm + opt; /* an optimizer set's room to spare */
-	if (st.tier[TIER_HBM].capacity < t->min_hbm) {
-		char need[32], have[32];
-		rc = tier_fail(-ENOSPC, "the HBM budget (%s) cannot hold one layer's weights with the activations of a "
-			       "micro-batch: %s needed; raise --hbm or lower --batch/--seq",
-			       tier_format_size(st.tier[TIER_HBM].capacity, have, sizeof have),
-			       tier_format_size(t->min_hbm, need, sizeof need));
-		goto fail;
-	}
-	if ((rc = trainer_set_schedule(t)) || (rc = trainer_cache_open(t)))
+	if ((rc = trainer_budget(t, sbytes, ta, nckpt)) || (rc = trainer_set_schedule(t)) || (rc = trainer_cache_open(t)))
 		goto fail;
 	*out = t;
 	return 0;
@@ -877,19 +896,10 @@ static void step_parts(tier_trainer *t, int rc, tier_step_result *r)
 	r->parts_on_device = 1;
 }
 
-int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *labels, tier_step_result *r)
+/* A step's start: its timing zeroed (and the device marks' origin put), the LoRA gradients and
+ * expert counts zeroed, the scratch acquired. */
+static int step_begin(tier_trainer *t)
 {
-	if (!t || !r)
-		return tier_fail(-EINVAL, "tier_trainer_step: trainer and result are required");
-	size_t T = (size_t)t->sh.T;
-	int nm = t->c.micro_batches, rc = check_tokens(t, tokens, labels, T * nm);
-	if (rc)
-		return rc;
-	if (!t->m->have_data)
-		return tier_fail(-ENODATA, "the model has no base weights; load them (tier_model_load_hf) or make them "
-				 "(tier_model_init_random) first");
-	uint64_t t0 = tier_now_ns();
-	memset(r, 0, sizeof *r);
 	memset(t->part, 0, sizeof t->part);
 	memset(t->pin_part, 0, sizeof t->pin_part);
 	t->pin_since = 0;
@@ -904,33 +914,68 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;
-	if ((rc = scratch_begin(t)))
-		return t->marking = 0, scratch_end(t, 0), rc;
-	float dloss = 1.0f / (float)nm, loss_sum = 0.0f;
+	int rc = scratch_begin(t);
+	if (rc)
+		t->marking = 0, scratch_end(t, 0);
+	return rc;
+}
+
+/* A step's forward and backward over its micro-batches, in the default order or layer-major. */
+static int step_passes(tier_trainer *t, const int32_t *tokens, const int32_t *labels, float *loss_sum, float *aux)
+{
+	size_t T = (size_t)t->sh.T;
+	int nm = t->c.micro_batches, rc = 0;
+	float dloss = 1.0f / (float)nm;
 	if (t->nck > 1)
-		rc = step_layer_major(t, tokens, labels, dloss, &loss_sum, &r->aux);
-	else
-		for (int mb = 0; mb < nm && !rc; mb++) {
-			float l = 0.0f;
-			t->mb = (uint32_t)mb, t->training = 1, t->last_mb = mb == nm - 1;
-			rc = micro(t, tokens + mb * T, labels + mb * T, dloss, 1, &l, &r->aux, NULL);
-			t->training = 0;
-			loss_sum += l;
-		}
-	double norm = 0.0;
+		return step_layer_major(t, tokens, labels, dloss, loss_sum, aux);
+	for (int mb = 0; mb < nm && !rc; mb++) {
+		float l = 0.0f;
+		t->mb = (uint32_t)mb, t->training = 1, t->last_mb = mb == nm - 1;
+		rc = micro(t, tokens + mb * T, labels + mb * T, dloss, 1, &l, aux, NULL);
+		t->training = 0;
+		*loss_sum += l;
+	}
+	return rc;
+}
+
+/* A step's end: the gradient norm, the scratch released (kept when the budget allows), AdamW with
+ * clipping, the time by part into r. */
+static int step_end(tier_trainer *t, int rc, double *norm, float *lr, tier_step_result *r)
+{
 	if (!rc)
-		rc = trainer_grad_norm(t, &norm);
+		rc = trainer_grad_norm(t, norm);
 	int r2 = scratch_end(t, !rc && t->scratch_keep); /* else its room goes to the LoRA state */
 	rc = rc ? rc : r2;
-	float lr = trainer_lr_at(&t->c, t->step);
-	float gs = t->c.clip > 0 && norm > t->c.clip ? (float)(t->c.clip / (norm + 1e-6)) : 1.0f;
+	*lr = trainer_lr_at(&t->c, t->step);
+	float gs = t->c.clip > 0 && *norm > t->c.clip ? (float)(t->c.clip / (*norm + 1e-6)) : 1.0f;
 	if (!rc)
-		rc = trainer_adamw(t, lr, gs); /* announces its operations, one per layer */
+		rc = trainer_adamw(t, *lr, gs); /* announces its operations, one per layer */
 	trainer_charge(t, TIER_PART_OPTIM);
 	step_parts(t, rc, r);
 	memcpy(r->ns_part, t->part, sizeof r->ns_part);
 	memcpy(r->ns_pin_part, t->pin_part, sizeof r->ns_pin_part);
+	return rc;
+}
+
+int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *labels, tier_step_result *r)
+{
+	if (!t || !r)
+		return tier_fail(-EINVAL, "tier_trainer_step: trainer and result are required");
+	size_t T = (size_t)t->sh.T;
+	int nm = t->c.micro_batches, rc = check_tokens(t, tokens, labels, T * nm);
 	if (rc)
+		return rc;
+	if (!t->m->have_data)
+		return tier_fail(-ENODATA, "the model has no base weights; load them (tier_model_load_hf) or make them "
+				 "(tier_model_init_random) first");
+	uint64_t t0 = tier_now_ns();
+	memset(r, 0, sizeof *r);
+	if ((rc = step_begin(t)))
+		return rc;
+	float loss_sum = 0.0f, lr = 0.0f;
+	double norm = 0.0;
+	rc = step_passes(t, tokens, labels, &loss_sum, &r->aux);
+	if ((rc = step_end(t, rc, &norm, &lr, r)))
 		return rc;
 	tier_store_step(t->m->s);
 	t->step++;
