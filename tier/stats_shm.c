@@ -122,6 +122,49 @@ static int stats_no_segment(pid_t pid)
 			 (long)pid);
 }
 
+/* When process pid started, in ns since the epoch, from /proc/PID/stat (field 22: clock ticks
+ * since boot) and /proc/stat's btime (whole seconds, so up to a second early). 0 when unknown. */
+static uint64_t proc_start_ns(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+	unsigned long long ticks = 0, btime = 0;
+	for (int field = 2; p && field < 22; field++) /* p is at the end of field `field` */
+		p = strchr(p + 1, ' ');
+	if (!p || sscanf(p + 1, "%llu", &ticks) != 1)
+		return 0;
+	if (!(f = fopen("/proc/stat", "r")))
+		return 0;
+	while (fgets(buf, sizeof buf, f) && sscanf(buf, "btime %llu", &btime) != 1)
+		;
+	fclose(f);
+	long hz = sysconf(_SC_CLK_TCK);
+	return btime && hz > 0 ? btime * 1000000000ull + ticks * (1000000000ull / (unsigned long long)hz) : 0;
+}
+
+/* A segment for a pid whose process is gone, or whose pid now belongs to a process that started
+ * after the segment was last written (a live writer's segment is made after its process starts,
+ * and each snapshot is written through the mapping), is a leftover: -ESRCH naming it. */
+static int stats_stale(pid_t pid, const struct stat *st, const char *name)
+{
+	if (kill(pid, 0) != 0 && errno == ESRCH)
+		return tier_fail(-ESRCH, "process %ld has exited (its stats segment /dev/shm%s was left behind; "
+				 "remove it with rm)", (long)pid, name);
+	uint64_t start = proc_start_ns(pid);
+	uint64_t written = (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec;
+	if (start && written + 1000000000ull < start) /* a second's slack: btime is whole seconds */
+		return tier_fail(-ESRCH, "process %ld started after its stats segment /dev/shm%s was last written: "
+				 "the segment is a leftover of an exited process whose pid was reused (remove it "
+				 "with rm)", (long)pid, name);
+	return 0;
+}
+
 /* Copy until the counter says the copy is whole. The header is re-checked on every copy: a
  * segment never changes its header after creation, but a stale one may be replaced. */
 static int stats_copy_stable(const tier_stats *seg, tier_stats *out)
@@ -186,6 +229,10 @@ int tier_stats_read(pid_t pid, tier_stats *out)
 		close(fd);
 		return rc;
 	}
+	if ((rc = stats_stale(pid, &st, name))) {
+		close(fd);
+		return rc;
+	}
 	/* A segment being created has size 0 until ftruncate: the writer's open is not finished. */
 	if ((size_t)st.st_size < offsetof(tier_stats, seq)) {
 		close(fd);
@@ -205,7 +252,7 @@ int tier_stats_read(pid_t pid, tier_stats *out)
 		rc = tier_fail(-EAGAIN, "no stable snapshot of process %ld after %d tries (its writer may have died "
 			       "while publishing)", (long)pid, STATS_READ_TRIES);
 	munmap(seg, (size_t)st.st_size);
-	/* A segment left by a process that died without cleaning up is not a live job. */
+	/* A writer that died while we read leaves its segment behind: not a live job. */
 	if (rc == 0 && kill(pid, 0) != 0 && errno == ESRCH)
 		rc = tier_fail(-ESRCH, "process %ld has exited (its stats segment /dev/shm%s was left behind; "
 			       "remove it with rm)", (long)pid, name);
