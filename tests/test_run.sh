@@ -46,6 +46,7 @@ i=0
 while [ ! -f "$tmp/k/checkpoint.safetensors" ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i + 1)); done
 kill -9 $pid 2>/dev/null
 wait $pid
+rm -f "/dev/shm/tier-stats.$pid" # a killed job leaves its stats segment (tier-stat says so); not ours to keep
 [ -f "$tmp/k/checkpoint.safetensors" ] || fail "no checkpoint written"
 ./tier-run $long --out "$tmp/k" --resume "$tmp/k/checkpoint.safetensors" >/dev/null 2>"$tmp/err" ||
 	fail "resume failed: $(cat "$tmp/err")"
