@@ -37,6 +37,9 @@ tier_plan_LDADD = libtier.la $(TIER_DEP_LIBS)
 dist_man1_MANS += man/tier-plan.1
 TESTS += tests/test_plan.sh
 EXTRA_DIST += tests/test_plan.sh
+## every option of the tools' --help in their man pages
+TESTS += tests/test_man.sh
+EXTRA_DIST += tests/test_man.sh
 
 ## tier-tune: replay a store access trace (tier-run --trace) against policies and capacities
 bin_PROGRAMS += tier-tune
