@@ -91,6 +91,7 @@ static void test_publish_then_read(void **state)
 	assert_int_equal(got.version, TIER_STATS_VERSION);
 	assert_int_equal(got.size, sizeof(tier_stats));
 	assert_int_equal(got.pid, getpid());
+	assert_true(got.proc_start > 0); /* the writer's start, which a reader matches with the pid's */
 	assert_int_equal(got.seq, 2); /* one publish: 0 -> 1 -> 2 */
 	assert_int_equal(got.hbm_emulated, 1);
 	counters(&got, g);
@@ -175,10 +176,17 @@ static void test_no_process_no_segment(void **state)
 	assert_int_equal(tier_stats_read(dead, &got), -ESRCH);
 	assert_non_null(strstr(tier_last_error(), "no process"));
 
-	/* Our parent exists and publishes nothing (a segment of its pid left by an exited process, on a
-	 * machine that ran many jobs, is told apart: test_reused_pid). */
-	assert_int_equal(tier_stats_read(getppid(), &got), -ESRCH);
-	assert_true(strstr(tier_last_error(), "publishes no tier statistics") || strstr(tier_last_error(), "reused"));
+	/* Our parent exists and publishes nothing, unless a job that once had its pid left a segment
+	 * (a machine that ran many jobs: test_reused_pid covers that case). */
+	tier_stats_segment_name(getppid(), name, sizeof name);
+	int pfd = shm_open(name, O_RDONLY, 0);
+	if (pfd >= 0) {
+		close(pfd);
+		printf("# a leftover segment /dev/shm%s for our parent's pid: its case not checked\n", name);
+	} else {
+		assert_int_equal(tier_stats_read(getppid(), &got), -ESRCH);
+		assert_non_null(strstr(tier_last_error(), "publishes no tier statistics"));
+	}
 
 	/* A process that died without cleaning up leaves a segment: reported as exited. */
 	child = fork();
@@ -203,41 +211,39 @@ static void test_no_process_no_segment(void **state)
 	assert_int_equal(tier_stats_read(getpid(), NULL), -EINVAL);
 }
 
-/* A segment for a live process that started after the segment was last written is a leftover of
- * an exited process whose pid was reused: refused as exited, not read as that process's. The same
- * segment written after the process started is read. */
+/* A segment whose writer's start (proc_start) is not the live pid's is a leftover of an exited
+ * process whose pid another process now has: refused with -ESTALE, not read as that process's.
+ * With the start unknown (0) it is read. */
 static void test_reused_pid(void **state)
 {
 	(void)state;
 	pid_t child = fork();
 	assert_true(child >= 0);
-	if (child == 0) {
-		sleep(60); /* killed below */
+	if (child == 0) { /* holds no output open, and ends itself should the test fail */
+		close(1), close(2);
+		alarm(60);
+		pause();
 		_exit(0);
 	}
 	char name[64];
 	tier_stats_segment_name(child, name, sizeof name);
+	shm_unlink(name); /* a leftover of an earlier process with this pid */
 	int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
 	assert_true(fd >= 0);
 	assert_int_equal(ftruncate(fd, sizeof(tier_stats)), 0);
 	tier_stats *seg = mmap(NULL, sizeof(tier_stats), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	assert_true(seg != MAP_FAILED);
+	close(fd);
 	seg->version = TIER_STATS_VERSION, seg->size = sizeof(tier_stats), seg->pid = (int32_t)child;
+	seg->proc_start = 1; /* the second clock tick after boot: not the child's */
 	seg->magic = TIER_STATS_MAGIC;
-	munmap(seg, sizeof(tier_stats));
-	struct timespec now, ts[2];
-	clock_gettime(CLOCK_REALTIME, &now);
-	ts[0] = now, ts[1] = now;
-	ts[1].tv_sec -= 3600; /* last written an hour ago */
-	assert_int_equal(futimens(fd, ts), 0);
 	tier_stats got;
-	assert_int_equal(tier_stats_read(child, &got), -ESRCH);
-	assert_non_null(strstr(tier_last_error(), "pid was reused"));
-	ts[1] = now; /* written now: the live process's own */
-	assert_int_equal(futimens(fd, ts), 0);
+	assert_int_equal(tier_stats_read(child, &got), -ESTALE);
+	assert_non_null(strstr(tier_last_error(), "another took its pid"));
+	seg->proc_start = 0;
 	assert_int_equal(tier_stats_read(child, &got), 0);
 	assert_int_equal(got.pid, child);
-	close(fd);
+	munmap(seg, sizeof(tier_stats));
 	assert_int_equal(shm_unlink(name), 0);
 	kill(child, SIGKILL);
 	int status;

@@ -63,9 +63,11 @@ while kill -0 $dead 2>/dev/null; do dead=$((dead + 1)); done
 ./tier-stat -p $dead 2>"$tmp/err"; rc=$?
 [ $rc = 2 ] || fail "tier-stat -p $dead exited $rc, expected 2"
 grep -q "no process $dead" "$tmp/err" || fail "tier-stat -p $dead: $(cat "$tmp/err")"
-./tier-stat -p $$ 2>"$tmp/err"; rc=$?
-[ $rc = 2 ] || fail "tier-stat on a process without statistics exited $rc, expected 2"
-grep -q "publishes no tier statistics" "$tmp/err" || fail "$(cat "$tmp/err")"
+if [ ! -e "/dev/shm/tier-stats.$$" ]; then # else an earlier job with this shell's pid left one behind
+	./tier-stat -p $$ 2>"$tmp/err"; rc=$?
+	[ $rc = 2 ] || fail "tier-stat on a process without statistics exited $rc, expected 2"
+	grep -q "publishes no tier statistics" "$tmp/err" || fail "$(cat "$tmp/err")"
+fi
 if command -v python3 >/dev/null && [ -d /dev/shm ]; then
 	# A segment of another version (as a job of another build would publish) is refused with 3.
 	sleep 30 & other=$!
@@ -74,7 +76,7 @@ if command -v python3 >/dev/null && [ -d /dev/shm ]; then
 	./tier-stat -p $other 2>"$tmp/err"; rc=$?
 	rm -f "/dev/shm/tier-stats.$other"; kill $other
 	[ $rc = 3 ] || fail "tier-stat on a version-99 segment exited $rc, expected 3 ($(cat "$tmp/err"))"
-	grep -q "version 99, this tier-stat reads version 2" "$tmp/err" || fail "$(cat "$tmp/err")"
+	grep -q "version 99, this tier-stat reads version [0-9]" "$tmp/err" || fail "$(cat "$tmp/err")"
 fi
 ./tier-stat 2>/dev/null; [ $? = 1 ] || fail "tier-stat without -p should exit 1"
 ./tier-stat -p 1 0 2>/dev/null; [ $? = 1 ] || fail "tier-stat INTERVAL 0 should exit 1"

@@ -35,6 +35,25 @@ void tier_stats_segment_name(pid_t pid, char *buf, size_t len)
 		snprintf(buf, len, "/tier-stats.%ld", (long)pid);
 }
 
+/* When process pid started: /proc/PID/stat's field 22, clock ticks since boot; 0 when unknown. The
+ * writer stamps its own into the segment and a reader compares it with the live pid's, so no
+ * clock is compared with another. */
+static uint64_t proc_start_ticks(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+	unsigned long long ticks = 0;
+	for (int field = 2; p && field < 22; field++) /* p is at the end of field `field` */
+		p = strchr(p + 1, ' ');
+	return p && sscanf(p + 1, "%llu", &ticks) == 1 ? ticks : 0;
+}
+
 int tier_stats_publish_open(tier_stats_pub **out)
 {
 	tier_stats_pub *p;
@@ -71,6 +90,7 @@ int tier_stats_publish_open(tier_stats_pub **out)
 	p->seg->version = TIER_STATS_VERSION;
 	p->seg->size = sizeof(tier_stats);
 	p->seg->pid = (int32_t)getpid();
+	p->seg->proc_start = proc_start_ticks(getpid());
 	/* Magic last: a reader that sees it sees the rest of the header too. */
 	__atomic_store_n(&p->seg->magic, TIER_STATS_MAGIC, __ATOMIC_RELEASE);
 	*out = p;
@@ -122,46 +142,12 @@ static int stats_no_segment(pid_t pid)
 			 (long)pid);
 }
 
-/* When process pid started, in ns since the epoch, from /proc/PID/stat (field 22: clock ticks
- * since boot) and /proc/stat's btime (whole seconds, so up to a second early). 0 when unknown. */
-static uint64_t proc_start_ns(pid_t pid)
-{
-	char path[64], buf[1024];
-	snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-	FILE *f = fopen(path, "r");
-	size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-	if (f)
-		fclose(f);
-	buf[n] = 0;
-	char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-	unsigned long long ticks = 0, btime = 0;
-	for (int field = 2; p && field < 22; field++) /* p is at the end of field `field` */
-		p = strchr(p + 1, ' ');
-	if (!p || sscanf(p + 1, "%llu", &ticks) != 1)
-		return 0;
-	if (!(f = fopen("/proc/stat", "r")))
-		return 0;
-	while (fgets(buf, sizeof buf, f) && sscanf(buf, "btime %llu", &btime) != 1)
-		;
-	fclose(f);
-	long hz = sysconf(_SC_CLK_TCK);
-	return btime && hz > 0 ? btime * 1000000000ull + ticks * (1000000000ull / (unsigned long long)hz) : 0;
-}
-
-/* A segment for a pid whose process is gone, or whose pid now belongs to a process that started
- * after the segment was last written (a live writer's segment is made after its process starts,
- * and each snapshot is written through the mapping), is a leftover: -ESRCH naming it. */
-static int stats_stale(pid_t pid, const struct stat *st, const char *name)
+/* A segment whose process is gone is a leftover: -ESRCH naming it. */
+static int stats_dead(pid_t pid, const char *name)
 {
 	if (kill(pid, 0) != 0 && errno == ESRCH)
 		return tier_fail(-ESRCH, "process %ld has exited (its stats segment /dev/shm%s was left behind; "
 				 "remove it with rm)", (long)pid, name);
-	uint64_t start = proc_start_ns(pid);
-	uint64_t written = (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec;
-	if (start && written + 1000000000ull < start) /* a second's slack: btime is whole seconds */
-		return tier_fail(-ESRCH, "process %ld started after its stats segment /dev/shm%s was last written: "
-				 "the segment is a leftover of an exited process whose pid was reused (remove it "
-				 "with rm)", (long)pid, name);
 	return 0;
 }
 
@@ -197,7 +183,8 @@ static int stats_check_header(const tier_stats *seg, size_t len, const char *nam
 				 (unsigned long long)magic);
 	if (seg->version != TIER_STATS_VERSION)
 		return tier_fail(-EPROTO, "segment of tier stats version %u, this tier-stat reads version %u: "
-				 "use the tier-stat of the same build", seg->version, TIER_STATS_VERSION);
+				 "use the tier-stat of the same build (or, if that job has ended, remove the leftover "
+				 "/dev/shm%s)", seg->version, TIER_STATS_VERSION, name);
 	if (seg->size != sizeof(tier_stats) || len < sizeof(tier_stats))
 		return tier_fail(-EPROTO, "tier stats segment /dev/shm%s has %u-byte snapshots in %zu bytes, this "
 				 "tier-stat expects %zu: use the tier-stat of the same build", name, seg->size, len,
@@ -229,7 +216,7 @@ int tier_stats_read(pid_t pid, tier_stats *out)
 		close(fd);
 		return rc;
 	}
-	if ((rc = stats_stale(pid, &st, name))) {
+	if ((rc = stats_dead(pid, name))) {
 		close(fd);
 		return rc;
 	}
@@ -248,6 +235,10 @@ int tier_stats_read(pid_t pid, tier_stats *out)
 			       name, (long)pid);
 	else
 		rc = stats_check_header(seg, (size_t)st.st_size, name);
+	uint64_t start = rc == 0 ? proc_start_ticks(pid) : 0;
+	if (rc == 0 && seg->proc_start && start && seg->proc_start != start)
+		rc = tier_fail(-ESTALE, "process %ld is not the one that wrote /dev/shm%s: that process exited and "
+			       "another took its pid (remove the segment with rm)", (long)pid, name);
 	if (rc == 0 && stats_copy_stable(seg, out) != 0)
 		rc = tier_fail(-EAGAIN, "no stable snapshot of process %ld after %d tries (its writer may have died "
 			       "while publishing)", (long)pid, STATS_READ_TRIES);

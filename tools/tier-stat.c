@@ -73,7 +73,7 @@ static void usage(FILE *f)
 static int exit_code_of(int rc)
 {
 	switch (rc) {
-	case -ESRCH: return EXIT_NOPROC;
+	case -ESRCH: case -ESTALE: return EXIT_NOPROC;
 	case -EPROTO: return EXIT_VERSION;
 	default: return EXIT_OTHER;
 	}
@@ -500,7 +500,7 @@ static int read_interval(stat_rank *r, int n, const stat_view *v)
 		if (x->exited)
 			continue;
 		int rc = tier_stats_read(x->pid, &x->cur);
-		if (rc == -ESRCH && !process_alive(x->pid)) {
+		if ((rc == -ESRCH && !process_alive(x->pid)) || rc == -ESTALE) { /* ESTALE: its pid reused */
 			x->exited = 1;
 			if (v->ranks)
 				fprintf(stderr, "tier-stat: rank %d (pid %ld) exited\n", x->rank, (long)x->pid);

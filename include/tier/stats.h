@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 #define TIER_STATS_MAGIC 0x5441545352454954ull /* "TIERSTAT" */
-#define TIER_STATS_VERSION 2u
+#define TIER_STATS_VERSION 3u
 #define TIER_STATS_NTIERS 3
 #define TIER_STATS_NCLASSES 6
 #define TIER_STATS_NLINKS 8
@@ -60,6 +60,8 @@ typedef struct {
 	uint32_t version;   /* TIER_STATS_VERSION */
 	uint32_t size;      /* sizeof(tier_stats) of the writer */
 	volatile uint64_t seq; /* even: stable; odd: being written */
+	uint64_t proc_start; /* the writer's start, /proc/PID/stat field 22 (0: unknown): a reader
+				tells a live writer from a leftover whose pid another process now has */
 	int32_t pid;
 	uint32_t hbm_emulated; /* 1 when the HBM tier is host memory (no GPU) */
 	uint64_t start_ns;  /* CLOCK_MONOTONIC when the store was created */
