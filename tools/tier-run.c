@@ -556,9 +556,8 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 		       o->policy, o->batch, o->seq, o->micro);
 	if (!o->quiet && o->micro > 1 && !o->layer_major && bytes > j->hbm) /* the order that streams less */
 		printf("# hint: the base weights exceed --hbm, so each micro-batch fetches every layer again; "
-		       "--layer-major fetches them once a step for all %d (same losses and adapter; under --hbm 24G "
-		       "on an H200 4 x 8 ran 9,892 tokens/s against 8,150 for one batch of 8: bench/RESULTS.md)\n",
-		       o->micro);
+		       "--layer-major fetches them once a step for all %d (the same losses and adapter; measured "
+		       "gains in docs/trainer.md)\n", o->micro);
 	if (o->out) {
 		snprintf(path, sizeof path, "%s/train_log.jsonl", o->out);
 		if (!(j->log = fopen(path, "w")))
