@@ -896,27 +896,37 @@ static void step_parts(tier_trainer *t, int rc, tier_step_result *r)
 	r->parts_on_device = 1;
 }
 
-/* A step's start: its timing zeroed (and the device marks' origin put), the LoRA gradients and
- * expert counts zeroed, the scratch acquired. */
+/* What a step and an evaluation start with: the op cache's entries of an earlier failed pass, the
+ * expert counts and the LoRA gradients cleared, the schedule at its first operation, the scratch
+ * acquired (released again should that fail). */
+static int pass_begin(tier_trainer *t)
+{
+	if (t->cache) /* entries a failed step left behind must not stand in for this pass's */
+		tier_cache_end_microbatch(t->cache, UINT32_MAX);
+	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
+	zero_grads(t);
+	t->op = 0;
+	int rc = scratch_begin(t);
+	if (rc)
+		scratch_end(t, 0);
+	return rc;
+}
+
+/* A step's start: its timing zeroed (and the device marks' origin put), then pass_begin. */
 static int step_begin(tier_trainer *t)
 {
 	memset(t->part, 0, sizeof t->part);
 	memset(t->pin_part, 0, sizeof t->pin_part);
 	t->pin_since = 0;
-	if (t->cache) /* entries a failed step left behind must not stand in for this step's */
-		tier_cache_end_microbatch(t->cache, UINT32_MAX);
 	t->mark = tier_now_ns();
 	if (t->marks) { /* the step's origin */
 		tier_marks_begin(t->marks);
 		tier_marks_put(t->marks, -1);
 		t->marking = 1;
 	}
-	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
-	zero_grads(t);
-	t->op = 0;
-	int rc = scratch_begin(t);
+	int rc = pass_begin(t);
 	if (rc)
-		t->marking = 0, scratch_end(t, 0);
+		t->marking = 0;
 	return rc;
 }
 
@@ -998,14 +1008,9 @@ int tier_trainer_eval(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	if (!t->m->have_data)
 		return tier_fail(-ENODATA, "the model has no base weights; load or make them first");
 	float aux = 0.0f;
-	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
-	zero_grads(t);
-	t->op = 0;
-	if ((rc = scratch_begin(t)))
-		return scratch_end(t, 0), rc;
+	if ((rc = pass_begin(t)))
+		return rc;
 	t->mb = 0, t->last_mb = 1;
-	if (t->cache)
-		tier_cache_end_microbatch(t->cache, UINT32_MAX);
 	rc = micro(t, tokens, labels, 1.0f, grads, loss, &aux, hidden);
 	int r2 = scratch_end(t, !rc && t->scratch_keep);
 	*loss += aux;

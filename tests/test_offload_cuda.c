@@ -84,6 +84,21 @@ static void test_copy_streams(void **state)
 	tier_dev_free(dev, d1);
 }
 
+/* Submit n copies of x each (their fences into f); then wait for every one and drop it. */
+static void submit_n(const tier_xfer *x, tier_fence **f, int n)
+{
+	for (int i = 0; i < n; i++)
+		assert_int_equal(tier_offload_submit(off, x, &f[i]), 0);
+}
+
+static void wait_put_n(tier_fence **f, int n)
+{
+	for (int i = 0; i < n; i++) {
+		assert_int_equal(tier_fence_wait(f[i]), 0);
+		tier_fence_put(f[i]);
+	}
+}
+
 /* An urgent h2d copy goes ahead of the copies queued before it: submitted after 64 copies of 6 MiB
  * (about 7 ms of link time), it is done while the last of them is not; every copy lands whole. The
  * same for d2h. A second stream would not do it: the copy engine runs copies in the order it got
@@ -99,11 +114,9 @@ static void test_urgent_stream(void **state)
 	tier_pattern_fill(h, MAXB, seed, 0);
 	tier_pattern_fill(small, 4096, seed + 1, 0);
 	for (int way = 0; way < 2; way++) {
-		for (int i = 0; i < N; i++) {
-			tier_xfer x = way ? (tier_xfer){ .dst = tier_loc_host(h), .src = tier_loc_device(d), .len = MAXB }
-					  : (tier_xfer){ .dst = tier_loc_device(d), .src = tier_loc_host(h), .len = MAXB };
-			assert_int_equal(tier_offload_submit(off, &x, &f[i]), 0);
-		}
+		tier_xfer big = way ? (tier_xfer){ .dst = tier_loc_host(h), .src = tier_loc_device(d), .len = MAXB }
+				    : (tier_xfer){ .dst = tier_loc_device(d), .src = tier_loc_host(h), .len = MAXB };
+		submit_n(&big, f, N);
 		tier_xfer x = way ? (tier_xfer){ .dst = tier_loc_host(small + 4096), .src = tier_loc_device(ds), .len = 4096,
 						 .flags = TIER_XFER_URGENT }
 				  : (tier_xfer){ .dst = tier_loc_device(ds), .src = tier_loc_host(small), .len = 4096,
@@ -114,10 +127,7 @@ static void test_urgent_stream(void **state)
 		printf("# urgent %s copy done; the last of %d queued before it %s\n", way ? "d2h" : "h2d", N,
 		       last_done ? "too (the link was faster than expected)" : "not yet");
 		assert_false(last_done);
-		for (int i = 0; i < N; i++) {
-			assert_int_equal(tier_fence_wait(f[i]), 0);
-			tier_fence_put(f[i]);
-		}
+		wait_put_n(f, N);
 		tier_fence_put(u);
 	}
 	assert_int_equal(tier_pattern_check(small + 4096, 4096, seed + 1, 0), 4096);
@@ -140,10 +150,7 @@ static void test_wait_promotes(void **state)
 	(void)state;
 	tier_pattern_fill(h, MAXB, seed, 0);
 	for (int how = 0; how < 2; how++) {
-		for (int i = 0; i < N; i++) {
-			tier_xfer x = { .dst = tier_loc_device(d), .src = tier_loc_host(h), .len = MAXB };
-			assert_int_equal(tier_offload_submit(off, &x, &f[i]), 0);
-		}
+		submit_n(&(tier_xfer){ .dst = tier_loc_device(d), .src = tier_loc_host(h), .len = MAXB }, f, N);
 		if (how)
 			assert_int_equal(tier_fence_stream_wait(f[N - 1], tier_dev_stream(dev)), 0);
 		assert_int_equal(tier_dev_sync(dev), 0);
@@ -152,10 +159,7 @@ static void test_wait_promotes(void **state)
 		printf("# %s wait on the last of %d queued copies returned; the 40th %s\n", how ? "stream" : "host", N,
 		       mid_done ? "too (not promoted?)" : "not yet");
 		assert_false(mid_done);
-		for (int i = 0; i < N; i++) {
-			assert_int_equal(tier_fence_wait(f[i]), 0);
-			tier_fence_put(f[i]);
-		}
+		wait_put_n(f, N);
 	}
 	tier_host_free(h, 1);
 	tier_dev_free(dev, d);

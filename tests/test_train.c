@@ -38,6 +38,13 @@ static void wider_config(tier_hf_config *c, tier_lora_cfg *lc)
 	tier_lora_cfg_init(lc);
 }
 
+/* wider_config with LoRA on every target, B initialised non-zero (so that every gradient is). */
+static void wider_all_targets(tier_hf_config *c, tier_lora_cfg *lc)
+{
+	wider_config(c, lc);
+	lc->targets = 0x3f, lc->init_b_std = 0.2f, lc->seed = seed;
+}
+
 typedef struct {
 	tier_store *s;
 	tier_model *m;
@@ -270,8 +277,7 @@ static void test_grad_norm_and_spent_grads(void **state)
 	(void)state;
 	tier_hf_config c;
 	tier_lora_cfg lc;
-	wider_config(&c, &lc);
-	lc.targets = 0x3f, lc.init_b_std = 0.2f, lc.seed = seed;
+	wider_all_targets(&c, &lc);
 	rig r;
 	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);
 	uint64_t small = tier_trainer_min_hbm(r.t) * 5 / 4;
@@ -352,8 +358,7 @@ static void test_moe_chunks(void **state)
 	(void)state;
 	tier_hf_config c;
 	tier_lora_cfg lc;
-	wider_config(&c, &lc);
-	lc.targets = 0x3f, lc.init_b_std = 0.2f, lc.seed = seed;
+	wider_all_targets(&c, &lc);
 	tier_peft_adapter *ref = NULL, *g;
 	float ev[4], tr[4][3];
 	uint64_t scratch[4];
@@ -452,8 +457,8 @@ static void test_layer_major(void **state)
 	(void)state;
 	tier_hf_config c;
 	tier_lora_cfg lc;
-	wider_config(&c, &lc);
-	lc.targets = 0x3f, lc.init_b_std = 0.2f, lc.seed = seed, lc.dropout = 0.0f;
+	wider_all_targets(&c, &lc);
+	lc.dropout = 0.0f;
 	rig q;
 	rig_micro = 3;
 	assert_int_equal(rig_open(&q, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);

@@ -581,6 +581,15 @@ static void fmt_eta(double s, char *buf, size_t len)
 		snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
 }
 
+/* ,"name":{"embed":ns,...} of the first n parts. */
+static void log_parts(FILE *f, const char *name, const uint64_t *ns, int n)
+{
+	fprintf(f, ",\"%s\":{", name);
+	for (int p = 0; p < n; p++)
+		fprintf(f, "%s\"%s\":%llu", p ? "," : "", tier_step_part_name(p), (unsigned long long)ns[p]);
+	fprintf(f, "}");
+}
+
 /* One line of OUT/train_log.jsonl: the step's figures, MFU (null without a known GPU peak) and
  * its time by part (tier_step_result.ns_part). */
 static void log_step(job *j, int s, const tier_step_result *r, const counters *now, const counters *prev,
@@ -595,13 +604,9 @@ static void log_step(job *j, int s, const tier_step_result *r, const counters *n
 		fprintf(j->log, "%.4f", tps * j->flop_per_token / j->peak);
 	else
 		fprintf(j->log, "null");
-	fprintf(j->log, ",\"ns_part\":{");
-	for (int p = 0; p < TIER_NPARTS; p++)
-		fprintf(j->log, "%s\"%s\":%llu", p ? "," : "", tier_step_part_name(p), (unsigned long long)r->ns_part[p]);
-	fprintf(j->log, "},\"ns_pin_part\":{");
-	for (int p = 0; p < TIER_PART_PIN; p++)
-		fprintf(j->log, "%s\"%s\":%llu", p ? "," : "", tier_step_part_name(p), (unsigned long long)r->ns_pin_part[p]);
-	fprintf(j->log, "}}\n");
+	log_parts(j->log, "ns_part", r->ns_part, TIER_NPARTS);
+	log_parts(j->log, "ns_pin_part", r->ns_pin_part, TIER_PART_PIN);
+	fprintf(j->log, "}\n");
 }
 
 static int train(job *j, const run_opts *o, double *first, double *last, double *elapsed, int64_t *tokens)
@@ -674,6 +679,13 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 	return 0;
 }
 
+/* " embed 2.6%, attn_fwd 4.9%, ..." for the first n parts, as shares of total. */
+static void print_parts(const uint64_t *ns, int n, uint64_t total)
+{
+	for (int p = 0; p < n; p++)
+		printf(" %s %.1f%%%s", tier_step_part_name(p), 100.0 * (double)ns[p] / (double)total, p + 1 < n ? "," : "");
+}
+
 /* What crossed into tier t, by class (for HBM with the prefetches that went unused). */
 static void print_into(const tier_stats *st, int t)
 {
@@ -703,15 +715,12 @@ static void summary(job *j, const run_opts *o, double first, double last, double
 		       j->peak / 1e12);
 	if (j->step_ns) {
 		printf("# time by part of the step:");
-		for (int p = 0; p < TIER_NPARTS; p++)
-			printf(" %s %.1f%%%s", tier_step_part_name(p), 100.0 * (double)j->parts[p] / (double)j->step_ns,
-			       p + 1 < TIER_NPARTS ? "," : "");
+		print_parts(j->parts, TIER_NPARTS, j->step_ns);
 		printf(" (%s; pin is the host's waiting and overlaps the others)\n",
 		       j->host_parts ? "host time" : "the device's time between the parts' ends");
 		printf("# pinning (waiting for data, room or writebacks) by the part the host was in:");
-		for (int p = 0; p < TIER_PART_PIN; p++)
-			printf(" %s %.1f%%%s", tier_step_part_name(p), 100.0 * (double)j->pin_parts[p] / (double)j->step_ns,
-			       p + 1 < TIER_PART_PIN ? "," : "\n");
+		print_parts(j->pin_parts, TIER_PART_PIN, j->step_ns);
+		printf("\n");
 	}
 	for (int t = 0; t < TIER_NTIERS; t++) {
 		if (!st.tier[t].capacity)
