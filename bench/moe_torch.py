@@ -161,8 +161,8 @@ def bench_shape(shape, zipf, dev, iters):
     return ms, flop, gbytes, skew, missed
 
 
-TIER_KEYS = {"experts_fwd": "experts_fwd_ms", "permute": "permute_ms", "block_fwd": "block_fwd_ms",
-             "block_fwd_bwd": "block_fwd_bwd_ms"}
+TIER_KEYS = {"gate_up": "gate_up_ms", "down": "down_ms", "experts_fwd": "experts_fwd_ms", "permute": "permute_ms",
+             "block_fwd": "block_fwd_ms", "block_fwd_bwd": "block_fwd_bwd_ms"}
 
 
 def main():

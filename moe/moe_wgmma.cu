@@ -51,8 +51,9 @@
 #define WG_BK 64             /* k per stage: 64 bf16, one 128-byte swizzle row */
 #define WG_ROW 128           /* bytes per shared row of either operand */
 #define WG_THREADS 384       /* warpgroup 0 loads, warpgroups 1 and 2 multiply */
-#define WG_CONSUMER_WARPS 8  /* arrivals that empty a stage */
-#define WG_RING (200 * 1024) /* shared bytes for the stages; the tables take the rest of 227 KiB */
+#define WG_SMEM (227 * 1024) /* Hopper's shared memory per block */
+#define WG_OUT_ROW 160        /* bytes per row of a consumer's output staging: 128 and 32 of padding */
+#define WG_OUT_BYTES (64 * WG_OUT_ROW) /* a consumer's staging: 64 rows of 128 bytes */
 
 /* What B is and what the epilogue writes. */
 enum {
@@ -61,6 +62,10 @@ enum {
 	WG_GU  /* gate_e and up_e [I, K], 8 rows of each in turn: g, u and h = silu(g) u */
 };
 #define WG_MN_BLOCK (WG_BK * WG_ROW) /* bytes of a 64-column block of an MN-major B stage */
+
+/* TIER_MOE_WGMMA_DEBUG: kernels that leave one part out, to see which part bounds the time (their
+ * outputs are wrong). */
+enum { WG_DBG_NONE, WG_DBG_NOSTORE, WG_DBG_NOMMA, WG_DBG_NOLOAD, WG_NDBG };
 
 /* An extra K segment (moe_wg_seg) as the kernel reads it: the weight tables are device arrays (the
  * parameter space has no room for more 8 KiB tables). */
@@ -89,24 +94,36 @@ struct wg_args {
 	wg_seg_dev seg[WG_SEGS]; /* their operands, with device tables of weights */
 };
 
-/* A CTA tile of BM x BN: the bytes of a stage, the ring depth that fits, the columns WN of each
- * consumer warpgroup (its 64 rows) and the output columns OBN of a tile. */
-template <int BM_, int BN_, int MODE_>
+/* A tile of BM x BN: the bytes of a stage, the ring depth that fits, the columns WN of each
+ * consumer warpgroup, its 64-row blocks MT and the output columns OBN of a tile.
+ *  - PP 0 (cooperative): both consumers work on one tile, 64 rows each (BM 128: the two halves of M)
+ *    or half its columns each (BM 64); they finish together, so the tensor cores idle while they
+ *    store it.
+ *  - PP 1 (ping-pong): each consumer works on a tile of its own, BM x BN, on the CTA's even or odd
+ *    tiles in turn. The producer fills the ring in tile order, so one consumer's products run while
+ *    the other stores its last tile: the stores hide behind the products. */
+template <int BM_, int BN_, int MODE_, int PP_, int DBG_ = 0>
 struct wg_cfg {
-	static constexpr int BM = BM_, BN = BN_, MODE = MODE_;
+	static constexpr int BM = BM_, BN = BN_, MODE = MODE_, PP = PP_;
+	static constexpr int DBG = DBG_; /* a measurement knob: WG_DBG_* below (0: the real kernel) */
 	static constexpr int OBN = MODE == WG_GU ? BN / 2 : BN;
-	static constexpr int WN = BM == 128 ? BN : BN / 2;
+	static constexpr int WN = PP || BM == 128 ? BN : BN / 2;
+	static constexpr int MT = PP ? BM / 64 : 1;
+	static constexpr int EMPTY_ARRIVALS = PP ? 4 : 8; /* warps that read a stage */
 	typedef wg_args<MODE> args;
 	static constexpr int A_BYTES = BM * WG_ROW, B_BYTES = BN * WG_ROW, STAGE = A_BYTES + B_BYTES;
-	static constexpr int STAGES = WG_RING / STAGE;
 	/* ints: tile0 and roff [E + 1] each, one partial sum per warp */
 	static constexpr int TABLE = 2 * (TIER_MOE_MAX_EXPERTS + 1) + WG_THREADS / 32;
-	/* 1024 of slack to align the ring, the ring, a full and an empty barrier per stage, the table */
-	static constexpr size_t BYTES = 1024 + (size_t)STAGES * STAGE + 16 * STAGES + 4 * TABLE;
+	/* besides the stages and their two barriers each: 1024 of slack to align the ring, the two
+	 * ping-pong turn barriers, the consumers' output staging, the table */
+	static constexpr int FIXED = 1024 + 16 + 2 * WG_OUT_BYTES + 4 * TABLE;
+	static constexpr int STAGES = (WG_SMEM - FIXED) / (STAGE + 16);
+	static constexpr size_t BYTES = (size_t)FIXED + (size_t)STAGES * (STAGE + 16);
 	static_assert(BM == 64 || BM == 128, "one consumer warpgroup per 64 rows, or both on 64");
 	static_assert(WN == 128 || WN == 256, "the wgmma shapes below: m64n128k16, m64n256k16");
+	static_assert(MT * WN / 2 <= 128, "accumulator registers a thread");
 	static_assert(STAGES >= 3, "a stage loading while the consumers hold two");
-	static_assert(BYTES <= 227 * 1024, "Hopper's shared memory per block");
+	static_assert(BYTES <= WG_SMEM, "Hopper's shared memory per block");
 };
 
 struct wg_tile {
@@ -119,6 +136,8 @@ struct wg_shared {
 	uint32_t ring;  /* shared address of stage 0; stage s at ring + s STAGE, B after A */
 	uint32_t full;  /* shared address of full[0]; full[s] at full + 8 s */
 	uint32_t empty; /* the same for empty */
+	uint32_t turn;  /* ping-pong: turn[g] at turn + 8 g completes when consumer g has issued a tile's products */
+	unsigned char *out; /* consumer g's output staging at out + g WG_OUT_BYTES (16-byte aligned) */
 	int *tile0;     /* [E + 1]: the first row tile of expert e; tile0[E] = all row tiles */
 	int *roff;      /* [E + 1]: the offsets */
 	int *wsum;      /* [12]: the scan's warp totals */
@@ -306,7 +325,9 @@ __device__ __forceinline__ wg_shared wg_carve(unsigned char *smem)
 	sh.ring = base + pad;
 	sh.full = sh.ring + CFG::STAGES * CFG::STAGE;
 	sh.empty = sh.full + 8 * CFG::STAGES;
-	sh.tile0 = (int *)(smem + pad + CFG::STAGES * CFG::STAGE + 16 * CFG::STAGES);
+	sh.turn = sh.empty + 8 * CFG::STAGES;
+	sh.out = smem + pad + CFG::STAGES * CFG::STAGE + 16 * CFG::STAGES + 16;
+	sh.tile0 = (int *)(sh.out + 2 * WG_OUT_BYTES);
 	sh.roff = sh.tile0 + TIER_MOE_MAX_EXPERTS + 1;
 	sh.wsum = sh.roff + TIER_MOE_MAX_EXPERTS + 1;
 	return sh;
@@ -369,9 +390,11 @@ __device__ static void wg_load_main(const typename CFG::args &a, const wg_shared
 #pragma unroll
 		for (int i = 0; i < CFG::BM / 16; i++) {
 			bool ok = kin && 16 * i < arows;
-			cp_async16(sa + i * 16 * WG_ROW, ok ? xa + i * step + k0 : a.x, ok);
+			if (CFG::DBG != WG_DBG_NOLOAD)
+				cp_async16(sa + i * 16 * WG_ROW, ok ? xa + i * step + k0 : a.x, ok);
 		}
-		if constexpr (MODE == WG_KN) {
+		if constexpr (CFG::DBG == WG_DBG_NOLOAD) {
+		} else if constexpr (MODE == WG_KN) {
 			const bf16 *wk = wb + (size_t)k0 * a.N;
 			int kleft = a.K - k0 - r0; /* k row r0 + 16 (i % 4) is in when 16 (i % 4) < kleft */
 #pragma unroll
@@ -465,12 +488,12 @@ __device__ static void wg_produce(const typename CFG::args &a, const wg_shared &
  * every old value of a row is read before the first store: a load after a store to the same type
  * would wait for it. beta 0 never reads C (it may hold anything, NaN included). */
 template <class CFG, typename OUT>
-__device__ static void wg_store(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_tile &tl, int g, int warp,
-				int lane)
+__device__ static void wg_store(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_tile &tl, int roff,
+				int coff, int warp, int lane)
 {
 	OUT *C = (OUT *)a.c;
-	int r = tl.row0 + (CFG::BM == 128 ? 64 * g : 0) + 16 * warp + (lane >> 2);
-	int c0 = tl.col0 + (CFG::BM == 128 ? 0 : CFG::WN * g) + 2 * (lane & 3);
+	int r = tl.row0 + roff + 16 * warp + (lane >> 2);
+	int c0 = tl.col0 + coff + 2 * (lane & 3);
 #pragma unroll
 	for (int h = 0; h < 2; h++) {
 		if (r + 8 * h >= tl.rend)
@@ -490,34 +513,111 @@ __device__ static void wg_store(float (&d)[CFG::WN / 2], const typename CFG::arg
 	}
 }
 
-/* The gate/up epilogue: the 8-column blocks 2 q (g) and 2 q + 1 (u) of the accumulator are output
- * columns 8 q + 2 (l % 4) + b of the consumer's WN / 2; g and u are written as they are and
- * h = bf16(silu(g) u), silu(g) = g / (1 + exp(-g)) (-0 for very negative g, where exp overflows). */
-template <class CFG>
-__device__ static void wg_store_gu(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_tile &tl, int g,
-				   int warp, int lane)
+/* ---- the staged epilogue (beta 0) ----
+ * Writing the accumulator straight from its registers stores 8 (fp32) or 4 (bf16) bytes a thread
+ * into 8 rows at once, 16 or 32 bytes of each row: many partial-line transactions. Instead each
+ * consumer puts 128 bytes of every row of its 64-row block into its staging (WG_OUT_ROW apart: the
+ * 32 bytes of padding spread a warp's 8 rows over the banks), then its 128 threads copy the 64 rows
+ * out in 16-byte pieces, 8 threads to a row: whole 128-byte lines. On the H200 the direct stores
+ * took ~0.43 ms of the 1.78 ms gate/up product on qwen3-30b's shape (TIER_MOE_WGMMA_DEBUG=nomma
+ * against the loads alone). */
+__device__ __forceinline__ void wg_wg_sync(int g) /* the 128 threads of consumer g (barrier 0 is the CTA's) */
 {
-	int r = tl.row0 + (CFG::BM == 128 ? 64 * g : 0) + 16 * warp + (lane >> 2);
-	int c0 = tl.col0 + (CFG::BM == 128 ? 0 : CFG::WN / 2 * g) + 2 * (lane & 3);
-	int ncols = a.N - c0; /* column c0 + 8 q is in when 8 q < ncols; even, so its pair is too */
+	asm volatile("bar.sync %0, 128;\n" ::"r"(1 + g) : "memory");
+}
+
+
+/* Output columns [c, c + 128 / sizeof(T)) of a 64-row block through the staging: VAL(q, h, b) is
+ * the thread's value at row 16 warp + lane / 4 + 8 h, column 8 q + 2 (lane % 4) + b of the block
+ * (q counted from the block's first column, c / 8 + 0..). Rows from rend and columns from N are not
+ * written. out + row0 N + col0 is the block's first element. */
+template <typename T, int C0, class VAL>
+__device__ __forceinline__ void wg_put_chunk(unsigned char *stage, T *out, int N, int row0, int rend, int col0,
+					     int g, int warp, int lane, VAL val)
+{
+	constexpr int CW = 128 / sizeof(T); /* columns a chunk */
+	if (col0 + C0 >= N)
+		return; /* the same for the whole warpgroup: no barrier is skipped by some only */
+	wg_wg_sync(g); /* the last chunk's copies have read the staging */
+#pragma unroll
+	for (int qq = 0; qq < CW / 8; qq++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			int row = 16 * warp + (lane >> 2) + 8 * h, col = 8 * qq + 2 * (lane & 3);
+			moe_set2((T *)(stage + row * WG_OUT_ROW + col * (int)sizeof(T)), val(C0 / 8 + qq, h, 0),
+				 val(C0 / 8 + qq, h, 1));
+		}
+	wg_wg_sync(g);
+	int tid = 32 * warp + lane; /* 0..127 */
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		int piece = tid + 128 * j, row = piece >> 3, k = piece & 7, col = col0 + C0 + k * (16 / (int)sizeof(T));
+		if (row0 + row < rend && col < N) /* N % 8 == 0: a 16-byte piece is all in or all out */
+			*(uint4 *)(out + (size_t)(row0 + row) * N + col) = *(const uint4 *)(stage + row * WG_OUT_ROW + 16 * k);
+	}
+}
+
+/* The chunks C0, C0 + CW, ... < COLS of one output array. */
+template <typename T, int C0, int COLS, class VAL>
+__device__ __forceinline__ void wg_put_cols(unsigned char *stage, T *out, int N, int row0, int rend, int col0, int g,
+					    int warp, int lane, VAL val)
+{
+	if constexpr (C0 < COLS) {
+		wg_put_chunk<T, C0>(stage, out, N, row0, rend, col0, g, warp, lane, val);
+		wg_put_cols<T, C0 + 128 / (int)sizeof(T), COLS>(stage, out, N, row0, rend, col0, g, warp, lane, val);
+	}
+}
+
+/* fp32 outputs straight from the registers: a quad's 4 pairs are 32 contiguous bytes, a whole
+ * sector, and staging them measured slower (the gate/up product on qwen3-30b's shape: 2.01 ms
+ * staged against 1.76-1.84 direct; the bf16 down product 0.90 staged against 1.08-1.13). */
+template <int COLS, class VAL>
+__device__ __forceinline__ void wg_direct(float *out, int N, int row0, int rend, int col0, int warp, int lane, VAL val)
+{
+	int r = row0 + 16 * warp + (lane >> 2), c0 = col0 + 2 * (lane & 3);
 #pragma unroll
 	for (int h = 0; h < 2; h++) {
-		if (r + 8 * h >= tl.rend)
+		if (r + 8 * h >= rend)
 			continue;
-		size_t o = (size_t)(r + 8 * h) * a.N + c0;
-		float *G = (float *)a.c + o, *U = a.u + o;
-		bf16 *Hh = a.h + o;
+		float *row = out + (size_t)(r + 8 * h) * N + c0;
 #pragma unroll
-		for (int q = 0; q < CFG::WN / 16; q++) {
-			if (8 * q >= ncols)
-				continue;
-			float g0 = d[8 * q + 2 * h], g1 = d[8 * q + 2 * h + 1];
-			float u0 = d[8 * q + 4 + 2 * h], u1 = d[8 * q + 4 + 2 * h + 1];
-			moe_set2(G + 8 * q, g0, g1);
-			moe_set2(U + 8 * q, u0, u1);
-			moe_set2(Hh + 8 * q, g0 / (1.0f + expf(-g0)) * u0, g1 / (1.0f + expf(-g1)) * u1);
-		}
+		for (int q = 0; q < COLS / 8; q++)
+			if (c0 + 8 * q < N) /* N and c0 even: the pair is in too */
+				moe_set2(row + 8 * q, val(q, h, 0), val(q, h, 1));
 	}
+}
+
+/* A 64-row block of C = alpha acc (beta 0), its WN columns from col0: bf16 through the staging,
+ * fp32 direct. */
+template <class CFG, typename OUT>
+__device__ __forceinline__ void wg_put(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_shared &sh,
+				       int row0, int rend, int col0, int g, int warp, int lane)
+{
+	float alpha = a.alpha;
+	auto val = [&](int q, int h, int b) { return alpha * d[4 * q + 2 * h + b]; };
+	if constexpr (sizeof(OUT) == 4)
+		wg_direct<CFG::WN>((float *)a.c, a.N, row0, rend, col0, warp, lane, val);
+	else
+		wg_put_cols<OUT, 0, CFG::WN>(sh.out + g * WG_OUT_BYTES, (OUT *)a.c, a.N, row0, rend, col0, g, warp, lane,
+					     val);
+}
+
+/* The same for gate/up: g, u and h of the block's WN / 2 output columns (accumulator blocks 2 q and
+ * 2 q + 1 are g and u of output columns 8 q..). */
+template <class CFG>
+__device__ __forceinline__ void wg_put_gu(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_shared &sh,
+					  int row0, int rend, int col0, int g, int warp, int lane)
+{
+	unsigned char *st = sh.out + g * WG_OUT_BYTES;
+	auto gv = [&](int q, int h, int b) { return d[8 * q + 2 * h + b]; };
+	auto uv = [&](int q, int h, int b) { return d[8 * q + 4 + 2 * h + b]; };
+	auto hv = [&](int q, int h, int b) {
+		float x = d[8 * q + 2 * h + b];
+		return x / (1.0f + expf(-x)) * d[8 * q + 4 + 2 * h + b];
+	};
+	wg_direct<CFG::WN / 2>((float *)a.c, a.N, row0, rend, col0, warp, lane, gv);
+	wg_direct<CFG::WN / 2>(a.u, a.N, row0, rend, col0, warp, lane, uv);
+	wg_put_cols<bf16, 0, CFG::WN / 2>(st, a.h, a.N, row0, rend, col0, g, warp, lane, hv);
 }
 
 /* One arrival per consumer warp: wgmma.wait_group is warp-synchronous, so lane 0 past it means the
@@ -528,75 +628,162 @@ __device__ __forceinline__ void wg_release(const wg_shared &sh, int s, int lane)
 		bar_arrive(sh.empty + 8 * s);
 }
 
-/* Consumer g (0 or 1): per stage one group of 4 products (k 16 each; k past a segment's end are
- * zeros) is issued while the previous stage's group may still run; that stage goes back to the
- * producer once its group is complete. A tile's stages are its main
- * segment's, then each extra segment's, all summed into one accumulator. */
-template <class CFG, typename OUT>
-__device__ static void wg_consume(const typename CFG::args &a, const wg_shared &sh, int ncol, long long total, int g)
+/* The ring stages of one tile: its main segment's and each extra segment's. */
+__device__ __forceinline__ int wg_tile_stages(int K, int nseg, const wg_seg_dev *seg)
+{
+	int n = (K + WG_BK - 1) / WG_BK;
+	for (int q = 0; q < nseg; q++)
+		n += (seg[q].K0 + seg[q].K1 + WG_BK - 1) / WG_BK;
+	return n;
+}
+
+/* Moves a consumer's ring position n stages on without reading them (the other consumer's tile). */
+__device__ __forceinline__ void wg_skip(int &s, uint32_t &ph, int n, int stages)
+{
+	s += n;
+	ph ^= (uint32_t)(s / stages) & 1u;
+	s %= stages;
+}
+
+/* One tile's products into d: per stage one group of 4 k-steps (k past a segment's end are zeros)
+ * on each of the MT 64-row blocks is issued while the previous stage's group may still run; that
+ * stage goes back to the producer once its group is complete. The main segment's stages, then each
+ * extra segment's, all summed into one accumulator. */
+template <class CFG>
+__device__ __forceinline__ void wg_mainloop(float (&d)[CFG::MT][CFG::WN / 2], const typename CFG::args &a,
+					    const wg_shared &sh, int &s, uint32_t &ph, uint32_t aoff, uint32_t boff,
+					    uint32_t turn, int lane)
 {
 	constexpr int TB = CFG::MODE == WG_KN;        /* B is MN-major */
 	constexpr int BSTEP = TB ? 2048 >> 4 : 32 >> 4; /* k + 16 in B's start address: 2 8-k groups, or 32 bytes */
-	float d[CFG::WN / 2];
-	int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, s = 0, prev = 0;
-	uint32_t ph = 0, aoff = CFG::BM == 128 ? 64 * WG_ROW * g : 0;
-	uint32_t boff = CFG::A_BYTES + (CFG::BM == 128 ? 0 : CFG::WN * WG_ROW * g);
+	int first = 1, prev = 0;
+	for (int q = -1; q < a.nseg; q++) {
+		int K = q < 0 ? a.K : a.seg[q].K0 + a.seg[q].K1;
+		for (int k0 = 0; k0 < K; k0 += WG_BK) {
+			bar_wait(sh.full + 8 * s, ph);
+			__syncwarp(); /* the .aligned instructions below want the warp converged */
+			fence_proxy_async();
+			uint32_t st = sh.ring + s * CFG::STAGE;
+			uint64_t db = TB ? wg_desc_mn(st + boff) : wg_desc(st + boff);
 #pragma unroll
-	for (int i = 0; i < CFG::WN / 2; i++)
-		d[i] = 0.0f;
-	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
-		int first = 1;
-		for (int q = -1; q < a.nseg; q++) {
-			int K = q < 0 ? a.K : a.seg[q].K0 + a.seg[q].K1;
-			for (int k0 = 0; k0 < K; k0 += WG_BK) {
-				bar_wait(sh.full + 8 * s, ph);
-				__syncwarp(); /* the .aligned instructions below want the warp converged */
-				fence_proxy_async();
-				uint32_t st = sh.ring + s * CFG::STAGE;
-				uint64_t da = wg_desc(st + aoff), db = TB ? wg_desc_mn(st + boff) : wg_desc(st + boff);
-				acc_fence(d);
-				wgmma_fence();
-				/* all 4 products even in a segment's last, partial stage (its k past the end are
-				 * zeros): a branch around wgmma makes ptxas serialise every wgmma of the kernel */
+			for (int m = 0; m < CFG::MT; m++)
+				acc_fence(d[m]);
+			wgmma_fence();
+			/* all products even in a segment's last, partial stage (its k past the end are zeros): a
+			 * branch around wgmma makes ptxas serialise every wgmma of the kernel */
 #pragma unroll
-				for (int kk = 0; kk < WG_BK / 16; kk++) /* A: k + 16 = 32 bytes = 2 in the start address */
-					wgmma_op<TB>(d, da + 2 * kk, db + BSTEP * kk, !(first && kk == 0));
-				wgmma_commit();
-				if (!first) {
-					wgmma_wait<1>();
-					wg_release(sh, prev, lane);
-				}
-				acc_fence(d);
-				first = 0, prev = s;
-				if (++s == CFG::STAGES)
-					s = 0, ph ^= 1;
+			for (int kk = 0; kk < WG_BK / 16; kk++) /* A: k + 16 = 32 bytes = 2 in the start address */
+#pragma unroll
+				for (int m = 0; m < CFG::MT; m++)
+					wgmma_op<TB>(d[m], wg_desc(st + aoff + m * 64 * WG_ROW) + 2 * kk, db + BSTEP * kk,
+						     !(first && kk == 0));
+			wgmma_commit();
+			if (!first) {
+				wgmma_wait<1>();
+				wg_release(sh, prev, lane);
 			}
+#pragma unroll
+			for (int m = 0; m < CFG::MT; m++)
+				acc_fence(d[m]);
+			first = 0, prev = s;
+			if (++s == CFG::STAGES)
+				s = 0, ph ^= 1;
 		}
-		wgmma_wait<0>();
-		acc_fence(d);
-		wg_release(sh, prev, lane);
+	}
+	if (CFG::PP && lane == 0) /* every product of the tile issued: the other consumer's turn */
+		bar_arrive(turn);
+	wgmma_wait<0>();
+#pragma unroll
+	for (int m = 0; m < CFG::MT; m++)
+		acc_fence(d[m]);
+	wg_release(sh, prev, lane);
+}
+
+/* WG_DBG_NOMMA's mainloop: every stage of the tile handed back as soon as it is full. */
+template <class CFG>
+__device__ __forceinline__ void wg_drain(const typename CFG::args &a, const wg_shared &sh, int &s, uint32_t &ph,
+					 uint32_t turn, int lane)
+{
+	for (int n = wg_tile_stages(a.K, a.nseg, a.seg); n > 0; n--) {
+		bar_wait(sh.full + 8 * s, ph);
+		__syncwarp();
+		wg_release(sh, s, lane);
+		if (++s == CFG::STAGES)
+			s = 0, ph ^= 1;
+	}
+	if (CFG::PP && lane == 0)
+		bar_arrive(turn);
+}
+
+/* Consumer g (0 or 1). Cooperative: every tile of the CTA, its half of each (rows, or columns when
+ * BM is 64). Ping-pong: the CTA's tiles g, g + 2, ... whole, passing over the other's stages; a tile's
+ * products start once the other consumer has issued those of the CTA's tile before (turn). The turns
+ * keep the two from multiplying at once, and they make the ring's parities safe: when a consumer
+ * waits on a stage, every earlier fill of the ring has landed, so the stage is at most one fill
+ * ahead of the parity it waits for (without them it could be two behind, and read as full). */
+template <class CFG, typename OUT>
+__device__ static void wg_consume(const typename CFG::args &a, const wg_shared &sh, int ncol, long long total, int g)
+{
+	float d[CFG::MT][CFG::WN / 2];
+	int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, s = 0;
+	int nk = wg_tile_stages(a.K, a.nseg, a.seg);
+	uint32_t ph = 0, aoff = !CFG::PP && CFG::BM == 128 ? 64 * WG_ROW * g : 0;
+	uint32_t boff = CFG::A_BYTES + (!CFG::PP && CFG::BM == 64 ? CFG::WN * WG_ROW * g : 0);
+	int roff = !CFG::PP && CFG::BM == 128 ? 64 * g : 0;
+	int coff = !CFG::PP && CFG::BM == 64 ? (CFG::MODE == WG_GU ? CFG::WN / 2 : CFG::WN) * g : 0;
+	long long t = blockIdx.x, step = gridDim.x;
+	uint32_t tph = 0; /* the parity of the other's next turn */
+	if (CFG::PP) {
+		t += (long long)g * gridDim.x, step *= 2;
+		if (g)
+			wg_skip(s, ph, nk, CFG::STAGES);
+	}
+	for (int i = 0; t < total; t += step, i++) {
+		if (CFG::PP && (g || i)) { /* the CTA's tile before this one has all its products issued */
+			bar_wait(sh.turn + 8 * (1 - g), tph);
+			tph ^= 1;
+		}
+		if constexpr (CFG::DBG == WG_DBG_NOMMA) {
+			wg_drain<CFG>(a, sh, s, ph, sh.turn + 8 * g, lane);
+#pragma unroll
+			for (int m = 0; m < CFG::MT; m++)
+				for (int i = 0; i < CFG::WN / 2; i++)
+					d[m][i] = 0.0f;
+		} else {
+			wg_mainloop<CFG>(d, a, sh, s, ph, aoff, boff, sh.turn + 8 * g, lane);
+		}
 		wg_tile tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
-		if constexpr (CFG::MODE == WG_GU)
-			wg_store_gu<CFG>(d, a, tl, g, warp, lane);
-		else
-			wg_store<CFG, OUT>(d, a, tl, g, warp, lane);
+#pragma unroll
+		for (int m = 0; m < CFG::MT && CFG::DBG != WG_DBG_NOSTORE; m++) {
+			int row0 = tl.row0 + roff + 64 * m;
+			if constexpr (CFG::MODE == WG_GU)
+				wg_put_gu<CFG>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane);
+			else if (!a.beta)
+				wg_put<CFG, OUT>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane);
+			else
+				wg_store<CFG, OUT>(d[m], a, tl, roff + 64 * m, coff, warp, lane);
+		}
+		if (CFG::PP)
+			wg_skip(s, ph, nk, CFG::STAGES);
 	}
 }
 #endif /* WG_SM90A */
 
 /* ---- the kernel ---- */
-template <int BM, int BN, int MODE, typename OUT>
+template <int BM, int BN, int MODE, int PP, typename OUT, int DBG>
 __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant__ wg_args<MODE> a)
 {
 #ifdef WG_SM90A
-	typedef wg_cfg<BM, BN, MODE> CFG;
+	typedef wg_cfg<BM, BN, MODE, PP, DBG> CFG;
 	extern __shared__ __align__(16) unsigned char wg_smem[];
 	wg_shared sh = wg_carve<CFG>(wg_smem);
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < CFG::STAGES; s++) {
 			bar_init(sh.full + 8 * s, 128); /* each producer thread, once its copies landed */
-			bar_init(sh.empty + 8 * s, WG_CONSUMER_WARPS);
+			bar_init(sh.empty + 8 * s, CFG::EMPTY_ARRIVALS);
 		}
+		bar_init(sh.turn, 4); /* one arrival per warp of the consumer */
+		bar_init(sh.turn + 8, 4);
 		fence_barrier_init();
 	}
 	wg_table<BM>(a, sh); /* its barriers also publish the initialised mbarriers */
@@ -613,16 +800,24 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 }
 
 /* ---- host side ---- */
-enum { WG_128x256, WG_128x128, WG_64x256, WG_NSHAPES };
-static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256" };
+enum { WG_128x256, WG_128x128, WG_64x256, WG_PP64x256, WG_PP128x128, WG_NSHAPES };
+static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 
 /* TIER_MOE_WGMMA_TILE, else 64 rows when a group of the mean size fits one 64-row tile, else 128 x
  * 256 (128 x 128 when N fits it). Above 64 rows the 128-row tiles win even with more padding: every
  * tile loads its 256 weight rows whatever its rows, so 64-row tiles move more weight bytes per
  * product. Measured on an H200 (tier-bench moe, seed-896: 146 rows a group on average, where the
  * padding rule this replaces took 64 rows): experts forward 3.02 ms with 128 x 256 against 3.14
- * with 64 x 256 (uniform), 2.99 against 3.42 (Zipf 1.2). */
-static int wg_pick_shape(const char *fn, int E, int N, int rows_bound, int *shape)
+ * with 64 x 256 (uniform), 2.99 against 3.42 (Zipf 1.2).
+ * Except for the forward's products (W_e [N, K], gate/up; fwd 1) when the mean group is at most 192
+ * rows: there ping-pong 64 x 256 tiles, which pad a 146-row group to 192 rows instead of 256 and
+ * store one tile while multiplying the next. seed-896 on an H200, experts forward: 2.49 and 2.61 ms
+ * against 2.73 and 2.87 with 128 x 256 (uniform, two calls); Zipf 1.2 2.84 against 2.72 and 2.80
+ * (the large groups of the hot experts favour 128 rows). On qwen3-30b's 1024-row groups ping-pong
+ * lost (2.78-2.82 against 2.51-2.53); for the backward's W_e [K, N] products neither ping-pong
+ * tile gained (experts backward on qwen3-30b 3.90-4.98 ms against 3.59-3.68, on seed-896 pp64x256
+ * 3.86-3.89 against 3.77-4.13). */
+static int wg_pick_shape(const char *fn, int E, int N, int rows_bound, int fwd, int *shape)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TILE");
 	if (v && *v) {
@@ -631,11 +826,14 @@ static int wg_pick_shape(const char *fn, int E, int N, int rows_bound, int *shap
 				*shape = i;
 				return 0;
 			}
-		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TILE=%s; use 128x256, 128x128 or 64x256, or unset it", fn, v);
+		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TILE=%s; use 128x256, 128x128, 64x256, pp64x256 or "
+				 "pp128x128, or unset it", fn, v);
 	}
 	double m = (double)rows_bound / E;
 	if (m <= 64)
 		*shape = WG_64x256;
+	else if (fwd && m <= 192 && N > 128)
+		*shape = WG_PP64x256;
 	else
 		*shape = N <= 128 ? WG_128x128 : WG_128x256;
 	return 0;
@@ -671,10 +869,10 @@ static int wg_device(tier_dev *dev, const char *fn, int *sms)
 	return 0;
 }
 
-template <int BM, int BN, int MODE, typename OUT>
+template <int BM, int BN, int MODE, int PP, typename OUT, int DBG = WG_DBG_NONE>
 static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas)
 {
-	typedef wg_cfg<BM, BN, MODE> CFG;
+	typedef wg_cfg<BM, BN, MODE, PP, DBG> CFG;
 	/* sum_e ceil(n_e / BM) <= (rows + (BM - 1) (non-empty experts)) / BM, and at most
 	 * min(E, rows_bound) experts have rows */
 	long long busy = a.E < rows_bound ? a.E : rows_bound;
@@ -682,23 +880,61 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas)
 	long long tiles = ny * ((a.N + CFG::OBN - 1) / CFG::OBN);
 	a.rt_bound = ny < INT_MAX ? (int)ny : INT_MAX;
 	int grid = tiles < ctas ? (int)tiles : ctas;
-	CUDA_TRY(cudaFuncSetAttribute(wg_kernel<BM, BN, MODE, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	CUDA_TRY(cudaFuncSetAttribute(wg_kernel<BM, BN, MODE, PP, OUT, DBG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				      (int)CFG::BYTES));
-	wg_kernel<BM, BN, MODE, OUT><<<grid, WG_THREADS, CFG::BYTES, moe_stream(dev)>>>(a);
+	wg_kernel<BM, BN, MODE, PP, OUT, DBG><<<grid, WG_THREADS, CFG::BYTES, moe_stream(dev)>>>(a);
 	CUDA_LAUNCHED();
 	return 0;
+}
+
+/* TIER_MOE_WGMMA_DEBUG=nostore|nomma|noload, else WG_DBG_NONE; -1 for a malformed value. It takes the
+ * forward's products (W_e [N, K] and gate/up) to the 128x256 tiles, or pp128x128 where that tile is
+ * asked for; W_e [K, N] runs as usual. */
+static int wg_debug(void)
+{
+	static const char *const names[WG_NDBG] = { "", "nostore", "nomma", "noload" };
+	const char *v = getenv("TIER_MOE_WGMMA_DEBUG");
+	if (!v || !*v)
+		return WG_DBG_NONE;
+	for (int i = 1; i < WG_NDBG; i++)
+		if (!strcmp(v, names[i]))
+			return i;
+	return -1;
 }
 
 template <int MODE, typename OUT>
 static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas)
 {
+	int dbg = wg_debug();
+	if (dbg < 0)
+		return tier_fail(-EINVAL, "TIER_MOE_WGMMA_DEBUG=%s: use nostore, nomma or noload, or unset it",
+				 getenv("TIER_MOE_WGMMA_DEBUG"));
+	if constexpr (MODE != WG_KN) {
+		if (dbg && shape == WG_PP128x128) {
+			if (dbg == WG_DBG_NOSTORE)
+				return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NOSTORE>(dev, a, rows_bound, ctas);
+			if (dbg == WG_DBG_NOMMA)
+				return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NOMMA>(dev, a, rows_bound, ctas);
+			return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NOLOAD>(dev, a, rows_bound, ctas);
+		}
+		if (dbg == WG_DBG_NOSTORE)
+			return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NOSTORE>(dev, a, rows_bound, ctas);
+		if (dbg == WG_DBG_NOMMA)
+			return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NOMMA>(dev, a, rows_bound, ctas);
+		if (dbg == WG_DBG_NOLOAD)
+			return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NOLOAD>(dev, a, rows_bound, ctas);
+	}
 	switch (shape) {
 	case WG_128x128:
-		return wg_launch<128, 128, MODE, OUT>(dev, a, rows_bound, ctas);
+		return wg_launch<128, 128, MODE, 0, OUT>(dev, a, rows_bound, ctas);
 	case WG_64x256:
-		return wg_launch<64, 256, MODE, OUT>(dev, a, rows_bound, ctas);
+		return wg_launch<64, 256, MODE, 0, OUT>(dev, a, rows_bound, ctas);
+	case WG_PP64x256:
+		return wg_launch<64, 256, MODE, 1, OUT>(dev, a, rows_bound, ctas);
+	case WG_PP128x128:
+		return wg_launch<128, 128, MODE, 1, OUT>(dev, a, rows_bound, ctas);
 	default:
-		return wg_launch<128, 256, MODE, OUT>(dev, a, rows_bound, ctas);
+		return wg_launch<128, 256, MODE, 0, OUT>(dev, a, rows_bound, ctas);
 	}
 }
 
@@ -720,9 +956,9 @@ static int wg_check_dims(const char *fn, tier_dev *dev, int E, const char *nn, i
 }
 
 /* The tile shape and the CTA count, after the device check. */
-static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int rows_bound, int *shape, int *ctas)
+static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int rows_bound, int fwd, int *shape, int *ctas)
 {
-	int sms, rc = wg_pick_shape(fn, E, bn_cols, rows_bound, shape);
+	int sms, rc = wg_pick_shape(fn, E, bn_cols, rows_bound, fwd, shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, ctas)))
 		return rc;
 	return 0;
@@ -859,7 +1095,7 @@ extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K,
 	if (beta != 0.0f && beta != 1.0f)
 		return tier_fail(-EINVAL, "%s: beta = %g; it must be 0 (write C) or 1 (add to C)", fn, (double)beta);
 	if ((rc = moe_check_table16(fn, "w", E, w)) || (rc = moe_check_buf16(fn, "x", x)) ||
-	    (rc = moe_check_buf16(fn, "c", c)) || (rc = wg_check_segs(fn, E, nseg, seg, tab)) || (rc = wg_plan(fn, dev, E, N, rows_bound, &shape, &ctas)))
+	    (rc = moe_check_buf16(fn, "c", c)) || (rc = wg_check_segs(fn, E, nseg, seg, tab)) || (rc = wg_plan(fn, dev, E, N, rows_bound, !w_kn, &shape, &ctas)))
 		return rc;
 	if (rows_bound == 0)
 		return 0;
@@ -891,7 +1127,7 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 	    (rc = moe_check_buf16(fn, "h", h)) || (rc = wg_check_segs(fn, E, nseg, lora, tab)))
 		return rc;
 	/* the tile reads 2 I rows of B: pick its shape as for N = 2 I */
-	if ((rc = wg_plan(fn, dev, E, 2 * I, rows_bound, &shape, &ctas)))
+	if ((rc = wg_plan(fn, dev, E, 2 * I, rows_bound, 1, &shape, &ctas)))
 		return rc;
 	if (rows_bound == 0)
 		return 0;

@@ -37,13 +37,20 @@
  * launched, the outputs untouched); -EIO for a CUDA error (its text in the message).
  *
  * Tuning and testing knobs (environment, read at each call):
- *   TIER_MOE_WGMMA_TILE=128x256|128x128|64x256  the CTA tile (rows x columns of the product;
- *                                               gate/up: of g and u together, half of it each).
- *                                               Default: 64x256 when groups of the mean size
- *                                               rows_bound / E fit one 64-row tile, else 128x256
- *                                               (128x128 when N <= 128, gate/up: I <= 64).
- *   TIER_MOE_WGMMA_CTAS=n                       at most n CTAs (default one per SM); small values
- *                                               push many tiles through each CTA's ring.
+ *   TIER_MOE_WGMMA_TILE=128x256|128x128|64x256|pp64x256|pp128x128
+ *       the tile (rows x columns of the product; gate/up: of g and u together, half of it each).
+ *       The first three are one tile a CTA, both consumer warpgroups on it; the pp ones are one
+ *       tile a consumer warpgroup, the two taking turns (ping-pong: one stores while the other
+ *       multiplies). Default: 64x256 when groups of the mean size rows_bound / E fit one 64-row
+ *       tile; else for the forward's products (w_kn 0, gate/up) pp64x256 up to a mean of 192 rows;
+ *       else 128x256 (128x128 when N <= 128, gate/up: I <= 64).
+ *   TIER_MOE_WGMMA_CTAS=n       at most n CTAs (default one per SM); small values push many tiles
+ *                               through each CTA's ring.
+ *   TIER_MOE_WGMMA_DEBUG=nostore|nomma|noload
+ *       for measurements only, the outputs are wrong: the forward's products (w_kn 0, gate/up) on
+ *       the 128x256 tiles (pp128x128 where TIER_MOE_WGMMA_TILE asks for it) leave out the stores,
+ *       the products or the loads, to see which part bounds the time. (ptxas may drop products
+ *       whose results are never stored: nostore can time the loads alone.)
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H

@@ -205,7 +205,7 @@ static void run_one(const wprob *p, int w_kn, int c_bf16, float alpha, int beta,
  * CTAs: a CTA's ring then carries many tiles, its phases wrapping many times. */
 static void run_all(const wprob *p)
 {
-	static const char *tiles[] = { NULL, "128x256", "128x128", "64x256" };
+	static const char *tiles[] = { NULL, "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 	static const struct {
 		int c_bf16;
 		float alpha;
@@ -227,6 +227,14 @@ static void run_all(const wprob *p)
 		knobs("64x256", "1");
 		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, 64x256 on 1 CTA", p->E, p->N, p->K, p->rows, kn);
 		run_one(p, kn, 1, 0.37f, 1, what);
+		knobs("pp128x128", "1"); /* the two consumers' turns and ring parities over many tiles */
+		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, pp128x128 on 1 CTA", p->E, p->N, p->K, p->rows,
+			 kn);
+		run_one(p, kn, 0, 0.37f, 1, what);
+		knobs("pp64x256", "3");
+		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, pp64x256 on 3 CTAs", p->E, p->N, p->K, p->rows,
+			 kn);
+		run_one(p, kn, 1, 1.0f, 0, what);
 		knobs(NULL, NULL);
 	}
 }
@@ -302,8 +310,10 @@ static void gu_one(const wprob *p, const moe_wg_seg *seg, void *tab, const char 
 /* Every tile shape and the default pick, then few CTAs. */
 static void gu_case(int E, int H, int I, const int *nrows, int extra)
 {
-	static const char *runs[][2] = { { NULL, NULL }, { "128x256", NULL }, { "128x128", NULL },
-					 { "64x256", NULL },  { NULL, "2" },       { "64x256", "1" } };
+	static const char *runs[][2] = { { NULL, NULL },	{ "128x256", NULL },  { "128x128", NULL },
+					 { "64x256", NULL },	{ "pp64x256", NULL }, { "pp128x128", NULL },
+					 { NULL, "2" },		{ "64x256", "1" },    { "pp64x256", "1" },
+					 { "pp128x128", "2" } };
 	wprob p;
 	char what[160];
 	prob_make(&p, E, 2 * I, H, nrows, extra, 1);
@@ -405,7 +415,7 @@ static void seg_one(const wprob *p, const cut *c, int nseg, int kn, int c_bf16, 
  * of many tiles). kw: 1 + 2 nseg widths summing to K. */
 static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, int extra)
 {
-	static const char *tiles[] = { NULL, "128x256", "128x128", "64x256" };
+	static const char *tiles[] = { NULL, "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 	int K = 0;
 	for (int i = 0; i < 1 + 2 * nseg; i++)
 		K += kw[i];
@@ -433,7 +443,8 @@ static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, in
  * each half does not use (the gate rows' x1 columns, the up rows' x0 columns). */
 static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, int extra)
 {
-	static const char *runs[][2] = { { NULL, NULL }, { "128x128", NULL }, { "64x256", NULL }, { NULL, "2" } };
+	static const char *runs[][2] = { { NULL, NULL },	 { "128x128", NULL }, { "64x256", NULL },
+					 { "pp64x256", NULL }, { "pp128x128", "1" }, { NULL, "2" } };
 	int kw[3] = { H, r0, r1 };
 	wprob p;
 	char what[160];

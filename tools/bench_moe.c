@@ -18,6 +18,9 @@
 #endif
 #include "tier/tier.h"
 #include "tools/bench.h"
+#ifdef TIER_HAVE_CUDA
+#include "moe/moe_wgmma.h"
+#endif
 
 static const char *const cmd = "moe";
 
@@ -42,15 +45,18 @@ typedef struct {
 } moe_opts;
 
 enum {
-	OP_ROUTER, OP_PERMUTE, OP_COPY, OP_EXPERTS_FWD, OP_COMBINE_FWD, OP_COMBINE_BWD, OP_EXPERTS_BWD,
-	OP_PERMUTE_BWD, OP_ROUTER_BWD, OP_BLOCK_FWD, OP_BLOCK_FWD_BWD, OP_EXPERTS_FWD_G, OP_BLOCK_FWD_G, N_OPS
+	OP_ROUTER, OP_PERMUTE, OP_COPY, OP_GATE_UP, OP_DOWN, OP_EXPERTS_FWD, OP_COMBINE_FWD, OP_COMBINE_BWD,
+	OP_EXPERTS_BWD, OP_PERMUTE_BWD, OP_ROUTER_BWD, OP_BLOCK_FWD, OP_BLOCK_FWD_BWD, OP_EXPERTS_FWD_G, OP_BLOCK_FWD_G,
+	N_OPS
 };
-static const char *const op_name[N_OPS] = { "router", "permute", "d2d-copy", "experts-fwd", "combine",
-					    "combine-bwd", "experts-bwd", "permute-bwd", "router-bwd",
-					    "block-fwd", "block-fwd+bwd", "experts-fwd-g", "block-fwd-g" };
-static const char *const op_key[N_OPS] = { "router", "permute", "copy", "experts_fwd", "combine", "combine_bwd",
-					   "experts_bwd", "permute_bwd", "router_bwd", "block_fwd", "block_fwd_bwd",
-					   "experts_fwd_grouped", "block_fwd_grouped" };
+static const char *const op_name[N_OPS] = { "router",	    "permute",	   "d2d-copy",	  "gate-up",
+					    "down",	    "experts-fwd", "combine",	  "combine-bwd",
+					    "experts-bwd", "permute-bwd", "router-bwd",	  "block-fwd",
+					    "block-fwd+bwd", "experts-fwd-g", "block-fwd-g" };
+static const char *const op_key[N_OPS] = { "router",	   "permute",	  "copy",	 "gate_up",
+					   "down",	   "experts_fwd", "combine",	 "combine_bwd",
+					   "experts_bwd", "permute_bwd", "router_bwd",	 "block_fwd",
+					   "block_fwd_bwd", "experts_fwd_grouped", "block_fwd_grouped" };
 
 typedef struct {
 	tier_dev *dev;
@@ -58,7 +64,8 @@ typedef struct {
 	size_t el, ws_bytes, ews_bytes;
 	tier_moe_cfg cfg;
 	tier_moe_saved s;
-	void *x, *wr, *out, *dout, *dx, *saved, *ws, *ews, *xg, *dy, *dxg, *dtw, *dl, *copy;
+	void *x, *wr, *out, *dout, *dx, *saved, *ws, *ews, *xg, *dy, *dxg, *dtw, *dl, *copy, *h;
+	int wgmma; /* the Hopper grouped GEMMs run here: the gate-up and down rows */
 	void **wg, **wu, **wd;
 	tier_moe_experts w;
 	int rows;       /* kept rows (dropless: n) */
@@ -84,8 +91,11 @@ static void usage(FILE *f)
 		"warm-ups, timed with CUDA events on the compute stream. d2d-copy is a device-to-device copy of\n"
 		"the gathered bytes: the bandwidth the permute is held to. experts-fwd-g and block-fwd-g repeat\n"
 		"the forward with the device-side grouped GEMMs (TIER_MOE_GROUPED=1, no host copy of\n"
-		"the offsets in the experts); the other rows follow TIER_MOE_GROUPED (docs/moe.md). The peer runs\n"
-		"in bench/moe_torch.py.\n"
+		"the offsets in the experts); the other rows follow TIER_MOE_GROUPED (docs/moe.md). gate-up and\n"
+		"down time the experts' two Hopper grouped GEMMs alone (gate and up with SwiGLU, fp32 g and u and\n"
+		"bf16 h out; down, bf16 y out; TIER_MOE_WGMMA_TILE applies), where they run. The rows run in the\n"
+		"order shown: on an H200 the same product timed after the block rows came out ~10%% slower than\n"
+		"before them. The peer runs in bench/moe_torch.py.\n"
 		"\n"
 		"  --device KIND      cuda (default) or cpu (the fp32 reference; use a small --shape there)\n"
 		"  --model NAME       qwen3-30b, seed-896 or mixtral (repeatable)\n"
@@ -310,8 +320,12 @@ static int alloc_case(moe_case *c, const moe_shape *s, int zipf)
 	    (rc = dalloc(c, c->ws_bytes, &c->ws)) || (rc = dalloc(c, c->ews_bytes, &c->ews)) ||
 	    (rc = dalloc(c, n * H * c->el, &c->xg)) || (rc = dalloc(c, n * H * c->el, &c->dy)) ||
 	    (rc = dalloc(c, n * H * 4, &c->dxg)) || (rc = dalloc(c, n * 4, &c->dtw)) ||
-	    (rc = dalloc(c, (size_t)c->T * c->E * 4, &c->dl)) || (rc = dalloc(c, n * H * c->el, &c->copy)))
+	    (rc = dalloc(c, (size_t)c->T * c->E * 4, &c->dl)) || (rc = dalloc(c, n * H * c->el, &c->copy)) ||
+	    (rc = dalloc(c, n * I * c->el, &c->h)))
 		return rc;
+#ifdef TIER_HAVE_CUDA
+	c->wgmma = c->cuda && moe_cuda_wgmma_supported(c->dev);
+#endif
 	/* every expert gets the same values (the speed does not depend on them): one random matrix of
 	 * each shape made on the host, copied E times, instead of E * 3 * I * H random draws */
 	if ((rc = dalloc(c, I * H * c->el, &c->wg[0])) || (rc = dalloc(c, H * I * c->el, &c->wd[0])) ||
@@ -353,7 +367,7 @@ static int alloc_case(moe_case *c, const moe_shape *s, int zipf)
 static void free_case(moe_case *c)
 {
 	void *p[] = { c->x, c->wr, c->out, c->dout, c->dx, c->saved, c->ws, c->ews, c->xg, c->dy, c->dxg, c->dtw, c->dl,
-		      c->copy };
+		      c->copy, c->h };
 	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
 		if (p[i])
 			tier_dev_free(c->dev, p[i]);
@@ -424,6 +438,14 @@ static int call(moe_case *c, int op)
 	case OP_BLOCK_FWD_G:
 		rc = call_grouped(c, op == OP_EXPERTS_FWD_G ? OP_EXPERTS_FWD : OP_BLOCK_FWD);
 		return rc;
+#ifdef TIER_HAVE_CUDA
+	case OP_GATE_UP:
+		return moe_cuda_grouped_gate_up_sm90(c->dev, E, H, c->I, s->offsets, c->rows, (const void *const *)c->wg,
+						     (const void *const *)c->wu, c->xg, s->g, s->u, c->h);
+	case OP_DOWN:
+		return moe_cuda_grouped_mm_sm90(c->dev, E, H, c->I, s->offsets, c->rows, (const void *const *)c->wd, 0, c->h,
+						s->y, 1, 1.0f, 0.0f);
+#endif
 	case OP_BLOCK_FWD:
 	case OP_BLOCK_FWD_BWD:
 		rc = tier_moe_layer_fwd(c->dev, &c->cfg, T, c->x, c->wr, NULL, &c->w, NULL, c->out, s, c->ws, c->ws_bytes);
@@ -471,6 +493,8 @@ static double work(const moe_case *c, int op, int *is_flop)
 	switch (op) {
 	case OP_ROUTER: return rt;
 	case OP_EXPERTS_FWD: case OP_EXPERTS_BWD: case OP_EXPERTS_FWD_G: return ex;
+	case OP_GATE_UP: return ex * 2.0 / 3.0;
+	case OP_DOWN: return ex / 3.0;
 	case OP_BLOCK_FWD: case OP_BLOCK_FWD_G: return rt + ex;
 	case OP_BLOCK_FWD_BWD: return rt + ex + ex + rt; /* bwd: experts' input gradient, router's dx */
 	default: break;
@@ -527,6 +551,9 @@ static int bench_shape(tier_dev *dev, const moe_opts *o, const moe_shape *s, int
 		const char *cp[NCOLS];
 		int is_flop;
 		c.op = op;
+		ms[op] = 0;
+		if ((op == OP_GATE_UP || op == OP_DOWN) && !c.wgmma)
+			continue; /* no Hopper kernels here: the JSON's 0 means not run */
 		for (int w = 0; w < 2 && !rc; w++)
 			if (run_op(&c) < 0)
 				rc = c.rc;
