@@ -10,7 +10,7 @@ gradient only (frozen router and experts, as tier's bench). Prints a fixed-width
 line; with --tier FILE (the output of `tier-bench moe --json`) it also prints the speedups
 torch time / tier time (above 1: tier is faster), the form of the issue's targets.
 
-usage: python3 bench/moe_torch.py [--model NAME]... [--shape T,H,I,E,k]... [--routing R] [--iters N]
+usage: python3 bench/moe_torch.py [--model NAME]... [--shape T,H,I,E,k]... [--routing R] [--iters N] [--warmup-ms N]
                                   [--tier FILE]
        python3 bench/moe_torch.py --device cpu --shape 64,48,40,8,2 --iters 2   (a logic check)
 """
@@ -33,9 +33,17 @@ ALIGN = 16  # torchtitan's TOKEN_GROUP_ALIGN_SIZE_M for the grouped GEMM
 OPS = ("gate_up", "down", "experts_fwd", "permute", "block_fwd", "block_fwd_bwd")
 
 
-def timed(fn, dev, iters):
-    for _ in range(2):
+def timed(fn, dev, iters, warm_ms):
+    """Median ms of iters runs, after untimed runs adding up to warm_ms (at least 2): the GPU's clocks
+    settle to what a long job sees (tier-bench moe --warmup-ms does the same)."""
+    spent, n = 0.0, 0
+    while n < 2 or (spent < warm_ms and n < 10000):
+        t0 = time.perf_counter()
         fn()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        spent += (time.perf_counter() - t0) * 1e3
+        n += 1
     times = []
     for _ in range(iters):
         if dev == "cuda":
@@ -108,7 +116,7 @@ def moe_block(x, w_r, w_gu, w_d, E, k):
     return torch.zeros(T, H, device=x.device, dtype=y.dtype).index_add_(0, tok, ys)
 
 
-def bench_shape(shape, zipf, dev, iters):
+def bench_shape(shape, zipf, dev, iters, warm_ms):
     T, H, I, E, k = shape
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     x, w_r, w_gu, w_d, sel = make_inputs(T, H, I, E, k, zipf, dev, dtype)
@@ -154,7 +162,7 @@ def bench_shape(shape, zipf, dev, iters):
 
     fns = {"gate_up": gate_up, "down": down, "experts_fwd": experts_fwd, "permute": permute,
            "block_fwd": block_fwd, "block_fwd_bwd": block_fwd_bwd}
-    ms = {op: timed(fns[op], dev, iters) for op in OPS}
+    ms = {op: timed(fns[op], dev, iters, warm_ms) for op in OPS}
     flop = {"gate_up": 4.0 * n * H * I, "down": 2.0 * n * H * I, "experts_fwd": 6.0 * n * H * I,
             "block_fwd": 6.0 * n * H * I + 2.0 * T * E * H, "block_fwd_bwd": 12.0 * n * H * I + 4.0 * T * E * H}
     gbytes = {"permute": 2.0 * n * H * x.element_size()}
@@ -171,6 +179,7 @@ def main():
     ap.add_argument("--shape", action="append", default=[], help="T,H,I,E,k (repeatable)")
     ap.add_argument("--routing", default="both", choices=["uniform", "zipf", "both"])
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup-ms", type=float, default=200.0, help="untimed runs first, this many ms (at least 2 runs)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tier", help="file holding `tier-bench moe --json` output")
     a = ap.parse_args()
@@ -196,7 +205,8 @@ def main():
     name = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     print(f"# moe_torch.py: torch._grouped_mm and a torchtitan-style MoE block, "
           f"{'bf16' if a.device == 'cuda' else 'fp32'}, torch {torch.__version__}, device {name}")
-    print(f"# median of {a.iters} runs after 2 warm-up runs (CUDA events); speedup = torch time / tier time")
+    print(f"# median of {a.iters} runs after {a.warmup_ms:g} ms of warm-up runs (at least 2; CUDA events); "
+          "speedup = torch time / tier time")
     print("# FLOPs: gate_up 4nHI, down 2nHI (n = T k rows, unpadded); block adds the router 2TEH; "
           "fwd+bwd twice fwd (input gradient only)")
     print(f"{'model':>10} {'routing':>8} {'op':>14} {'torch':>10} {'rate':>9} {'unit':>8} {'tier':>10} {'rate':>9} "
@@ -206,7 +216,7 @@ def main():
         T, H, I, E, k = sh
         for z in routings:
             rname = "zipf" if z else "uniform"
-            ms, flop, gbytes, skew, missed = bench_shape(sh, z, a.device, a.iters)
+            ms, flop, gbytes, skew, missed = bench_shape(sh, z, a.device, a.iters, a.warmup_ms)
             if missed:
                 print(f"# {mname} {rname}: the router picked {missed} experts outside the sampled routing")
             t = tier.get((T, H, I, E, k, rname))

@@ -118,4 +118,13 @@ grep -q '^  store ' "$tmp/help" || fail "tier-bench --help does not list store"
 cat "$tmp/bench.out"
 [ "$(grep -c '^  *miss ' "$tmp/bench.out")" -ge 6 ] || fail "tier-bench store printed too few miss rows"
 grep -q '^# summary:' "$tmp/bench.out" || fail "tier-bench store printed no summary"
+# the MoE block on the CPU reference: every row but the Hopper products' (gate-up, down: GPU only),
+# after warm-up runs of at least 5 ms each; a malformed --warmup-ms is refused
+./tier-bench moe --device cpu --shape 24,16,8,4,2 --routing uniform --iters 2 --warmup-ms 5 --json \
+	>"$tmp/moe.out" || fail "tier-bench moe --device cpu failed"
+grep -q 'after 5 ms of warm-up' "$tmp/moe.out" || fail "tier-bench moe did not say its warm-up"
+grep -q ' experts-fwd ' "$tmp/moe.out" || fail "tier-bench moe printed no experts-fwd row"
+if grep -q ' gate-up ' "$tmp/moe.out"; then fail "tier-bench moe timed gate-up on the CPU"; fi
+grep -q '"gate_up_ms":0.0000' "$tmp/moe.out" || fail "tier-bench moe's JSON should mark gate-up not run"
+./tier-bench moe --device cpu --warmup-ms soon 2>/dev/null; [ $? = 1 ] || fail "tier-bench moe --warmup-ms soon should exit 1"
 echo "PASS"

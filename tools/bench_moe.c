@@ -39,7 +39,7 @@ static const moe_shape models[] = {
 
 typedef struct {
 	tier_dev_kind kind;
-	unsigned iters, n_shapes;
+	unsigned iters, n_shapes, warm_ms;
 	int json, routing; /* routing: bit 0 uniform, bit 1 zipf */
 	moe_shape shapes[MAX_SHAPES];
 } moe_opts;
@@ -80,7 +80,7 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: tier-bench moe [--device cuda|cpu] [--model NAME]... [--shape T,H,I,E,k]... [--routing R]\n"
-		"                      [--iters N] [--json]\n"
+		"                      [--iters N] [--warmup-ms N] [--json]\n"
 		"Time of tier's MoE block on CUDA (bf16 storage, fp32 accumulation): each step through the public\n"
 		"API (router, permute with gather, experts forward, combine, and the backward of combine, experts,\n"
 		"permute and router) and the whole block forward and forward+backward (input gradient; frozen\n"
@@ -102,6 +102,9 @@ static void usage(FILE *f)
 		"  --shape T,H,I,E,k  another shape (repeatable; up to %d shapes in all)\n"
 		"  --routing R        uniform, zipf or both (default both)\n"
 		"  --iters N          timed runs per figure (default 10)\n"
+		"  --warmup-ms N      untimed runs first until they add up to N ms, at least 2 (default 200):\n"
+		"                     the GPU's clocks settle to what a long job sees (bench/moe_torch.py\n"
+		"                     takes the same option)\n"
 		"  --json             print one JSON line with every figure after the table\n"
 		"  --help             this text\n"
 		"Exit status: 0 done, 1 bad arguments, 2 the benchmark failed (message on stderr).\n",
@@ -114,10 +117,11 @@ static int parse(int argc, char **argv, moe_opts *o)
 		{ "device", required_argument, NULL, 'd' }, { "model", required_argument, NULL, 'm' },
 		{ "shape", required_argument, NULL, 's' }, { "routing", required_argument, NULL, 'r' },
 		{ "iters", required_argument, NULL, 'i' }, { "json", no_argument, NULL, 'j' },
+		{ "warmup-ms", required_argument, NULL, 'w' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
 	int c;
-	*o = (moe_opts){ .kind = TIER_DEV_CUDA, .iters = 10, .routing = 3 };
+	*o = (moe_opts){ .kind = TIER_DEV_CUDA, .iters = 10, .routing = 3, .warm_ms = 200 };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
@@ -164,6 +168,7 @@ static int parse(int argc, char **argv, moe_opts *o)
 			}
 			break;
 		case 'i': if (bench_parse_uint(cmd, "--iters", optarg, &o->iters)) return 1; break;
+		case 'w': if (bench_parse_uint(cmd, "--warmup-ms", optarg, &o->warm_ms)) return 1; break;
 		case 'j': o->json = 1; break;
 		case 'h': usage(stdout); return -1;
 		default: usage(stderr); return 1;
@@ -532,6 +537,19 @@ static double skew_of(moe_case *c)
 	return sum > 0 ? mx / (sum / c->E) : 0;
 }
 
+/* Untimed runs of c's op until they add up to warm_ms (at least 2, at most 10000 runs). */
+static int warm_up(moe_case *c, unsigned warm_ms)
+{
+	double spent = 0;
+	for (int w = 0; w < 10000 && (w < 2 || spent < warm_ms * 1e6); w++) {
+		double t = run_op(c);
+		if (t < 0)
+			return c->rc;
+		spent += t;
+	}
+	return 0;
+}
+
 static int bench_shape(tier_dev *dev, const moe_opts *o, const moe_shape *s, int zipf, double ms[N_OPS], double *skew)
 {
 	moe_case c = { .dev = dev, .cuda = o->kind == TIER_DEV_CUDA };
@@ -554,9 +572,7 @@ static int bench_shape(tier_dev *dev, const moe_opts *o, const moe_shape *s, int
 		ms[op] = 0;
 		if ((op == OP_GATE_UP || op == OP_DOWN) && !c.wgmma)
 			continue; /* no Hopper kernels here: the JSON's 0 means not run */
-		for (int w = 0; w < 2 && !rc; w++)
-			if (run_op(&c) < 0)
-				rc = c.rc;
+		rc = warm_up(&c, o->warm_ms);
 		ms[op] = rc ? 0 : bench_median_run(run_op, &c, o->iters) / 1e6;
 		if (!rc && ms[op] < 0)
 			rc = c.rc;
@@ -597,7 +613,8 @@ int bench_moe(int argc, char **argv)
 		return 2;
 	}
 	bench_comment("tier-bench moe: MoE block steps, forward and forward+backward (softmax top-k router, SwiGLU experts)");
-	bench_comment("device %s; median of %u runs after 2 warm-up runs; %s storage", tier_dev_name(dev), o.iters,
+	bench_comment("device %s; median of %u runs after %u ms of warm-up runs (at least 2); %s storage",
+		      tier_dev_name(dev), o.iters, o.warm_ms,
 		      o.kind == TIER_DEV_CUDA ? "bf16" : "fp32");
 	bench_comment("experts: 6*rows*H*I FLOPs each way (input gradient only: frozen experts); block adds the router");
 	bench_table_header(cols, NCOLS);
