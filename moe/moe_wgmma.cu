@@ -2,7 +2,7 @@
  * each expert's rows, and the fused gate/up product with SwiGLU; wgmma reads both operands from
  * shared memory (moe_wgmma.h).
  *
- * Shared layout. A CTA tile is BM x BN of the product (128 x 256, 128 x 128 or 64 x 256) and a stage
+ * Shared layout. A tile is BM x BN of the product (128 x 256, 128 x 128 or 64 x 256) and a stage
  * is 64 k: 64 bf16 are one 128-byte row, exactly one 128-byte swizzle atom. A stage is rows of 128
  * bytes in which the 16-byte chunk j of row r sits at chunk j ^ (r % 8) (the 128B swizzle, a function
  * of the address bits 4-9, hence a 1024-byte aligned ring), which 16-byte cp.async can write.
@@ -23,19 +23,23 @@
  * columns, and x is read once for both products.
  *
  * Roles. Warpgroup 0 is the producer: cp.async global -> shared through a STAGES-deep ring. Warpgroups
- * 1 and 2 are the consumers, each 64 rows x WN columns (the two halves of M when BM = 128, of N when
- * BM = 64). Each stage has two mbarriers: "full" completes when the producer's 128 threads' copies
- * have landed (cp.async.mbarrier.arrive.noinc: the producer never blocks on its own copies), "empty"
- * when the 8 consumer warps are done with it (wgmma.wait_group has seen the products that read it
- * complete). The copies land through the generic proxy and wgmma reads through the async proxy, so a
- * consumer fences the proxies after each full wait.
+ * 1 and 2 are the consumers: cooperative tiles (one a CTA) give each 64 rows x WN columns (the two
+ * halves of M when BM = 128, of N when BM = 64); ping-pong tiles (pp, one a consumer) give each
+ * consumer whole tiles in turn (wg_cfg). Each stage has two mbarriers: "full" completes when the
+ * producer's 128 threads' copies have landed (cp.async.mbarrier.arrive.noinc: the producer never
+ * blocks on its own copies), "empty" when the consumer warps that read it (8, or 4 with ping-pong)
+ * are done with it (wgmma.wait_group has seen the products that read it complete). The copies land
+ * through the generic proxy and wgmma reads through the async proxy, so a consumer fences the proxies
+ * after each full wait. bf16 outputs leave through a per-consumer staging in shared memory (the
+ * staged epilogue below).
  *
  * Schedule. The grid is persistent (one CTA per SM): CTA b takes tiles b, b + grid, ... of the list
  * ordered by row tile, then column tile (columns fastest: the CTAs working at once share X row tiles
  * and the weights of few experts in L2). The host does not know the offsets, so each CTA first turns
  * the device offsets into a shared table of each expert's first row tile (one block scan); every
  * warpgroup then finds a tile's expert by binary search without further barriers, and the producer
- * runs on into the next tile while the consumers store the last one.
+ * runs on into the next tile while the consumers store the last one (with ping-pong, one consumer
+ * multiplies while the other stores).
  *
  * Rows past a group's end, columns past N and k past K are zero-filled (cp.async with source size 0)
  * and never stored. Compiled for sm_90a only (wgmma); the compute_90 PTX of the build traps, and the
@@ -52,7 +56,7 @@
 #define WG_ROW 128           /* bytes per shared row of either operand */
 #define WG_THREADS 384       /* warpgroup 0 loads, warpgroups 1 and 2 multiply */
 #define WG_SMEM (227 * 1024) /* Hopper's shared memory per block */
-#define WG_OUT_ROW 160        /* bytes per row of a consumer's output staging: 128 and 32 of padding */
+#define WG_OUT_ROW 144        /* bytes per row of a consumer's output staging: 128 and 16 of padding */
 #define WG_OUT_BYTES (64 * WG_OUT_ROW) /* a consumer's staging: 64 rows of 128 bytes */
 
 /* What B is and what the epilogue writes. */
@@ -102,10 +106,11 @@ struct wg_args {
  *  - PP 1 (ping-pong): each consumer works on a tile of its own, BM x BN, on the CTA's even or odd
  *    tiles in turn. The producer fills the ring in tile order, so one consumer's products run while
  *    the other stores its last tile: the stores hide behind the products. */
-template <int BM_, int BN_, int MODE_, int PP_, int DBG_ = 0>
+template <int BM_, int BN_, int MODE_, int PP_, int DBG_, int STG_>
 struct wg_cfg {
 	static constexpr int BM = BM_, BN = BN_, MODE = MODE_, PP = PP_;
-	static constexpr int DBG = DBG_; /* a measurement knob: WG_DBG_* below (0: the real kernel) */
+	static constexpr int DBG = DBG_; /* a measurement knob: WG_DBG_* above (0: the real kernel) */
+	static constexpr int STG = STG_; /* 1: the consumers stage bf16 outputs (h, or a bf16 C) */
 	static constexpr int OBN = MODE == WG_GU ? BN / 2 : BN;
 	static constexpr int WN = PP || BM == 128 ? BN : BN / 2;
 	static constexpr int MT = PP ? BM / 64 : 1;
@@ -115,8 +120,9 @@ struct wg_cfg {
 	/* ints: tile0 and roff [E + 1] each, one partial sum per warp */
 	static constexpr int TABLE = 2 * (TIER_MOE_MAX_EXPERTS + 1) + WG_THREADS / 32;
 	/* besides the stages and their two barriers each: 1024 of slack to align the ring, the two
-	 * ping-pong turn barriers, the consumers' output staging, the table */
-	static constexpr int FIXED = 1024 + 16 + 2 * WG_OUT_BYTES + 4 * TABLE;
+	 * ping-pong turn barriers, the consumers' output staging (only where used: it costs 64 x 256
+	 * tiles a ring stage), the table */
+	static constexpr int FIXED = 1024 + 16 + (STG ? 2 * WG_OUT_BYTES : 0) + 4 * TABLE;
 	static constexpr int STAGES = (WG_SMEM - FIXED) / (STAGE + 16);
 	static constexpr size_t BYTES = (size_t)FIXED + (size_t)STAGES * (STAGE + 16);
 	static_assert(BM == 64 || BM == 128, "one consumer warpgroup per 64 rows, or both on 64");
@@ -137,7 +143,7 @@ struct wg_shared {
 	uint32_t full;  /* shared address of full[0]; full[s] at full + 8 s */
 	uint32_t empty; /* the same for empty */
 	uint32_t turn;  /* ping-pong: turn[g] at turn + 8 g completes when consumer g has issued a tile's products */
-	unsigned char *out; /* consumer g's output staging at out + g WG_OUT_BYTES (16-byte aligned) */
+	unsigned char *out; /* consumer g's output staging at out + g WG_OUT_BYTES (16-byte aligned; CFG::STG) */
 	int *tile0;     /* [E + 1]: the first row tile of expert e; tile0[E] = all row tiles */
 	int *roff;      /* [E + 1]: the offsets */
 	int *wsum;      /* [12]: the scan's warp totals */
@@ -327,7 +333,7 @@ __device__ __forceinline__ wg_shared wg_carve(unsigned char *smem)
 	sh.empty = sh.full + 8 * CFG::STAGES;
 	sh.turn = sh.empty + 8 * CFG::STAGES;
 	sh.out = smem + pad + CFG::STAGES * CFG::STAGE + 16 * CFG::STAGES + 16;
-	sh.tile0 = (int *)(sh.out + 2 * WG_OUT_BYTES);
+	sh.tile0 = (int *)(sh.out + (CFG::STG ? 2 * WG_OUT_BYTES : 0));
 	sh.roff = sh.tile0 + TIER_MOE_MAX_EXPERTS + 1;
 	sh.wsum = sh.roff + TIER_MOE_MAX_EXPERTS + 1;
 	return sh;
@@ -435,7 +441,8 @@ __device__ static void wg_load_seg(const typename CFG::args &a, const wg_seg_dev
 #pragma unroll
 		for (int i = 0; i < CFG::BM / 16; i++) {
 			bool ok = kin && 16 * i < arows;
-			cp_async16(sa + i * 16 * WG_ROW, ok ? xs + (size_t)(tl.row0 + r0 + 16 * i) * Kh + kh : a.x, ok);
+			if (CFG::DBG != WG_DBG_NOLOAD)
+				cp_async16(sa + i * 16 * WG_ROW, ok ? xs + (size_t)(tl.row0 + r0 + 16 * i) * Kh + kh : a.x, ok);
 		}
 #pragma unroll
 		for (int i = 0; i < CFG::BN / 16; i++) {
@@ -458,7 +465,8 @@ __device__ static void wg_load_seg(const typename CFG::args &a, const wg_seg_dev
 				if (ok)
 					src = Ws + (size_t)c * Kh + kh;
 			}
-			cp_async16(sb + i * 16 * WG_ROW, ok ? src : a.x, ok);
+			if (CFG::DBG != WG_DBG_NOLOAD)
+				cp_async16(sb + i * 16 * WG_ROW, ok ? src : a.x, ok);
 		}
 		wg_stage_next(sh, s, ph, CFG::STAGES);
 	}
@@ -513,17 +521,20 @@ __device__ static void wg_store(float (&d)[CFG::WN / 2], const typename CFG::arg
 	}
 }
 
-/* ---- the staged epilogue (beta 0) ----
- * Writing the accumulator straight from its registers stores 8 (fp32) or 4 (bf16) bytes a thread
- * into 8 rows at once, 16 or 32 bytes of each row: many partial-line transactions. Instead each
- * consumer puts 128 bytes of every row of its 64-row block into its staging (WG_OUT_ROW apart: the
- * 32 bytes of padding spread a warp's 8 rows over the banks), then its 128 threads copy the 64 rows
- * out in 16-byte pieces, 8 threads to a row: whole 128-byte lines. On the H200 the direct stores
- * took ~0.43 ms of the 1.78 ms gate/up product on qwen3-30b's shape (TIER_MOE_WGMMA_DEBUG=nomma
- * against the loads alone). */
+/* ---- the staged epilogue (bf16 outputs, beta 0) ----
+ * Writing a bf16 accumulator straight from its registers stores 4 bytes a thread into 8 rows at
+ * once, 16 bytes of each row: half-sector transactions. Instead each consumer puts 128 bytes of every
+ * row of its 64-row block into its staging (WG_OUT_ROW = 144 bytes apart, 36 words: a warp's 8 rows
+ * of 4-byte pairs land on 32 different banks), then its 128 threads copy the 64 rows out in 16-byte
+ * pieces, 8 threads to a row: whole 128-byte lines. On the H200 the direct stores took ~0.3 ms of the
+ * 1.13 ms down product on qwen3-30b's shape (TIER_MOE_WGMMA_DEBUG=nomma against the loads alone),
+ * and the staged product ran 0.90 ms. */
 __device__ __forceinline__ void wg_wg_sync(int g) /* the 128 threads of consumer g (barrier 0 is the CTA's) */
 {
-	asm volatile("bar.sync %0, 128;\n" ::"r"(1 + g) : "memory");
+	if (g) /* immediates: a register id makes ptxas reserve all 16 barriers */
+		asm volatile("bar.sync 2, 128;\n" ::: "memory");
+	else
+		asm volatile("bar.sync 1, 128;\n" ::: "memory");
 }
 
 
@@ -567,7 +578,6 @@ __device__ __forceinline__ void wg_put_cols(unsigned char *stage, T *out, int N,
 		wg_put_cols<T, C0 + 128 / (int)sizeof(T), COLS>(stage, out, N, row0, rend, col0, g, warp, lane, val);
 	}
 }
-
 /* fp32 outputs straight from the registers: a quad's 4 pairs are 32 contiguous bytes, a whole
  * sector, and staging them measured slower (the gate/up product on qwen3-30b's shape: 2.01 ms
  * staged against 1.76-1.84 direct; the bf16 down product 0.90 staged against 1.08-1.13). */
@@ -692,6 +702,7 @@ __device__ __forceinline__ void wg_mainloop(float (&d)[CFG::MT][CFG::WN / 2], co
 	}
 	if (CFG::PP && lane == 0) /* every product of the tile issued: the other consumer's turn */
 		bar_arrive(turn);
+	__syncwarp(); /* converged for the .aligned wait */
 	wgmma_wait<0>();
 #pragma unroll
 	for (int m = 0; m < CFG::MT; m++)
@@ -747,8 +758,8 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 			wg_drain<CFG>(a, sh, s, ph, sh.turn + 8 * g, lane);
 #pragma unroll
 			for (int m = 0; m < CFG::MT; m++)
-				for (int i = 0; i < CFG::WN / 2; i++)
-					d[m][i] = 0.0f;
+				for (int j = 0; j < CFG::WN / 2; j++)
+					d[m][j] = 0.0f;
 		} else {
 			wg_mainloop<CFG>(d, a, sh, s, ph, aoff, boff, sh.turn + 8 * g, lane);
 		}
@@ -756,6 +767,8 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 #pragma unroll
 		for (int m = 0; m < CFG::MT && CFG::DBG != WG_DBG_NOSTORE; m++) {
 			int row0 = tl.row0 + roff + 64 * m;
+			if (row0 >= tl.rend)
+				break; /* the whole warpgroup alike: no staging barrier is left half-passed */
 			if constexpr (CFG::MODE == WG_GU)
 				wg_put_gu<CFG>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane);
 			else if (!a.beta)
@@ -770,11 +783,17 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 #endif /* WG_SM90A */
 
 /* ---- the kernel ---- */
+/* Whether a kernel's consumers stage outputs: gate/up's h, or a bf16 C. */
+template <int MODE, typename OUT>
+struct wg_stg {
+	static constexpr int v = MODE == WG_GU || sizeof(OUT) == 2;
+};
+
 template <int BM, int BN, int MODE, int PP, typename OUT, int DBG>
 __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant__ wg_args<MODE> a)
 {
 #ifdef WG_SM90A
-	typedef wg_cfg<BM, BN, MODE, PP, DBG> CFG;
+	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v> CFG;
 	extern __shared__ __align__(16) unsigned char wg_smem[];
 	wg_shared sh = wg_carve<CFG>(wg_smem);
 	if (threadIdx.x == 0) {
@@ -809,15 +828,16 @@ static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "6
  * product. Measured on an H200 (tier-bench moe, seed-896: 146 rows a group on average, where the
  * padding rule this replaces took 64 rows): experts forward 3.02 ms with 128 x 256 against 3.14
  * with 64 x 256 (uniform), 2.99 against 3.42 (Zipf 1.2).
- * Except for the forward's products (W_e [N, K], gate/up; fwd 1) when the mean group is at most 192
- * rows: there ping-pong 64 x 256 tiles, which pad a 146-row group to 192 rows instead of 256 and
+ * Except for the forward's products (W_e [N, K], gate/up; fwd 1) with N > 128 and K >= 256 (not the
+ * LoRA rank products, where it was not measured) when the mean group is at most 192 rows: there
+ * ping-pong 64 x 256 tiles, which pad a 146-row group to 192 rows instead of 256 and
  * store one tile while multiplying the next. seed-896 on an H200, experts forward: 2.49 and 2.61 ms
  * against 2.73 and 2.87 with 128 x 256 (uniform, two calls); Zipf 1.2 2.84 against 2.72 and 2.80
  * (the large groups of the hot experts favour 128 rows). On qwen3-30b's 1024-row groups ping-pong
  * lost (2.78-2.82 against 2.51-2.53); for the backward's W_e [K, N] products neither ping-pong
  * tile gained (experts backward on qwen3-30b 3.90-4.98 ms against 3.59-3.68, on seed-896 pp64x256
  * 3.86-3.89 against 3.77-4.13). */
-static int wg_pick_shape(const char *fn, int E, int N, int rows_bound, int fwd, int *shape)
+static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, int fwd, int *shape)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TILE");
 	if (v && *v) {
@@ -832,7 +852,7 @@ static int wg_pick_shape(const char *fn, int E, int N, int rows_bound, int fwd, 
 	double m = (double)rows_bound / E;
 	if (m <= 64)
 		*shape = WG_64x256;
-	else if (fwd && m <= 192 && N > 128)
+	else if (fwd && m <= 192 && N > 128 && K >= 256)
 		*shape = WG_PP64x256;
 	else
 		*shape = N <= 128 ? WG_128x128 : WG_128x256;
@@ -872,7 +892,7 @@ static int wg_device(tier_dev *dev, const char *fn, int *sms)
 template <int BM, int BN, int MODE, int PP, typename OUT, int DBG = WG_DBG_NONE>
 static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas)
 {
-	typedef wg_cfg<BM, BN, MODE, PP, DBG> CFG;
+	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v> CFG;
 	/* sum_e ceil(n_e / BM) <= (rows + (BM - 1) (non-empty experts)) / BM, and at most
 	 * min(E, rows_bound) experts have rows */
 	long long busy = a.E < rows_bound ? a.E : rows_bound;
@@ -905,10 +925,7 @@ static int wg_debug(void)
 template <int MODE, typename OUT>
 static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas)
 {
-	int dbg = wg_debug();
-	if (dbg < 0)
-		return tier_fail(-EINVAL, "TIER_MOE_WGMMA_DEBUG=%s: use nostore, nomma or noload, or unset it",
-				 getenv("TIER_MOE_WGMMA_DEBUG"));
+	int dbg = wg_debug(); /* well-formed: wg_plan checked it */
 	if constexpr (MODE != WG_KN) {
 		if (dbg && shape == WG_PP128x128) {
 			if (dbg == WG_DBG_NOSTORE)
@@ -955,10 +972,14 @@ static int wg_check_dims(const char *fn, tier_dev *dev, int E, const char *nn, i
 	return 0;
 }
 
-/* The tile shape and the CTA count, after the device check. */
-static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int rows_bound, int fwd, int *shape, int *ctas)
+/* The tile shape and the CTA count, after the device check; the debug knob checked. */
+static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int rows_bound, int fwd, int *shape,
+		   int *ctas)
 {
-	int sms, rc = wg_pick_shape(fn, E, bn_cols, rows_bound, fwd, shape);
+	if (wg_debug() < 0)
+		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_DEBUG=%s; use nostore, nomma or noload, or unset it", fn,
+				 getenv("TIER_MOE_WGMMA_DEBUG"));
+	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, ctas)))
 		return rc;
 	return 0;
@@ -1095,7 +1116,7 @@ extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K,
 	if (beta != 0.0f && beta != 1.0f)
 		return tier_fail(-EINVAL, "%s: beta = %g; it must be 0 (write C) or 1 (add to C)", fn, (double)beta);
 	if ((rc = moe_check_table16(fn, "w", E, w)) || (rc = moe_check_buf16(fn, "x", x)) ||
-	    (rc = moe_check_buf16(fn, "c", c)) || (rc = wg_check_segs(fn, E, nseg, seg, tab)) || (rc = wg_plan(fn, dev, E, N, rows_bound, !w_kn, &shape, &ctas)))
+	    (rc = moe_check_buf16(fn, "c", c)) || (rc = wg_check_segs(fn, E, nseg, seg, tab)) || (rc = wg_plan(fn, dev, E, N, K, rows_bound, !w_kn, &shape, &ctas)))
 		return rc;
 	if (rows_bound == 0)
 		return 0;
@@ -1127,7 +1148,7 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 	    (rc = moe_check_buf16(fn, "h", h)) || (rc = wg_check_segs(fn, E, nseg, lora, tab)))
 		return rc;
 	/* the tile reads 2 I rows of B: pick its shape as for N = 2 I */
-	if ((rc = wg_plan(fn, dev, E, 2 * I, rows_bound, 1, &shape, &ctas)))
+	if ((rc = wg_plan(fn, dev, E, 2 * I, H, rows_bound, 1, &shape, &ctas)))
 		return rc;
 	if (rows_bound == 0)
 		return 0;

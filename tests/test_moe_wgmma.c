@@ -662,6 +662,10 @@ static void test_bad_input(void **state)
 		assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	}
 	knobs(NULL, NULL);
+	setenv("TIER_MOE_WGMMA_DEBUG", "noproducts", 1); /* the measurement knob, malformed: refused before any launch */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 0, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	unsetenv("TIER_MOE_WGMMA_DEBUG");
 	float *f = (float *)64, *fodd = (float *)68;
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 12, 8, off, 2, w, w, p, f, f, p), -EINVAL);  /* H % 8 */
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 12, off, 2, w, w, p, f, f, p), -EINVAL);  /* I % 8 */

@@ -49,14 +49,16 @@ enum {
 	OP_EXPERTS_BWD, OP_PERMUTE_BWD, OP_ROUTER_BWD, OP_BLOCK_FWD, OP_BLOCK_FWD_BWD, OP_EXPERTS_FWD_G, OP_BLOCK_FWD_G,
 	N_OPS
 };
-static const char *const op_name[N_OPS] = { "router",	    "permute",	   "d2d-copy",	  "gate-up",
+static const char *const op_name[] = { "router",	    "permute",	   "d2d-copy",	  "gate-up",
 					    "down",	    "experts-fwd", "combine",	  "combine-bwd",
 					    "experts-bwd", "permute-bwd", "router-bwd",	  "block-fwd",
 					    "block-fwd+bwd", "experts-fwd-g", "block-fwd-g" };
-static const char *const op_key[N_OPS] = { "router",	   "permute",	  "copy",	 "gate_up",
+static const char *const op_key[] = { "router",	   "permute",	  "copy",	 "gate_up",
 					   "down",	   "experts_fwd", "combine",	 "combine_bwd",
 					   "experts_bwd", "permute_bwd", "router_bwd",	 "block_fwd",
 					   "block_fwd_bwd", "experts_fwd_grouped", "block_fwd_grouped" };
+_Static_assert(sizeof op_name / sizeof op_name[0] == N_OPS, "a name for every op");
+_Static_assert(sizeof op_key / sizeof op_key[0] == N_OPS, "a JSON key for every op");
 
 typedef struct {
 	tier_dev *dev;
@@ -93,7 +95,8 @@ static void usage(FILE *f)
 		"the forward with the device-side grouped GEMMs (TIER_MOE_GROUPED=1, no host copy of\n"
 		"the offsets in the experts); the other rows follow TIER_MOE_GROUPED (docs/moe.md). gate-up and\n"
 		"down time the experts' two Hopper grouped GEMMs alone (gate and up with SwiGLU, fp32 g and u and\n"
-		"bf16 h out; down, bf16 y out; TIER_MOE_WGMMA_TILE applies), where they run. The rows run in the\n"
+		"bf16 h out; down, bf16 y out; TIER_MOE_WGMMA_TILE applies), where they run (a Hopper GPU, H and I\n"
+		"multiples of 8, TIER_MOE_WGMMA not 0). The rows run in the\n"
 		"order shown: on an H200 the same product timed after the block rows came out ~10%% slower than\n"
 		"before them. The peer runs in bench/moe_torch.py.\n"
 		"\n"
@@ -329,7 +332,11 @@ static int alloc_case(moe_case *c, const moe_shape *s, int zipf)
 	    (rc = dalloc(c, n * I * c->el, &c->h)))
 		return rc;
 #ifdef TIER_HAVE_CUDA
-	c->wgmma = c->cuda && moe_cuda_wgmma_supported(c->dev);
+	{ /* the Hopper products' shape rule (moe_wgmma.h), and TIER_MOE_WGMMA=0 as for the experts */
+		const char *off = getenv("TIER_MOE_WGMMA");
+		c->wgmma = c->cuda && moe_cuda_wgmma_supported(c->dev) && c->H % 8 == 0 && c->I % 8 == 0 &&
+			   !(off && !strcmp(off, "0"));
+	}
 #endif
 	/* every expert gets the same values (the speed does not depend on them): one random matrix of
 	 * each shape made on the host, copied E times, instead of E * 3 * I * H random draws */
