@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "moe/moe_cu.cuh"
+#include "moe/moe_tmap.h"
 #include "moe/moe_wgmma.h"
 
 #define WG_BK 64             /* k per stage: 64 bf16, one 128-byte swizzle row */
@@ -84,6 +85,8 @@ struct wg_seg_dev {
 /* The kernel's parameters (__grid_constant__: the 8 KiB pointer tables stay in parameter space). */
 template <int MODE>
 struct wg_args {
+	CUtensorMap amap;      /* TMA loads (wg_cfg::TMA): x as [rows_bound, K], BM-row boxes */
+	const CUtensorMap *bmap; /* and device maps of W_e [N, K] (BN-row boxes), or gate_e then up_e (BN / 2) */
 	const bf16 *w[TIER_MOE_MAX_EXPERTS]; /* W_e; gate/up: gate_e */
 	const int32_t *off;
 	const bf16 *x;
@@ -106,11 +109,15 @@ struct wg_args {
  *  - PP 1 (ping-pong): each consumer works on a tile of its own, BM x BN, on the CTA's even or odd
  *    tiles in turn. The producer fills the ring in tile order, so one consumer's products run while
  *    the other stores its last tile: the stores hide behind the products. */
-template <int BM_, int BN_, int MODE_, int PP_, int DBG_, int STG_>
+template <int BM_, int BN_, int MODE_, int PP_, int DBG_, int STG_, int TMA_ = 0>
 struct wg_cfg {
 	static constexpr int BM = BM_, BN = BN_, MODE = MODE_, PP = PP_;
 	static constexpr int DBG = DBG_; /* a measurement knob: WG_DBG_* above (0: the real kernel) */
 	static constexpr int STG = STG_; /* 1: the consumers stage bf16 outputs (h, or a bf16 C) */
+	/* 1: one producer thread loads each stage with two or three TMA copies (the main segment only;
+	 * W_e [N, K] or gate/up); gate/up's B then holds BN / 2 gate rows, then BN / 2 up rows, so the
+	 * accumulator's first WN / 2 columns are g and the rest u (whole tiles a consumer: WN = BN) */
+	static constexpr int TMA = TMA_;
 	static constexpr int OBN = MODE == WG_GU ? BN / 2 : BN;
 	static constexpr int WN = PP || BM == 128 ? BN : BN / 2;
 	static constexpr int MT = PP ? BM / 64 : 1;
@@ -130,6 +137,8 @@ struct wg_cfg {
 	static_assert(MT * WN / 2 <= 128, "accumulator registers a thread");
 	static_assert(STAGES >= 3, "a stage loading while the consumers hold two");
 	static_assert(BYTES <= WG_SMEM, "Hopper's shared memory per block");
+	static_assert(!TMA || (MODE != WG_KN && (MODE != WG_GU || WN == BN)), "TMA: the forward's layouts, g and u in one "
+									     "consumer");
 };
 
 struct wg_tile {
@@ -198,6 +207,21 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 
 /* Generic-proxy writes (the copies) -> async-proxy reads (wgmma) of shared memory. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* The producer thread's arrival on a full barrier that also expects `bytes` from TMA copies. */
+__device__ __forceinline__ void bar_arrive_tx(uint32_t b, uint32_t bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+}
+
+/* A TMA copy of the box at (column c0, row c1) of map (generic address: parameter or global space)
+ * into shared memory at dst (1024-byte aligned for the 128B swizzle), completing bytes on bar. */
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+		     ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+		     : "memory");
+}
 
 __device__ __forceinline__ void fence_barrier_init()
 {
@@ -490,6 +514,45 @@ __device__ static void wg_produce(const typename CFG::args &a, const wg_shared &
 	cp_async_wait_all(); /* no copy left in flight behind an exiting thread */
 }
 
+/* The TMA producer (CFG::TMA): one thread; a stage is x's BM x 64 box at (k0, row0) and W_e's BN x 64
+ * box at (k0, col0), or gate_e's and up_e's BN / 2 x 64 boxes one after the other. Rows past a
+ * group's end are the next group's (multiplied, never stored); past the matrices' edges TMA fills
+ * zeros. The stage's full barrier expects all its bytes, zeros included. */
+template <class CFG>
+__device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shared &sh, int ncol, long long total)
+{
+	if (threadIdx.x != 0)
+		return;
+	int s = 0;
+	uint32_t ph = 0;
+	int last = -1;
+	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
+		wg_tile tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
+		const CUtensorMap *bm = a.bmap + tl.e, *um = a.bmap + a.E + tl.e;
+		if (tl.e != last) { /* a map written by the copy kernel (its memory may have held another's) */
+			asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)bm) : "memory");
+			if (CFG::MODE == WG_GU)
+				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)um)
+					     : "memory");
+			last = tl.e;
+		}
+		for (int k0 = 0; k0 < a.K; k0 += WG_BK) {
+			bar_wait(sh.empty + 8 * s, ph ^ 1);
+			uint32_t sa = sh.ring + s * CFG::STAGE, sb = sa + CFG::A_BYTES, fb = sh.full + 8 * s;
+			bar_arrive_tx(fb, CFG::STAGE);
+			tma_load(sa, &a.amap, k0, tl.row0, fb);
+			if constexpr (CFG::MODE == WG_GU) {
+				tma_load(sb, bm, k0, tl.col0, fb);
+				tma_load(sb + CFG::BN / 2 * WG_ROW, um, k0, tl.col0, fb);
+			} else {
+				tma_load(sb, bm, k0, tl.col0, fb);
+			}
+			if (++s == CFG::STAGES)
+				s = 0, ph ^= 1;
+		}
+	}
+}
+
 /* ---- the consumers: warpgroups 1 and 2 ---- */
 /* The m64nNk16 f32 accumulator: thread (warp w, lane l) of the warpgroup holds rows 16 w + l / 4
  * (h = 0) and 8 below (h = 1), columns 8 i + 2 (l % 4) + b (b = 0, 1) in d[4 i + 2 h + b]. With beta
@@ -619,11 +682,15 @@ __device__ __forceinline__ void wg_put_gu(float (&d)[CFG::WN / 2], const typenam
 					  int row0, int rend, int col0, int g, int warp, int lane)
 {
 	unsigned char *st = sh.out + g * WG_OUT_BYTES;
-	auto gv = [&](int q, int h, int b) { return d[8 * q + 2 * h + b]; };
-	auto uv = [&](int q, int h, int b) { return d[8 * q + 4 + 2 * h + b]; };
+	/* the accumulator index of g and u at output block q: interleaved 8 and 8 (cp.async), or g in
+	 * the first WN / 2 columns and u after them (TMA) */
+	auto gi = [](int q, int h, int b) { return CFG::TMA ? 4 * q + 2 * h + b : 8 * q + 2 * h + b; };
+	auto ui = [](int q, int h, int b) { return CFG::TMA ? 4 * (q + CFG::WN / 16) + 2 * h + b : 8 * q + 4 + 2 * h + b; };
+	auto gv = [&](int q, int h, int b) { return d[gi(q, h, b)]; };
+	auto uv = [&](int q, int h, int b) { return d[ui(q, h, b)]; };
 	auto hv = [&](int q, int h, int b) {
-		float x = d[8 * q + 2 * h + b];
-		return x / (1.0f + expf(-x)) * d[8 * q + 4 + 2 * h + b];
+		float x = d[gi(q, h, b)];
+		return x / (1.0f + expf(-x)) * d[ui(q, h, b)];
 	};
 	wg_direct<CFG::WN / 2>((float *)a.c, a.N, row0, rend, col0, warp, lane, gv);
 	wg_direct<CFG::WN / 2>(a.u, a.N, row0, rend, col0, warp, lane, uv);
@@ -789,16 +856,16 @@ struct wg_stg {
 	static constexpr int v = MODE == WG_GU || sizeof(OUT) == 2;
 };
 
-template <int BM, int BN, int MODE, int PP, typename OUT, int DBG>
+template <int BM, int BN, int MODE, int PP, typename OUT, int DBG, int TMA>
 __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant__ wg_args<MODE> a)
 {
 #ifdef WG_SM90A
-	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v> CFG;
+	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA> CFG;
 	extern __shared__ __align__(16) unsigned char wg_smem[];
 	wg_shared sh = wg_carve<CFG>(wg_smem);
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < CFG::STAGES; s++) {
-			bar_init(sh.full + 8 * s, 128); /* each producer thread, once its copies landed */
+			bar_init(sh.full + 8 * s, CFG::TMA ? 1 : 128); /* the TMA thread, or each producer thread */
 			bar_init(sh.empty + 8 * s, CFG::EMPTY_ARRIVALS);
 		}
 		bar_init(sh.turn, 4); /* one arrival per warp of the consumer */
@@ -809,9 +876,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 	int ncol = (a.N + CFG::OBN - 1) / CFG::OBN;
 	long long total = (long long)min(sh.tile0[a.E], a.rt_bound) * ncol;
 	int g = threadIdx.x >> 7;
-	if (g == 0)
-		wg_produce<CFG>(a, sh, ncol, total);
-	else
+	if (g == 0) {
+		if constexpr (CFG::TMA)
+			wg_produce_tma<CFG>(a, sh, ncol, total);
+		else
+			wg_produce<CFG>(a, sh, ncol, total);
+	} else
 		wg_consume<CFG, OUT>(a, sh, ncol, total, g - 1);
 #elif defined(__CUDA_ARCH__)
 	__trap(); /* the compute_90 PTX, JIT-compiled for a later GPU: no wgmma there (the host refuses it) */
@@ -889,10 +959,73 @@ static int wg_device(tier_dev *dev, const char *fn, int *sms)
 	return 0;
 }
 
-template <int BM, int BN, int MODE, int PP, typename OUT, int DBG = WG_DBG_NONE>
+/* Copies up to WG_MAPS_PER_LAUNCH tensor maps from the parameters into device memory. */
+#define WG_MAPS_PER_LAUNCH 224 /* 28 KiB of the 32 KiB a launch's parameters may take */
+struct wg_map_args {
+	CUtensorMap m[WG_MAPS_PER_LAUNCH];
+	CUtensorMap *dst;
+	int n;
+};
+
+__global__ void wg_map_kernel(const __grid_constant__ wg_map_args a)
+{
+	const uint64_t *src = (const uint64_t *)a.m;
+	uint64_t *dst = (uint64_t *)a.dst;
+	for (int i = threadIdx.x; i < a.n * 16; i += blockDim.x)
+		dst[i] = src[i];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	/* written through the generic proxy, read by TMA through the tensor-map proxy */
+	asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
+#endif
+}
+
+/* The TMA maps of a launch: x's into a.amap; W_e's (gate/up: gate_e's, then up_e's) into device
+ * memory taken from the stream's pool (*maps; the caller frees it after the launch, in stream
+ * order), written by copy kernels on the stream (no host synchronisation). Experts without weights
+ * (no rows) get the first expert's map, never read. */
+template <class CFG>
+static int wg_tma_maps(tier_dev *dev, typename CFG::args &a, int rows_bound, void **maps)
+{
+	constexpr int GU = CFG::MODE == WG_GU;
+	int nm = GU ? 2 * a.E : a.E, rc;
+	const bf16 *first = NULL;
+	for (int e = 0; e < a.E && !first; e++)
+		first = a.w[e];
+	CUtensorMap tmpl;
+	if ((rc = moe_tmap_bf16(&a.amap, a.x, (uint64_t)rows_bound, (uint64_t)a.K, CFG::BM)) ||
+	    (rc = moe_tmap_bf16(&tmpl, first ? (const void *)first : (const void *)a.x, (uint64_t)a.N, (uint64_t)a.K,
+				GU ? CFG::BN / 2 : CFG::BN)))
+		return rc;
+	cudaStream_t st = moe_stream(dev);
+	CUDA_TRY(cudaMallocAsync(maps, sizeof(CUtensorMap) * (size_t)nm, st));
+	a.bmap = (const CUtensorMap *)*maps;
+	wg_map_args *ma = (wg_map_args *)malloc(sizeof *ma); /* 28 KiB: not on the stack */
+	if (!ma)
+		return tier_fail(-ENOMEM, "TMA maps: no host memory for %d tensor maps", nm);
+	for (int i0 = 0; i0 < nm; i0 += WG_MAPS_PER_LAUNCH) {
+		ma->n = nm - i0 < WG_MAPS_PER_LAUNCH ? nm - i0 : WG_MAPS_PER_LAUNCH;
+		ma->dst = (CUtensorMap *)*maps + i0;
+		for (int j = 0; j < ma->n && !rc; j++) {
+			int i = i0 + j, e = i % a.E;
+			const bf16 *w = GU && i >= a.E ? a.up[e] : a.w[e];
+			ma->m[j] = tmpl;
+			if (w)
+				rc = moe_tmap_move(&ma->m[j], w);
+		}
+		if (rc)
+			break;
+		wg_map_kernel<<<1, 256, 0, st>>>(*ma); /* the launch copies its parameters: ma is reused */
+		if (cudaGetLastError() != cudaSuccess)
+			rc = tier_fail(-EIO, "TMA maps: the copy kernel did not launch");
+	}
+	free(ma);
+	return rc;
+}
+
+template <int BM, int BN, int MODE, int PP, typename OUT, int DBG = WG_DBG_NONE, int TMA = 0>
 static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas)
 {
-	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v> CFG;
+	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA> CFG;
 	/* sum_e ceil(n_e / BM) <= (rows + (BM - 1) (non-empty experts)) / BM, and at most
 	 * min(E, rows_bound) experts have rows */
 	long long busy = a.E < rows_bound ? a.E : rows_bound;
@@ -900,10 +1033,21 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas)
 	long long tiles = ny * ((a.N + CFG::OBN - 1) / CFG::OBN);
 	a.rt_bound = ny < INT_MAX ? (int)ny : INT_MAX;
 	int grid = tiles < ctas ? (int)tiles : ctas;
-	CUDA_TRY(cudaFuncSetAttribute(wg_kernel<BM, BN, MODE, PP, OUT, DBG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-				      (int)CFG::BYTES));
-	wg_kernel<BM, BN, MODE, PP, OUT, DBG><<<grid, WG_THREADS, CFG::BYTES, moe_stream(dev)>>>(a);
+	void *maps = NULL;
+	if constexpr (TMA) {
+		int rc = wg_tma_maps<CFG>(dev, a, rows_bound, &maps);
+		if (rc) {
+			if (maps)
+				(void)cudaFreeAsync(maps, moe_stream(dev));
+			return rc;
+		}
+	}
+	CUDA_TRY(cudaFuncSetAttribute(wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA>,
+				      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::BYTES));
+	wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA><<<grid, WG_THREADS, CFG::BYTES, moe_stream(dev)>>>(a);
 	CUDA_LAUNCHED();
+	if (maps)
+		CUDA_TRY(cudaFreeAsync(maps, moe_stream(dev)));
 	return 0;
 }
 
@@ -922,11 +1066,35 @@ static int wg_debug(void)
 	return -1;
 }
 
+/* TIER_MOE_WGMMA_TMA=1: the TMA loads where they apply (wg_cfg::TMA), for measurements; 0 or unset
+ * (the default): cp.async. */
+static int wg_tma_wanted(void)
+{
+	const char *v = getenv("TIER_MOE_WGMMA_TMA");
+	return v && !strcmp(v, "1");
+}
+
 template <int MODE, typename OUT>
 static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas)
 {
 	int dbg = wg_debug(); /* well-formed: wg_plan checked it */
 	if constexpr (MODE != WG_KN) {
+		if (!dbg && !a.nseg && wg_tma_wanted() && !(MODE == WG_GU && shape == WG_64x256)) {
+			switch (shape) {
+			case WG_128x128:
+				return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
+			case WG_64x256: /* not gate/up's: its two consumers split g from u */
+				if constexpr (MODE != WG_GU)
+					return wg_launch<64, 256, MODE, 0, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
+				break;
+			case WG_PP64x256:
+				return wg_launch<64, 256, MODE, 1, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
+			case WG_PP128x128:
+				return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
+			default:
+				return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
+			}
+		}
 		if (dbg && shape == WG_PP128x128) {
 			if (dbg == WG_DBG_NOSTORE)
 				return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NOSTORE>(dev, a, rows_bound, ctas);
@@ -1083,7 +1251,7 @@ static int wg_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int r
 	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
 		a.w[e] = e < E ? (const bf16 *)w[e] : NULL;
 	a.up[0] = NULL;
-	a.off = d_off, a.x = (const bf16 *)x, a.c = c, a.u = NULL, a.h = NULL, a.alpha = alpha;
+	a.off = d_off, a.x = (const bf16 *)x, a.c = c, a.u = NULL, a.h = NULL, a.alpha = alpha, a.bmap = NULL;
 	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f, a.rt_bound = 0, a.nseg = nseg;
 	for (int q = 0; q < nseg; q++)
 		a.seg[q] = seg[q];
@@ -1157,7 +1325,7 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 		a.w[e] = e < E ? (const bf16 *)gate[e] : NULL;
 		a.up[e] = e < E ? (const bf16 *)up[e] : NULL;
 	}
-	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = u, a.h = (bf16 *)h, a.alpha = 1.0f;
+	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = u, a.h = (bf16 *)h, a.alpha = 1.0f, a.bmap = NULL;
 	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0, a.nseg = nseg;
 	if (nseg && (rc = wg_put_tables(dev, E, nseg, lora, tab, sd)))
 		return rc;

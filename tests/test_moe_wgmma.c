@@ -235,6 +235,25 @@ static void run_all(const wprob *p)
 		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, pp64x256 on 3 CTAs", p->E, p->N, p->K, p->rows,
 			 kn);
 		run_one(p, kn, 1, 1.0f, 0, what);
+		/* the TMA loads (W_e [N, K] only; W_e [K, N] ignores the knob): every tile, then few CTAs */
+		setenv("TIER_MOE_WGMMA_TMA", "1", 1);
+		for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
+			for (size_t i = 0; i < sizeof v / sizeof v[0]; i += 2) {
+				knobs(tiles[t], NULL);
+				snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d tile %s c_bf16 %d beta %d", p->E,
+					 p->N, p->K, p->rows, kn, tiles[t] ? tiles[t] : "auto", v[i + kn % 2].c_bf16,
+					 v[i + kn % 2].beta);
+				run_one(p, kn, v[i + kn % 2].c_bf16, v[i + kn % 2].alpha, v[i + kn % 2].beta, what);
+			}
+		knobs("pp128x128", "1");
+		snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d, pp128x128 on 1 CTA", p->E, p->N, p->K,
+			 p->rows, kn);
+		run_one(p, kn, 1, 0.37f, 0, what);
+		knobs("128x256", "2");
+		snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d, 128x256 on 2 CTAs", p->E, p->N, p->K,
+			 p->rows, kn);
+		run_one(p, kn, 0, 1.0f, 0, what);
+		unsetenv("TIER_MOE_WGMMA_TMA");
 		knobs(NULL, NULL);
 	}
 }
@@ -317,11 +336,16 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 	wprob p;
 	char what[160];
 	prob_make(&p, E, 2 * I, H, nrows, extra, 1);
-	for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-		knobs(runs[i][0], runs[i][1]);
-		snprintf(what, sizeof what, "gate/up E %d H %d I %d rows %d tile %s CTAs %s", E, H, I, p.rows,
-			 runs[i][0] ? runs[i][0] : "auto", runs[i][1] ? runs[i][1] : "all");
-		gu_one(&p, NULL, NULL, what);
+	for (int tma = 0; tma < 2; tma++) { /* cp.async, then the TMA loads (64x256 falls back to cp.async) */
+		if (tma)
+			setenv("TIER_MOE_WGMMA_TMA", "1", 1);
+		for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+			knobs(runs[i][0], runs[i][1]);
+			snprintf(what, sizeof what, "gate/up%s E %d H %d I %d rows %d tile %s CTAs %s", tma ? " TMA" : "", E,
+				 H, I, p.rows, runs[i][0] ? runs[i][0] : "auto", runs[i][1] ? runs[i][1] : "all");
+			gu_one(&p, NULL, NULL, what);
+		}
+		unsetenv("TIER_MOE_WGMMA_TMA");
 	}
 	knobs(NULL, NULL);
 	prob_free(&p);

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# tma-session.sh - the experimental TMA loads of the wgmma products (TIER_MOE_WGMMA_TMA=1,
+# moe_wgmma.h) on the GPU in one call: test_moe_wgmma (its TMA cases included), then `tier-bench
+# moe` with cp.async and with TMA for each tile worth comparing, and the torch peer, all with
+# 200 ms warm-ups. Six logs under OUT (a call brings back at most eight files).
+# usage: bench/tma-session.sh BUILD_DIR OUT_DIR
+set -u
+b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
+. "$(dirname "$0")/session-lib.sh"
+step 200 test_moe_wgmma "$b/tests/test_moe_wgmma"
+args=(--model qwen3-30b --model seed-896 --warmup-ms 200)
+step 150 moe-cpasync "$b/tier-bench" moe "${args[@]}" --json
+TIER_MOE_WGMMA_TMA=1 step 150 moe-tma "$b/tier-bench" moe "${args[@]}" --json
+tiles() {
+	for t in 128x256 pp128x128 pp64x256; do
+		echo "== TMA tile $t"
+		TIER_MOE_WGMMA_TMA=1 TIER_MOE_WGMMA_TILE=$t "$b/tier-bench" moe --model qwen3-30b --routing uniform \
+			--warmup-ms 200 | grep -E 'gate-up|down|experts-fwd '
+	done
+}
+export b; export -f tiles
+step 150 tma-tiles bash -c tiles
+step 150 torch python3 bench/moe_torch.py "${args[@]}" --tier "$out/moe-tma.log"
+for f in moe-cpasync moe-tma tma-tiles torch; do echo "== $f"; grep -v '^{' "$out/$f.log" | grep -E 'gate|down|experts|==' ; done
+cat "$sum"

@@ -1,0 +1,68 @@
+/* moe_tmap.cu - tensor maps for the wgmma kernels' TMA loads (moe_tmap.h). */
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include "tier/base.h"
+#include "moe/moe_tmap.h"
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn;
+static PFN_cuTensorMapReplaceAddress_v12000 move_fn;
+static pthread_once_t tmap_once = PTHREAD_ONCE_INIT;
+
+static void tmap_lookup(void)
+{
+	void *e = NULL, *m = NULL;
+	cudaDriverEntryPointQueryResult qe, qm;
+	if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &e, 12000, cudaEnableDefault, &qe) == cudaSuccess &&
+	    qe == cudaDriverEntryPointSuccess &&
+	    cudaGetDriverEntryPointByVersion("cuTensorMapReplaceAddress", &m, 12000, cudaEnableDefault, &qm) == cudaSuccess &&
+	    qm == cudaDriverEntryPointSuccess) {
+		encode_fn = (PFN_cuTensorMapEncodeTiled_v12000)e;
+		move_fn = (PFN_cuTensorMapReplaceAddress_v12000)m;
+	}
+	(void)cudaGetLastError(); /* leave no error behind for a later launch check */
+}
+
+static int tmap_ready(const char *fn)
+{
+	pthread_once(&tmap_once, tmap_lookup);
+	if (!encode_fn || !move_fn)
+		return tier_fail(-ENOTSUP, "%s: the CUDA driver has no cuTensorMapEncodeTiled (12.0 or later needed); "
+				 "unset TIER_MOE_WGMMA_TMA", fn);
+	return 0;
+}
+
+extern "C" int moe_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows)
+{
+	const char *fn = "moe_tmap_bf16";
+	int rc = tmap_ready(fn);
+	if (rc)
+		return rc;
+	if (!m || !base || (uintptr_t)base % 16 || rows < 1 || cols < 8 || cols % 8 || rows >> 32 || cols >> 32 ||
+	    box_rows < 1 || box_rows > 256)
+		return tier_fail(-EINVAL, "%s: a %llu x %llu bf16 matrix at %p with %u-row boxes cannot be mapped", fn,
+				 (unsigned long long)rows, (unsigned long long)cols, base, box_rows);
+	cuuint64_t dims[2] = { cols, rows }, strides[1] = { cols * 2 };
+	cuuint32_t box[2] = { 64, box_rows }, step[2] = { 1, 1 };
+	CUresult r = encode_fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, step,
+			       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+			       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	if (r != CUDA_SUCCESS)
+		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused a %llu x %llu matrix (CUresult %d)", fn,
+				 (unsigned long long)rows, (unsigned long long)cols, (int)r);
+	return 0;
+}
+
+extern "C" int moe_tmap_move(CUtensorMap *m, const void *base)
+{
+	const char *fn = "moe_tmap_move";
+	int rc = tmap_ready(fn);
+	if (rc)
+		return rc;
+	if (!m || !base || (uintptr_t)base % 16)
+		return tier_fail(-EINVAL, "%s: the new base %p is NULL or not 16-byte aligned", fn, base);
+	CUresult r = move_fn(m, (void *)base);
+	return r == CUDA_SUCCESS ? 0 : tier_fail(-EINVAL, "%s: cuTensorMapReplaceAddress failed (CUresult %d)", fn, (int)r);
+}
