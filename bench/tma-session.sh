@@ -7,10 +7,10 @@
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
 . "$(dirname "$0")/session-lib.sh"
-step 200 test_moe_wgmma "$b/tests/test_moe_wgmma"
+step 150 test_moe_wgmma "$b/tests/test_moe_wgmma"
 args=(--model qwen3-30b --model seed-896 --warmup-ms 200)
-step 150 moe-cpasync "$b/tier-bench" moe "${args[@]}" --json
-TIER_MOE_WGMMA_TMA=1 step 150 moe-tma "$b/tier-bench" moe "${args[@]}" --json
+step 100 moe-cpasync "$b/tier-bench" moe "${args[@]}" --json
+TIER_MOE_WGMMA_TMA=1 step 100 moe-tma "$b/tier-bench" moe "${args[@]}" --json
 tiles() {
 	for t in 128x256 pp128x128 pp64x256; do
 		echo "== TMA tile $t"
@@ -19,7 +19,7 @@ tiles() {
 	done
 }
 export b; export -f tiles
-step 150 tma-tiles bash -c tiles
-step 150 torch python3 bench/moe_torch.py "${args[@]}" --tier "$out/moe-tma.log"
+step 100 tma-tiles bash -c tiles
+step 100 torch python3 bench/moe_torch.py "${args[@]}" --tier "$out/moe-tma.log"
 for f in moe-cpasync moe-tma tma-tiles torch; do echo "== $f"; grep -v '^{' "$out/$f.log" | grep -E 'gate|down|experts|==' ; done
 cat "$sum"

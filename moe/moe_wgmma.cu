@@ -14,7 +14,8 @@
  *    (descriptor: LBO = 8192 between 64-column blocks, SBO = 1024 between 8-k groups; k + 16 = two
  *    8-k groups = start address + 2048 bytes). PTX ISA, "Shared Memory Matrix Layout": the canonical
  *    MN-major 128B layout ((8,8,m),(8,k)):((1,8,LBO),(64,SBO)) in bf16 elements.
- * No TMA: it would need a tensor map per expert.
+ * cp.async by default; TMA (one producer thread, a tensor map per expert) is an opt-in experiment
+ * (TIER_MOE_WGMMA_TMA, moe_wgmma.h), whose 128B swizzle writes the same layout.
  *
  * Gate/up. The 16-row group q of the B tile holds rows col0 + 8 q..+7 of gate_e in its first 8 rows
  * and the same rows of up_e in its last 8, so the accumulator's 8-column block 2 q is g and 2 q + 1
@@ -999,7 +1000,8 @@ static int wg_tma_maps(tier_dev *dev, typename CFG::args &a, int rows_bound, voi
 	cudaStream_t st = moe_stream(dev);
 	CUDA_TRY(cudaMallocAsync(maps, sizeof(CUtensorMap) * (size_t)nm, st));
 	a.bmap = (const CUtensorMap *)*maps;
-	wg_map_args *ma = (wg_map_args *)malloc(sizeof *ma); /* 28 KiB: not on the stack */
+	/* 28 KiB: not on the stack; CUtensorMap is 128-byte aligned, which malloc does not promise */
+	wg_map_args *ma = (wg_map_args *)aligned_alloc(alignof(wg_map_args), sizeof *ma);
 	if (!ma)
 		return tier_fail(-ENOMEM, "TMA maps: no host memory for %d tensor maps", nm);
 	for (int i0 = 0; i0 < nm; i0 += WG_MAPS_PER_LAUNCH) {
@@ -1015,8 +1017,9 @@ static int wg_tma_maps(tier_dev *dev, typename CFG::args &a, int rows_bound, voi
 		if (rc)
 			break;
 		wg_map_kernel<<<1, 256, 0, st>>>(*ma); /* the launch copies its parameters: ma is reused */
-		if (cudaGetLastError() != cudaSuccess)
-			rc = tier_fail(-EIO, "TMA maps: the copy kernel did not launch");
+		cudaError_t e = cudaGetLastError();
+		if (e != cudaSuccess)
+			rc = tier_fail(-EIO, "TMA maps: the copy kernel did not launch: %s", cudaGetErrorString(e));
 	}
 	free(ma);
 	return rc;
@@ -1042,12 +1045,16 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas)
 			return rc;
 		}
 	}
-	CUDA_TRY(cudaFuncSetAttribute(wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA>,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::BYTES));
-	wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA><<<grid, WG_THREADS, CFG::BYTES, moe_stream(dev)>>>(a);
-	CUDA_LAUNCHED();
-	if (maps)
-		CUDA_TRY(cudaFreeAsync(maps, moe_stream(dev)));
+	cudaError_t e = cudaFuncSetAttribute(wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA>,
+					     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::BYTES);
+	if (e == cudaSuccess) {
+		wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA><<<grid, WG_THREADS, CFG::BYTES, moe_stream(dev)>>>(a);
+		e = cudaGetLastError();
+	}
+	if (maps) /* in stream order: after the kernel, or at once when it did not launch */
+		(void)cudaFreeAsync(maps, moe_stream(dev));
+	if (e != cudaSuccess)
+		return tier_fail(-EIO, "wgmma grouped GEMM: %s", cudaGetErrorString(e));
 	return 0;
 }
 
@@ -1066,20 +1073,23 @@ static int wg_debug(void)
 	return -1;
 }
 
-/* TIER_MOE_WGMMA_TMA=1: the TMA loads where they apply (wg_cfg::TMA), for measurements; 0 or unset
- * (the default): cp.async. */
+/* TIER_MOE_WGMMA_TMA: 1 the TMA loads where they apply (wg_cfg::TMA), for measurements; require the
+ * same, and -EINVAL where they do not (for tests: no silent fallback); else (the default) cp.async. */
 static int wg_tma_wanted(void)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TMA");
-	return v && !strcmp(v, "1");
+	return !v ? 0 : !strcmp(v, "1") ? 1 : !strcmp(v, "require") ? 2 : 0;
 }
 
 template <int MODE, typename OUT>
 static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas)
 {
-	int dbg = wg_debug(); /* well-formed: wg_plan checked it */
+	int dbg = wg_debug(), tma = wg_tma_wanted(); /* dbg well-formed: wg_plan checked it */
+	if (tma == 2 && (MODE == WG_KN || dbg || a.nseg || (MODE == WG_GU && shape == WG_64x256)))
+		return tier_fail(-EINVAL, "TIER_MOE_WGMMA_TMA=require: this product takes cp.async (W_e [K, N], extra "
+				 "segments, TIER_MOE_WGMMA_DEBUG or gate/up's 64x256 tiles); use 1");
 	if constexpr (MODE != WG_KN) {
-		if (!dbg && !a.nseg && wg_tma_wanted() && !(MODE == WG_GU && shape == WG_64x256)) {
+		if (!dbg && !a.nseg && tma && !(MODE == WG_GU && shape == WG_64x256)) {
 			switch (shape) {
 			case WG_128x128:
 				return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
@@ -1251,6 +1261,7 @@ static int wg_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int r
 	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
 		a.w[e] = e < E ? (const bf16 *)w[e] : NULL;
 	a.up[0] = NULL;
+	memset(&a.amap, 0, sizeof a.amap); /* written only for the TMA loads */
 	a.off = d_off, a.x = (const bf16 *)x, a.c = c, a.u = NULL, a.h = NULL, a.alpha = alpha, a.bmap = NULL;
 	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f, a.rt_bound = 0, a.nseg = nseg;
 	for (int q = 0; q < nseg; q++)
@@ -1325,6 +1336,7 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 		a.w[e] = e < E ? (const bf16 *)gate[e] : NULL;
 		a.up[e] = e < E ? (const bf16 *)up[e] : NULL;
 	}
+	memset(&a.amap, 0, sizeof a.amap); /* written only for the TMA loads */
 	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = u, a.h = (bf16 *)h, a.alpha = 1.0f, a.bmap = NULL;
 	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0, a.nseg = nseg;
 	if (nseg && (rc = wg_put_tables(dev, E, nseg, lora, tab, sd)))

@@ -52,12 +52,14 @@
  *       the 128x256 tiles (pp128x128 where TIER_MOE_WGMMA_TILE asks for it) leave out the stores,
  *       the products or the loads, to see which part bounds the time. (ptxas may drop products
  *       whose results are never stored: nostore can time the loads alone.)
- *   TIER_MOE_WGMMA_TMA=1
+ *   TIER_MOE_WGMMA_TMA=1|require
  *       experimental, off by default: the forward's products without extra segments (w_kn 0 and
  *       gate/up, every tile but gate/up's cooperative 64x256) load through TMA, one producer thread
  *       and a tensor map per expert (moe_tmap.h), instead of 128 threads of cp.async. The maps go to
  *       the device by small copy kernels and stream-ordered memory (cudaMallocAsync) each call.
- * A malformed value is -EINVAL (TIER_MOE_WGMMA_TMA: anything but 1 is off). */
+ *       TMA reads x as rows_bound rows (rows past offsets[E] too, never stored): x must hold them.
+ *       require: -EINVAL for a product that would take cp.async (tests: no silent fallback).
+ * A malformed value is -EINVAL (TIER_MOE_WGMMA_TMA: anything but 1 or require is off). */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H
 

@@ -235,15 +235,16 @@ static void run_all(const wprob *p)
 		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, pp64x256 on 3 CTAs", p->E, p->N, p->K, p->rows,
 			 kn);
 		run_one(p, kn, 1, 1.0f, 0, what);
-		/* the TMA loads (W_e [N, K] only; W_e [K, N] ignores the knob): every tile, then few CTAs */
-		setenv("TIER_MOE_WGMMA_TMA", "1", 1);
+		/* the TMA loads: W_e [N, K] must take them (require: a fallback to cp.async fails the call),
+		 * W_e [K, N] ignores the knob; every tile and output kind, then few CTAs */
+		setenv("TIER_MOE_WGMMA_TMA", kn ? "1" : "require", 1);
 		for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
-			for (size_t i = 0; i < sizeof v / sizeof v[0]; i += 2) {
+			for (size_t i = kn; i < sizeof v / sizeof v[0]; i += 1 + kn) {
 				knobs(tiles[t], NULL);
-				snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d tile %s c_bf16 %d beta %d", p->E,
-					 p->N, p->K, p->rows, kn, tiles[t] ? tiles[t] : "auto", v[i + kn % 2].c_bf16,
-					 v[i + kn % 2].beta);
-				run_one(p, kn, v[i + kn % 2].c_bf16, v[i + kn % 2].alpha, v[i + kn % 2].beta, what);
+				snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d tile %s c_bf16 %d alpha %g beta %d",
+					 p->E, p->N, p->K, p->rows, kn, tiles[t] ? tiles[t] : "auto", v[i].c_bf16,
+					 (double)v[i].alpha, v[i].beta);
+				run_one(p, kn, v[i].c_bf16, v[i].alpha, v[i].beta, what);
 			}
 		knobs("pp128x128", "1");
 		snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d, pp128x128 on 1 CTA", p->E, p->N, p->K,
@@ -336,10 +337,11 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 	wprob p;
 	char what[160];
 	prob_make(&p, E, 2 * I, H, nrows, extra, 1);
-	for (int tma = 0; tma < 2; tma++) { /* cp.async, then the TMA loads (64x256 falls back to cp.async) */
-		if (tma)
-			setenv("TIER_MOE_WGMMA_TMA", "1", 1);
+	for (int tma = 0; tma < 2; tma++) { /* cp.async, then the TMA loads (required but where 64x256 may run) */
 		for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+			int may_64 = !runs[i][0] || !strcmp(runs[i][0], "64x256");
+			if (tma)
+				setenv("TIER_MOE_WGMMA_TMA", may_64 ? "1" : "require", 1);
 			knobs(runs[i][0], runs[i][1]);
 			snprintf(what, sizeof what, "gate/up%s E %d H %d I %d rows %d tile %s CTAs %s", tma ? " TMA" : "", E,
 				 H, I, p.rows, runs[i][0] ? runs[i][0] : "auto", runs[i][1] ? runs[i][1] : "all");
@@ -690,6 +692,9 @@ static void test_bad_input(void **state)
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 0, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	unsetenv("TIER_MOE_WGMMA_DEBUG");
+	setenv("TIER_MOE_WGMMA_TMA", "require", 1); /* W_e [K, N] takes cp.async: refused, nothing launched */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 1, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	unsetenv("TIER_MOE_WGMMA_TMA");
 	float *f = (float *)64, *fodd = (float *)68;
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 12, 8, off, 2, w, w, p, f, f, p), -EINVAL);  /* H % 8 */
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 12, off, 2, w, w, p, f, f, p), -EINVAL);  /* I % 8 */
