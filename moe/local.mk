@@ -6,7 +6,7 @@ if HAVE_CUDA
 libtier_la_SOURCES += moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
 	moe/moe_wgmma.cu moe/moe_skinny.cu moe/moe_tmap.cu
 endif
-EXTRA_DIST += moe/moe_cu.cuh moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
+EXTRA_DIST += moe/moe_cu.cuh moe/moe_wgmma_cfg.cuh moe/moe_wgmma_ptx.cuh moe/moe_wgmma_store.cuh moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
 	moe/moe_wgmma.cu moe/moe_skinny.cu moe/moe_tmap.cu
 
 if HAVE_CMOCKA

@@ -1,0 +1,120 @@
+/* moe_wgmma_cfg.cuh - the wgmma grouped GEMMs' (moe_wgmma.cu) constants, kernel parameters, tile
+ * configurations and shared-memory carving; included by moe_wgmma.cu and its other pieces only. */
+#ifndef TIER_MOE_WGMMA_CFG_CUH
+#define TIER_MOE_WGMMA_CFG_CUH
+
+#include <stdint.h>
+#include "moe/moe_cu.cuh"
+#include "moe/moe_tmap.h"
+#include "moe/moe_wgmma.h"
+
+#define WG_BK 64             /* k per stage: 64 bf16, one 128-byte swizzle row */
+#define WG_ROW 128           /* bytes per shared row of either operand */
+#define WG_THREADS 384       /* warpgroup 0 loads, warpgroups 1 and 2 multiply */
+#define WG_SMEM (227 * 1024) /* Hopper's shared memory per block */
+#define WG_OUT_ROW 144        /* bytes per row of a consumer's output staging: 128 and 16 of padding */
+#define WG_OUT_BYTES (64 * WG_OUT_ROW) /* a consumer's staging: 64 rows of 128 bytes */
+
+/* What B is and what the epilogue writes. */
+enum {
+	WG_NK, /* W_e [N, K] (K-major B): C = alpha X W_e^T + beta C */
+	WG_KN, /* W_e [K, N] (MN-major B): C = alpha X W_e + beta C */
+	WG_GU  /* gate_e and up_e [I, K], 8 rows of each in turn: g, u and h = silu(g) u */
+};
+#define WG_MN_BLOCK (WG_BK * WG_ROW) /* bytes of a 64-column block of an MN-major B stage */
+
+/* TIER_MOE_WGMMA_DEBUG: kernels that leave one part out, to see which part bounds the time (their
+ * outputs are wrong). */
+enum { WG_DBG_NONE, WG_DBG_NOSTORE, WG_DBG_NOMMA, WG_DBG_NOLOAD, WG_NDBG };
+
+/* An extra K segment (moe_wg_seg) as the kernel reads it: the weight tables are device arrays (the
+ * parameter space has no room for more 8 KiB tables). */
+#define WG_SEGS MOE_WG_SEGS
+static_assert(MOE_WG_TAB_BYTES <= MOE_LORA_TAB_BYTES, "the experts' z scratch holds the tables");
+struct wg_seg_dev {
+	const bf16 *x0, *x1;
+	const bf16 *const *w0, *const *w1;
+	int K0, K1;
+};
+
+/* The kernel's parameters (__grid_constant__: the 8 KiB pointer tables stay in parameter space). */
+template <int MODE>
+struct wg_args {
+	CUtensorMap amap;      /* TMA loads (wg_cfg::TMA): x as [rows_bound, K], BM-row boxes */
+	const CUtensorMap *bmap; /* and device maps of W_e [N, K] (BN-row boxes), or gate_e then up_e (BN / 2) */
+	const bf16 *w[TIER_MOE_MAX_EXPERTS]; /* W_e; gate/up: gate_e */
+	const int32_t *off;
+	const bf16 *x;
+	void *c; /* C; gate/up: g, fp32 */
+	float alpha;
+	int E, N, K, beta; /* N: the output columns (gate/up: I) */
+	int rt_bound;      /* row tiles at or past it are never computed: rows_bound's bound on them */
+	float *u;          /* gate/up: u, fp32 */
+	bf16 *h;           /* gate/up: h, bf16 */
+	const bf16 *up[MODE == WG_GU ? TIER_MOE_MAX_EXPERTS : 1]; /* gate/up: up_e */
+	int nseg;                /* extra K segments after the main one (0..WG_SEGS) */
+	wg_seg_dev seg[WG_SEGS]; /* their operands, with device tables of weights */
+};
+
+/* A tile of BM x BN: the bytes of a stage, the ring depth that fits, the columns WN of each
+ * consumer warpgroup, its 64-row blocks MT and the output columns OBN of a tile.
+ *  - PP 0 (cooperative): both consumers work on one tile, 64 rows each (BM 128: the two halves of M)
+ *    or half its columns each (BM 64); they finish together, so the tensor cores idle while they
+ *    store it.
+ *  - PP 1 (ping-pong): each consumer works on a tile of its own, BM x BN, on the CTA's even or odd
+ *    tiles in turn. The producer fills the ring in tile order, so one consumer's products run while
+ *    the other stores its last tile: the stores hide behind the products. */
+template <int BM_, int BN_, int MODE_, int PP_, int DBG_, int STG_, int TMA_ = 0>
+struct wg_cfg {
+	static constexpr int BM = BM_, BN = BN_, MODE = MODE_, PP = PP_;
+	static constexpr int DBG = DBG_; /* a measurement knob: WG_DBG_* above (0: the real kernel) */
+	static constexpr int STG = STG_; /* 1: the consumers stage bf16 outputs (h, or a bf16 C) */
+	/* 1: one producer thread loads each stage with two or three TMA copies (the main segment only;
+	 * W_e [N, K] or gate/up); gate/up's B then holds BN / 2 gate rows, then BN / 2 up rows, so the
+	 * accumulator's first WN / 2 columns are g and the rest u (whole tiles a consumer: WN = BN) */
+	static constexpr int TMA = TMA_;
+	static constexpr int OBN = MODE == WG_GU ? BN / 2 : BN;
+	static constexpr int WN = PP || BM == 128 ? BN : BN / 2;
+	static constexpr int MT = PP ? BM / 64 : 1;
+	static constexpr int EMPTY_ARRIVALS = PP ? 4 : 8; /* warps that read a stage */
+	typedef wg_args<MODE> args;
+	static constexpr int A_BYTES = BM * WG_ROW, B_BYTES = BN * WG_ROW, STAGE = A_BYTES + B_BYTES;
+	/* ints: tile0 and roff [E + 1] each, one partial sum per warp */
+	static constexpr int TABLE = 2 * (TIER_MOE_MAX_EXPERTS + 1) + WG_THREADS / 32;
+	/* besides the stages and their two barriers each: 1024 of slack to align the ring, the two
+	 * ping-pong turn barriers, the consumers' output staging (only where used: it costs 64 x 256
+	 * tiles a ring stage), the table */
+	static constexpr int FIXED = 1024 + 16 + (STG ? 2 * WG_OUT_BYTES : 0) + 4 * TABLE;
+	static constexpr int STAGES = (WG_SMEM - FIXED) / (STAGE + 16);
+	static constexpr size_t BYTES = (size_t)FIXED + (size_t)STAGES * (STAGE + 16);
+	static_assert(BM == 64 || BM == 128, "one consumer warpgroup per 64 rows, or both on 64");
+	static_assert(WN == 128 || WN == 256, "the wgmma shapes below: m64n128k16, m64n256k16");
+	static_assert(MT * WN / 2 <= 128, "accumulator registers a thread");
+	static_assert(STAGES >= 3, "a stage loading while the consumers hold two");
+	static_assert(BYTES <= WG_SMEM, "Hopper's shared memory per block");
+	static_assert(!TMA || (MODE != WG_KN && (MODE != WG_GU || WN == BN)), "TMA: the forward's layouts, g and u in one "
+									     "consumer");
+};
+
+struct wg_tile {
+	int e, row0, rend, col0; /* expert, first row, its group's end, first column */
+};
+
+/* A CTA's shared memory: the ring (1024-byte aligned: the swizzle is a function of the address
+ * bits 4-9), its barriers and the tile table. */
+struct wg_shared {
+	uint32_t ring;  /* shared address of stage 0; stage s at ring + s STAGE, B after A */
+	uint32_t full;  /* shared address of full[0]; full[s] at full + 8 s */
+	uint32_t empty; /* the same for empty */
+	uint32_t turn;  /* ping-pong: turn[g] at turn + 8 g completes when consumer g has issued a tile's products */
+	unsigned char *out; /* consumer g's output staging at out + g WG_OUT_BYTES (16-byte aligned; CFG::STG) */
+	int *tile0;     /* [E + 1]: the first row tile of expert e; tile0[E] = all row tiles */
+	int *roff;      /* [E + 1]: the offsets */
+	int *wsum;      /* [12]: the scan's warp totals */
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_SM90A 1
+#endif
+
+#endif

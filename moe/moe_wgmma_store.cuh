@@ -1,0 +1,152 @@
+/* moe_wgmma_store.cuh - the wgmma grouped GEMMs' epilogues (moe_wgmma.cu): the accumulator to C,
+ * g, u and h, directly from the registers or through the consumers' shared staging. */
+#ifndef TIER_MOE_WGMMA_STORE_CUH
+#define TIER_MOE_WGMMA_STORE_CUH
+
+#include "moe/moe_wgmma_ptx.cuh"
+
+#ifdef WG_SM90A
+/* The m64nNk16 f32 accumulator: thread (warp w, lane l) of the warpgroup holds rows 16 w + l / 4
+ * (h = 0) and 8 below (h = 1), columns 8 i + 2 (l % 4) + b (b = 0, 1) in d[4 i + 2 h + b]. With beta
+ * every old value of a row is read before the first store: a load after a store to the same type
+ * would wait for it. beta 0 never reads C (it may hold anything, NaN included). */
+template <class CFG, typename OUT>
+__device__ static void wg_store(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_tile &tl, int roff,
+				int coff, int warp, int lane)
+{
+	OUT *C = (OUT *)a.c;
+	int r = tl.row0 + roff + 16 * warp + (lane >> 2);
+	int c0 = tl.col0 + coff + 2 * (lane & 3);
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		if (r + 8 * h >= tl.rend)
+			continue;
+		OUT *row = C + (size_t)(r + 8 * h) * a.N + c0;
+		int ncols = a.N - c0; /* column c0 + 8 i is in when 8 i < ncols; even, so its pair is too */
+#pragma unroll
+		for (int i = 0; i < CFG::WN / 8; i++) {
+			float2 o = a.beta && 8 * i < ncols ? moe_get2(row + 8 * i) : make_float2(0.0f, 0.0f);
+			d[4 * i + 2 * h] = a.alpha * d[4 * i + 2 * h] + o.x;
+			d[4 * i + 2 * h + 1] = a.alpha * d[4 * i + 2 * h + 1] + o.y;
+		}
+#pragma unroll
+		for (int i = 0; i < CFG::WN / 8; i++)
+			if (8 * i < ncols)
+				moe_set2(row + 8 * i, d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+	}
+}
+
+/* ---- the staged epilogue (bf16 outputs, beta 0) ----
+ * Writing a bf16 accumulator straight from its registers stores 4 bytes a thread into 8 rows at
+ * once, 16 bytes of each row: half-sector transactions. Instead each consumer puts 128 bytes of every
+ * row of its 64-row block into its staging (WG_OUT_ROW = 144 bytes apart, 36 words: a warp's 8 rows
+ * of 4-byte pairs land on 32 different banks), then its 128 threads copy the 64 rows out in 16-byte
+ * pieces, 8 threads to a row: whole 128-byte lines. On the H200 the direct stores took ~0.3 ms of the
+ * 1.13 ms down product on qwen3-30b's shape (TIER_MOE_WGMMA_DEBUG=nomma against the loads alone),
+ * and the staged product ran 0.90 ms. */
+__device__ __forceinline__ void wg_wg_sync(int g) /* the 128 threads of consumer g (barrier 0 is the CTA's) */
+{
+	if (g) /* immediates: a register id makes ptxas reserve all 16 barriers */
+		asm volatile("bar.sync 2, 128;\n" ::: "memory");
+	else
+		asm volatile("bar.sync 1, 128;\n" ::: "memory");
+}
+
+
+/* Output columns [c, c + 128 / sizeof(T)) of a 64-row block through the staging: VAL(q, h, b) is
+ * the thread's value at row 16 warp + lane / 4 + 8 h, column 8 q + 2 (lane % 4) + b of the block
+ * (q counted from the block's first column, c / 8 + 0..). Rows from rend and columns from N are not
+ * written. out + row0 N + col0 is the block's first element. */
+template <typename T, int C0, class VAL>
+__device__ __forceinline__ void wg_put_chunk(unsigned char *stage, T *out, int N, int row0, int rend, int col0,
+					     int g, int warp, int lane, VAL val)
+{
+	constexpr int CW = 128 / sizeof(T); /* columns a chunk */
+	if (col0 + C0 >= N)
+		return; /* the same for the whole warpgroup: no barrier is skipped by some only */
+	wg_wg_sync(g); /* the last chunk's copies have read the staging */
+#pragma unroll
+	for (int qq = 0; qq < CW / 8; qq++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			int row = 16 * warp + (lane >> 2) + 8 * h, col = 8 * qq + 2 * (lane & 3);
+			moe_set2((T *)(stage + row * WG_OUT_ROW + col * (int)sizeof(T)), val(C0 / 8 + qq, h, 0),
+				 val(C0 / 8 + qq, h, 1));
+		}
+	wg_wg_sync(g);
+	int tid = 32 * warp + lane; /* 0..127 */
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		int piece = tid + 128 * j, row = piece >> 3, k = piece & 7, col = col0 + C0 + k * (16 / (int)sizeof(T));
+		if (row0 + row < rend && col < N) /* N % 8 == 0: a 16-byte piece is all in or all out */
+			*(uint4 *)(out + (size_t)(row0 + row) * N + col) = *(const uint4 *)(stage + row * WG_OUT_ROW + 16 * k);
+	}
+}
+
+/* The chunks C0, C0 + CW, ... < COLS of one output array. */
+template <typename T, int C0, int COLS, class VAL>
+__device__ __forceinline__ void wg_put_cols(unsigned char *stage, T *out, int N, int row0, int rend, int col0, int g,
+					    int warp, int lane, VAL val)
+{
+	if constexpr (C0 < COLS) {
+		wg_put_chunk<T, C0>(stage, out, N, row0, rend, col0, g, warp, lane, val);
+		wg_put_cols<T, C0 + 128 / (int)sizeof(T), COLS>(stage, out, N, row0, rend, col0, g, warp, lane, val);
+	}
+}
+/* fp32 outputs straight from the registers: a quad's 4 pairs are 32 contiguous bytes, a whole
+ * sector, and staging them measured slower (the gate/up product on qwen3-30b's shape: 2.01 ms
+ * staged against 1.76-1.84 direct; the bf16 down product 0.90 staged against 1.08-1.13). */
+template <int COLS, class VAL>
+__device__ __forceinline__ void wg_direct(float *out, int N, int row0, int rend, int col0, int warp, int lane, VAL val)
+{
+	int r = row0 + 16 * warp + (lane >> 2), c0 = col0 + 2 * (lane & 3);
+#pragma unroll
+	for (int h = 0; h < 2; h++) {
+		if (r + 8 * h >= rend)
+			continue;
+		float *row = out + (size_t)(r + 8 * h) * N + c0;
+#pragma unroll
+		for (int q = 0; q < COLS / 8; q++)
+			if (c0 + 8 * q < N) /* N and c0 even: the pair is in too */
+				moe_set2(row + 8 * q, val(q, h, 0), val(q, h, 1));
+	}
+}
+
+/* A 64-row block of C = alpha acc (beta 0), its WN columns from col0: bf16 through the staging,
+ * fp32 direct. */
+template <class CFG, typename OUT>
+__device__ __forceinline__ void wg_put(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_shared &sh,
+				       int row0, int rend, int col0, int g, int warp, int lane)
+{
+	float alpha = a.alpha;
+	auto val = [&](int q, int h, int b) { return alpha * d[4 * q + 2 * h + b]; };
+	if constexpr (sizeof(OUT) == 4)
+		wg_direct<CFG::WN>((float *)a.c, a.N, row0, rend, col0, warp, lane, val);
+	else
+		wg_put_cols<OUT, 0, CFG::WN>(sh.out + g * WG_OUT_BYTES, (OUT *)a.c, a.N, row0, rend, col0, g, warp, lane,
+					     val);
+}
+
+/* The same for gate/up: g, u and h of the block's WN / 2 output columns (accumulator blocks 2 q and
+ * 2 q + 1 are g and u of output columns 8 q..). */
+template <class CFG>
+__device__ __forceinline__ void wg_put_gu(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_shared &sh,
+					  int row0, int rend, int col0, int g, int warp, int lane)
+{
+	unsigned char *st = sh.out + g * WG_OUT_BYTES;
+	/* the accumulator index of g and u at output block q: interleaved 8 and 8 (cp.async), or g in
+	 * the first WN / 2 columns and u after them (TMA) */
+	auto gi = [](int q, int h, int b) { return CFG::TMA ? 4 * q + 2 * h + b : 8 * q + 2 * h + b; };
+	auto ui = [](int q, int h, int b) { return CFG::TMA ? 4 * (q + CFG::WN / 16) + 2 * h + b : 8 * q + 4 + 2 * h + b; };
+	auto gv = [&](int q, int h, int b) { return d[gi(q, h, b)]; };
+	auto uv = [&](int q, int h, int b) { return d[ui(q, h, b)]; };
+	auto hv = [&](int q, int h, int b) {
+		float x = d[gi(q, h, b)];
+		return x / (1.0f + expf(-x)) * d[ui(q, h, b)];
+	};
+	wg_direct<CFG::WN / 2>((float *)a.c, a.N, row0, rend, col0, warp, lane, gv);
+	wg_direct<CFG::WN / 2>(a.u, a.N, row0, rend, col0, warp, lane, uv);
+	wg_put_cols<bf16, 0, CFG::WN / 2>(st, a.h, a.N, row0, rend, col0, g, warp, lane, hv);
+}
+#endif /* WG_SM90A */
+#endif
