@@ -123,11 +123,7 @@ static void lora_ptrs(const tier_moe_lora *l, int E, const int32_t *off, ptrs *a
 /* TIER_MOE_WGMMA: 0 keeps every product on the mma.sync kernels; otherwise the products with at
  * least 64 columns (either weight layout) and the fused gate/up run on the Hopper wgmma kernels
  * where the device has them (compute capability 9.0). */
-static int use_wgmma(tier_dev *dev, int N)
-{
-	const char *v = getenv("TIER_MOE_WGMMA");
-	return N >= 64 && !(v && !strcmp(v, "0")) && moe_cuda_wgmma_supported(dev);
-}
+static int use_wgmma(tier_dev *dev, int N) { return N >= 64 && moe_cuda_wgmma_on(dev); }
 
 /* The LoRA rank products (N = r, bf16 out): the skinny kernel, bound by reading X once, where the
  * rank suits it. */

@@ -135,11 +135,17 @@ __device__ __forceinline__ uint32_t wg_stage_free(const wg_shared &sh, int s, ui
 	return sh.ring + s * CFG::STAGE + ln.dst;
 }
 
+/* The next stage of the ring, its parity flipped at each wrap. */
+__device__ __forceinline__ void wg_ring_next(int &s, uint32_t &ph, int stages)
+{
+	if (++s == stages)
+		s = 0, ph ^= 1;
+}
+
 __device__ __forceinline__ void wg_stage_next(const wg_shared &sh, int &s, uint32_t &ph, int stages)
 {
 	bar_arrive_copies(sh.full + 8 * s);
-	if (++s == stages)
-		s = 0, ph ^= 1;
+	wg_ring_next(s, ph, stages);
 }
 
 /* The main segment of tile tl. Stage row r0 + 16 i of B is
@@ -303,8 +309,7 @@ __device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shar
 			} else {
 				tma_load(sb, bm, k0, tl.col0, fb);
 			}
-			if (++s == CFG::STAGES)
-				s = 0, ph ^= 1;
+			wg_ring_next(s, ph, CFG::STAGES);
 		}
 	}
 }
@@ -376,8 +381,7 @@ __device__ __forceinline__ void wg_mainloop(float (&d)[CFG::MT][CFG::WN / 2], co
 			for (int m = 0; m < CFG::MT; m++)
 				acc_fence(d[m]);
 			first = 0, prev = s;
-			if (++s == CFG::STAGES)
-				s = 0, ph ^= 1;
+			wg_ring_next(s, ph, CFG::STAGES);
 		}
 	}
 	if (CFG::PP && lane == 0) /* every product of the tile issued: the other consumer's turn */
@@ -399,8 +403,7 @@ __device__ __forceinline__ void wg_drain(const typename CFG::args &a, const wg_s
 		bar_wait(sh.full + 8 * s, ph);
 		__syncwarp();
 		wg_release(sh, s, lane);
-		if (++s == CFG::STAGES)
-			s = 0, ph ^= 1;
+		wg_ring_next(s, ph, CFG::STAGES);
 	}
 	if (CFG::PP && lane == 0)
 		bar_arrive(turn);
@@ -693,56 +696,52 @@ static int wg_tma_wanted(void)
 	return !v ? 0 : !strcmp(v, "1") ? 1 : !strcmp(v, "require") ? 2 : 0;
 }
 
+/* The kernel of each tile shape, with cp.async (TMA 0) or TMA loads (gate/up's cooperative 64x256
+ * never takes TMA: its two consumers would split g from u; the caller does not ask for it). */
+template <int MODE, typename OUT, int TMA>
+static int wg_by_shape(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas)
+{
+	switch (shape) {
+	case WG_128x128:
+		return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas);
+	case WG_64x256:
+		return wg_launch<64, 256, MODE, 0, OUT, WG_DBG_NONE, MODE == WG_GU ? 0 : TMA>(dev, a, rows_bound, ctas);
+	case WG_PP64x256:
+		return wg_launch<64, 256, MODE, 1, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas);
+	case WG_PP128x128:
+		return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas);
+	default:
+		return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas);
+	}
+}
+
+/* The measurement kernel dbg (not WG_DBG_NONE) of one tile. */
+template <int BM, int BN, int MODE, int PP, typename OUT>
+static int wg_launch_dbg(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, int dbg)
+{
+	if (dbg == WG_DBG_NOSTORE)
+		return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOSTORE>(dev, a, rows_bound, ctas);
+	if (dbg == WG_DBG_NOMMA)
+		return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOMMA>(dev, a, rows_bound, ctas);
+	return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOLOAD>(dev, a, rows_bound, ctas);
+}
+
 template <int MODE, typename OUT>
 static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas)
 {
 	int dbg = wg_debug(), tma = wg_tma_wanted(); /* dbg well-formed: wg_plan checked it */
-	if (tma == 2 && (MODE == WG_KN || dbg || a.nseg || (MODE == WG_GU && shape == WG_64x256)))
+	int tma_fits = MODE != WG_KN && !dbg && !a.nseg && !(MODE == WG_GU && shape == WG_64x256);
+	if (tma == 2 && !tma_fits)
 		return tier_fail(-EINVAL, "TIER_MOE_WGMMA_TMA=require: this product takes cp.async (W_e [K, N], extra "
 				 "segments, TIER_MOE_WGMMA_DEBUG or gate/up's 64x256 tiles); use 1");
 	if constexpr (MODE != WG_KN) {
-		if (!dbg && !a.nseg && tma && !(MODE == WG_GU && shape == WG_64x256)) {
-			switch (shape) {
-			case WG_128x128:
-				return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
-			case WG_64x256: /* not gate/up's: its two consumers split g from u */
-				if constexpr (MODE != WG_GU)
-					return wg_launch<64, 256, MODE, 0, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
-				break;
-			case WG_PP64x256:
-				return wg_launch<64, 256, MODE, 1, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
-			case WG_PP128x128:
-				return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
-			default:
-				return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NONE, 1>(dev, a, rows_bound, ctas);
-			}
-		}
-		if (dbg && shape == WG_PP128x128) {
-			if (dbg == WG_DBG_NOSTORE)
-				return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NOSTORE>(dev, a, rows_bound, ctas);
-			if (dbg == WG_DBG_NOMMA)
-				return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NOMMA>(dev, a, rows_bound, ctas);
-			return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NOLOAD>(dev, a, rows_bound, ctas);
-		}
-		if (dbg == WG_DBG_NOSTORE)
-			return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NOSTORE>(dev, a, rows_bound, ctas);
-		if (dbg == WG_DBG_NOMMA)
-			return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NOMMA>(dev, a, rows_bound, ctas);
-		if (dbg == WG_DBG_NOLOAD)
-			return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NOLOAD>(dev, a, rows_bound, ctas);
+		if (dbg)
+			return shape == WG_PP128x128 ? wg_launch_dbg<128, 128, MODE, 1, OUT>(dev, a, rows_bound, ctas, dbg)
+						     : wg_launch_dbg<128, 256, MODE, 0, OUT>(dev, a, rows_bound, ctas, dbg);
+		if (tma && tma_fits)
+			return wg_by_shape<MODE, OUT, 1>(dev, a, shape, rows_bound, ctas);
 	}
-	switch (shape) {
-	case WG_128x128:
-		return wg_launch<128, 128, MODE, 0, OUT>(dev, a, rows_bound, ctas);
-	case WG_64x256:
-		return wg_launch<64, 256, MODE, 0, OUT>(dev, a, rows_bound, ctas);
-	case WG_PP64x256:
-		return wg_launch<64, 256, MODE, 1, OUT>(dev, a, rows_bound, ctas);
-	case WG_PP128x128:
-		return wg_launch<128, 128, MODE, 1, OUT>(dev, a, rows_bound, ctas);
-	default:
-		return wg_launch<128, 256, MODE, 0, OUT>(dev, a, rows_bound, ctas);
-	}
+	return wg_by_shape<MODE, OUT, 0>(dev, a, shape, rows_bound, ctas);
 }
 
 /* The checks both entry points share: the device, E, the output columns N and the depth K (named
@@ -773,6 +772,12 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, ctas)))
 		return rc;
 	return 0;
+}
+
+extern "C" int moe_cuda_wgmma_on(tier_dev *dev)
+{
+	const char *v = getenv("TIER_MOE_WGMMA");
+	return !(v && !strcmp(v, "0")) && moe_cuda_wgmma_supported(dev);
 }
 
 extern "C" int moe_cuda_wgmma_supported(tier_dev *dev)

@@ -74,6 +74,10 @@ extern "C" {
  * there and nowhere else), else 0. */
 int moe_cuda_wgmma_supported(tier_dev *dev);
 
+/* moe_cuda_wgmma_supported, and TIER_MOE_WGMMA is not 0 (the knob that keeps the experts' grouped
+ * products on mma.sync): whether the experts take these kernels. */
+int moe_cuda_wgmma_on(tier_dev *dev);
+
 int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
 			     const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha, float beta);
 

@@ -332,11 +332,8 @@ static int alloc_case(moe_case *c, const moe_shape *s, int zipf)
 	    (rc = dalloc(c, n * I * c->el, &c->h)))
 		return rc;
 #ifdef TIER_HAVE_CUDA
-	{ /* the Hopper products' shape rule (moe_wgmma.h), and TIER_MOE_WGMMA=0 as for the experts */
-		const char *off = getenv("TIER_MOE_WGMMA");
-		c->wgmma = c->cuda && moe_cuda_wgmma_supported(c->dev) && c->H % 8 == 0 && c->I % 8 == 0 &&
-			   !(off && !strcmp(off, "0"));
-	}
+	/* where the experts take the Hopper products (TIER_MOE_WGMMA), in shapes they accept (moe_wgmma.h) */
+	c->wgmma = c->cuda && moe_cuda_wgmma_on(c->dev) && c->H % 8 == 0 && c->I % 8 == 0;
 #endif
 	/* every expert gets the same values (the speed does not depend on them): one random matrix of
 	 * each shape made on the host, copied E times, instead of E * 3 * I * H random draws */
