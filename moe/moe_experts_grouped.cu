@@ -314,6 +314,28 @@ extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, 
 	return lora_fwd(dev, moe_lora_of(lora, 2), E, off, d_off, I, H, h, y, 1, z);
 }
 
+/* dX = dG gate + dU up (gate_e, up_e stored [I, H]: the [K, N] of dG gate). On the wgmma kernels in
+ * one product, dU up as an extra segment, its weight table in stream-ordered scratch: a second
+ * product would read and write dX's fp32 [rows, H] again. */
+static int dx_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows, const ptrs *gp,
+		      const ptrs *upp, const void *dg, const void *du, float *dxg)
+{
+	if (!use_wgmma(dev, H)) {
+		int rc = gmm(dev, E, H, I, d_off, rows, gp->w, 1, dg, dxg, 0, 1.0f, 0.0f);
+		return rc ? rc : gmm(dev, E, H, I, d_off, rows, upp->w, 1, du, dxg, 0, 1.0f, 1.0f);
+	}
+	moe_wg_seg sg = {};
+	sg.x0 = du, sg.w0 = upp->w, sg.K0 = I;
+	void *tab = NULL;
+	cudaStream_t st = moe_stream(dev);
+	CUDA_TRY(cudaMallocAsync(&tab, MOE_WG_TAB_BYTES, st));
+	int rc = moe_cuda_grouped_mm_sm90_segs(dev, E, H, I, d_off, rows, gp->w, 1, dg, 1, &sg, tab, dxg, 0, 1.0f, 0.0f);
+	cudaError_t e = cudaFreeAsync(tab, st); /* in stream order: after the product */
+	if (!rc && e != cudaSuccess)
+		rc = tier_fail(-EIO, "experts backward: freeing the segment table: %s", cudaGetErrorString(e));
+	return rc;
+}
+
 extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
 					    const void *xg, const float *g, const float *u, const void *dy, float *dxg,
@@ -336,9 +358,7 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 	    (rc = lora_bwd(dev, ld, E, off, d_off, I, H, h, dy, dh, z, dz)) ||
 	    (rc = moe_cuda_swiglu_bwd(dev, n, g, u, dh, dg, du)))
 		return rc;
-	/* dX = dG gate + dU up: gate_e, up_e stored [I, H], the [K, N] of dG gate */
-	if ((rc = gmm(dev, E, H, I, d_off, rows, gp.w, 1, dg, dxg, 0, 1.0f, 0.0f)) ||
-	    (rc = gmm(dev, E, H, I, d_off, rows, upp.w, 1, du, dxg, 0, 1.0f, 1.0f)) ||
+	if ((rc = dx_gate_up(dev, E, H, I, d_off, rows, &gp, &upp, dg, du, dxg)) ||
 	    (rc = lora_bwd(dev, moe_lora_of(lora, 0), E, off, d_off, H, I, xg, dg, dxg, z, dz)))
 		return rc;
 	return lora_bwd(dev, moe_lora_of(lora, 1), E, off, d_off, H, I, xg, du, dxg, z, dz);

@@ -8,30 +8,31 @@
 #include "moe/moe_tmap.h"
 
 static PFN_cuTensorMapEncodeTiled_v12000 encode_fn;
-static PFN_cuTensorMapReplaceAddress_v12000 move_fn;
 static pthread_once_t tmap_once = PTHREAD_ONCE_INIT;
 
 static void tmap_lookup(void)
 {
-	void *e = NULL, *m = NULL;
-	cudaDriverEntryPointQueryResult qe, qm;
+	void *e = NULL;
+	cudaDriverEntryPointQueryResult qe;
 	if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &e, 12000, cudaEnableDefault, &qe) == cudaSuccess &&
-	    qe == cudaDriverEntryPointSuccess &&
-	    cudaGetDriverEntryPointByVersion("cuTensorMapReplaceAddress", &m, 12000, cudaEnableDefault, &qm) == cudaSuccess &&
-	    qm == cudaDriverEntryPointSuccess) {
+	    qe == cudaDriverEntryPointSuccess)
 		encode_fn = (PFN_cuTensorMapEncodeTiled_v12000)e;
-		move_fn = (PFN_cuTensorMapReplaceAddress_v12000)m;
-	}
 	(void)cudaGetLastError(); /* leave no error behind for a later launch check */
 }
 
 static int tmap_ready(const char *fn)
 {
 	pthread_once(&tmap_once, tmap_lookup);
-	if (!encode_fn || !move_fn)
+	if (!encode_fn)
 		return tier_fail(-ENOTSUP, "%s: the CUDA driver has no cuTensorMapEncodeTiled (12.0 or later needed); "
-				 "unset TIER_MOE_WGMMA_TMA", fn);
+				 "set TIER_MOE_WGMMA_TMA=0", fn);
 	return 0;
+}
+
+extern "C" int moe_tmap_ok(void)
+{
+	pthread_once(&tmap_once, tmap_lookup);
+	return encode_fn != NULL;
 }
 
 extern "C" int moe_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows)
@@ -53,16 +54,4 @@ extern "C" int moe_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, ui
 		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused a %llu x %llu matrix (CUresult %d)", fn,
 				 (unsigned long long)rows, (unsigned long long)cols, (int)r);
 	return 0;
-}
-
-extern "C" int moe_tmap_move(CUtensorMap *m, const void *base)
-{
-	const char *fn = "moe_tmap_move";
-	int rc = tmap_ready(fn);
-	if (rc)
-		return rc;
-	if (!m || !base || (uintptr_t)base % 16)
-		return tier_fail(-EINVAL, "%s: the new base %p is NULL or not 16-byte aligned", fn, base);
-	CUresult r = move_fn(m, (void *)base);
-	return r == CUDA_SUCCESS ? 0 : tier_fail(-EINVAL, "%s: cuTensorMapReplaceAddress failed (CUresult %d)", fn, (int)r);
 }

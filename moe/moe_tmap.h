@@ -14,13 +14,13 @@
 extern "C" {
 #endif
 
+/* 1 when the driver has the encoder (then moe_tmap_bf16 fails only for bad arguments), else 0. */
+int moe_tmap_ok(void);
+
 /* m describes base as bf16 [rows, cols] (row stride cols; base 16-byte aligned, cols a multiple of
  * 8, 1 <= rows, cols < 2^32), boxes of 64 columns by box_rows (1..256). 0, or -EINVAL / -ENOTSUP
  * with the reason in tier_last_error(). */
 int moe_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows);
-
-/* The same map over another matrix of the same shape at base (16-byte aligned). */
-int moe_tmap_move(CUtensorMap *m, const void *base);
 
 #ifdef __cplusplus
 }

@@ -14,8 +14,9 @@
  *    (descriptor: LBO = 8192 between 64-column blocks, SBO = 1024 between 8-k groups; k + 16 = two
  *    8-k groups = start address + 2048 bytes). PTX ISA, "Shared Memory Matrix Layout": the canonical
  *    MN-major 128B layout ((8,8,m),(8,k)):((1,8,LBO),(64,SBO)) in bf16 elements.
- * cp.async by default; TMA (one producer thread, a tensor map per expert) is an opt-in experiment
- * (TIER_MOE_WGMMA_TMA, moe_wgmma.h), whose 128B swizzle writes the same layout.
+ * TMA (one producer thread, a tensor map per expert) writes the same layout through its 128B
+ * swizzle: it loads the main part and the one-half segments by default, cp.async the rest
+ * (TIER_MOE_WGMMA_TMA, moe_wgmma.h).
  *
  * Gate/up. The 16-row group q of the B tile holds rows col0 + 8 q..+7 of gate_e in its first 8 rows
  * and the same rows of up_e in its last 8, so the accumulator's 8-column block 2 q is g and 2 q + 1
@@ -23,12 +24,13 @@
  * wg_store): the epilogue writes g, u and bf16(silu(g) u) from them. A tile has BN / 2 output
  * columns, and x is read once for both products.
  *
- * Roles. Warpgroup 0 is the producer: cp.async global -> shared through a STAGES-deep ring. Warpgroups
+ * Roles. Warpgroup 0 is the producer: TMA or cp.async global -> shared through a STAGES-deep ring. Warpgroups
  * 1 and 2 are the consumers: cooperative tiles (one a CTA) give each 64 rows x WN columns (the two
  * halves of M when BM = 128, of N when BM = 64); ping-pong tiles (pp, one a consumer) give each
  * consumer whole tiles in turn (wg_cfg). Each stage has two mbarriers: "full" completes when the
  * producer's 128 threads' copies have landed (cp.async.mbarrier.arrive.noinc: the producer never
- * blocks on its own copies), "empty" when the consumer warps that read it (8, or 4 with ping-pong)
+ * blocks on its own copies; a TMA stage's thread arrives for all 128 and the barrier also waits for
+ * the stage's bytes), "empty" when the consumer warps that read it (8, or 4 with ping-pong)
  * are done with it (wgmma.wait_group has seen the products that read it complete). The copies land
  * through the generic proxy and wgmma reads through the async proxy, so a consumer fences the proxies
  * after each full wait. bf16 outputs leave through a per-consumer staging in shared memory (the
@@ -127,12 +129,29 @@ struct wg_lane {
 	uint32_t dst;
 };
 
+__device__ __forceinline__ wg_lane wg_lane_of(int tid)
+{
+	wg_lane ln;
+	ln.j = tid & 7, ln.r0 = tid >> 3;
+	ln.dst = (uint32_t)(ln.r0 * WG_ROW + ((ln.j ^ (ln.r0 & 7)) << 4));
+	return ln;
+}
+
 /* Waits until stage s is free again (parity ph ^ 1: the first lap passes at once); its A and B. */
 template <class CFG>
 __device__ __forceinline__ uint32_t wg_stage_free(const wg_shared &sh, int s, uint32_t ph, const wg_lane &ln)
 {
 	bar_wait(sh.empty + 8 * s, ph ^ 1);
 	return sh.ring + s * CFG::STAGE + ln.dst;
+}
+
+/* Moves a ring position n stages on without using them (the other consumer's tile, or stages
+ * another producer thread loads). */
+__device__ __forceinline__ void wg_skip(int &s, uint32_t &ph, int n, int stages)
+{
+	s += n;
+	ph ^= (uint32_t)(s / stages) & 1u;
+	s %= stages;
 }
 
 /* The next stage of the ring, its parity flipped at each wrap. */
@@ -241,8 +260,12 @@ __device__ static void wg_load_seg(const typename CFG::args &a, const wg_seg_dev
 				if (ok)
 					src = (khi ? W1 : W0) + (size_t)(khi ? kr - sg.K0 : kr) * a.N + col;
 			} else if constexpr (MODE == WG_GU) {
-				int c = tl.col0 + (r0 & 7) + 8 * i;
-				ok = kin && (r0 >= 8) == hi && c < a.N;
+				/* the B rows as the main part has them: gate and up rows 8 at a time, or with TMA
+				 * BN / 2 gate rows, then BN / 2 up rows */
+				int R = r0 + 16 * i;
+				bool upr = CFG::TMA ? R >= CFG::BN / 2 : r0 >= 8;
+				int c = tl.col0 + (CFG::TMA ? R - (upr ? CFG::BN / 2 : 0) : (r0 & 7) + 8 * i);
+				ok = kin && upr == hi && c < a.N;
 				if (ok)
 					src = Ws + (size_t)c * Kh + kh;
 			} else {
@@ -262,9 +285,7 @@ __device__ static void wg_load_seg(const typename CFG::args &a, const wg_seg_dev
 template <class CFG>
 __device__ static void wg_produce(const typename CFG::args &a, const wg_shared &sh, int ncol, long long total)
 {
-	wg_lane ln;
-	ln.j = threadIdx.x & 7, ln.r0 = threadIdx.x >> 3;
-	ln.dst = (uint32_t)(ln.r0 * WG_ROW + ((ln.j ^ (ln.r0 & 7)) << 4));
+	wg_lane ln = wg_lane_of(threadIdx.x);
 	int s = 0;
 	uint32_t ph = 0;
 	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
@@ -276,42 +297,107 @@ __device__ static void wg_produce(const typename CFG::args &a, const wg_shared &
 	cp_async_wait_all(); /* no copy left in flight behind an exiting thread */
 }
 
-/* The TMA producer (CFG::TMA): one thread; a stage is x's BM x 64 box at (k0, row0) and W_e's BN x 64
- * box at (k0, col0), or gate_e's and up_e's BN / 2 x 64 boxes one after the other. Rows past a
- * group's end are the next group's (multiplied, never stored); past the matrices' edges TMA fills
- * zeros. The stage's full barrier expects all its bytes, zeros included. */
+/* ---- the TMA producer (CFG::TMA) ---- */
+/* B's boxes of one stage from map m: W_e [N, K] (or a segment's [N, K0]) the BN x 64 box at (k0,
+ * col0); W_e [K, N] BN / 64 boxes of 64 k x 64 columns, one MN-major block each. */
+template <class CFG>
+__device__ __forceinline__ void wg_tma_b(uint32_t sb, const CUtensorMap *m, int k0, int col0, uint32_t fb)
+{
+	if constexpr (CFG::MODE == WG_KN) {
+#pragma unroll
+		for (int b = 0; b < CFG::BN / 64; b++)
+			tma_load(sb + b * WG_MN_BLOCK, m, col0 + 64 * b, k0, fb);
+	} else {
+		tma_load(sb, m, k0, col0, fb);
+	}
+}
+
+/* The stages of K k of tile tl, loaded by TMA from the producer thread: x's (or a segment's x0's)
+ * BM x 64 box at (k0, row0) and B's; gate/up's main segment gate_e's and up_e's BN / 2 x 64 boxes
+ * one after the other. Rows past a group's end are the next group's (multiplied, never stored);
+ * past the matrices' edges TMA fills zeros. The full barrier expects all the stage's bytes, zeros
+ * included, and takes the arrivals of all the producer threads from this one. */
+template <class CFG>
+__device__ static void wg_tma_stages(const CUtensorMap *am, const CUtensorMap *bm, const CUtensorMap *um, int K,
+				     const wg_shared &sh, const wg_tile &tl, int &s, uint32_t &ph)
+{
+	for (int k0 = 0; k0 < K; k0 += WG_BK) {
+		bar_wait(sh.empty + 8 * s, ph ^ 1);
+		uint32_t sa = sh.ring + s * CFG::STAGE, sb = sa + CFG::A_BYTES, fb = sh.full + 8 * s;
+		bar_expect_tx(fb, CFG::STAGE);
+		tma_load(sa, am, k0, tl.row0, fb);
+		if constexpr (CFG::MODE == WG_GU) {
+			tma_load(sb, bm, k0, tl.col0, fb);
+			tma_load(sb + CFG::BN / 2 * WG_ROW, um, k0, tl.col0, fb);
+		} else {
+			wg_tma_b<CFG>(sb, bm, k0, tl.col0, fb);
+		}
+		bar_arrive_n(fb, WG_PRODUCERS);
+		wg_ring_next(s, ph, CFG::STAGES);
+	}
+}
+
+/* The maps of expert e, written by the map kernel (their memory may have held another launch's
+ * maps, which the tensor-map proxy could still cache): acquired, then prefetched (pf) so that their
+ * first copies need not wait for them. */
+template <class CFG>
+__device__ __forceinline__ void wg_maps_acquire(const typename CFG::args &a, int e, bool pf)
+{
+	constexpr int MAIN = CFG::MODE == WG_GU ? 2 : 1;
+	for (int i = 0; i < MAIN + a.nseg; i++) {
+		int base = i < MAIN ? i * a.E : a.smap[i - MAIN];
+		if (base < 0)
+			continue;
+		uint64_t m = (uint64_t)(a.bmap + base + e);
+		asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(m) : "memory");
+		if (pf)
+			asm volatile("prefetch.tensormap [%0];\n" ::"l"(m) : "memory");
+	}
+}
+
+/* Thread 0 loads the main segment, and the extra segments with a map (smap), by TMA; the other
+ * producer threads pass over those stages. Segments without a map take cp.async from the whole
+ * warpgroup, which first meets (producers_sync) so that all its threads wait on the same lap of the
+ * ring: one that ran on over many TMA stages could otherwise wait on a stage two laps ahead, whose
+ * parity would read as free. */
 template <class CFG>
 __device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shared &sh, int ncol, long long total)
 {
-	if (threadIdx.x != 0)
-		return;
-	int s = 0;
+	constexpr int GU = CFG::MODE == WG_GU;
+	int tid = threadIdx.x, s = 0, cur = -1, next = -1;
 	uint32_t ph = 0;
-	int last = -1;
+	wg_lane ln = wg_lane_of(tid);
 	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
 		wg_tile tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
-		const CUtensorMap *bm = a.bmap + tl.e, *um = a.bmap + a.E + tl.e;
-		if (tl.e != last) { /* a map written by the copy kernel (its memory may have held another's) */
-			asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)bm) : "memory");
-			if (CFG::MODE == WG_GU)
-				asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)um)
-					     : "memory");
-			last = tl.e;
-		}
-		for (int k0 = 0; k0 < a.K; k0 += WG_BK) {
-			bar_wait(sh.empty + 8 * s, ph ^ 1);
-			uint32_t sa = sh.ring + s * CFG::STAGE, sb = sa + CFG::A_BYTES, fb = sh.full + 8 * s;
-			bar_arrive_tx(fb, CFG::STAGE);
-			tma_load(sa, &a.amap, k0, tl.row0, fb);
-			if constexpr (CFG::MODE == WG_GU) {
-				tma_load(sb, bm, k0, tl.col0, fb);
-				tma_load(sb + CFG::BN / 2 * WG_ROW, um, k0, tl.col0, fb);
-			} else {
-				tma_load(sb, bm, k0, tl.col0, fb);
+		if (tid == 0) {
+			if (tl.e != cur && tl.e != next) /* the CTA's first tile: no lookahead acquired it */
+				wg_maps_acquire<CFG>(a, tl.e, false);
+			cur = tl.e;
+			if (t + gridDim.x < total) { /* the next tile's maps, while this one loads */
+				int e = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t + gridDim.x, ncol).e;
+				if (e != cur && e != next)
+					wg_maps_acquire<CFG>(a, e, true);
+				next = e;
 			}
-			wg_ring_next(s, ph, CFG::STAGES);
+			wg_tma_stages<CFG>(&a.amap, a.bmap + tl.e, a.bmap + a.E + tl.e, a.K, sh, tl, s, ph);
+		} else {
+			wg_skip(s, ph, (a.K + WG_BK - 1) / WG_BK, CFG::STAGES);
+		}
+		for (int q = 0; q < a.nseg; q++) {
+			int K = a.seg[q].K0 + a.seg[q].K1;
+			if (!GU && a.smap[q] >= 0) {
+				if (tid == 0)
+					wg_tma_stages<CFG>(&a.xmap[q], a.bmap + a.smap[q] + tl.e, NULL, K, sh, tl, s, ph);
+				else
+					wg_skip(s, ph, (K + WG_BK - 1) / WG_BK, CFG::STAGES);
+			} else {
+				__syncwarp();
+				producers_sync();
+				wg_load_seg<CFG>(a, a.seg[q], sh, tl, ln, s, ph);
+			}
 		}
 	}
+	cp_async_wait_all();
 }
 
 /* ---- the consumers: warpgroups 1 and 2 ---- */
@@ -330,14 +416,6 @@ __device__ __forceinline__ int wg_tile_stages(int K, int nseg, const wg_seg_dev 
 	for (int q = 0; q < nseg; q++)
 		n += (seg[q].K0 + seg[q].K1 + WG_BK - 1) / WG_BK;
 	return n;
-}
-
-/* Moves a consumer's ring position n stages on without reading them (the other consumer's tile). */
-__device__ __forceinline__ void wg_skip(int &s, uint32_t &ph, int n, int stages)
-{
-	s += n;
-	ph ^= (uint32_t)(s / stages) & 1u;
-	s %= stages;
 }
 
 /* One tile's products into d: per stage one group of 4 k-steps (k past a segment's end are zeros)
@@ -481,7 +559,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 	wg_shared sh = wg_carve<CFG>(wg_smem);
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < CFG::STAGES; s++) {
-			bar_init(sh.full + 8 * s, CFG::TMA ? 1 : 128); /* the TMA thread, or each producer thread */
+			bar_init(sh.full + 8 * s, WG_PRODUCERS); /* each producer thread, or the TMA thread for all */
 			bar_init(sh.empty + 8 * s, CFG::EMPTY_ARRIVALS);
 		}
 		bar_init(sh.turn, 4); /* one arrival per warp of the consumer */
@@ -575,73 +653,101 @@ static int wg_device(tier_dev *dev, const char *fn, int *sms)
 	return 0;
 }
 
-/* Copies up to WG_MAPS_PER_LAUNCH tensor maps from the parameters into device memory. */
-#define WG_MAPS_PER_LAUNCH 224 /* 28 KiB of the 32 KiB a launch's parameters may take */
-struct wg_map_args {
-	CUtensorMap m[WG_MAPS_PER_LAUNCH];
-	CUtensorMap *dst;
-	int n;
+/* The kinds of B maps a launch has: W_e (gate/up: gate_e, then up_e), then each extra segment TMA
+ * loads. Kind k's maps are the k-th E of the launch's maps: its template t[k], pointed at each
+ * expert's matrix, which the map kernel finds in a.w, a.up or the segment's device table tab[k]. */
+#define WG_MAP_KINDS (2 + WG_SEGS)
+struct wg_map_tmpl {
+	CUtensorMap t[WG_MAP_KINDS];
+	const bf16 *const *tab[WG_MAP_KINDS];
+	int kinds;
 };
 
-__global__ void wg_map_kernel(const __grid_constant__ wg_map_args a)
+/* One thread a map: the template copied, then its global address replaced where the expert has
+ * weights (experts without rows keep the template's, never read). */
+template <int MODE>
+__global__ void wg_map_kernel(const __grid_constant__ wg_args<MODE> a, const __grid_constant__ wg_map_tmpl m)
 {
-	const uint64_t *src = (const uint64_t *)a.m;
-	uint64_t *dst = (uint64_t *)a.dst;
-	for (int i = threadIdx.x; i < a.n * 16; i += blockDim.x)
-		dst[i] = src[i];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef WG_SM90A
+	int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= m.kinds * a.E)
+		return;
+	int k = i / a.E, e = i % a.E;
+	const uint64_t *src = (const uint64_t *)&m.t[k];
+	uint64_t *dst = (uint64_t *)(a.bmap + i);
+#pragma unroll
+	for (int j = 0; j < 16; j++)
+		dst[j] = src[j];
+	const bf16 *w = k == 0 ? a.w[e] : m.tab[k] ? m.tab[k][e] : a.up[MODE == WG_GU ? e : 0];
+	if (w)
+		asm volatile("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"((uint64_t)dst),
+			     "l"((uint64_t)w)
+			     : "memory");
 	/* written through the generic proxy, read by TMA through the tensor-map proxy */
 	asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
 #endif
 }
 
-/* The TMA maps of a launch: x's into a.amap; W_e's (gate/up: gate_e's, then up_e's) into device
- * memory taken from the stream's pool (*maps; the caller frees it after the launch, in stream
- * order), written by copy kernels on the stream (no host synchronisation). Experts without weights
- * (no rows) get the first expert's map, never read. */
+/* The first non-NULL of E device pointers, else alt (a template needs some 16-byte aligned base). */
+static const void *wg_first(const void *const *w, int E, const void *alt)
+{
+	for (int e = 0; e < E; e++)
+		if (w[e])
+			return w[e];
+	return alt;
+}
+
+/* B's map template for a K x N product in the launch's layout: W_e [N, K] in BN-row boxes (gate/up
+ * BN / 2: gate and up rows come in a box each), W_e [K, N] in 64 x 64 boxes. */
 template <class CFG>
-static int wg_tma_maps(tier_dev *dev, typename CFG::args &a, int rows_bound, void **maps)
+static int wg_b_tmpl(CUtensorMap *m, const void *w, int N, int K)
+{
+	if (CFG::MODE == WG_KN)
+		return moe_tmap_bf16(m, w, (uint64_t)K, (uint64_t)N, 64);
+	return moe_tmap_bf16(m, w, (uint64_t)N, (uint64_t)K, CFG::MODE == WG_GU ? CFG::BN / 2 : CFG::BN);
+}
+
+/* The TMA maps of a launch: x's into a.amap; an extra segment with one half (K0 or K1 0; not in
+ * gate/up, whose halves go to g and u) gets its x's map in a.xmap[q] and a kind of B maps (a.smap[q]),
+ * the others take cp.async (a.smap[q] = -1). B's maps go to device memory from the stream's pool
+ * (*maps; the caller frees it after the launch, in stream order), written by the map kernel on the
+ * stream: no host synchronisation. hseg: the segments' host tables. */
+template <class CFG>
+static int wg_tma_maps(tier_dev *dev, typename CFG::args &a, int rows_bound, const moe_wg_seg *hseg, void **maps)
 {
 	constexpr int GU = CFG::MODE == WG_GU;
-	int nm = GU ? 2 * a.E : a.E, rc;
-	const bf16 *first = NULL;
-	for (int e = 0; e < a.E && !first; e++)
-		first = a.w[e];
-	CUtensorMap tmpl;
-	if ((rc = moe_tmap_bf16(&a.amap, a.x, (uint64_t)rows_bound, (uint64_t)a.K, CFG::BM)) ||
-	    (rc = moe_tmap_bf16(&tmpl, first ? (const void *)first : (const void *)a.x, (uint64_t)a.N, (uint64_t)a.K,
-				GU ? CFG::BN / 2 : CFG::BN)))
+	wg_map_tmpl m;
+	memset(&m, 0, sizeof m);
+	int rc = moe_tmap_bf16(&a.amap, a.x, (uint64_t)rows_bound, (uint64_t)a.K, CFG::BM);
+	if (rc || (rc = wg_b_tmpl<CFG>(&m.t[0], wg_first((const void *const *)a.w, a.E, a.x), a.N, a.K)))
 		return rc;
-	cudaStream_t st = moe_stream(dev);
-	CUDA_TRY(cudaMallocAsync(maps, sizeof(CUtensorMap) * (size_t)nm, st));
-	a.bmap = (const CUtensorMap *)*maps;
-	/* 28 KiB: not on the stack; CUtensorMap is 128-byte aligned, which malloc does not promise */
-	wg_map_args *ma = (wg_map_args *)aligned_alloc(alignof(wg_map_args), sizeof *ma);
-	if (!ma)
-		return tier_fail(-ENOMEM, "TMA maps: no host memory for %d tensor maps", nm);
-	for (int i0 = 0; i0 < nm; i0 += WG_MAPS_PER_LAUNCH) {
-		ma->n = nm - i0 < WG_MAPS_PER_LAUNCH ? nm - i0 : WG_MAPS_PER_LAUNCH;
-		ma->dst = (CUtensorMap *)*maps + i0;
-		for (int j = 0; j < ma->n && !rc; j++) {
-			int i = i0 + j, e = i % a.E;
-			const bf16 *w = GU && i >= a.E ? a.up[e] : a.w[e];
-			ma->m[j] = tmpl;
-			if (w)
-				rc = moe_tmap_move(&ma->m[j], w);
-		}
-		if (rc)
-			break;
-		wg_map_kernel<<<1, 256, 0, st>>>(*ma); /* the launch copies its parameters: ma is reused */
-		cudaError_t e = cudaGetLastError();
-		if (e != cudaSuccess)
-			rc = tier_fail(-EIO, "TMA maps: the copy kernel did not launch: %s", cudaGetErrorString(e));
+	m.kinds = 1;
+	if (GU)
+		m.t[m.kinds++] = m.t[0]; /* up_e: the same shape */
+	for (int q = 0; q < a.nseg; q++) {
+		const moe_wg_seg *sg = &hseg[q];
+		int h = sg->K0 == 0, Kq = h ? sg->K1 : sg->K0;
+		a.smap[q] = -1;
+		if (GU || (sg->K0 && sg->K1))
+			continue;
+		const void *const *hw = h ? sg->w1 : sg->w0;
+		if ((rc = moe_tmap_bf16(&a.xmap[q], h ? sg->x1 : sg->x0, (uint64_t)rows_bound, (uint64_t)Kq, CFG::BM)) ||
+		    (rc = wg_b_tmpl<CFG>(&m.t[m.kinds], wg_first(hw, a.E, a.x), a.N, Kq)))
+			return rc;
+		m.tab[m.kinds] = h ? a.seg[q].w1 : a.seg[q].w0;
+		a.smap[q] = m.kinds++ * a.E;
 	}
-	free(ma);
-	return rc;
+	cudaStream_t st = moe_stream(dev);
+	int n = m.kinds * a.E;
+	CUDA_TRY(cudaMallocAsync(maps, sizeof(CUtensorMap) * (size_t)n, st));
+	a.bmap = (const CUtensorMap *)*maps;
+	wg_map_kernel<CFG::MODE><<<(n + 127) / 128, 128, 0, st>>>(a, m);
+	cudaError_t e = cudaGetLastError();
+	return e == cudaSuccess ? 0 : tier_fail(-EIO, "TMA maps: the map kernel did not launch: %s", cudaGetErrorString(e));
 }
 
 template <int BM, int BN, int MODE, int PP, typename OUT, int DBG = WG_DBG_NONE, int TMA = 0>
-static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas)
+static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, const moe_wg_seg *hseg)
 {
 	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA> CFG;
 	/* sum_e ceil(n_e / BM) <= (rows + (BM - 1) (non-empty experts)) / BM, and at most
@@ -653,7 +759,7 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas)
 	int grid = tiles < ctas ? (int)tiles : ctas;
 	void *maps = NULL;
 	if constexpr (TMA) {
-		int rc = wg_tma_maps<CFG>(dev, a, rows_bound, &maps);
+		int rc = wg_tma_maps<CFG>(dev, a, rows_bound, hseg, &maps);
 		if (rc) {
 			if (maps)
 				(void)cudaFreeAsync(maps, moe_stream(dev));
@@ -688,60 +794,65 @@ static int wg_debug(void)
 	return -1;
 }
 
-/* TIER_MOE_WGMMA_TMA: 1 the TMA loads where they apply (wg_cfg::TMA), for measurements; require the
- * same, and -EINVAL where they do not (for tests: no silent fallback); else (the default) cp.async. */
+/* TIER_MOE_WGMMA_TMA: unset, empty or 1 (the default) the TMA loads where they apply (all but the
+ * measurement kernels and gate/up's cooperative 64x256 tiles); require the same, and -EINVAL where
+ * they do not (for tests: no silent fallback); 0 cp.async everywhere; -1 for anything else. */
 static int wg_tma_wanted(void)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TMA");
-	return !v ? 0 : !strcmp(v, "1") ? 1 : !strcmp(v, "require") ? 2 : 0;
+	return !v || !*v || !strcmp(v, "1") ? 1 : !strcmp(v, "0") ? 0 : !strcmp(v, "require") ? 2 : -1;
 }
 
 /* The kernel of each tile shape, with cp.async (TMA 0) or TMA loads (gate/up's cooperative 64x256
  * never takes TMA: its two consumers would split g from u; the caller does not ask for it). */
 template <int MODE, typename OUT, int TMA>
-static int wg_by_shape(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas)
+static int wg_by_shape(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas, const moe_wg_seg *hseg)
 {
 	switch (shape) {
 	case WG_128x128:
-		return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas);
+		return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas, hseg);
 	case WG_64x256:
-		return wg_launch<64, 256, MODE, 0, OUT, WG_DBG_NONE, MODE == WG_GU ? 0 : TMA>(dev, a, rows_bound, ctas);
+		return wg_launch<64, 256, MODE, 0, OUT, WG_DBG_NONE, MODE == WG_GU ? 0 : TMA>(dev, a, rows_bound, ctas, hseg);
 	case WG_PP64x256:
-		return wg_launch<64, 256, MODE, 1, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas);
+		return wg_launch<64, 256, MODE, 1, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas, hseg);
 	case WG_PP128x128:
-		return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas);
+		return wg_launch<128, 128, MODE, 1, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas, hseg);
 	default:
-		return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas);
+		return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas, hseg);
 	}
 }
 
-/* The measurement kernel dbg (not WG_DBG_NONE) of one tile. */
+/* The measurement kernel dbg (not WG_DBG_NONE) of one tile, with cp.async. */
 template <int BM, int BN, int MODE, int PP, typename OUT>
 static int wg_launch_dbg(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, int dbg)
 {
 	if (dbg == WG_DBG_NOSTORE)
-		return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOSTORE>(dev, a, rows_bound, ctas);
+		return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOSTORE>(dev, a, rows_bound, ctas, NULL);
 	if (dbg == WG_DBG_NOMMA)
-		return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOMMA>(dev, a, rows_bound, ctas);
-	return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOLOAD>(dev, a, rows_bound, ctas);
+		return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOMMA>(dev, a, rows_bound, ctas, NULL);
+	return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOLOAD>(dev, a, rows_bound, ctas, NULL);
 }
 
+/* hseg: the extra segments' host tables (a.nseg of them). */
 template <int MODE, typename OUT>
-static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas)
+static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas, const moe_wg_seg *hseg)
 {
-	int dbg = wg_debug(), tma = wg_tma_wanted(); /* dbg well-formed: wg_plan checked it */
-	int tma_fits = MODE != WG_KN && !dbg && !a.nseg && !(MODE == WG_GU && shape == WG_64x256);
+	int dbg = wg_debug(), tma = wg_tma_wanted(); /* both well-formed: wg_plan checked them */
+	/* gate/up with a segment: its TMA form hung or faulted on the H200 (test_gate_up_segment, the
+	 * trainer), cause not found; W_e [N, K] and [K, N] with cp.async segments passed */
+	int tma_fits = !dbg && !(MODE == WG_GU && (shape == WG_64x256 || a.nseg)) && moe_tmap_ok();
 	if (tma == 2 && !tma_fits)
-		return tier_fail(-EINVAL, "TIER_MOE_WGMMA_TMA=require: this product takes cp.async (W_e [K, N], extra "
-				 "segments, TIER_MOE_WGMMA_DEBUG or gate/up's 64x256 tiles); use 1");
+		return tier_fail(-EINVAL, "TIER_MOE_WGMMA_TMA=require: this product takes cp.async "
+				 "(TIER_MOE_WGMMA_DEBUG, gate/up's 64x256 tiles or segments, or a driver without "
+				 "cuTensorMapEncodeTiled); use 1");
 	if constexpr (MODE != WG_KN) {
 		if (dbg)
 			return shape == WG_PP128x128 ? wg_launch_dbg<128, 128, MODE, 1, OUT>(dev, a, rows_bound, ctas, dbg)
 						     : wg_launch_dbg<128, 256, MODE, 0, OUT>(dev, a, rows_bound, ctas, dbg);
-		if (tma && tma_fits)
-			return wg_by_shape<MODE, OUT, 1>(dev, a, shape, rows_bound, ctas);
 	}
-	return wg_by_shape<MODE, OUT, 0>(dev, a, shape, rows_bound, ctas);
+	if (tma && tma_fits)
+		return wg_by_shape<MODE, OUT, 1>(dev, a, shape, rows_bound, ctas, hseg);
+	return wg_by_shape<MODE, OUT, 0>(dev, a, shape, rows_bound, ctas, hseg);
 }
 
 /* The checks both entry points share: the device, E, the output columns N and the depth K (named
@@ -768,6 +879,9 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 	if (wg_debug() < 0)
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_DEBUG=%s; use nostore, nomma or noload, or unset it", fn,
 				 getenv("TIER_MOE_WGMMA_DEBUG"));
+	if (wg_tma_wanted() < 0)
+		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TMA=%s; use 1 (the default), 0 or require, or unset it", fn,
+				 getenv("TIER_MOE_WGMMA_TMA"));
 	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, ctas)))
 		return rc;
@@ -868,24 +982,34 @@ static int wg_put_tables(tier_dev *dev, int E, int nseg, const moe_wg_seg *seg, 
 	return 0;
 }
 
+/* The TMA maps' fields before wg_tma_maps writes them (the cp.async kernels never read them). */
+template <int MODE>
+static void wg_no_maps(wg_args<MODE> &a)
+{
+	memset(&a.amap, 0, sizeof a.amap);
+	memset(a.xmap, 0, sizeof a.xmap);
+	for (int q = 0; q < WG_SEGS; q++)
+		a.smap[q] = -1;
+}
+
 /* The product in W_e's layout MODE (WG_NK or WG_KN), its arguments checked. */
 template <int MODE>
 static int wg_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound, const void *const *w,
-		 const void *x, int nseg, const wg_seg_dev *seg, void *c, int c_bf16, float alpha, float beta, int shape,
-		 int ctas)
+		 const void *x, int nseg, const wg_seg_dev *seg, const moe_wg_seg *hseg, void *c, int c_bf16, float alpha,
+		 float beta, int shape, int ctas)
 {
 	wg_args<MODE> a; /* 8 KiB */
 	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
 		a.w[e] = e < E ? (const bf16 *)w[e] : NULL;
 	a.up[0] = NULL;
-	memset(&a.amap, 0, sizeof a.amap); /* written only for the TMA loads */
+	wg_no_maps(a);
 	a.off = d_off, a.x = (const bf16 *)x, a.c = c, a.u = NULL, a.h = NULL, a.alpha = alpha, a.bmap = NULL;
 	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f, a.rt_bound = 0, a.nseg = nseg;
 	for (int q = 0; q < nseg; q++)
 		a.seg[q] = seg[q];
 	if (c_bf16)
-		return wg_dispatch<MODE, bf16>(dev, a, shape, rows_bound, ctas);
-	return wg_dispatch<MODE, float>(dev, a, shape, rows_bound, ctas);
+		return wg_dispatch<MODE, bf16>(dev, a, shape, rows_bound, ctas, hseg);
+	return wg_dispatch<MODE, float>(dev, a, shape, rows_bound, ctas, hseg);
 }
 
 extern "C" int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
@@ -919,8 +1043,8 @@ extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K,
 	if ((rc = wg_put_tables(dev, E, nseg, seg, tab, sd)))
 		return rc;
 	if (w_kn)
-		return wg_mm<WG_KN>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, c, c_bf16, alpha, beta, shape, ctas);
-	return wg_mm<WG_NK>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, c, c_bf16, alpha, beta, shape, ctas);
+		return wg_mm<WG_KN>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, seg, c, c_bf16, alpha, beta, shape, ctas);
+	return wg_mm<WG_NK>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, seg, c, c_bf16, alpha, beta, shape, ctas);
 }
 
 extern "C" int moe_cuda_grouped_gate_up_sm90(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
@@ -953,12 +1077,12 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 		a.w[e] = e < E ? (const bf16 *)gate[e] : NULL;
 		a.up[e] = e < E ? (const bf16 *)up[e] : NULL;
 	}
-	memset(&a.amap, 0, sizeof a.amap); /* written only for the TMA loads */
+	wg_no_maps(a);
 	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = u, a.h = (bf16 *)h, a.alpha = 1.0f, a.bmap = NULL;
 	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0, a.nseg = nseg;
 	if (nseg && (rc = wg_put_tables(dev, E, nseg, lora, tab, sd)))
 		return rc;
 	if (nseg)
 		a.seg[0] = sd[0];
-	return wg_dispatch<WG_GU, float>(dev, a, shape, rows_bound, ctas);
+	return wg_dispatch<WG_GU, float>(dev, a, shape, rows_bound, ctas, lora);
 }

@@ -52,14 +52,19 @@
  *       the 128x256 tiles (pp128x128 where TIER_MOE_WGMMA_TILE asks for it) leave out the stores,
  *       the products or the loads, to see which part bounds the time. (ptxas may drop products
  *       whose results are never stored: nostore can time the loads alone.)
- *   TIER_MOE_WGMMA_TMA=1|require
- *       experimental, off by default: the forward's products without extra segments (w_kn 0 and
- *       gate/up, every tile but gate/up's cooperative 64x256) load through TMA, one producer thread
- *       and a tensor map per expert (moe_tmap.h), instead of 128 threads of cp.async. The maps go to
- *       the device by small copy kernels and stream-ordered memory (cudaMallocAsync) each call.
- *       TMA reads x as rows_bound rows (rows past offsets[E] too, never stored): x must hold them.
- *       require: -EINVAL for a product that would take cp.async (tests: no silent fallback).
- * A malformed value is -EINVAL (TIER_MOE_WGMMA_TMA: anything but 1 or require is off). */
+ *   TIER_MOE_WGMMA_TMA=1|0|require
+ *       1 (the default, also unset or empty): the loads go through TMA, one producer thread and a
+ *       tensor map per expert (moe_tmap.h), where they apply: every product but gate/up on its
+ *       cooperative 64x256 tiles (its two consumers would split g from u), gate/up with a segment
+ *       (its TMA form hung or faulted on the H200, cause not found) and the measurement kernels.
+ *       The main part and the extra segments with one half (K0 or K1 0) load by TMA, the other
+ *       segments by cp.async from the producer warpgroup. The maps are
+ *       written on the device by a small kernel into stream-ordered memory (cudaMallocAsync) at
+ *       each call. TMA reads x (and a segment's x0 or x1) as rows_bound rows, rows past
+ *       offsets[E] too (never stored): the buffers must hold them. 0: cp.async everywhere (128
+ *       producer threads). require: as 1, and -EINVAL for a product that would take cp.async
+ *       (tests: no silent fallback). A driver without cuTensorMapEncodeTiled takes cp.async.
+ * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H
 

@@ -11,6 +11,7 @@
 #define WG_BK 64             /* k per stage: 64 bf16, one 128-byte swizzle row */
 #define WG_ROW 128           /* bytes per shared row of either operand */
 #define WG_THREADS 384       /* warpgroup 0 loads, warpgroups 1 and 2 multiply */
+#define WG_PRODUCERS 128     /* warpgroup 0: each arrives on a stage's full barrier */
 #define WG_SMEM (227 * 1024) /* Hopper's shared memory per block */
 #define WG_OUT_ROW 144        /* bytes per row of a consumer's output staging: 128 and 16 of padding */
 #define WG_OUT_BYTES (64 * WG_OUT_ROW) /* a consumer's staging: 64 rows of 128 bytes */
@@ -40,8 +41,14 @@ struct wg_seg_dev {
 /* The kernel's parameters (__grid_constant__: the 8 KiB pointer tables stay in parameter space). */
 template <int MODE>
 struct wg_args {
-	CUtensorMap amap;      /* TMA loads (wg_cfg::TMA): x as [rows_bound, K], BM-row boxes */
-	const CUtensorMap *bmap; /* and device maps of W_e [N, K] (BN-row boxes), or gate_e then up_e (BN / 2) */
+	/* TMA loads (wg_cfg::TMA): x as [rows_bound, K] in BM-row boxes, and in device memory the maps
+	 * of each expert's B: W_e [N, K] (BN-row boxes), gate_e then up_e (BN / 2 rows each) or W_e
+	 * [K, N] (64 x 64 boxes); then those of the extra segments that TMA loads (smap[q] >= 0: their
+	 * first map, one an expert), whose x0 or x1 map is xmap[q] */
+	CUtensorMap amap;
+	CUtensorMap xmap[WG_SEGS];
+	const CUtensorMap *bmap;
+	int smap[WG_SEGS];
 	const bf16 *w[TIER_MOE_MAX_EXPERTS]; /* W_e; gate/up: gate_e */
 	const int32_t *off;
 	const bf16 *x;
@@ -69,9 +76,10 @@ struct wg_cfg {
 	static constexpr int BM = BM_, BN = BN_, MODE = MODE_, PP = PP_;
 	static constexpr int DBG = DBG_; /* a measurement knob: WG_DBG_* above (0: the real kernel) */
 	static constexpr int STG = STG_; /* 1: the consumers stage bf16 outputs (h, or a bf16 C) */
-	/* 1: one producer thread loads each stage with two or three TMA copies (the main segment only;
-	 * W_e [N, K] or gate/up); gate/up's B then holds BN / 2 gate rows, then BN / 2 up rows, so the
-	 * accumulator's first WN / 2 columns are g and the rest u (whole tiles a consumer: WN = BN) */
+	/* 1: one producer thread loads the main segment's stages (and those of extra segments with one
+	 * half, but in gate/up) by TMA, the producer warpgroup the other segments' by cp.async; gate/up's
+	 * B then holds BN / 2 gate rows, then BN / 2 up rows, so the accumulator's first WN / 2 columns
+	 * are g and the rest u (whole tiles a consumer: WN = BN) */
 	static constexpr int TMA = TMA_;
 	static constexpr int OBN = MODE == WG_GU ? BN / 2 : BN;
 	static constexpr int WN = PP || BM == 128 ? BN : BN / 2;
@@ -92,8 +100,7 @@ struct wg_cfg {
 	static_assert(MT * WN / 2 <= 128, "accumulator registers a thread");
 	static_assert(STAGES >= 3, "a stage loading while the consumers hold two");
 	static_assert(BYTES <= WG_SMEM, "Hopper's shared memory per block");
-	static_assert(!TMA || (MODE != WG_KN && (MODE != WG_GU || WN == BN)), "TMA: the forward's layouts, g and u in one "
-									     "consumer");
+	static_assert(!TMA || MODE != WG_GU || WN == BN, "TMA: g and u in one consumer");
 };
 
 struct wg_tile {

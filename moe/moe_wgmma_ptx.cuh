@@ -51,11 +51,21 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 /* Generic-proxy writes (the copies) -> async-proxy reads (wgmma) of shared memory. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-/* The producer thread's arrival on a full barrier that also expects `bytes` from TMA copies. */
-__device__ __forceinline__ void bar_arrive_tx(uint32_t b, uint32_t bytes)
+/* A full barrier's current phase also waits for `bytes` from TMA copies (no arrival). */
+__device__ __forceinline__ void bar_expect_tx(uint32_t b, uint32_t bytes)
 {
-	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+	asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
 }
+
+/* n arrivals at once: the TMA thread stands for every producer thread of a stage it loads alone. */
+__device__ __forceinline__ void bar_arrive_n(uint32_t b, uint32_t n)
+{
+	asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(n) : "memory");
+}
+
+/* The producer warpgroup's own named barrier: 3 (0 is the CTA's, 1 and 2 the consumers' staging
+ * barriers, wg_wg_sync). */
+__device__ __forceinline__ void producers_sync() { asm volatile("bar.sync 3, 128;\n" ::: "memory"); }
 
 /* A TMA copy of the box at (column c0, row c1) of map (generic address: parameter or global space)
  * into shared memory at dst (1024-byte aligned for the 128B swizzle), completing bytes on bar. */

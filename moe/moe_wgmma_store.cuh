@@ -44,7 +44,7 @@ __device__ static void wg_store(float (&d)[CFG::WN / 2], const typename CFG::arg
  * pieces, 8 threads to a row: whole 128-byte lines. On the H200 the direct stores took ~0.3 ms of the
  * 1.13 ms down product on qwen3-30b's shape (TIER_MOE_WGMMA_DEBUG=nomma against the loads alone),
  * and the staged product ran 0.90 ms. */
-__device__ __forceinline__ void wg_wg_sync(int g) /* the 128 threads of consumer g (barrier 0 is the CTA's) */
+__device__ __forceinline__ void wg_wg_sync(int g) /* consumer g's 128 threads (0 is the CTA's barrier, 3 the producers') */
 {
 	if (g) /* immediates: a register id makes ptxas reserve all 16 barriers */
 		asm volatile("bar.sync 2, 128;\n" ::: "memory");

@@ -213,6 +213,7 @@ static void run_all(const wprob *p)
 	} v[] = { { 0, 1.0f, 0 }, { 0, 0.37f, 1 }, { 1, 0.37f, 0 }, { 1, 1.0f, 1 } };
 	char what[160];
 	for (int kn = 0; kn < 2; kn++) {
+		setenv("TIER_MOE_WGMMA_TMA", "0", 1); /* cp.async */
 		for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
 			for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
 				knobs(tiles[t], NULL);
@@ -235,11 +236,11 @@ static void run_all(const wprob *p)
 		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, pp64x256 on 3 CTAs", p->E, p->N, p->K, p->rows,
 			 kn);
 		run_one(p, kn, 1, 1.0f, 0, what);
-		/* the TMA loads: W_e [N, K] must take them (require: a fallback to cp.async fails the call),
-		 * W_e [K, N] ignores the knob; every tile and output kind, then few CTAs */
-		setenv("TIER_MOE_WGMMA_TMA", kn ? "1" : "require", 1);
+		/* the TMA loads, required (a fallback to cp.async fails the call): every tile and output kind
+		 * (half of them in each layout), then few CTAs */
+		setenv("TIER_MOE_WGMMA_TMA", "require", 1);
 		for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
-			for (size_t i = kn; i < sizeof v / sizeof v[0]; i += 1 + kn) {
+			for (size_t i = kn; i < sizeof v / sizeof v[0]; i += 2) {
 				knobs(tiles[t], NULL);
 				snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d tile %s c_bf16 %d alpha %g beta %d",
 					 p->E, p->N, p->K, p->rows, kn, tiles[t] ? tiles[t] : "auto", v[i].c_bf16,
@@ -254,6 +255,10 @@ static void run_all(const wprob *p)
 		snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d, 128x256 on 2 CTAs", p->E, p->N, p->K,
 			 p->rows, kn);
 		run_one(p, kn, 0, 1.0f, 0, what);
+		knobs("64x256", "1");
+		snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d, 64x256 on 1 CTA", p->E, p->N, p->K,
+			 p->rows, kn);
+		run_one(p, kn, 1, 1.0f, 1, what);
 		unsetenv("TIER_MOE_WGMMA_TMA");
 		knobs(NULL, NULL);
 	}
@@ -340,8 +345,7 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 	for (int tma = 0; tma < 2; tma++) { /* cp.async, then the TMA loads (required but where 64x256 may run) */
 		for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
 			int may_64 = !runs[i][0] || !strcmp(runs[i][0], "64x256");
-			if (tma)
-				setenv("TIER_MOE_WGMMA_TMA", may_64 ? "1" : "require", 1);
+			setenv("TIER_MOE_WGMMA_TMA", !tma ? "0" : may_64 ? "1" : "require", 1);
 			knobs(runs[i][0], runs[i][1]);
 			snprintf(what, sizeof what, "gate/up%s E %d H %d I %d rows %d tile %s CTAs %s", tma ? " TMA" : "", E,
 				 H, I, p.rows, runs[i][0] ? runs[i][0] : "auto", runs[i][1] ? runs[i][1] : "all");
@@ -451,14 +455,21 @@ static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, in
 	for (int kn = 0; kn < 2; kn++) {
 		cut c;
 		cut_make(&c, &p, kw, nseg, kn, 0);
-		for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
-			for (int v = 0; v < 2; v++) {
-				knobs(tiles[t], v ? "2" : NULL);
-				snprintf(what, sizeof what, "segments E %d N %d k %d+%d,%d+%d,%d w_kn %d tile %s%s", E, N, kw[0],
-					 nseg > 0 ? kw[1] : 0, nseg > 0 ? kw[2] : 0, nseg > 1 ? kw[3] : 0,
-					 nseg > 1 ? kw[4] : 0, kn, tiles[t] ? tiles[t] : "auto", v ? " 2 CTAs" : "");
-				seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
-			}
+		/* cp.async, then TMA for the main part and the one-half segments with cp.async for the others
+		 * (required) */
+		for (int tma = 0; tma < 2; tma++) {
+			setenv("TIER_MOE_WGMMA_TMA", tma ? "require" : "0", 1);
+			for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
+				for (int v = 0; v < 2; v++) {
+					knobs(tiles[t], v ? "2" : NULL);
+					snprintf(what, sizeof what, "segments%s E %d N %d k %d+%d,%d+%d,%d w_kn %d tile %s%s",
+						 tma ? " TMA" : "", E, N, kw[0], nseg > 0 ? kw[1] : 0, nseg > 0 ? kw[2] : 0,
+						 nseg > 1 ? kw[3] : 0, nseg > 1 ? kw[4] : 0, kn, tiles[t] ? tiles[t] : "auto",
+						 v ? " 2 CTAs" : "");
+					seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
+				}
+		}
+		unsetenv("TIER_MOE_WGMMA_TMA");
 		knobs(NULL, NULL);
 		cut_free(&c, E);
 	}
@@ -493,6 +504,7 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 		upw[e] = p.w[e] ? slice_up(p.w[e], p.K, I, I, 0, H, 0) : NULL;
 	wprob q = p; /* the device sees the main part through dw / dx, the segment through c */
 	q.dw[0] = c.w[0], q.dw[1] = upw, q.dx = c.x[0];
+	/* cp.async whatever TIER_MOE_WGMMA_TMA says (moe_wgmma.h) */
 	for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
 		knobs(runs[i][0], runs[i][1]);
 		snprintf(what, sizeof what, "gate/up + segment E %d H %d I %d r %d,%d rows %d tile %s CTAs %s", E, H, I, r0,
@@ -692,10 +704,15 @@ static void test_bad_input(void **state)
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 0, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	unsetenv("TIER_MOE_WGMMA_DEBUG");
-	setenv("TIER_MOE_WGMMA_TMA", "require", 1); /* W_e [K, N] takes cp.async: refused, nothing launched */
+	setenv("TIER_MOE_WGMMA_TMA", "yes", 1); /* malformed */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 1, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	unsetenv("TIER_MOE_WGMMA_TMA");
 	float *f = (float *)64, *fodd = (float *)68;
+	setenv("TIER_MOE_WGMMA_TMA", "require", 1); /* gate/up's 64x256 takes cp.async: refused, nothing launched */
+	knobs("64x256", NULL);
+	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, f, f, p), -EINVAL);
+	knobs(NULL, NULL);
+	unsetenv("TIER_MOE_WGMMA_TMA");
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 12, 8, off, 2, w, w, p, f, f, p), -EINVAL);  /* H % 8 */
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 12, off, 2, w, w, p, f, f, p), -EINVAL);  /* I % 8 */
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 0, off, 2, w, w, p, f, f, p), -EINVAL);   /* I */
