@@ -56,3 +56,23 @@ tests_test_tune_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_tune_LDFLAGS = $(TESTLD)
 endif
 EXTRA_DIST += docs/stats-log.md
+
+## libtier-kprof.so: the kernel profiler that CUDA loads into a program through
+## CUDA_INJECTION64_PATH (tools/kprof.c; CUPTI). A plain shared object, whatever libtool builds.
+if HAVE_CUDA
+noinst_DATA = tools/libtier-kprof.so
+tools/libtier-kprof.so: $(top_srcdir)/tools/kprof.c $(top_srcdir)/tools/kprof_table.c $(top_srcdir)/tools/kprof_table.h
+	@$(MKDIR_P) tools
+	$(AM_V_CCLD)$(CC) -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -fPIC -shared -D_GNU_SOURCE \
+		$(CUDA_CPPFLAGS) -I$(top_srcdir) -o $@ $(top_srcdir)/tools/kprof.c $(top_srcdir)/tools/kprof_table.c \
+		-L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcupti -lstdc++ -lpthread
+CLEANFILES += tools/libtier-kprof.so
+endif
+EXTRA_DIST += tools/kprof.c tools/kprof_table.c tools/kprof_table.h
+if HAVE_CMOCKA
+check_PROGRAMS += tests/test_kprof
+TESTS += tests/test_kprof
+tests_test_kprof_SOURCES = tests/test_kprof.c tools/kprof_table.c tools/kprof_table.h
+tests_test_kprof_LDADD = $(CMOCKA_LIBS)
+tests_test_kprof_LDFLAGS = $(TESTLD)
+endif

@@ -1,0 +1,154 @@
+/* kprof.c - a CUDA kernel profiler for machines without Nsight (the lent GPU machine has none):
+ * a library that the CUDA driver loads into any program through its injection hook,
+ *
+ *     CUDA_INJECTION64_PATH=/path/to/libtier-kprof.so tier-run ...
+ *
+ * It records every kernel, memcpy and memset with CUPTI's activity API (device timestamps, the
+ * program untouched) and when the program exits prints the device time summed by name, longest
+ * first: kernels (demangled), then copies by direction and memsets. Knobs: TIER_KPROF_OUT=FILE
+ * (appended; default stderr), TIER_KPROF_TOP=N rows of kernels (default 40, 0 all),
+ * TIER_KPROF_WIDTH=N characters of a name (default 110).
+ *
+ * What it costs: CUPTI serialises nothing, but concurrent kernels' records arrive out of order and
+ * the totals are sums of each activity's own span: overlapping kernels on several streams count
+ * in full each, so the shares are of summed device time, not of wall time. */
+#include <cupti.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tools/kprof_table.h"
+
+/* libstdc++'s demangler has C linkage (cxxabi.h); declared here for C. */
+extern char *__cxa_demangle(const char *mangled, char *out, size_t *len, int *status);
+
+#define KPROF_BUF (8u << 20) /* bytes of one activity buffer */
+
+static kprof_table kernels, copies;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int ready;
+
+static void CUPTIAPI buf_requested(uint8_t **buf, size_t *size, size_t *max_records)
+{
+	*buf = aligned_alloc(8, KPROF_BUF); /* records are 8-byte aligned */
+	*size = *buf ? KPROF_BUF : 0;
+	*max_records = 0;
+}
+
+static const char *copy_name(uint8_t kind)
+{
+	switch (kind) {
+	case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD: return "memcpy HtoD";
+	case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH: return "memcpy DtoH";
+	case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD: return "memcpy DtoD";
+	case CUPTI_ACTIVITY_MEMCPY_KIND_HTOH: return "memcpy HtoH";
+	case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP: return "memcpy PtoP";
+	default: return "memcpy (other)";
+	}
+}
+
+/* A buffer's records into the tables (mangled kernel names: demangled once each, at the end). */
+static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t size, size_t valid)
+{
+	CUpti_Activity *rec = NULL;
+	(void)ctx, (void)stream, (void)size;
+	pthread_mutex_lock(&lock);
+	while (cuptiActivityGetNextRecord(buf, valid, &rec) == CUPTI_SUCCESS) {
+		if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+			const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
+			(void)kprof_add(&kernels, k->name, k->end - k->start);
+		} else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+			const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
+			(void)kprof_add(&copies, copy_name(m->copyKind), m->end - m->start);
+		} else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+			const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)rec;
+			(void)kprof_add(&copies, "memset", m->end - m->start);
+		}
+	}
+	size_t dropped = 0;
+	if (cuptiActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped)
+		kernels.dropped += dropped;
+	pthread_mutex_unlock(&lock);
+	free(buf);
+}
+
+/* A context going away takes its pending records with it unless they are flushed first. */
+static void CUPTIAPI on_resource(void *user, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void *data)
+{
+	(void)user, (void)data;
+	if (domain == CUPTI_CB_DOMAIN_RESOURCE && id == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING)
+		(void)cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+}
+
+static long env_long(const char *name, long dflt)
+{
+	const char *v = getenv(name);
+	char *end;
+	long n = v && *v ? strtol(v, &end, 10) : dflt;
+	return v && *v && (*end || n < 0) ? dflt : n;
+}
+
+/* The kernels' table under demangled names (template instances of one kernel stay apart). */
+static void demangle_into(kprof_table *out)
+{
+	for (size_t i = 0; i < kernels.cap; i++) {
+		const kprof_row *r = &kernels.rows[i];
+		if (!r->name)
+			continue;
+		int status = -1;
+		char *d = __cxa_demangle(r->name, NULL, NULL, &status);
+		(void)kprof_add_row(out, status == 0 && d ? d : r->name, r->calls, r->ns, r->max_ns);
+		free(d);
+	}
+	out->dropped += kernels.dropped;
+}
+
+static void report(void)
+{
+	if (!ready)
+		return;
+	(void)cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+	const char *path = getenv("TIER_KPROF_OUT");
+	FILE *f = path && *path ? fopen(path, "a") : stderr;
+	if (!f) {
+		fprintf(stderr, "kprof: cannot open TIER_KPROF_OUT=%s; the table goes to stderr\n", path);
+		f = stderr;
+	}
+	pthread_mutex_lock(&lock);
+	kprof_table named;
+	kprof_init(&named);
+	demangle_into(&named);
+	kprof_print(&named, f, "kprof: kernels", (size_t)env_long("TIER_KPROF_TOP", 40),
+		    (int)env_long("TIER_KPROF_WIDTH", 110));
+	kprof_print(&copies, f, "kprof: copies and memsets", 0, 40);
+	kprof_free(&named);
+	pthread_mutex_unlock(&lock);
+	if (f != stderr)
+		fclose(f);
+}
+
+/* Called by the CUDA driver when it loads the library (CUDA_INJECTION64_PATH); 1 is success. A
+ * failure leaves the program running unprofiled, with a line on stderr. */
+int InitializeInjection(void)
+{
+	static const CUpti_ActivityKind kinds[] = { CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+						    CUPTI_ACTIVITY_KIND_MEMSET };
+	CUpti_SubscriberHandle sub;
+	CUptiResult r = cuptiActivityRegisterCallbacks(buf_requested, buf_completed);
+	for (size_t i = 0; r == CUPTI_SUCCESS && i < sizeof kinds / sizeof kinds[0]; i++)
+		r = cuptiActivityEnable(kinds[i]);
+	if (r == CUPTI_SUCCESS && (r = cuptiSubscribe(&sub, (CUpti_CallbackFunc)on_resource, NULL)) == CUPTI_SUCCESS)
+		r = cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
+	if (r != CUPTI_SUCCESS) {
+		const char *msg = NULL;
+		cuptiGetResultString(r, &msg);
+		fprintf(stderr, "kprof: CUPTI refused (%s): no profile\n", msg ? msg : "unknown error");
+		return 1;
+	}
+	kprof_init(&kernels);
+	kprof_init(&copies);
+	ready = 1;
+	atexit(report);
+	return 1;
+}
