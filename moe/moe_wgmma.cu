@@ -586,6 +586,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 enum { WG_128x256, WG_128x128, WG_64x256, WG_PP64x256, WG_PP128x128, WG_NSHAPES };
 static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 
+static int wg_tma_wanted(void);
+
 /* TIER_MOE_WGMMA_TILE, else 64 rows when a group of the mean size fits one 64-row tile, else 128 x
  * 256 (128 x 128 when N fits it). Above 64 rows the 128-row tiles win even with more padding: every
  * tile loads its 256 weight rows whatever its rows, so 64-row tiles move more weight bytes per
@@ -600,7 +602,10 @@ static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "6
  * (the large groups of the hot experts favour 128 rows). On qwen3-30b's 1024-row groups ping-pong
  * lost (2.78-2.82 against 2.51-2.53); for the backward's W_e [K, N] products neither ping-pong
  * tile gained (experts backward on qwen3-30b 3.90-4.98 ms against 3.59-3.68, on seed-896 pp64x256
- * 3.86-3.89 against 3.77-4.13). */
+ * 3.86-3.89 against 3.77-4.13). With the TMA loads (the default) ping-pong stays for depths K >=
+ * 1024 only: on seed-896 (session 9, call 2, uniform / Zipf 1.2, us) gate/up (K = H = 2048) took
+ * 1,751 / 1,851 on pp64x256 against 2,008 / 1,845 on 128x256, but down (K = I = 512) 1,076 /
+ * 1,069 against 1,051 / 982. */
 static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, int fwd, int *shape)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TILE");
@@ -616,7 +621,7 @@ static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, in
 	double m = (double)rows_bound / E;
 	if (m <= 64)
 		*shape = WG_64x256;
-	else if (fwd && m <= 192 && N > 128 && K >= 256)
+	else if (fwd && m <= 192 && N > 128 && K >= (wg_tma_wanted() > 0 ? 1024 : 256))
 		*shape = WG_PP64x256;
 	else
 		*shape = N <= 128 ? WG_128x128 : WG_128x256;

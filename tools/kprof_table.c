@@ -97,7 +97,8 @@ void kprof_print(const kprof_table *t, FILE *f, const char *title, size_t top, i
 	for (size_t i = 0; i < t->cap; i++)
 		if (t->rows[i].name)
 			v[n++] = &t->rows[i];
-	qsort(v, n, sizeof *v, by_time);
+	if (n) /* qsort's array may not be NULL, even empty */
+		qsort(v, n, sizeof *v, by_time);
 	if (top && top < n)
 		n = top;
 	fprintf(f, "%6s %10s %8s %10s %10s  %s\n", "share", "total ms", "calls", "mean us", "max us", "name");
