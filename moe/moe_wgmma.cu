@@ -557,6 +557,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA> CFG;
 	extern __shared__ __align__(16) unsigned char wg_smem[];
 	wg_shared sh = wg_carve<CFG>(wg_smem);
+#ifdef TIER_WG_WATCHDOG
+	if (blockIdx.x == 0 && threadIdx.x == 0) /* the same carving in every block */
+		wg_watchdog.full = sh.full, wg_watchdog.empty = sh.empty, wg_watchdog.turn = sh.turn;
+#endif
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < CFG::STAGES; s++) {
 			bar_init(sh.full + 8 * s, WG_PRODUCERS); /* each producer thread, or the TMA thread for all */
@@ -751,6 +755,27 @@ static int wg_tma_maps(tier_dev *dev, typename CFG::args &a, int rows_bound, con
 	return e == cudaSuccess ? 0 : tier_fail(-EIO, "TMA maps: the map kernel did not launch: %s", cudaGetErrorString(e));
 }
 
+#ifdef TIER_WG_WATCHDOG
+/* After each launch of a watchdog build: waits for the kernel, and names the wait that timed out
+ * (then -EIO; the outputs are garbage). */
+static int wg_watch_report(tier_dev *dev, int stages)
+{
+	wg_watch w;
+	CUDA_TRY(cudaStreamSynchronize(moe_stream(dev)));
+	CUDA_TRY(cudaMemcpyFromSymbol(&w, wg_watchdog, sizeof w));
+	if (!w.hit)
+		return 0;
+	wg_watch zero;
+	memset(&zero, 0, sizeof zero);
+	CUDA_TRY(cudaMemcpyToSymbol(wg_watchdog, &zero, sizeof zero));
+	const char *kind = w.bar >= w.turn ? "turn" : w.bar >= w.empty ? "empty" : "full";
+	uint32_t base = w.bar >= w.turn ? w.turn : w.bar >= w.empty ? w.empty : w.full;
+	return tier_fail(-EIO, "wgmma watchdog: block %u thread %u waited over 2 s on %s[%u] (of %d stages) for "
+			 "parity %u; barrier state 0x%016llx", w.block, w.thread, kind, (w.bar - base) / 8, stages,
+			 w.parity, w.state);
+}
+#endif
+
 template <int BM, int BN, int MODE, int PP, typename OUT, int DBG = WG_DBG_NONE, int TMA = 0>
 static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, const moe_wg_seg *hseg)
 {
@@ -781,7 +806,11 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, 
 		(void)cudaFreeAsync(maps, moe_stream(dev));
 	if (e != cudaSuccess)
 		return tier_fail(-EIO, "wgmma grouped GEMM: %s", cudaGetErrorString(e));
+#ifdef TIER_WG_WATCHDOG
+	return wg_watch_report(dev, CFG::STAGES);
+#else
 	return 0;
+#endif
 }
 
 /* TIER_MOE_WGMMA_DEBUG=nostore|nomma|noload, else WG_DBG_NONE; -1 for a malformed value. It takes the
@@ -799,13 +828,18 @@ static int wg_debug(void)
 	return -1;
 }
 
-/* TIER_MOE_WGMMA_TMA: unset, empty or 1 (the default) the TMA loads where they apply (all but the
- * measurement kernels and gate/up's cooperative 64x256 tiles); require the same, and -EINVAL where
- * they do not (for tests: no silent fallback); 0 cp.async everywhere; -1 for anything else. */
+/* TIER_MOE_WGMMA_TMA: unset, empty or 1 (the default) the TMA loads where they apply (wg_dispatch);
+ * require the same, and -EINVAL where they do not (for tests: no silent fallback); all (3) also
+ * gate/up with a segment, the form that hung (to find why); 0 cp.async everywhere; -1 for anything
+ * else. */
 static int wg_tma_wanted(void)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TMA");
-	return !v || !*v || !strcmp(v, "1") ? 1 : !strcmp(v, "0") ? 0 : !strcmp(v, "require") ? 2 : -1;
+	return !v || !*v || !strcmp(v, "1") ? 1
+	       : !strcmp(v, "0")	    ? 0
+	       : !strcmp(v, "require")      ? 2
+	       : !strcmp(v, "all")	    ? 3
+					    : -1;
 }
 
 /* The kernel of each tile shape, with cp.async (TMA 0) or TMA loads (gate/up's cooperative 64x256
@@ -845,7 +879,7 @@ static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_boun
 	int dbg = wg_debug(), tma = wg_tma_wanted(); /* both well-formed: wg_plan checked them */
 	/* gate/up with a segment: its TMA form hung or faulted on the H200 (test_gate_up_segment, the
 	 * trainer), cause not found; W_e [N, K] and [K, N] with cp.async segments passed */
-	int tma_fits = !dbg && !(MODE == WG_GU && (shape == WG_64x256 || a.nseg)) && moe_tmap_ok();
+	int tma_fits = !dbg && !(MODE == WG_GU && (shape == WG_64x256 || (a.nseg && tma != 3))) && moe_tmap_ok();
 	if (tma == 2 && !tma_fits)
 		return tier_fail(-EINVAL, "TIER_MOE_WGMMA_TMA=require: this product takes cp.async "
 				 "(TIER_MOE_WGMMA_DEBUG, gate/up's 64x256 tiles or segments, or a driver without "
@@ -885,7 +919,7 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_DEBUG=%s; use nostore, nomma or noload, or unset it", fn,
 				 getenv("TIER_MOE_WGMMA_DEBUG"));
 	if (wg_tma_wanted() < 0)
-		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TMA=%s; use 1 (the default), 0 or require, or unset it", fn,
+		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TMA=%s; use 1 (the default), 0, require or all, or unset it", fn,
 				 getenv("TIER_MOE_WGMMA_TMA"));
 	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, ctas)))

@@ -52,7 +52,7 @@
  *       the 128x256 tiles (pp128x128 where TIER_MOE_WGMMA_TILE asks for it) leave out the stores,
  *       the products or the loads, to see which part bounds the time. (ptxas may drop products
  *       whose results are never stored: nostore can time the loads alone.)
- *   TIER_MOE_WGMMA_TMA=1|0|require
+ *   TIER_MOE_WGMMA_TMA=1|0|require|all
  *       1 (the default, also unset or empty): the loads go through TMA, one producer thread and a
  *       tensor map per expert (moe_tmap.h), where they apply: every product but gate/up on its
  *       cooperative 64x256 tiles (its two consumers would split g from u), gate/up with a segment
@@ -64,6 +64,10 @@
  *       offsets[E] too (never stored): the buffers must hold them. 0: cp.async everywhere (128
  *       producer threads). require: as 1, and -EINVAL for a product that would take cp.async
  *       (tests: no silent fallback). A driver without cuTensorMapEncodeTiled takes cp.async.
+ *       all: as 1 and gate/up with a segment too, the form that hangs: to find why, with
+ *       test_moe_wgmma's TIER_TEST_WGMMA_TMA_ALL=1 on a build whose NVCCFLAGS add
+ *       -DTIER_WG_WATCHDOG=1 (a wait over 2 s is reported as -EIO naming the barrier, and the
+ *       kernel ends instead of hanging).
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H

@@ -5,6 +5,21 @@
 
 #include "moe/moe_wgmma_cfg.cuh"
 
+#ifdef TIER_WG_WATCHDOG
+/* A debugging build's watchdog (-DTIER_WG_WATCHDOG=1 in NVCCFLAGS): the first wait that lasts over
+ * 2 s records itself here and returns, and every later wait returns at once, so that a hung kernel
+ * ends (its outputs garbage) and the host can say which barrier never completed (wg_watch_report in
+ * moe_wgmma.cu). */
+struct wg_watch {
+	unsigned int hit;         /* 1 once a wait timed out */
+	unsigned int block, thread;
+	uint32_t bar, parity;     /* the barrier's shared address and the parity waited for */
+	uint32_t full, empty, turn; /* block 0's barrier arrays, to name it */
+	unsigned long long state; /* the mbarrier's 64 bits when it timed out */
+};
+__device__ wg_watch wg_watchdog;
+#endif
+
 #ifdef WG_SM90A
 /* ---- sm_90a instructions ---- */
 __device__ __forceinline__ uint32_t wg_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -14,16 +29,52 @@ __device__ __forceinline__ void bar_init(uint32_t b, int count)
 	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(count) : "memory");
 }
 
+#ifdef TIER_WG_WATCHDOG
+__device__ __forceinline__ uint64_t wg_now_ns()
+{
+	uint64_t t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
+}
+
+__device__ __noinline__ void wg_watch_fire(uint32_t b, uint32_t parity)
+{
+	if (atomicCAS(&wg_watchdog.hit, 0u, 1u) == 0u) {
+		unsigned long long st;
+		asm volatile("ld.shared.b64 %0, [%1];" : "=l"(st) : "r"(b));
+		wg_watchdog.block = blockIdx.x, wg_watchdog.thread = threadIdx.x;
+		wg_watchdog.bar = b, wg_watchdog.parity = parity, wg_watchdog.state = st;
+		__threadfence();
+	}
+}
+#endif
+
 /* Returns once the phase of parity `parity` has completed (parity 1 on a fresh barrier: at once). */
 __device__ __forceinline__ void bar_wait(uint32_t b, uint32_t parity)
 {
 	uint32_t done;
+#ifdef TIER_WG_WATCHDOG
+	uint64_t t0 = 0;
+	unsigned n = 0;
+#endif
 	do {
 		asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
 			     "selp.u32 %0, 1, 0, p;\n}\n"
 			     : "=r"(done)
 			     : "r"(b), "r"(parity)
 			     : "memory");
+#ifdef TIER_WG_WATCHDOG
+		if (!done && (++n & 63) == 0) {
+			if (*(volatile unsigned int *)&wg_watchdog.hit)
+				return;
+			if (!t0)
+				t0 = wg_now_ns();
+			else if (wg_now_ns() - t0 > 2000000000ull) {
+				wg_watch_fire(b, parity);
+				return;
+			}
+		}
+#endif
 	} while (!done);
 }
 

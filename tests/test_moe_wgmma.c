@@ -504,12 +504,20 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 		upw[e] = p.w[e] ? slice_up(p.w[e], p.K, I, I, 0, H, 0) : NULL;
 	wprob q = p; /* the device sees the main part through dw / dx, the segment through c */
 	q.dw[0] = c.w[0], q.dw[1] = upw, q.dx = c.x[0];
-	/* cp.async whatever TIER_MOE_WGMMA_TMA says (moe_wgmma.h) */
-	for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-		knobs(runs[i][0], runs[i][1]);
-		snprintf(what, sizeof what, "gate/up + segment E %d H %d I %d r %d,%d rows %d tile %s CTAs %s", E, H, I, r0,
-			 r1, p.rows, runs[i][0] ? runs[i][0] : "auto", runs[i][1] ? runs[i][1] : "all");
-		gu_one(&q, &c.seg[0], c.tab, what);
+	/* cp.async whatever TIER_MOE_WGMMA_TMA says but all (moe_wgmma.h); with TIER_TEST_WGMMA_TMA_ALL=1
+	 * also its TMA form, which hangs on the H200 (cause not found): a repro for a watchdog build */
+	const char *all = getenv("TIER_TEST_WGMMA_TMA_ALL");
+	for (int tma = 0; tma < (all && !strcmp(all, "1") ? 2 : 1); tma++) {
+		if (tma)
+			setenv("TIER_MOE_WGMMA_TMA", "all", 1);
+		for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+			knobs(runs[i][0], runs[i][1]);
+			snprintf(what, sizeof what, "gate/up + segment%s E %d H %d I %d r %d,%d rows %d tile %s CTAs %s",
+				 tma ? " TMA all" : "", E, H, I, r0, r1, p.rows, runs[i][0] ? runs[i][0] : "auto",
+				 runs[i][1] ? runs[i][1] : "all");
+			gu_one(&q, &c.seg[0], c.tab, what);
+		}
+		unsetenv("TIER_MOE_WGMMA_TMA");
 	}
 	knobs(NULL, NULL);
 	for (int e = 0; e < E; e++)
