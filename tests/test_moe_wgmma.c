@@ -527,9 +527,9 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 	prob_free(&p);
 }
 
-/* One plain segment (LoRA's B in y = h down^T + Z B^T, or its A in dh), then two: a full-depth one
- * (dU up) and a split one (dZ_g A_g; dZ_u A_u), the backward's dX; odd widths, tails of the k
- * tile, 40 uneven groups. */
+/* One plain segment (LoRA's B in y = h down^T + Z B^T, or its A in dh), one with both halves, then
+ * two: a full-depth one (dU up) and a split one (dZ_g A_g; dZ_u A_u), the backward's dX; odd
+ * widths, tails of the k tile, 40 uneven groups. */
 static void test_segments(void **state)
 {
 	(void)state;
@@ -537,10 +537,13 @@ static void test_segments(void **state)
 	for (int e = 0; e < 40; e++)
 		n[e] = (int)tier_rng_below(&rng, 160);
 	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[20] = 129, n[39] = 0;
-	static const int one[] = { 200, 16, 0 }, lone[] = { 136, 0, 8 }, two[] = { 200, 200, 0, 16, 24 },
-			 wide[] = { 72, 64, 8, 48, 80 }; /* four tables: two copy launches */
+	static const int one[] = { 200, 16, 0 }, lone[] = { 136, 0, 8 }, both[] = { 136, 16, 8 },
+			 two[] = { 200, 200, 0, 16, 24 }, wide[] = { 72, 64, 8, 48, 80 }; /* four tables: two copy launches */
 	seg_case(40, 264, one, 1, n, 3);
 	seg_case(40, 136, lone, 1, n, 0);
+	/* a TMA main part and one cp.async segment with both halves: the pattern of gate/up's LoRA
+	 * segment, whose TMA form hangs (moe_wgmma.h, TIER_MOE_WGMMA_TMA=all), in the other layouts */
+	seg_case(40, 264, both, 1, n, 3);
 	seg_case(40, 264, two, 2, n, 3);
 	seg_case(40, 72, wide, 2, n, 5);
 	static const int few[] = { 0, 513, 77, 1, 1000 }, big[] = { 768, 768, 0, 16, 16 };
