@@ -145,6 +145,9 @@ __device__ __forceinline__ uint32_t wg_stage_free(const wg_shared &sh, int s, ui
 	return sh.ring + s * CFG::STAGE + ln.dst;
 }
 
+/* The ring stages of K k. */
+__device__ __forceinline__ int wg_kstages(int K) { return (K + WG_BK - 1) / WG_BK; }
+
 /* Moves a ring position n stages on without using them (the other consumer's tile, or stages
  * another producer thread loads). */
 __device__ __forceinline__ void wg_skip(int &s, uint32_t &ph, int n, int stages)
@@ -381,7 +384,7 @@ __device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shar
 			}
 			wg_tma_stages<CFG>(&a.amap, a.bmap + tl.e, a.bmap + a.E + tl.e, a.K, sh, tl, s, ph);
 		} else {
-			wg_skip(s, ph, (a.K + WG_BK - 1) / WG_BK, CFG::STAGES);
+			wg_skip(s, ph, wg_kstages(a.K), CFG::STAGES);
 		}
 		for (int q = 0; q < a.nseg; q++) {
 			int K = a.seg[q].K0 + a.seg[q].K1;
@@ -389,7 +392,7 @@ __device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shar
 				if (tid == 0)
 					wg_tma_stages<CFG>(&a.xmap[q], a.bmap + a.smap[q] + tl.e, NULL, K, sh, tl, s, ph);
 				else
-					wg_skip(s, ph, (K + WG_BK - 1) / WG_BK, CFG::STAGES);
+					wg_skip(s, ph, wg_kstages(K), CFG::STAGES);
 			} else {
 				__syncwarp();
 				producers_sync();
@@ -412,9 +415,9 @@ __device__ __forceinline__ void wg_release(const wg_shared &sh, int s, int lane)
 /* The ring stages of one tile: its main segment's and each extra segment's. */
 __device__ __forceinline__ int wg_tile_stages(int K, int nseg, const wg_seg_dev *seg)
 {
-	int n = (K + WG_BK - 1) / WG_BK;
+	int n = wg_kstages(K);
 	for (int q = 0; q < nseg; q++)
-		n += (seg[q].K0 + seg[q].K1 + WG_BK - 1) / WG_BK;
+		n += wg_kstages(seg[q].K0 + seg[q].K1);
 	return n;
 }
 
@@ -588,9 +591,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 
 /* ---- host side ---- */
 enum { WG_128x256, WG_128x128, WG_64x256, WG_PP64x256, WG_PP128x128, WG_NSHAPES };
-static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 
-static int wg_tma_wanted(void);
+/* A call's plan, each knob read once (wg_plan): tile shape, CTAs, the measurement kernel
+ * (TIER_MOE_WGMMA_DEBUG, WG_DBG_*) and the TMA knob (wg_tma_wanted's values). */
+struct wg_plan_t {
+	int shape, ctas, dbg, tma;
+};
+static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 
 /* TIER_MOE_WGMMA_TILE, else 64 rows when a group of the mean size fits one 64-row tile, else 128 x
  * 256 (128 x 128 when N fits it). Above 64 rows the 128-row tiles win even with more padding: every
@@ -610,7 +617,7 @@ static int wg_tma_wanted(void);
  * 1024 only: on seed-896 (session 9, call 2, uniform / Zipf 1.2, us) gate/up (K = H = 2048) took
  * 1,751 / 1,851 on pp64x256 against 2,008 / 1,845 on 128x256, but down (K = I = 512) 1,076 /
  * 1,069 against 1,051 / 982. */
-static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, int fwd, int *shape)
+static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, int fwd, int tma, int *shape)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TILE");
 	if (v && *v) {
@@ -625,7 +632,7 @@ static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, in
 	double m = (double)rows_bound / E;
 	if (m <= 64)
 		*shape = WG_64x256;
-	else if (fwd && m <= 192 && N > 128 && K >= (wg_tma_wanted() > 0 ? 1024 : 256))
+	else if (fwd && m <= 192 && N > 128 && K >= (tma ? 1024 : 256))
 		*shape = WG_PP64x256;
 	else
 		*shape = N <= 128 ? WG_128x128 : WG_128x256;
@@ -874,9 +881,9 @@ static int wg_launch_dbg(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ct
 
 /* hseg: the extra segments' host tables (a.nseg of them). */
 template <int MODE, typename OUT>
-static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas, const moe_wg_seg *hseg)
+static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, const wg_plan_t &pl, int rows_bound, const moe_wg_seg *hseg)
 {
-	int dbg = wg_debug(), tma = wg_tma_wanted(); /* both well-formed: wg_plan checked them */
+	int shape = pl.shape, ctas = pl.ctas, dbg = pl.dbg, tma = pl.tma;
 	/* gate/up with a segment: its TMA form hung or faulted on the H200 (test_gate_up_segment, the
 	 * trainer), cause not found; W_e [N, K] and [K, N] with cp.async segments passed */
 	int tma_fits = !dbg && !(MODE == WG_GU && (shape == WG_64x256 || (a.nseg && tma != 3))) && moe_tmap_ok();
@@ -912,17 +919,16 @@ static int wg_check_dims(const char *fn, tier_dev *dev, int E, const char *nn, i
 }
 
 /* The tile shape and the CTA count, after the device check; the debug knob checked. */
-static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int rows_bound, int fwd, int *shape,
-		   int *ctas)
+static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int rows_bound, int fwd, wg_plan_t *pl)
 {
-	if (wg_debug() < 0)
+	if ((pl->dbg = wg_debug()) < 0)
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_DEBUG=%s; use nostore, nomma or noload, or unset it", fn,
 				 getenv("TIER_MOE_WGMMA_DEBUG"));
-	if (wg_tma_wanted() < 0)
+	if ((pl->tma = wg_tma_wanted()) < 0)
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TMA=%s; use 1 (the default), 0, require or all, or unset it", fn,
 				 getenv("TIER_MOE_WGMMA_TMA"));
-	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, shape);
-	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, ctas)))
+	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->shape);
+	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, &pl->ctas)))
 		return rc;
 	return 0;
 }
@@ -1035,7 +1041,7 @@ static void wg_no_maps(wg_args<MODE> &a)
 template <int MODE>
 static int wg_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound, const void *const *w,
 		 const void *x, int nseg, const wg_seg_dev *seg, const moe_wg_seg *hseg, void *c, int c_bf16, float alpha,
-		 float beta, int shape, int ctas)
+		 float beta, const wg_plan_t &pl)
 {
 	wg_args<MODE> a; /* 8 KiB */
 	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
@@ -1047,8 +1053,8 @@ static int wg_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int r
 	for (int q = 0; q < nseg; q++)
 		a.seg[q] = seg[q];
 	if (c_bf16)
-		return wg_dispatch<MODE, bf16>(dev, a, shape, rows_bound, ctas, hseg);
-	return wg_dispatch<MODE, float>(dev, a, shape, rows_bound, ctas, hseg);
+		return wg_dispatch<MODE, bf16>(dev, a, pl, rows_bound, hseg);
+	return wg_dispatch<MODE, float>(dev, a, pl, rows_bound, hseg);
 }
 
 extern "C" int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
@@ -1065,7 +1071,8 @@ extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K,
 {
 	const char *fn = nseg ? "moe_cuda_grouped_mm_sm90_segs" : "moe_cuda_grouped_mm_sm90";
 	wg_seg_dev sd[WG_SEGS];
-	int shape, ctas, rc = wg_check_dims(fn, dev, E, "N", N, "K", K, rows_bound, d_off);
+	wg_plan_t pl;
+	int rc = wg_check_dims(fn, dev, E, "N", N, "K", K, rows_bound, d_off);
 	if (rc)
 		return rc;
 	if (w_kn != 0 && w_kn != 1)
@@ -1075,15 +1082,15 @@ extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K,
 	if (beta != 0.0f && beta != 1.0f)
 		return tier_fail(-EINVAL, "%s: beta = %g; it must be 0 (write C) or 1 (add to C)", fn, (double)beta);
 	if ((rc = moe_check_table16(fn, "w", E, w)) || (rc = moe_check_buf16(fn, "x", x)) ||
-	    (rc = moe_check_buf16(fn, "c", c)) || (rc = wg_check_segs(fn, E, nseg, seg, tab)) || (rc = wg_plan(fn, dev, E, N, K, rows_bound, !w_kn, &shape, &ctas)))
+	    (rc = moe_check_buf16(fn, "c", c)) || (rc = wg_check_segs(fn, E, nseg, seg, tab)) || (rc = wg_plan(fn, dev, E, N, K, rows_bound, !w_kn, &pl)))
 		return rc;
 	if (rows_bound == 0)
 		return 0;
 	if ((rc = wg_put_tables(dev, E, nseg, seg, tab, sd)))
 		return rc;
 	if (w_kn)
-		return wg_mm<WG_KN>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, seg, c, c_bf16, alpha, beta, shape, ctas);
-	return wg_mm<WG_NK>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, seg, c, c_bf16, alpha, beta, shape, ctas);
+		return wg_mm<WG_KN>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, seg, c, c_bf16, alpha, beta, pl);
+	return wg_mm<WG_NK>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, seg, c, c_bf16, alpha, beta, pl);
 }
 
 extern "C" int moe_cuda_grouped_gate_up_sm90(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
@@ -1101,13 +1108,14 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 	const char *fn = lora ? "moe_cuda_grouped_gate_up_sm90_lora" : "moe_cuda_grouped_gate_up_sm90";
 	wg_seg_dev sd[WG_SEGS];
 	int nseg = lora != NULL;
-	int shape, ctas, rc = wg_check_dims(fn, dev, E, "I", I, "H", H, rows_bound, d_off);
+	wg_plan_t pl;
+	int rc = wg_check_dims(fn, dev, E, "I", I, "H", H, rows_bound, d_off);
 	if (rc || (rc = moe_check_table16(fn, "gate", E, gate)) || (rc = moe_check_table16(fn, "up", E, up)) ||
 	    (rc = moe_check_buf16(fn, "x", x)) || (rc = moe_check_buf16(fn, "g", g)) || (rc = moe_check_buf16(fn, "u", u)) ||
 	    (rc = moe_check_buf16(fn, "h", h)) || (rc = wg_check_segs(fn, E, nseg, lora, tab)))
 		return rc;
 	/* the tile reads 2 I rows of B: pick its shape as for N = 2 I */
-	if ((rc = wg_plan(fn, dev, E, 2 * I, H, rows_bound, 1, &shape, &ctas)))
+	if ((rc = wg_plan(fn, dev, E, 2 * I, H, rows_bound, 1, &pl)))
 		return rc;
 	if (rows_bound == 0)
 		return 0;
@@ -1123,5 +1131,5 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 		return rc;
 	if (nseg)
 		a.seg[0] = sd[0];
-	return wg_dispatch<WG_GU, float>(dev, a, shape, rows_bound, ctas, lora);
+	return wg_dispatch<WG_GU, float>(dev, a, pl, rows_bound, lora);
 }

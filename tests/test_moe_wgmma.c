@@ -201,64 +201,65 @@ static void run_one(const wprob *p, int w_kn, int c_bf16, float alpha, int beta,
 	free(cf), free(c0), free(got);
 }
 
-/* In both weight layouts: every tile shape (and the default pick) with each output kind, then few
- * CTAs: a CTA's ring then carries many tiles, its phases wrapping many times. */
+/* The tile shapes (NULL: the default pick) and the output kinds a pass runs. */
+static const char *const all_tiles[] = { NULL, "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
+static const struct {
+	int c_bf16;
+	float alpha;
+	int beta;
+} kinds[] = { { 0, 1.0f, 0 }, { 0, 0.37f, 1 }, { 1, 0.37f, 0 }, { 1, 1.0f, 1 } };
+
+/* A run on few CTAs: a CTA's ring then carries many tiles, its phases wrapping many times. */
+typedef struct {
+	const char *tile, *ctas;
+	int c_bf16;
+	float alpha;
+	int beta;
+	const char *label;
+} few_run;
+
+/* One loader's pass in layout kn (tag names it in the messages): every tile shape with the output
+ * kinds i0, i0 + di, ..., then the few-CTA runs. */
+static void run_pass(const wprob *p, int kn, const char *tag, size_t i0, size_t di, const few_run *few, size_t nfew)
+{
+	char what[160];
+	for (size_t t = 0; t < sizeof all_tiles / sizeof all_tiles[0]; t++)
+		for (size_t i = i0; i < sizeof kinds / sizeof kinds[0]; i += di) {
+			knobs(all_tiles[t], NULL);
+			snprintf(what, sizeof what, "%sE %d N %d K %d rows %d w_kn %d tile %s c_bf16 %d alpha %g beta %d", tag,
+				 p->E, p->N, p->K, p->rows, kn, all_tiles[t] ? all_tiles[t] : "auto", kinds[i].c_bf16,
+				 (double)kinds[i].alpha, kinds[i].beta);
+			run_one(p, kn, kinds[i].c_bf16, kinds[i].alpha, kinds[i].beta, what);
+		}
+	for (size_t r = 0; r < nfew; r++) {
+		knobs(few[r].tile, few[r].ctas);
+		snprintf(what, sizeof what, "%sE %d N %d K %d rows %d w_kn %d, %s", tag, p->E, p->N, p->K, p->rows, kn,
+			 few[r].label);
+		run_one(p, kn, few[r].c_bf16, few[r].alpha, few[r].beta, what);
+	}
+}
+
+/* In both weight layouts, with cp.async: every tile shape with each output kind, then few CTAs (in
+ * pp128x128 the two consumers' turns and ring parities over many tiles); then the same with the TMA
+ * loads required (a fallback to cp.async fails the call), half the output kinds in each layout. */
 static void run_all(const wprob *p)
 {
-	static const char *tiles[] = { NULL, "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
-	static const struct {
-		int c_bf16;
-		float alpha;
-		int beta;
-	} v[] = { { 0, 1.0f, 0 }, { 0, 0.37f, 1 }, { 1, 0.37f, 0 }, { 1, 1.0f, 1 } };
-	char what[160];
+	static const few_run cp_few[] = {
+		{ NULL, "2", 0, 1.0f, 0, "2 CTAs" },
+		{ "64x256", "1", 1, 0.37f, 1, "64x256 on 1 CTA" },
+		{ "pp128x128", "1", 0, 0.37f, 1, "pp128x128 on 1 CTA" },
+		{ "pp64x256", "3", 1, 1.0f, 0, "pp64x256 on 3 CTAs" },
+	};
+	static const few_run tma_few[] = {
+		{ "pp128x128", "1", 1, 0.37f, 0, "pp128x128 on 1 CTA" },
+		{ "128x256", "2", 0, 1.0f, 0, "128x256 on 2 CTAs" },
+		{ "64x256", "1", 1, 1.0f, 1, "64x256 on 1 CTA" },
+	};
 	for (int kn = 0; kn < 2; kn++) {
-		setenv("TIER_MOE_WGMMA_TMA", "0", 1); /* cp.async */
-		for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
-			for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-				knobs(tiles[t], NULL);
-				snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d tile %s c_bf16 %d alpha %g beta %d",
-					 p->E, p->N, p->K, p->rows, kn, tiles[t] ? tiles[t] : "auto", v[i].c_bf16,
-					 (double)v[i].alpha, v[i].beta);
-				run_one(p, kn, v[i].c_bf16, v[i].alpha, v[i].beta, what);
-			}
-		knobs(NULL, "2");
-		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, 2 CTAs", p->E, p->N, p->K, p->rows, kn);
-		run_one(p, kn, 0, 1.0f, 0, what);
-		knobs("64x256", "1");
-		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, 64x256 on 1 CTA", p->E, p->N, p->K, p->rows, kn);
-		run_one(p, kn, 1, 0.37f, 1, what);
-		knobs("pp128x128", "1"); /* the two consumers' turns and ring parities over many tiles */
-		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, pp128x128 on 1 CTA", p->E, p->N, p->K, p->rows,
-			 kn);
-		run_one(p, kn, 0, 0.37f, 1, what);
-		knobs("pp64x256", "3");
-		snprintf(what, sizeof what, "E %d N %d K %d rows %d w_kn %d, pp64x256 on 3 CTAs", p->E, p->N, p->K, p->rows,
-			 kn);
-		run_one(p, kn, 1, 1.0f, 0, what);
-		/* the TMA loads, required (a fallback to cp.async fails the call): every tile and output kind
-		 * (half of them in each layout), then few CTAs */
+		setenv("TIER_MOE_WGMMA_TMA", "0", 1);
+		run_pass(p, kn, "", 0, 1, cp_few, sizeof cp_few / sizeof cp_few[0]);
 		setenv("TIER_MOE_WGMMA_TMA", "require", 1);
-		for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
-			for (size_t i = kn; i < sizeof v / sizeof v[0]; i += 2) {
-				knobs(tiles[t], NULL);
-				snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d tile %s c_bf16 %d alpha %g beta %d",
-					 p->E, p->N, p->K, p->rows, kn, tiles[t] ? tiles[t] : "auto", v[i].c_bf16,
-					 (double)v[i].alpha, v[i].beta);
-				run_one(p, kn, v[i].c_bf16, v[i].alpha, v[i].beta, what);
-			}
-		knobs("pp128x128", "1");
-		snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d, pp128x128 on 1 CTA", p->E, p->N, p->K,
-			 p->rows, kn);
-		run_one(p, kn, 1, 0.37f, 0, what);
-		knobs("128x256", "2");
-		snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d, 128x256 on 2 CTAs", p->E, p->N, p->K,
-			 p->rows, kn);
-		run_one(p, kn, 0, 1.0f, 0, what);
-		knobs("64x256", "1");
-		snprintf(what, sizeof what, "TMA E %d N %d K %d rows %d w_kn %d, 64x256 on 1 CTA", p->E, p->N, p->K,
-			 p->rows, kn);
-		run_one(p, kn, 1, 1.0f, 1, what);
+		run_pass(p, kn, "TMA ", (size_t)kn, 2, tma_few, sizeof tma_few / sizeof tma_few[0]);
 		unsetenv("TIER_MOE_WGMMA_TMA");
 		knobs(NULL, NULL);
 	}
@@ -445,7 +446,6 @@ static void seg_one(const wprob *p, const cut *c, int nseg, int kn, int c_bf16, 
  * of many tiles). kw: 1 + 2 nseg widths summing to K. */
 static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, int extra)
 {
-	static const char *tiles[] = { NULL, "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 	int K = 0;
 	for (int i = 0; i < 1 + 2 * nseg; i++)
 		K += kw[i];
@@ -459,12 +459,12 @@ static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, in
 		 * (required) */
 		for (int tma = 0; tma < 2; tma++) {
 			setenv("TIER_MOE_WGMMA_TMA", tma ? "require" : "0", 1);
-			for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++)
+			for (size_t t = 0; t < sizeof all_tiles / sizeof all_tiles[0]; t++)
 				for (int v = 0; v < 2; v++) {
-					knobs(tiles[t], v ? "2" : NULL);
+					knobs(all_tiles[t], v ? "2" : NULL);
 					snprintf(what, sizeof what, "segments%s E %d N %d k %d+%d,%d+%d,%d w_kn %d tile %s%s",
 						 tma ? " TMA" : "", E, N, kw[0], nseg > 0 ? kw[1] : 0, nseg > 0 ? kw[2] : 0,
-						 nseg > 1 ? kw[3] : 0, nseg > 1 ? kw[4] : 0, kn, tiles[t] ? tiles[t] : "auto",
+						 nseg > 1 ? kw[3] : 0, nseg > 1 ? kw[4] : 0, kn, all_tiles[t] ? all_tiles[t] : "auto",
 						 v ? " 2 CTAs" : "");
 					seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
 				}
