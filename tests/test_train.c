@@ -348,6 +348,36 @@ static double grads_vs(rig *r, const tier_peft_adapter *ref, tier_peft_adapter *
 	return worst;
 }
 
+/* Every MoE layer's expert counts of the trainer's last step into out [4 x 16] (wider_all_targets'
+ * 4 layers of 16 experts; zeros for a dense layer). */
+enum { CL = 4, CE = 16 };
+static void step_counts(const tier_trainer *t, int64_t *out)
+{
+	memset(out, 0, sizeof(int64_t) * CL * CE);
+	for (int l = 0; l < CL; l++)
+		(void)tier_trainer_expert_counts(t, l, out + l * CE); /* -ENOENT for a dense layer */
+}
+
+/* Training losses of a chunked run against one piece: step 1 (the same parameters) within 1e-6
+ * and with the same routing; later steps within 1e-3 while every step so far routed alike. AdamW's
+ * normalised updates amplify the gradients' rounding, and once a near-tie in the router's top-k
+ * flips (seen with TIER_SEED=1796199846) the two runs train on different routes: from there the
+ * losses are only printed. */
+static void losses_alike(const float *l, const float *l0, const int64_t *cnt, const int64_t *cnt0, const char *what)
+{
+	int alike = 1;
+	for (int st = 0; st < 3; st++) {
+		alike = alike && !memcmp(cnt + st * CL * CE, cnt0 + st * CL * CE, sizeof(int64_t) * CL * CE);
+		if (st == 0)
+			assert_true(alike);
+		if (alike)
+			assert_true(fabs(l[st] - l0[st]) <= (st ? 1e-3 : 1e-6) * fabs(l0[st]));
+		else
+			printf("# %s, step %d: the routing differs from one piece's (a top-k near-tie flipped); losses "
+			       "%.7f and %.7f not compared\n", what, st + 1, l[st], l0[st]);
+	}
+}
+
 /* The MoE half in token chunks: the same hidden states, loss, expert counts and LoRA gradients as
  * in one piece (up to the order of the gradient sums), training losses alike, a smaller scratch;
  * also with the op cache (which then keeps no MoE half), with odd chunks of 7 tokens and with 2
@@ -359,8 +389,10 @@ static void test_moe_chunks(void **state)
 	tier_hf_config c;
 	tier_lora_cfg lc;
 	wider_all_targets(&c, &lc);
+	assert_true(c.num_hidden_layers == CL && c.num_experts == CE); /* step_counts' sizes */
 	tier_peft_adapter *ref = NULL, *g;
 	float ev[4], tr[4][3];
+	static int64_t trc[4][3][CL * CE];
 	uint64_t scratch[4];
 	static const int chunks[4] = { 1, 2, 4, 4 };
 	enum { NH = (4 + 2) * 24 * 32 }; /* (layers + 2) x tokens x hidden */
@@ -390,7 +422,10 @@ static void test_moe_chunks(void **state)
 		double d = grads_vs(&r, ref, &g);
 		printf("# %d chunks%s: scratch %llu bytes, loss %.7f, LoRA gradients %.2e from one chunk's\n", chunks[v],
 		       v == 3 ? " with the op cache" : "", (unsigned long long)scratch[v], ev[v], d);
-		assert_true(fabs(ev[v] - ev[0]) <= 1e-6 * fabs(ev[0]) && d <= 1e-5);
+		/* d: the gradient sums in another order, per module relative to its norm, which cancellation in
+		 * a module's sum can make small: over 60 seeds at most 7.9e-6, one seed (TIER_SEED=1796200233)
+		 * 1.73e-5 with 4 chunks; a chunk left out or counted twice is O(1) */
+		assert_true(fabs(ev[v] - ev[0]) <= 1e-6 * fabs(ev[0]) && d <= 3e-5);
 		if (ref)
 			tier_peft_free(g);
 		else
@@ -398,10 +433,10 @@ static void test_moe_chunks(void **state)
 		for (int st = 0; st < 3; st++) {
 			tier_step_result res;
 			assert_int_equal(tier_trainer_step(r.t, r.tok, r.lab, &res), 0);
-			tr[v][st] = res.loss; /* the first step's forward is the eval's; after it AdamW's
-					       * normalised updates amplify the gradients' rounding */
-			assert_true(fabs(tr[v][st] - tr[0][st]) <= (st ? 1e-3 : 1e-6) * fabs(tr[0][st]));
+			tr[v][st] = res.loss; /* the first step's forward is the eval's */
+			step_counts(r.t, trc[v][st]);
 		}
+		losses_alike(tr[v], tr[0], trc[v][0], trc[0][0], "chunks");
 		tier_cache_stats cs;
 		if (v == 3) { /* the attention and dense MLP halves came from the cache; no MoE half went in */
 			assert_int_equal(tier_trainer_cache_stats(r.t, &cs), 0);
@@ -415,6 +450,7 @@ static void test_moe_chunks(void **state)
 	static const int shp[2][4] = { { 3, 7, 3, 1 }, { 2, 12, 2, 2 } }; /* batch, seq, chunks, micro */
 	for (int k = 0; k < 2; k++) {
 		float l2[2][3];
+		static int64_t c2[2][3][CL * CE];
 		for (int v = 0; v < 2; v++) {
 			rig q;
 			rig_chunks = v ? shp[k][2] : 1, rig_micro = shp[k][3];
@@ -424,14 +460,15 @@ static void test_moe_chunks(void **state)
 				tier_step_result res;
 				assert_int_equal(tier_trainer_step(q.t, q.tok, q.lab, &res), 0);
 				l2[v][st] = res.loss;
+				step_counts(q.t, c2[v][st]);
 			}
 			rig_close(&q);
 		}
 		for (int st = 0; st < 3; st++) {
 			printf("# batch %d x seq %d, %d micro-batches, step %d: loss %.7f in one piece, %.7f in %d chunks\n",
 			       shp[k][0], shp[k][1], shp[k][3], st + 1, l2[0][st], l2[1][st], shp[k][2]);
-			assert_true(fabs(l2[1][st] - l2[0][st]) <= (st ? 1e-3 : 1e-6) * fabs(l2[0][st]));
 		}
+		losses_alike(l2[1], l2[0], c2[1][0], c2[0][0], "odd chunks or micro-batches");
 	}
 	rig_micro = 1;
 	rig r;
