@@ -38,7 +38,7 @@ typedef struct {
 
 static int is_victim(const tier_cache *c, const cache_entry *e, tier_id t)
 {
-	if (!e->obj || e->pinned || !e->in[t] || e == c->keep)
+	if (!e->obj || e->pinned || e->held || !e->in[t] || e == c->keep)
 		return 0;
 	return t == TIER_HBM || !e->in[TIER_HBM]; /* DDR: only entries living there alone */
 }

@@ -108,7 +108,7 @@ static int present(tier_cache *c, cache_entry *e, tier_id t)
 
 static void reconcile_one(tier_cache *c, cache_entry *e, void *arg)
 {
-	if (!e->obj || e->pinned)
+	if (!e->obj || e->pinned || e->held)
 		return;
 	for (int t = 0; t < 2; t++)
 		cache_set_in(c, e, (tier_id)t, present(c, e, (tier_id)t));
@@ -172,14 +172,16 @@ static void unlink_all(tier_cache *c, uint32_t mb, int *busy, int *freed)
 				pp = &e->next;
 				continue;
 			}
-			if (e->pinned && busy) {
+			if ((e->pinned || e->held) && busy) {
 				*busy = 1;
 				pp = &e->next;
 				continue;
 			}
 			if (e->pinned)
 				tier_release(c->s, e->obj, TIER_HBM, 0);
-			e->pinned = 0;
+			if (e->held)
+				tier_release(c->s, e->obj, e->home, 0);
+			e->pinned = e->held = 0;
 			if (e->obj && freed)
 				(*freed)++;
 			cache_free_obj(c, e);
@@ -228,7 +230,8 @@ static void update_link(tier_cache *c)
 }
 
 /* ---- Forward ---------------------------------------------------------------------------------- */
-static int place(tier_cache *c, cache_entry *e, tier_id t, const void *src, void *stream)
+/* hold: the copy is queued, not waited for, and the entry stays pinned (tier_cache_offer_done). */
+static int place(tier_cache *c, cache_entry *e, tier_id t, const void *src, void *stream, int hold)
 {
 	tier_object *o;
 	void *dst;
@@ -241,20 +244,22 @@ static int place(tier_cache *c, cache_entry *e, tier_id t, const void *src, void
 		tier_obj_destroy(c->s, o);
 		return rc;
 	}
-	rc = cache_copy_in(c->dev, dst, src, e->bytes, stream);
-	tier_release(c->s, o, t, rc == 0);
+	rc = cache_copy_in(c->dev, dst, src, e->bytes, stream, !hold);
+	if (rc || !hold)
+		tier_release(c->s, o, t, rc == 0);
 	if (rc) {
 		tier_obj_destroy(c->s, o);
 		return rc;
 	}
+	e->held = (unsigned char)hold;
 	e->obj = o;
 	e->home = t;
 	cache_set_in(c, e, t, 1);
 	return 0;
 }
 
-int tier_cache_offer(tier_cache *c, tier_cache_key key, const void *src, uint64_t bytes, const tier_op_cost *cost,
-		     void *stream, tier_id *where)
+static int offer(tier_cache *c, tier_cache_key key, const void *src, uint64_t bytes, const tier_op_cost *cost,
+		 void *stream, tier_id *where, int hold)
 {
 	if (where)
 		*where = TIER_NTIERS;
@@ -294,7 +299,7 @@ int tier_cache_offer(tier_cache *c, tier_cache_key key, const void *src, uint64_
 		st->dropped++;
 		return 0;
 	}
-	int rc = place(c, e, t, src, stream);
+	int rc = place(c, e, t, src, stream, hold);
 	if (rc == -ENOSPC) { /* the store is full of pinned data: not admitted, not an error */
 		tier_log(TIER_LOG_DEBUG, "op cache: no room in the store for layer %u op %u: %s", key.layer, key.op,
 			 tier_last_error());
@@ -308,6 +313,30 @@ int tier_cache_offer(tier_cache *c, tier_cache_key key, const void *src, uint64_
 	if (where)
 		*where = t;
 	return 0;
+}
+
+int tier_cache_offer(tier_cache *c, tier_cache_key key, const void *src, uint64_t bytes, const tier_op_cost *cost,
+		     void *stream, tier_id *where)
+{
+	return offer(c, key, src, bytes, cost, stream, where, 0);
+}
+
+int tier_cache_offer_async(tier_cache *c, tier_cache_key key, const void *src, uint64_t bytes,
+			   const tier_op_cost *cost, void *stream, tier_id *where)
+{
+	return offer(c, key, src, bytes, cost, stream, where, 1);
+}
+
+int tier_cache_offer_done(tier_cache *c, tier_cache_key key)
+{
+	cache_entry *e = c ? find(c, key) : NULL;
+	if (!e)
+		return tier_fail(-EINVAL, "tier_cache_offer_done: layer %u op %u micro-batch %u was not offered",
+				 key.layer, key.op, key.microbatch);
+	if (!e->held) /* not admitted: nothing was queued */
+		return 0;
+	e->held = 0;
+	return tier_release(c->s, e->obj, e->home, 1);
 }
 
 /* ---- Backward --------------------------------------------------------------------------------- */
@@ -333,9 +362,10 @@ int tier_cache_get(tier_cache *c, tier_cache_key key, void **ptr)
 	}
 	if (!e->obj)
 		return miss(c, e, 0);
-	if (e->pinned)
-		return tier_fail(-EBUSY, "tier_cache_get: layer %u op %u micro-batch %u is held by an earlier get: "
-				 "release it first", key.layer, key.op, key.microbatch);
+	if (e->pinned || e->held)
+		return tier_fail(-EBUSY, "tier_cache_get: layer %u op %u micro-batch %u is held by %s: %s first", key.layer,
+				 key.op, key.microbatch, e->pinned ? "an earlier get" : "its asynchronous offer",
+				 e->pinned ? "release it" : "call tier_cache_offer_done");
 	tier_cache_kind_stats *st = &c->st[e->kind];
 	tier_copy_state was = tier_obj_state(c->s, e->obj, TIER_HBM);
 	if (was == TIER_COPY_ABSENT && !e->in[TIER_HBM]) {
@@ -401,7 +431,7 @@ typedef struct {
 static void prefetch_one(tier_cache *c, cache_entry *e, void *arg)
 {
 	pf_arg *a = arg;
-	if (!e->obj || e->pinned || e->key.layer != a->layer || (a->mb != UINT32_MAX && e->key.microbatch != a->mb) ||
+	if (!e->obj || e->pinned || e->held || e->key.layer != a->layer || (a->mb != UINT32_MAX && e->key.microbatch != a->mb) ||
 	    e->in[TIER_HBM] || c->used[0] + e->bytes > c->cfg.budget[0])
 		return;
 	if (tier_prefetch(c->s, e->obj, TIER_HBM) == 0) {
@@ -483,11 +513,12 @@ static void check_one(tier_cache *c, cache_entry *e, void *arg)
 			snprintf(a->msg, sizeof a->msg, "layer %u op %u has a %s copy the cache does not count",
 				 e->key.layer, e->key.op, tier_name((tier_id)t));
 	}
-	if (!e->obj && (e->in[0] || e->in[1] || e->pinned) && !a->msg[0])
+	if (!e->obj && (e->in[0] || e->in[1] || e->pinned || e->held) && !a->msg[0])
 		snprintf(a->msg, sizeof a->msg, "layer %u op %u counts copies without an object", e->key.layer, e->key.op);
-	if (e->obj && (tier_obj_pins(c->s, e->obj, TIER_HBM) > 0) != e->pinned && !a->msg[0])
+	int hbm_pin = e->pinned || (e->held && e->home == TIER_HBM);
+	if (e->obj && (tier_obj_pins(c->s, e->obj, TIER_HBM) > 0) != hbm_pin && !a->msg[0])
 		snprintf(a->msg, sizeof a->msg, "layer %u op %u: pinned %d but the store has %u pins", e->key.layer,
-			 e->key.op, e->pinned, tier_obj_pins(c->s, e->obj, TIER_HBM));
+			 e->key.op, hbm_pin, tier_obj_pins(c->s, e->obj, TIER_HBM));
 }
 
 int tier_cache_check(tier_cache *c)

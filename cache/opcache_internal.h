@@ -18,6 +18,7 @@ typedef struct cache_entry {
 	tier_id home;         /* where the data was admitted or spilled to: HBM or DDR */
 	unsigned char in[2];
 	unsigned char pinned; /* between a hit and its release */
+	unsigned char held;   /* an asynchronous offer's copy: pinned in home until tier_cache_offer_done */
 	struct cache_entry *next;
 } cache_entry;
 
@@ -57,7 +58,7 @@ tier_id cache_choose(tier_cache *c, cache_entry *e);
 int cache_make_room(tier_cache *c, tier_id t, uint64_t need, double max_density);
 
 /* Copy bytes from an operator's pointer into a store copy (copy.c): memcpy on the CPU, a
- * cudaMemcpyAsync on the caller's stream (then waited for) on CUDA. 0 or -EIO. */
-int cache_copy_in(tier_dev *dev, void *dst, const void *src, uint64_t bytes, void *stream);
+ * cudaMemcpyAsync on the caller's stream on CUDA (waited for when wait is set). 0 or -EIO. */
+int cache_copy_in(tier_dev *dev, void *dst, const void *src, uint64_t bytes, void *stream, int wait);
 
 #endif

@@ -106,12 +106,16 @@ typedef struct {
 	int n;
 	tier_object *obj[PIN_MAX];
 	unsigned char dirty[PIN_MAX];
+	unsigned char init[PIN_MAX]; /* acquired with TIER_ACQ_INIT, fill not yet ended */
 } pinset;
 /* Pin o in HBM (flags: TIER_ACQ_INIT for a fresh fill); *p its address. dirty: release dirty. */
 int pin(pinset *ps, tier_object *o, unsigned flags, int dirty, float **p);
 /* Release everything; returns the first error. On CUDA the caller waits for the stream first
  * (the store may move or reuse a released copy at once). */
 int pin_release_all(pinset *ps);
+/* End the fills of the set's TIER_ACQ_INIT pins (tier_fill_done), keeping every pin: later
+ * operations may pin those objects while this set's kernels still run. The first error. */
+int pin_fill_done_all(pinset *ps);
 
 /* The trainer's model and step counter (for checkpoint.c). */
 tier_model *trainer_model(tier_trainer *t);

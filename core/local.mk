@@ -31,7 +31,7 @@ EXTRA_DIST += tests/fuzz/corpus_safetensors tests/golden/check_safetensors.py
 ## the trainer: layers, the qwen3_moe model in the store, the step, data
 libtier_la_SOURCES += core/core_internal.h core/layers.c core/model.c core/model_io.c core/decoder.h \
 	core/decoder.c core/dec_ops.h core/dec_ops.c core/trainer.h core/train.c core/train_sched.c core/train_optim.c \
-	core/train_cache.c core/checkpoint.c core/data.c
+	core/train_cache.c core/train_pending.c core/checkpoint.c core/data.c
 tierinclude_HEADERS += include/tier/model.h
 ## the trainer's CUDA operations (stubs that return -ENOTSUP without CUDA)
 libtier_la_SOURCES += core/ops_cuda.h

@@ -573,6 +573,7 @@ int pin(pinset *ps, tier_object *o, unsigned flags, int dirty, float **p)
 	if (rc)
 		return rc;
 	ps->obj[ps->n] = o;
+	ps->init[ps->n] = (unsigned char)((flags & TIER_ACQ_INIT) != 0);
 	ps->dirty[ps->n++] = (unsigned char)(dirty || (flags & TIER_ACQ_INIT));
 	*p = addr;
 	return 0;
@@ -587,6 +588,20 @@ int pin_release_all(pinset *ps)
 			first = rc;
 	}
 	ps->n = 0;
+	return first;
+}
+
+int pin_fill_done_all(pinset *ps)
+{
+	int first = 0;
+	for (int i = 0; i < ps->n; i++) {
+		if (!ps->init[i])
+			continue;
+		int rc = tier_fill_done(ps->s, ps->obj[i], TIER_HBM);
+		ps->init[i] = 0;
+		if (rc && !first)
+			first = rc;
+	}
 	return first;
 }
 

@@ -44,11 +44,17 @@ static void pin_time(tier_trainer *t, uint64_t t0)
 	t->pin_since += dt;
 }
 
-/* pin() with its time counted. */
+/* pin() with its time counted. Refused for room, or for a fill not yet ended, while the operation
+ * before still holds its pins (train_pending.c): that one is finished first and the pin retried. */
 int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, float **p)
 {
 	uint64_t t0 = tier_now_ns();
 	int rc = pin(&t->ps, o, flags, dirty, p);
+	if ((rc == -ENOSPC || rc == -EBUSY) && t->prev_on) {
+		t->n_early++;
+		int r = trainer_finish_prev(t);
+		rc = r ? r : pin(&t->ps, o, flags, dirty, p);
+	}
 	pin_time(t, t0);
 	return rc;
 }
@@ -142,6 +148,10 @@ static void trainer_env(tier_trainer *t)
 {
 	const char *prof = getenv("TIER_PROFILE");
 	t->profile = prof && *prof && strcmp(prof, "0");
+	const char *pipe = getenv("TIER_PIPELINE"); /* 0 off; force: even where two operations' pins
+						     * do not fit (tests: the early finishes) */
+	t->pipeline = !t->profile && !(pipe && !strcmp(pipe, "0"));
+	t->pipe_force = t->pipeline && pipe && !strcmp(pipe, "force");
 	const char *routed = getenv("TIER_SCHED_ROUTED");
 	t->sched_routed = !routed || !strcmp(routed, "bwd") ? 1 : !strcmp(routed, "all") ? 2 : 0;
 }
@@ -184,6 +194,12 @@ static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nc
 	t->hbm_cap = st.tier[TIER_HBM].capacity;
 	t->spill = all > t->hbm_cap;
 	t->scratch_keep = t->hbm_cap >= t->min_hbm + opt; /* an optimizer set's room to spare */
+	/* pipelined operations (train_pending.c) hold two operations' pins at once: below that room
+	 * the next one's pins would be refused, or split the free space so that a large object no
+	 * longer fits where the operation alone fitted */
+	uint64_t op = 2 * t->nck * tier_align_up(ta, 4096) + most;
+	if (t->hbm_cap < t->min_hbm + op && !t->pipe_force)
+		t->pipeline = 0;
 	if (t->hbm_cap >= t->min_hbm)
 		return 0;
 	char need[32], have[32];
@@ -205,9 +221,11 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	tier_trainer *t = calloc(1, sizeof *t);
 	if (!t)
 		return tier_fail(-ENOMEM, "out of memory for the trainer");
-	t->m = m, t->c = *c, t->ps.s = m->s, t->op_seq = 1;
+	t->m = m, t->c = *c, t->ps.s = t->ps_prev.s = m->s, t->op_seq = 1;
 	trainer_env(t);
 	if (!t->profile && (rc = tier_marks_open(&t->marks, m->dev)))
+		goto fail;
+	if ((rc = tier_waypoint_open(&t->wp, m->dev)))
 		goto fail;
 	if ((rc = dec_shape_init(m, c->batch, c->seq, c->moe_chunks, &t->sh)))
 		goto fail;
@@ -256,6 +274,9 @@ void tier_trainer_destroy(tier_trainer *t)
 {
 	if (!t)
 		return;
+	if (t->prev_on || t->ps.n)
+		(void)tier_dev_sync(t->m->dev);
+	pin_release_all(&t->ps_prev);
 	pin_release_all(&t->ps);
 	if (t->scratch_p) /* kept from the last step: unpinned clean, which drops it (-EINVAL says so)
 			   * without a dirty release in an access trace after its last step */
@@ -278,6 +299,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	free(t->cv_len);
 	free(t->hidx);
 	tier_marks_close(t->marks);
+	tier_waypoint_close(t->wp);
 	free(t);
 }
 
@@ -535,14 +557,6 @@ static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *o
 	return rc;
 }
 
-/* End an operation: wait for its kernels (the store may move or reuse what is released), then
- * release its pins. */
-int trainer_op_end(tier_trainer *t, int rc)
-{
-	t->op_seq++; /* the sets' cached addresses (pin_group) die with the pins */
-	int r1 = tier_dev_sync(t->m->dev), r2 = pin_release_all(&t->ps);
-	return rc ? rc : r1 ? r1 : r2;
-}
 
 /* Host values of n int32 for the device: the array itself on the CPU, a copy in `dev` on CUDA. */
 static int to_dev_ints(tier_trainer *t, const int32_t *h, int32_t *dev, size_t n, const int32_t **out)
@@ -592,18 +606,10 @@ static int embed_body(tier_trainer *t, const int32_t *tokens)
 	return rc;
 }
 
-static void embed_post(tier_trainer *t)
-{
-	if (t->spill) /* read again by layer 0's backward, long after HBM has turned over */
-		tier_writeback(t->m->s, t->ck[0]);
-}
-
 static int op_embed(tier_trainer *t, const int32_t *tokens)
 {
 	trainer_at_op(t);
-	int rc = trainer_op_end(t, embed_body(t, tokens));
-	if (!rc)
-		embed_post(t);
+	int rc = trainer_op_close(t, embed_body(t, tokens), POST_NONE, 0, (int)t->mb, (int)t->mb + 1, -1);
 	trainer_charge(t, TIER_PART_EMBED);
 	return rc;
 }
@@ -637,18 +643,10 @@ static int fwd_body(tier_trainer *t, int l, float *hidden)
 	return rc;
 }
 
-static void fwd_post(tier_trainer *t, int l)
-{
-	if (t->spill)
-		tier_writeback(t->m->s, t->ck[l + 1]);
-}
-
 static int op_fwd(tier_trainer *t, int l, float *hidden)
 {
 	trainer_at_op(t);
-	int rc = trainer_op_end(t, fwd_body(t, l, hidden));
-	if (!rc)
-		fwd_post(t, l);
+	int rc = trainer_op_close(t, fwd_body(t, l, hidden), POST_FWD, l, (int)t->mb, (int)t->mb + 1, -1);
 	trainer_charge(t, TIER_PART_MLP_FWD);
 	return rc;
 }
@@ -681,18 +679,12 @@ static int loss_body(tier_trainer *t, const int32_t *labels, float dloss, int gr
 	return rc;
 }
 
-static int loss_post(tier_trainer *t, int grads)
-{
-	/* read by nothing after: dropped, so that no eviction or prefetch moves it */
-	return grads ? tier_obj_discard(t->m->s, t->ck[t->m->L]) : 0;
-}
-
+/* The loss waits for its kernels (the host reads the loss); without gradients it has no post. */
 static int op_loss(tier_trainer *t, const int32_t *labels, float dloss, int grads, float *loss, float *hidden)
 {
 	trainer_at_op(t);
-	int rc = trainer_op_end(t, loss_body(t, labels, dloss, grads, loss, hidden));
-	if (!rc)
-		rc = loss_post(t, grads);
+	int rc = trainer_op_close(t, loss_body(t, labels, dloss, grads, loss, hidden), grads ? POST_LOSS : POST_NONE,
+				  0, (int)t->mb, (int)t->mb + 1, -1);
 	trainer_charge(t, TIER_PART_LOSS);
 	return rc;
 }
@@ -727,21 +719,38 @@ static int bwd_body(tier_trainer *t, int l, float d_aux)
 	return rc;
 }
 
-static int bwd_post(tier_trainer *t, int l)
+/* Micro-batch mb's layer inputs (the row of ckpt use_mb picks). */
+static tier_object **ck_row(const tier_trainer *t, int mb)
 {
-	/* the layer's input is spent; its gradients are final after the last micro-batch */
-	int rc = tier_obj_discard(t->m->s, t->ck[l]);
-	if (!rc && t->spill && t->last_mb)
-		layer_grads_writeback(t, l);
+	return t->ckpt + (size_t)(t->nck > 1 ? mb : 0) * (t->m->L + 1);
+}
+
+int trainer_post(tier_trainer *t, int post, int l, int mb0, int mb1, int last_at)
+{
+	int rc = 0;
+	for (int mb = mb0; mb < mb1 && !rc; mb++) {
+		tier_object **ck = ck_row(t, mb);
+		if (post == POST_FWD && t->spill) /* the layer's input, read again by its backward long
+						   * after HBM has turned over (unpinned only now) */
+			tier_writeback(t->m->s, ck[l]);
+		else if (post == POST_LOSS) /* read by nothing after: dropped, so that no eviction or
+					     * prefetch moves it */
+			rc = tier_obj_discard(t->m->s, ck[t->m->L]);
+		else if (post == POST_BWD) { /* the layer's input is spent; its gradients are final after
+					      * the last micro-batch */
+			rc = tier_obj_discard(t->m->s, ck[l]);
+			if (!rc && t->spill && mb == last_at)
+				layer_grads_writeback(t, l);
+		}
+	}
 	return rc;
 }
 
 static int op_bwd(tier_trainer *t, int l, float d_aux)
 {
 	trainer_at_op(t);
-	int rc = trainer_op_end(t, bwd_body(t, l, d_aux));
-	if (!rc)
-		rc = bwd_post(t, l);
+	int rc = trainer_op_close(t, bwd_body(t, l, d_aux), POST_BWD, l, (int)t->mb, (int)t->mb + 1,
+				  t->last_mb ? (int)t->mb : -1);
 	trainer_charge(t, TIER_PART_ATTN_BWD);
 	return rc;
 }
@@ -774,30 +783,13 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 		rc = op_loss(t, lab, dloss, grads, loss, hidden ? hidden + (m->L + 1) * th : NULL);
 	for (int l = m->L - 1; l >= 0 && !rc && grads; l--)
 		rc = op_bwd(t, l, dloss);
-	return rc;
+	return trainer_ops_drain(t, rc); /* what follows pins the same objects and reads results */
 }
 
 /* Micro-batch mb's running gradient in a layer-major step (th-aligned rows of the scratch). */
 static float *gmb_of(const tier_trainer *t, int mb)
 {
 	return (float *)((char *)t->gmb + (size_t)mb * t->th);
-}
-
-/* The operation's posts, one per micro-batch, after trainer_op_end; the first error wins. */
-enum { POST_EMBED, POST_FWD, POST_LOSS, POST_BWD };
-static int lm_posts(tier_trainer *t, int rc, int what, int l)
-{
-	for (int mb = 0; mb < t->c.micro_batches && !rc; mb++) {
-		use_mb(t, mb);
-		t->last_mb = mb == t->c.micro_batches - 1;
-		if (what == POST_EMBED)
-			embed_post(t);
-		else if (what == POST_FWD)
-			fwd_post(t, l);
-		else
-			rc = what == POST_LOSS ? loss_post(t, 1) : bwd_post(t, l);
-	}
-	return rc;
 }
 
 /* A training step's forward and backward, layer-major (tier_train_cfg.layer_major): each
@@ -813,7 +805,7 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 	trainer_at_op(t);
 	for (int mb = 0; mb < nm && !rc; mb++)
 		use_mb(t, mb), rc = embed_body(t, tok + mb * T);
-	rc = lm_posts(t, trainer_op_end(t, rc), POST_EMBED, 0);
+	rc = trainer_op_close(t, rc, POST_NONE, 0, 0, nm, -1);
 	trainer_charge(t, TIER_PART_EMBED);
 	for (int l = 0; l < m->L && !rc; l++) {
 		trainer_at_op(t);
@@ -823,7 +815,7 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 				*aux += t->b.ms.aux + t->b.ms.z;
 			trainer_charge(t, TIER_PART_MLP_FWD); /* before the next micro-batch's attention */
 		}
-		rc = lm_posts(t, trainer_op_end(t, rc), POST_FWD, l);
+		rc = trainer_op_close(t, rc, POST_FWD, l, 0, nm, -1);
 		trainer_charge(t, TIER_PART_MLP_FWD);
 	}
 	if (!rc && m->E > 0 && t->sched_routed) { /* the backward's experts are known now */
@@ -838,7 +830,7 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 		rc = loss_body(t, lab + mb * T, dloss, 1, &l, NULL);
 		*loss_sum += l;
 	}
-	rc = lm_posts(t, trainer_op_end(t, rc), POST_LOSS, 0);
+	rc = trainer_op_close(t, rc, POST_LOSS, 0, 0, nm, -1);
 	trainer_charge(t, TIER_PART_LOSS);
 	for (int l = m->L - 1; l >= 0 && !rc; l--) {
 		trainer_at_op(t);
@@ -850,11 +842,11 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 				rc = dop_copy(m, gmb_of(t, mb), t->g1, sizeof(float) * T * m->H);
 			trainer_charge(t, TIER_PART_ATTN_BWD);
 		}
-		rc = lm_posts(t, trainer_op_end(t, rc), POST_BWD, l);
+		rc = trainer_op_close(t, rc, POST_BWD, l, 0, nm, nm - 1);
 		trainer_charge(t, TIER_PART_ATTN_BWD);
 	}
 	t->gcur = t->g0, t->gnext = t->g1, t->training = 0;
-	return rc;
+	return trainer_ops_drain(t, rc);
 }
 
 static int check_tokens(const tier_trainer *t, const int32_t *tokens, const int32_t *labels, size_t n)
@@ -980,6 +972,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 				 "(tier_model_init_random) first");
 	uint64_t t0 = tier_now_ns();
 	memset(r, 0, sizeof *r);
+	t->n_piped = t->n_early = 0;
 	if ((rc = step_begin(t)))
 		return rc;
 	float loss_sum = 0.0f, lr = 0.0f;
@@ -994,6 +987,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	for (size_t i = 0; i < T * nm; i++)
 		r->tokens += labels[i] != t->lp.ignore_index;
 	r->ns = tier_now_ns() - t0;
+	r->ops_pipelined = t->n_piped, r->ops_finished_early = t->n_early;
 	return 0;
 }
 

@@ -45,8 +45,15 @@ int trainer_cache_offer(tier_trainer *t, int l)
 		if (h == 1 && !dec_mlp_recompute(&t->sh, t->m->layers[l].moe))
 			continue; /* MoE in chunks: its backward runs each chunk's forward again */
 		tier_op_cost c = half_cost(t, l, h);
-		int rc = t->b.save_bytes[h] ? tier_cache_offer(t->cache, ckey(t, l, h), t->b.save[h], t->b.save_bytes[h],
-							       &c, tier_dev_stream(t->m->dev), NULL) : 0;
+		if (!t->b.save_bytes[h])
+			continue;
+		/* pipelined: the copy is queued, and the entry stays pinned until the operation's end */
+		int async = t->pipeline && t->opc.nkeys < OP_KEYS;
+		int rc = (async ? tier_cache_offer_async : tier_cache_offer)(t->cache, ckey(t, l, h), t->b.save[h],
+									   t->b.save_bytes[h], &c,
+									   tier_dev_stream(t->m->dev), NULL);
+		if (!rc && async)
+			(void)trainer_op_key(t, ckey(t, l, h), 0); /* room checked above */
 		if (rc)
 			return rc;
 	}
@@ -63,8 +70,12 @@ int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc)
 	int r = tier_cache_get(t->cache, ckey(t, l, h), &p);
 	if (r)
 		return *rc = r < 0 ? r : 0, 0;
-	/* the entry is freed on release: the copy must be done by then */
-	if (!(*rc = dop_copy(t->m, t->b.save[h], p, t->b.save_bytes[h])))
+	/* the entry is freed on release: the copy must be done by then, at the operation's end when
+	 * pipelined (the entry stays pinned until then), else waited for here */
+	*rc = dop_copy(t->m, t->b.save[h], p, t->b.save_bytes[h]);
+	if (!*rc && t->pipeline && !trainer_op_key(t, ckey(t, l, h), 1))
+		return 1;
+	if (!*rc)
 		*rc = tier_dev_sync(t->m->dev);
 	int r2 = tier_cache_release(t->cache, ckey(t, l, h), 1);
 	*rc = *rc ? *rc : r2;

@@ -8,6 +8,22 @@
 #include "tier/cache.h"
 #include "tier/loss.h"
 
+/* What follows an operation once its kernels are done (train.c, trainer_post): the checkpoints it
+ * wrote start down (spilling steps), the ones spent are dropped, final gradients written down. */
+enum { POST_NONE, POST_EMBED, POST_FWD, POST_LOSS, POST_BWD };
+
+/* An operation as far as its end is concerned (train_pending.c): its post, for micro-batches
+ * [mb0, mb1) (last_at: the one whose gradients become final, or -1), and the op cache entries it
+ * leaves pinned: an asynchronous offer's (finished by tier_cache_offer_done) or a restore's get
+ * (released as done). */
+#define OP_KEYS 64
+typedef struct {
+	int post, l, mb0, mb1, last_at;
+	int nkeys;
+	tier_cache_key key[OP_KEYS];
+	unsigned char got[OP_KEYS]; /* 1: a get, 0: an offer */
+} trainer_opdesc;
+
 struct tier_trainer {
 	tier_model *m;
 	tier_train_cfg c;
@@ -27,6 +43,18 @@ struct tier_trainer {
 	float *gmb;            /* layer-major: each micro-batch's running gradient [nck][T, H] (in scratch) */
 	void *lws;
 	pinset ps;             /* the current operation's pins */
+	trainer_opdesc opc;    /* the current operation's end */
+	/* Pipelined operations (train_pending.c): an operation ends by putting a waypoint; its pins,
+	 * cache entries and post wait until the next operation's kernels are queued, so that the device
+	 * is not idle while the host pins and queues. */
+	int pipeline;          /* on unless $TIER_PIPELINE=0, $TIER_PROFILE, or the HBM budget cannot
+				* hold two operations' pins (unless $TIER_PIPELINE=force) */
+	int pipe_force;
+	int prev_on;           /* the operation before still holds ps_prev and opp */
+	pinset ps_prev;
+	trainer_opdesc opp;
+	tier_waypoint *wp;
+	int n_piped, n_early;  /* the step's pipelined operations; finished early (tier_step_result) */
 	size_t op;             /* index into the schedule */
 	int64_t step;
 	int32_t *counts;       /* [E] */
@@ -73,6 +101,23 @@ struct tier_trainer {
 void trainer_charge(tier_trainer *t, int part);
 int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, float **p);
 int trainer_op_end(tier_trainer *t, int rc);
+/* The post of an operation (the objects it names must be unpinned): POST_*, layer l, micro-batches
+ * [mb0, mb1), last_at as in trainer_opdesc. 0 or the first error. */
+int trainer_post(tier_trainer *t, int post, int l, int mb0, int mb1, int last_at);
+
+/* train_pending.c: end the current operation with its post (trainer_opdesc's fields): pipelined,
+ * it is queued and the operation before it is finished (waited for, released, posted); else, or
+ * after an error (rc), as trainer_op_end followed by the post. finish_prev: wait for and finish
+ * the operation before (0 when there is none). drain: wait for the device, finish both. The first
+ * error wins. */
+int trainer_op_close(tier_trainer *t, int rc, int post, int l, int mb0, int mb1, int last_at);
+int trainer_finish_prev(tier_trainer *t);
+int trainer_ops_drain(tier_trainer *t, int rc);
+/* Record an op cache entry the current operation leaves pinned (got: a get, else an async offer);
+ * 0 when recorded, 1 when the list is full (the caller waits and finishes it now). */
+int trainer_op_key(tier_trainer *t, tier_cache_key key, int got);
+/* Finish one recorded entry: offer done, or the get released as done. */
+int trainer_key_finish(tier_trainer *t, tier_cache_key key, int got);
 /* Announce the next operation of the step's schedule to the store (prefetches what follows). */
 void trainer_at_op(tier_trainer *t);
 /* Unpin and drop the scratch kept between steps (the optimizer, short of room); 0 or the error. */

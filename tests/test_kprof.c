@@ -140,6 +140,85 @@ static void test_print(void **state)
 	free(s);
 }
 
+/* The busy time and gaps against a brute force on a grid of 1 us cells: random spans (nested,
+ * overlapping, touching, zero-length, out of order) over 30 ms, the whole run and a window. */
+#define CELL 1000u
+#define CELLS 30000u
+static void brute(const kprof_span *v, size_t n, uint64_t from, kprof_idle *out)
+{
+	static unsigned char busy[CELLS];
+	memset(busy, 0, sizeof busy);
+	memset(out, 0, sizeof *out);
+	int64_t first = -1, last = -1;
+	for (size_t i = 0; i < n; i++) {
+		if (v[i].start < from || v[i].end == v[i].start)
+			continue;
+		for (uint64_t c = v[i].start / CELL; c < v[i].end / CELL; c++)
+			busy[c] = 1;
+		first = first < 0 || (int64_t)(v[i].start / CELL) < first ? (int64_t)(v[i].start / CELL) : first;
+		last = (int64_t)(v[i].end / CELL) > last ? (int64_t)(v[i].end / CELL) : last;
+	}
+	if (first < 0)
+		return;
+	out->span_ns = (uint64_t)(last - first) * CELL;
+	for (int64_t c = first; c < last;) {
+		if (busy[c]) {
+			out->busy_ns += CELL, c++;
+			continue;
+		}
+		int64_t e = c;
+		while (e < last && !busy[e])
+			e++;
+		uint64_t ns = (uint64_t)(e - c) * CELL;
+		int b = ns < 10000 ? 0 : ns < 100000 ? 1 : ns < 1000000 ? 2 : ns < 10000000 ? 3 : 4;
+		out->gaps[b]++, out->gap_ns[b] += ns, c = e;
+	}
+}
+
+static void test_idle(void **state)
+{
+	(void)state;
+	uint64_t x = 88172645463325252ull; /* xorshift */
+	for (int round = 0; round < 50; round++) {
+		kprof_spans s = { 0 };
+		size_t n = 1 + (size_t)round * 7;
+		kprof_span *v = malloc(n * sizeof *v);
+		assert_non_null(v);
+		for (size_t i = 0; i < n; i++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			uint64_t a = x % (CELLS - 2000), len = (x >> 20) % (round & 1 ? 40 : 2000);
+			v[i] = (kprof_span){ a * CELL, (a + len) * CELL };
+			assert_int_equal(kprof_spans_add(&s, v[i].start, v[i].end), 0);
+		}
+		uint64_t from = round % 3 ? 0 : (uint64_t)(CELLS / 2) * CELL;
+		kprof_idle got, want;
+		kprof_idle_of(&s, from, UINT64_MAX, &got);
+		brute(v, n, from, &want);
+		assert_int_equal(got.span_ns, want.span_ns);
+		assert_int_equal(got.busy_ns, want.busy_ns);
+		for (int b = 0; b < KPROF_GAP_BINS; b++) {
+			assert_int_equal(got.gaps[b], want.gaps[b]);
+			assert_int_equal(got.gap_ns[b], want.gap_ns[b]);
+		}
+		assert_true(got.busy_ns <= got.span_ns);
+		free(v);
+		kprof_spans_free(&s);
+	}
+	/* no spans, and a printed line */
+	kprof_spans s = { 0 };
+	kprof_idle d;
+	kprof_idle_of(&s, 0, UINT64_MAX, &d);
+	assert_int_equal(d.span_ns, 0);
+	assert_int_equal(d.busy_ns, 0);
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	kprof_idle_print(&d, f, "t");
+	fclose(f);
+	assert_non_null(strstr(buf, "span 0.000 ms"));
+	free(buf);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -147,6 +226,7 @@ int main(void)
 		cmocka_unit_test(test_growth),
 		cmocka_unit_test(test_merge),
 		cmocka_unit_test(test_print),
+		cmocka_unit_test(test_idle),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

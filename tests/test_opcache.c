@@ -465,6 +465,54 @@ static void test_hit_content(void **state)
 	close_cache(&ts, c);
 }
 
+/* Asynchronous offers (the pipelined trainer's): an admitted entry stays pinned until
+ * tier_cache_offer_done: get says -EBUSY and how to go on, it is never a victim (later offers that
+ * need its room are dropped or spill), ending the micro-batch says -EBUSY; once done it is
+ * gettable with the offered bytes. Not admitted: done is a no-op; never offered: -EINVAL. */
+static void test_offer_async(void **state)
+{
+	(void)state;
+	test_store ts;
+	tier_cache *c;
+	tier_cache_rates rates = fixed_rates(1e9, 1e10, 2e9);
+	open_cache(&ts, &c, 256 << 10, 1 << 20, "all:hbm=64K:ddr=64K", &rates);
+	static unsigned char buf[48 << 10];
+	tier_op_cost cost = { TIER_OP_GROUPED_GEMM, 1e9, 0 };
+	tier_cache_key k0 = { 0, 0, 0 }, k1 = { 0, 1, 0 }, k2 = { 1, 0, 0 }, kx = { 9, 9, 9 };
+	tier_id where;
+	tier_pattern_fill(buf, sizeof buf, key_seed(k0), 0);
+	assert_int_equal(tier_cache_offer_async(c, k0, buf, sizeof buf, &cost, NULL, &where), 0);
+	assert_int_equal(where, TIER_HBM);
+	assert_int_equal(tier_cache_check(c), 0);
+	void *p;
+	assert_int_equal(tier_cache_get(c, k0, &p), -EBUSY);
+	assert_non_null(strstr(tier_last_error(), "tier_cache_offer_done"));
+	/* a more valuable offer cannot take the held entry's HBM room */
+	tier_op_cost dear = { TIER_OP_GROUPED_GEMM, 1e12, 0 };
+	tier_pattern_fill(buf, sizeof buf, key_seed(k1), 0);
+	assert_int_equal(tier_cache_offer_async(c, k1, buf, sizeof buf, &dear, NULL, &where), 0);
+	assert_true(where != TIER_HBM);
+	assert_int_equal(tier_cache_check(c), 0);
+	assert_int_equal(tier_cache_end_microbatch(c, 0), -EBUSY);
+	/* not admitted by the rules' budgets: nothing is held */
+	tier_pattern_fill(buf, sizeof buf, key_seed(k2), 0);
+	assert_int_equal(tier_cache_offer_async(c, k2, buf, sizeof buf, &cost, NULL, &where), 0);
+	assert_int_equal(tier_cache_offer_done(c, k0), 0);
+	assert_int_equal(tier_cache_offer_done(c, k1), 0);
+	assert_int_equal(tier_cache_offer_done(c, k2), 0);
+	assert_int_equal(tier_cache_offer_done(c, kx), -EINVAL);
+	assert_int_equal(tier_cache_check(c), 0);
+	tier_cache_key ks[3] = { k0, k1, k2 };
+	for (int i = 0; i < 3; i++)
+		if (tier_cache_get(c, ks[i], &p) == 0) {
+			assert_int_equal(tier_pattern_check(p, sizeof buf, key_seed(ks[i]), 0), sizeof buf);
+			assert_int_equal(tier_cache_release(c, ks[i], 1), 0);
+		} else
+			assert_int_equal(i, 2); /* only the last may have been dropped */
+	assert_int_equal(tier_cache_check(c), 0);
+	close_cache(&ts, c);
+}
+
 /* ---- Rules ------------------------------------------------------------------------------------ */
 static void test_rules_good(void **state)
 {
@@ -599,6 +647,7 @@ int main(void)
 		cmocka_unit_test(test_evicted_before_backward),
 		cmocka_unit_test(test_random_budgets),
 		cmocka_unit_test(test_hit_content),
+		cmocka_unit_test(test_offer_async),
 		cmocka_unit_test(test_rules_good),
 		cmocka_unit_test(test_rules_bad),
 		cmocka_unit_test(test_bad_input),

@@ -119,6 +119,46 @@ static void test_bad_objects(void **state)
 	test_store_close(&ts);
 }
 
+/* tier_fill_done: a fill ended with the pin kept. Others may pin the object and read its data;
+ * it is never evicted while pinned (room is refused instead); the release may then be clean or
+ * dirty; misuse (not pinned, not being filled, bad arguments) is refused with nothing changed. */
+static void test_fill_done(void **state)
+{
+	test_store ts;
+	void *addr, *again;
+	(void)state;
+	assert_int_equal(test_store_open(&ts, TIER_POLICY_LRU, 2 * OBJ, 8 * OBJ, 0, 0), 0);
+	tier_object *o = mk(ts.s, OBJ, 0), *p = mk(ts.s, OBJ, 0), *q = mk(ts.s, OBJ, 0);
+	assert_int_equal(tier_fill_done(ts.s, o, TIER_HBM), -EINVAL); /* not pinned */
+	assert_non_null(strstr(tier_last_error(), "TIER_ACQ_INIT"));
+	assert_int_equal(tier_fill_done(NULL, o, TIER_HBM), -EINVAL);
+	assert_int_equal(tier_fill_done(ts.s, o, TIER_NTIERS), -EINVAL);
+	assert_int_equal(tier_acquire(ts.s, o, TIER_HBM, TIER_ACQ_INIT, &addr, NULL), 0);
+	tier_pattern_fill(addr, OBJ, 11, 0);
+	assert_int_equal(tier_acquire(ts.s, o, TIER_HBM, 0, &again, NULL), -EBUSY); /* being filled */
+	assert_int_equal(tier_fill_done(ts.s, o, TIER_HBM), 0);
+	assert_int_equal(tier_fill_done(ts.s, o, TIER_HBM), -EINVAL); /* no longer being filled */
+	assert_int_equal(tier_obj_pins(ts.s, o, TIER_HBM), 1);
+	assert_int_equal(tier_acquire(ts.s, o, TIER_HBM, 0, &again, NULL), 0); /* a second pin, same copy */
+	assert_ptr_equal(again, addr);
+	assert_int_equal(tier_pattern_check(again, OBJ, 11, 0), OBJ);
+	assert_int_equal(tier_release(ts.s, o, TIER_HBM, 0), 0);
+	/* still pinned once: the other slot of HBM is all there is for p and q */
+	fill(ts.s, p, TIER_HBM, 12);
+	void *pa;
+	assert_int_equal(tier_acquire(ts.s, p, TIER_HBM, 0, &pa, NULL), 0);
+	assert_int_equal(tier_acquire(ts.s, q, TIER_HBM, TIER_ACQ_INIT, &again, NULL), -ENOSPC);
+	assert_int_equal(tier_release(ts.s, p, TIER_HBM, 0), 0);
+	assert_int_equal(tier_store_check(ts.s), 0);
+	assert_int_equal(tier_release(ts.s, o, TIER_HBM, 0), 0); /* clean: the filled data stands */
+	fill(ts.s, q, TIER_HBM, 13);
+	fill(ts.s, p, TIER_HBM, 14); /* o goes down to DDR to make room, with its data */
+	expect(ts.s, o, TIER_HBM, 11);
+	expect(ts.s, q, TIER_DDR, 13);
+	assert_int_equal(tier_store_check(ts.s), 0);
+	test_store_close(&ts);
+}
+
 /* Everything pinned: -ENOSPC naming the pinned bytes and the budget; fine again after release. */
 static void test_all_pinned(void **state)
 {
@@ -269,6 +309,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_config),
 		cmocka_unit_test(test_bad_objects),
+		cmocka_unit_test(test_fill_done),
 		cmocka_unit_test(test_all_pinned),
 		cmocka_unit_test(test_fetch_faults),
 		cmocka_unit_test(test_writeback_fault),

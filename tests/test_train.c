@@ -545,6 +545,110 @@ static void test_layer_major(void **state)
 	rig_micro = 1, rig_lmajor = 0, rig_opcache = NULL, rig_chunks = 0;
 }
 
+/* Pipelined operations (train_pending.c: an operation's end put off behind the next one's kernels)
+ * change nothing: losses, adapters and expert counts equal $TIER_PIPELINE=0's bit for bit, under a
+ * large budget, the smallest one (two operations' pins do not fit: not pipelined), twice that
+ * (pins refused for room finish the operation before early), the op cache in HBM and DDR with 2
+ * micro-batches, and layer-major with 3 and the cache; the store's own check passes at the end
+ * (rig_close). */
+/* One configuration of test_pipeline_transparent: 4 steps pipelined and with $TIER_PIPELINE=0,
+ * equal bit for bit; *piped and *early get the pipelined run's counts. */
+static void pipeline_case(const tier_hf_config *c, const tier_lora_cfg *lc, const char *what, uint64_t hbm,
+			  int *piped, int *early)
+{
+	float loss[2][4];
+	tier_peft_adapter *w[2];
+	int64_t counts[2][16];
+	int pp[2] = { 0, 0 }, ee[2] = { 0, 0 };
+	char mode[16] = ""; /* the pipelined run's $TIER_PIPELINE (empty: unset) */
+	if (getenv("TIER_PIPELINE"))
+		snprintf(mode, sizeof mode, "%s", getenv("TIER_PIPELINE"));
+	for (int v = 0; v < 2; v++) {
+		rig q;
+		if (!v)
+			setenv("TIER_PIPELINE", "0", 1);
+		else if (*mode)
+			setenv("TIER_PIPELINE", mode, 1);
+		else
+			unsetenv("TIER_PIPELINE");
+		assert_int_equal(rig_open(&q, c, lc, hbm, 2, 8, 3, 0.1), 0);
+		fill_batch(&q, 23, seed + 13, 16 * (size_t)rig_micro);
+		for (int st = 0; st < 4; st++) {
+			tier_step_result res;
+			int rc = tier_trainer_step(q.t, q.tok, q.lab, &res);
+			if (rc)
+				printf("# %s, %s, step %d: %s\n", what, v ? "pipelined" : "TIER_PIPELINE=0", st,
+				       tier_last_error());
+			assert_int_equal(rc, 0);
+			loss[v][st] = res.loss;
+			pp[v] += res.ops_pipelined, ee[v] += res.ops_finished_early;
+		}
+		assert_int_equal(tier_model_lora_export(q.m, 0, &w[v]), 0);
+		assert_int_equal(tier_trainer_expert_counts(q.t, 2, counts[v]), 0);
+		rig_close(&q);
+	}
+	printf("# %s: losses %.7f .. %.7f; %d operations pipelined, %d of them finished early\n", what, loss[1][0],
+	       loss[1][3], pp[1], ee[1]);
+	assert_int_equal(pp[0], 0);
+	assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
+	assert_memory_equal(counts[0], counts[1], sizeof counts[0]);
+	for (size_t j = 0; j < w[0]->n_modules; j++) {
+		const tier_peft_module *a = &w[0]->modules[j], *b = &w[1]->modules[j];
+		assert_memory_equal(a->a, b->a, sizeof(float) * w[0]->r * a->in);
+		assert_memory_equal(a->b, b->b, sizeof(float) * w[0]->r * a->out);
+	}
+	tier_peft_free(w[0]);
+	tier_peft_free(w[1]);
+	*piped = pp[1], *early = ee[1];
+}
+
+/* Pipelined operations (train_pending.c: an operation's end put off behind the next one's kernels)
+ * change nothing: losses, adapters and expert counts equal $TIER_PIPELINE=0's bit for bit under a
+ * large budget; under budgets from test_store_transparent's smallest (a quarter over
+ * tier_trainer_min_hbm: two operations' pins do not fit, so not pipelined) up to 2.5 times it, one
+ * of which has pins refused for room that finish the operation before early; with the op cache in
+ * HBM and DDR and 2 micro-batches; layer-major with 3 and the cache. The store's own check passes
+ * at the end of each run (rig_close). */
+static void test_pipeline_transparent(void **state)
+{
+	(void)state;
+	tier_hf_config c;
+	tier_lora_cfg lc;
+	wider_all_targets(&c, &lc);
+	lc.dropout = 0.0f;
+	rig q;
+	assert_int_equal(rig_open(&q, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);
+	uint64_t need = tier_trainer_min_hbm(q.t);
+	rig_close(&q);
+	int piped, early, any_early = 0;
+	char what[96];
+	pipeline_case(&c, &lc, "large budget", 64u << 20, &piped, &early);
+	assert_true(piped > 0);
+	for (int k = 10; k <= 20; k += 2) {
+		snprintf(what, sizeof what, "budget %d/8 of the smallest", k);
+		pipeline_case(&c, &lc, what, need * (uint64_t)k / 8, &piped, &early);
+		if (k == 10)
+			assert_int_equal(piped, 0);
+	}
+	/* forced where two operations' pins do not fit: pins refused for room finish the one before */
+	setenv("TIER_PIPELINE", "force", 1);
+	for (int k = 10; k <= 14; k += 2) {
+		snprintf(what, sizeof what, "budget %d/8 of the smallest, TIER_PIPELINE=force", k);
+		pipeline_case(&c, &lc, what, need * (uint64_t)k / 8, &piped, &early);
+		any_early |= piped > 0 && early > 0;
+	}
+	unsetenv("TIER_PIPELINE");
+	assert_true(any_early);
+	rig_micro = 2, rig_opcache = "all:hbm=64k:ddr=8M";
+	pipeline_case(&c, &lc, "op cache in hbm and ddr, 2 micro-batches", 64u << 20, &piped, &early);
+	assert_true(piped > 0);
+	rig_micro = 3, rig_lmajor = 1, rig_opcache = "all:hbm=1M";
+	pipeline_case(&c, &lc, "layer-major, 3 micro-batches, op cache", 64u << 20, &piped, &early);
+	assert_true(piped > 0);
+	pipeline_case(&c, &lc, "layer-major, 3 micro-batches, op cache, spilling", need * 5 / 2, &piped, &early);
+	rig_micro = 1, rig_lmajor = 0, rig_opcache = NULL;
+}
+
 /* LoRA dropout: training steps use it (their losses differ from dropout 0's after the first
  * update) and evaluation does not (equal losses); dropout on expert targets is refused. */
 static void test_lora_dropout(void **state)
@@ -1166,6 +1270,7 @@ int main(void)
 		cmocka_unit_test(test_grad_norm_and_spent_grads),
 		cmocka_unit_test(test_moe_chunks),
 		cmocka_unit_test(test_layer_major),
+		cmocka_unit_test(test_pipeline_transparent),
 		cmocka_unit_test(test_opcache_transparent),
 		cmocka_unit_test(test_lora_dropout),
 		cmocka_unit_test(test_bad_input),

@@ -372,6 +372,23 @@ out:
 	return rc;
 }
 
+int tier_fill_done(tier_store *s, tier_object *o, tier_id t)
+{
+	if (!s || !o || (unsigned)t >= TIER_NTIERS)
+		return tier_fail(-EINVAL, "tier_fill_done: bad store, object or tier");
+	store_lock(s);
+	store_copy *c = &o->copy[t];
+	int rc = 0;
+	if (!c->pins || !c->filling)
+		rc = tier_fail(-EINVAL, "object %" PRIu64 " is not being filled in %s: tier_fill_done follows an "
+			       "acquire with TIER_ACQ_INIT", o->id, tier_name(t));
+	else
+		release_dirty(s, o, c);
+	store_maybe_publish(s, 0);
+	store_unlock(s);
+	return rc;
+}
+
 int tier_migrate(tier_store *s, tier_object *o, tier_id t)
 {
 	if (!s || !o || (unsigned)t >= TIER_NTIERS)

@@ -7,12 +7,17 @@
  * program untouched) and when the program exits prints the device time summed by name, longest
  * first: kernels (demangled), then copies by direction and memsets. Knobs: TIER_KPROF_OUT=FILE
  * (appended; default stderr), TIER_KPROF_TOP=N rows of kernels (default 40, 0 all),
- * TIER_KPROF_WIDTH=N characters of a name (default 110).
+ * TIER_KPROF_WIDTH=N characters of a name (default 110). It also prints how busy the device was
+ * (the union of all activity from the first start to the last end) and its idle gaps by length,
+ * for the whole run and, with TIER_KPROF_LAST_MS=N, for the last N ms. TIER_KPROF_TRACE=FILE
+ * writes every record as a line (kind K kernel, C copy, M memset, R runtime API call on the host;
+ * start and end in ns of one clock; stream or host thread; name) for a timeline analysed offline.
  *
  * What it costs: CUPTI serialises nothing, but concurrent kernels' records arrive out of order and
  * the totals are sums of each activity's own span: overlapping kernels on several streams count
  * in full each, so the shares are of summed device time, not of wall time. */
 #include <cupti.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,8 +31,25 @@ extern char *__cxa_demangle(const char *mangled, char *out, size_t *len, int *st
 #define KPROF_BUF (8u << 20) /* bytes of one activity buffer */
 
 static kprof_table kernels, copies;
+static kprof_spans spans; /* device activity, for the busy time */
+static FILE *trace;	  /* TIER_KPROF_TRACE */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int ready;
+
+/* One record: its span, and its trace line (name may be mangled; the reader demangles). */
+static void record(char kind, uint64_t start, uint64_t end, uint32_t where, const char *name)
+{
+	if (kind != 'R')
+		(void)kprof_spans_add(&spans, start, end);
+	if (trace)
+		fprintf(trace, "%c %" PRIu64 " %" PRIu64 " %u %s\n", kind, start, end, where, name ? name : "?");
+}
+
+static const char *runtime_name(uint32_t cbid)
+{
+	const char *name = NULL;
+	return cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &name) == CUPTI_SUCCESS && name ? name : "?";
+}
 
 static void CUPTIAPI buf_requested(uint8_t **buf, size_t *size, size_t *max_records)
 {
@@ -58,12 +80,18 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf,
 		if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
 			const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
 			(void)kprof_add(&kernels, k->name, k->end - k->start);
+			record('K', k->start, k->end, k->streamId, k->name);
 		} else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
 			const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
 			(void)kprof_add(&copies, copy_name(m->copyKind), m->end - m->start);
+			record('C', m->start, m->end, m->streamId, copy_name(m->copyKind));
 		} else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
 			const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)rec;
 			(void)kprof_add(&copies, "memset", m->end - m->start);
+			record('M', m->start, m->end, m->streamId, "memset");
+		} else if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+			const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)rec;
+			record('R', a->start, a->end, a->threadId, runtime_name(a->cbid));
 		}
 	}
 	size_t dropped = 0;
@@ -104,6 +132,27 @@ static void demangle_into(kprof_table *out)
 	out->dropped += kernels.dropped;
 }
 
+/* The busy time of the whole run, and of its last TIER_KPROF_LAST_MS ms. */
+static void print_idle(FILE *f)
+{
+	kprof_idle d;
+	kprof_idle_of(&spans, 0, UINT64_MAX, &d);
+	kprof_idle_print(&d, f, "kprof: device busy, whole run");
+	long last = env_long("TIER_KPROF_LAST_MS", 0);
+	if (last > 0 && spans.n) {
+		uint64_t end = 0;
+		for (size_t i = 0; i < spans.n; i++)
+			end = spans.v[i].end > end ? spans.v[i].end : end;
+		uint64_t from = end > (uint64_t)last * 1000000 ? end - (uint64_t)last * 1000000 : 0;
+		char title[64];
+		snprintf(title, sizeof title, "kprof: device busy, last %ld ms", last);
+		kprof_idle_of(&spans, from, UINT64_MAX, &d);
+		kprof_idle_print(&d, f, title);
+	}
+	if (spans.dropped)
+		fprintf(f, "# kprof: %" PRIu64 " spans dropped (no memory): busy time undercounted\n", spans.dropped);
+}
+
 static void report(void)
 {
 	if (!ready)
@@ -123,6 +172,9 @@ static void report(void)
 		    (int)env_long("TIER_KPROF_WIDTH", 110));
 	kprof_print(&copies, f, "kprof: copies and memsets", 0, 40);
 	kprof_free(&named);
+	print_idle(f);
+	if (trace)
+		fclose(trace), trace = NULL;
 	pthread_mutex_unlock(&lock);
 	if (f != stderr)
 		fclose(f);
@@ -135,9 +187,16 @@ int InitializeInjection(void)
 	static const CUpti_ActivityKind kinds[] = { CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
 						    CUPTI_ACTIVITY_KIND_MEMSET };
 	CUpti_SubscriberHandle sub;
+	if (ready) /* the driver may call again (another context): one subscriber serves all */
+		return 1;
+	const char *tpath = getenv("TIER_KPROF_TRACE");
+	if (tpath && *tpath && !(trace = fopen(tpath, "w")))
+		fprintf(stderr, "kprof: cannot write TIER_KPROF_TRACE=%s: no trace\n", tpath);
 	CUptiResult r = cuptiActivityRegisterCallbacks(buf_requested, buf_completed);
 	for (size_t i = 0; r == CUPTI_SUCCESS && i < sizeof kinds / sizeof kinds[0]; i++)
 		r = cuptiActivityEnable(kinds[i]);
+	if (r == CUPTI_SUCCESS && trace) /* host-side calls only for the trace: they cost a record each */
+		r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME);
 	if (r == CUPTI_SUCCESS && (r = cuptiSubscribe(&sub, (CUpti_CallbackFunc)on_resource, NULL)) == CUPTI_SUCCESS)
 		r = cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
 	if (r != CUPTI_SUCCESS) {

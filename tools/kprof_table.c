@@ -1,5 +1,6 @@
 /* kprof_table.c - per-name totals of device activity (kprof_table.h). */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include "tools/kprof_table.h"
@@ -111,4 +112,79 @@ void kprof_print(const kprof_table *t, FILE *f, const char *title, size_t top, i
 			cut ? width - 3 : len, r->name, cut ? "..." : "");
 	}
 	free(v);
+}
+
+int kprof_spans_add(kprof_spans *s, uint64_t start, uint64_t end)
+{
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? 2 * s->cap : 4096;
+		kprof_span *v = realloc(s->v, cap * sizeof *v);
+		if (!v) {
+			s->dropped++;
+			return -ENOMEM;
+		}
+		s->v = v, s->cap = cap;
+	}
+	s->v[s->n++] = (kprof_span){ start, end < start ? start : end };
+	return 0;
+}
+
+void kprof_spans_free(kprof_spans *s)
+{
+	free(s->v);
+	memset(s, 0, sizeof *s);
+}
+
+static int by_start(const void *a, const void *b)
+{
+	const kprof_span *x = a, *y = b;
+	return (x->start > y->start) - (x->start < y->start);
+}
+
+static int gap_bin(uint64_t ns)
+{
+	int b = 0;
+	for (uint64_t lim = 10000; b < KPROF_GAP_BINS - 1 && ns >= lim; lim *= 10)
+		b++;
+	return b;
+}
+
+void kprof_idle_of(kprof_spans *s, uint64_t from, uint64_t to, kprof_idle *out)
+{
+	memset(out, 0, sizeof *out);
+	qsort(s->v, s->n, sizeof *s->v, by_start);
+	uint64_t first = 0, cur_end = 0; /* the union so far ends at cur_end */
+	int any = 0;
+	for (size_t i = 0; i < s->n; i++) {
+		const kprof_span *p = &s->v[i];
+		if (p->start < from || p->start >= to || p->end == p->start) /* an empty span is no activity */
+			continue;
+		if (!any) {
+			first = p->start, cur_end = p->end, any = 1;
+			out->busy_ns = p->end - p->start;
+			continue;
+		}
+		if (p->start > cur_end) { /* a gap, then a new busy stretch */
+			int b = gap_bin(p->start - cur_end);
+			out->gaps[b]++, out->gap_ns[b] += p->start - cur_end;
+			out->busy_ns += p->end - p->start;
+			cur_end = p->end;
+		} else if (p->end > cur_end) { /* overlaps the stretch and goes past it */
+			out->busy_ns += p->end - cur_end;
+			cur_end = p->end;
+		}
+	}
+	out->span_ns = any ? cur_end - first : 0;
+}
+
+void kprof_idle_print(const kprof_idle *d, FILE *f, const char *title)
+{
+	static const char *bins[KPROF_GAP_BINS] = { "<10us", "<100us", "<1ms", "<10ms", ">=10ms" };
+	double span = d->span_ns ? (double)d->span_ns : 1;
+	fprintf(f, "# %s: span %.3f ms, busy %.3f ms (%.1f%%), idle %.3f ms\n", title, d->span_ns / 1e6,
+		d->busy_ns / 1e6, 100.0 * d->busy_ns / span, (d->span_ns - d->busy_ns) / 1e6);
+	fprintf(f, "# %s: idle gaps", title);
+	for (int b = 0; b < KPROF_GAP_BINS; b++)
+		fprintf(f, " %s %" PRIu64 " (%.3f ms)%s", bins[b], d->gaps[b], d->gap_ns[b] / 1e6,
+			b + 1 < KPROF_GAP_BINS ? "," : "\n");
 }

@@ -38,4 +38,35 @@ int kprof_add_row(kprof_table *t, const char *name, uint64_t calls, uint64_t ns,
  * characters (at least 16; a longer name ends in "..."). */
 void kprof_print(const kprof_table *t, FILE *f, const char *title, size_t top, int width);
 
+/* The device's busy and idle time: the spans of every kernel, copy and memset, on any stream. */
+typedef struct {
+	uint64_t start, end; /* ns, CUPTI's clock */
+} kprof_span;
+
+typedef struct {
+	kprof_span *v;
+	size_t n, cap;
+	uint64_t dropped; /* spans that could not be kept (no memory) */
+} kprof_spans;
+
+/* One span (end < start reads as start). 0, or -ENOMEM (counted in dropped). */
+int kprof_spans_add(kprof_spans *s, uint64_t start, uint64_t end);
+void kprof_spans_free(kprof_spans *s);
+
+/* Gaps binned by length: < 10 us, < 100 us, < 1 ms, < 10 ms, longer. */
+#define KPROF_GAP_BINS 5
+typedef struct {
+	uint64_t span_ns;		 /* first start to last end */
+	uint64_t busy_ns;		 /* the union of the spans (overlaps counted once) */
+	uint64_t gaps[KPROF_GAP_BINS];	 /* idle stretches between spans, by length */
+	uint64_t gap_ns[KPROF_GAP_BINS]; /* their summed length */
+} kprof_idle;
+
+/* The busy time and gaps of the spans that start in [from, to), empty ones left out (sorts s by
+ * start). */
+void kprof_idle_of(kprof_spans *s, uint64_t from, uint64_t to, kprof_idle *out);
+
+/* One line of totals and one of gaps to f, under title. */
+void kprof_idle_print(const kprof_idle *d, FILE *f, const char *title);
+
 #endif

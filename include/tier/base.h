@@ -116,6 +116,17 @@ int tier_marks_put(tier_marks *m, int tag);
 int tier_marks_collect(tier_marks *m, uint64_t *ns_by_tag, int ntags);
 int tier_marks_count(const tier_marks *m);
 
+/* Waypoints: a point of the compute stream that the host waits for later, so that it can queue more
+ * work meanwhile (a CUDA event; a CPU context's work is done when queued and its waypoints are
+ * passed at once). put marks the work queued so far; wait returns once that work is done (at once
+ * when nothing was put since the last wait). 0, -ENOMEM or -EIO (with a message). */
+typedef struct tier_waypoint tier_waypoint;
+int tier_waypoint_open(tier_waypoint **out, tier_dev *dev);
+void tier_waypoint_close(tier_waypoint *f); /* NULL is fine */
+int tier_waypoint_put(tier_waypoint *f);
+int tier_waypoint_wait(tier_waypoint *f);
+int tier_waypoint_pending(const tier_waypoint *f); /* 1 between a put and its wait */
+
 /* Raw memory primitives. Only the store (and tests, benchmarks) call these: every byte the engine
  * uses goes through the store's budgets. Device memory on CUDA, host memory on CPU. */
 int tier_dev_malloc(tier_dev *dev, size_t bytes, void **out);   /* -ENOMEM with message */

@@ -123,6 +123,15 @@ void tier_cache_get_rates(const tier_cache *c, tier_cache_rates *r);
  * arguments), or the store's error on a failed copy (the entry is not kept). */
 int tier_cache_offer(tier_cache *c, tier_cache_key key, const void *src, uint64_t bytes, const tier_op_cost *cost,
 		     void *stream, tier_id *where);
+/* tier_cache_offer without the wait: the copy is only queued on `stream`, and an admitted entry
+ * stays pinned (never a victim, not yet gettable: -EBUSY) until tier_cache_offer_done(key), which
+ * the caller calls once the stream has passed the copy; src must not change until then. The same
+ * returns. */
+int tier_cache_offer_async(tier_cache *c, tier_cache_key key, const void *src, uint64_t bytes,
+			   const tier_op_cost *cost, void *stream, tier_id *where);
+/* The end of an asynchronous offer: unpins its entry (nothing when it was not admitted). 0,
+ * -EINVAL (never offered), or the store's error. */
+int tier_cache_offer_done(tier_cache *c, tier_cache_key key);
 /* Backward: 0 on a hit, with *ptr the entry's data in HBM (pinned until tier_cache_release; read
  * only); 1 on a miss (never offered, not admitted, or dropped by the store since): recompute.
  * < 0 on an error (-EBUSY: the entry is pinned by an earlier get; the store's fetch errors, after

@@ -193,6 +193,10 @@ typedef struct {
 	 * waits for a fetch while the device still runs the part before). */
 	uint64_t ns_pin_part[9];
 	int parts_on_device; /* 1: ns_part is the device's time (tier_marks), 0: the host's */
+	/* Operations whose end (waiting for their kernels, releasing what they pinned) was put off
+	 * until the next one's kernels were queued ($TIER_PIPELINE=0: none); of them, those finished
+	 * early because the next one's pin needed their room or an object they were filling. */
+	int ops_pipelined, ops_finished_early;
 } tier_step_result;
 enum { TIER_PART_EMBED, TIER_PART_ATTN_FWD, TIER_PART_ROUTE, TIER_PART_MLP_FWD, TIER_PART_LOSS,
        TIER_PART_MLP_BWD, TIER_PART_ATTN_BWD, TIER_PART_OPTIM, TIER_PART_PIN, TIER_NPARTS };

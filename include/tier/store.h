@@ -136,6 +136,12 @@ int tier_acquire(tier_store *s, tier_object *o, tier_id t, unsigned flags, void 
  * copy, never filled, is unpinned and dropped); the fetch's error (-EIO, -EBADMSG) when an
  * acquire with a fence out had a failed fetch (the copy is unpinned and dropped). Thread-safe. */
 int tier_release(tier_store *s, tier_object *o, tier_id t, int dirty);
+/* End a fill (TIER_ACQ_INIT) as a dirty release would, but keep the pin: the copy holds the newest
+ * data, others may acquire it, and it stays where it is (never evicted or written back) until its
+ * release, which may then be clean. For callers whose writes are queued on a device stream and
+ * complete later. 0; -EINVAL when the copy is not pinned or not being filled (nothing changed).
+ * Thread-safe. */
+int tier_fill_done(tier_store *s, tier_object *o, tier_id t);
 /* Hint: start bringing a copy into `t` if it is not there and room can be made by evicting only
  * copies needed later than `o` in the schedule (without a schedule: without evicting). Never fails
  * the caller: returns 0 (started or already there) or 1 (declined: no room, no data, NVMe, already
