@@ -230,7 +230,8 @@ static void update_link(tier_cache *c)
 }
 
 /* ---- Forward ---------------------------------------------------------------------------------- */
-/* hold: the copy is queued, not waited for, and the entry stays pinned (tier_cache_offer_done). */
+/* hold: the copy is queued, not waited for, and the entry stays pinned (tier_cache_offer_done);
+ * src NULL (a reservation, always held): no copy, the copy's address kept for the fill. */
 static int place(tier_cache *c, cache_entry *e, tier_id t, const void *src, void *stream, int hold)
 {
 	tier_object *o;
@@ -244,7 +245,7 @@ static int place(tier_cache *c, cache_entry *e, tier_id t, const void *src, void
 		tier_obj_destroy(c->s, o);
 		return rc;
 	}
-	rc = cache_copy_in(c->dev, dst, src, e->bytes, stream, !hold);
+	rc = src ? cache_copy_in(c->dev, dst, src, e->bytes, stream, !hold) : 0;
 	if (rc || !hold)
 		tier_release(c->s, o, t, rc == 0);
 	if (rc) {
@@ -252,18 +253,20 @@ static int place(tier_cache *c, cache_entry *e, tier_id t, const void *src, void
 		return rc;
 	}
 	e->held = (unsigned char)hold;
+	e->fill_at = src ? NULL : dst;
 	e->obj = o;
 	e->home = t;
 	cache_set_in(c, e, t, 1);
 	return 0;
 }
 
+/* src NULL: a reservation (tier_cache_reserve). */
 static int offer(tier_cache *c, tier_cache_key key, const void *src, uint64_t bytes, const tier_op_cost *cost,
 		 void *stream, tier_id *where, int hold)
 {
 	if (where)
 		*where = TIER_NTIERS;
-	if (!c || !src || !cost || !bytes)
+	if (!c || (!src && !hold) || !cost || !bytes)
 		return tier_fail(-EINVAL, "tier_cache_offer: NULL cache, source or cost, or 0 bytes");
 	if ((unsigned)cost->kind >= TIER_NOPKINDS || !(cost->flops >= 0) || !(cost->bytes >= 0) ||
 	    !isfinite(cost->flops) || !isfinite(cost->bytes))
@@ -327,6 +330,37 @@ int tier_cache_offer_async(tier_cache *c, tier_cache_key key, const void *src, u
 	return offer(c, key, src, bytes, cost, stream, where, 1);
 }
 
+int tier_cache_reserve(tier_cache *c, tier_cache_key key, uint64_t bytes, const tier_op_cost *cost, void **ptr,
+		       tier_id *where)
+{
+	tier_id w;
+	if (!ptr)
+		return tier_fail(-EINVAL, "tier_cache_reserve: NULL output");
+	*ptr = NULL;
+	int rc = offer(c, key, NULL, bytes, cost, NULL, &w, 1);
+	if (where)
+		*where = w;
+	if (!rc && w == TIER_HBM)
+		*ptr = find(c, key)->fill_at;
+	return rc;
+}
+
+int tier_cache_offer_fill(tier_cache *c, tier_cache_key key, const void *src, void *stream)
+{
+	cache_entry *e = c ? find(c, key) : NULL;
+	if (!e || !src)
+		return tier_fail(-EINVAL, "tier_cache_offer_fill: layer %u op %u micro-batch %u was not reserved, or "
+				 "a NULL source", key.layer, key.op, key.microbatch);
+	if (!e->held) /* not admitted */
+		return 0;
+	if (!e->fill_at)
+		return tier_fail(-EINVAL, "tier_cache_offer_fill: layer %u op %u micro-batch %u is filled already",
+				 key.layer, key.op, key.microbatch);
+	int rc = cache_copy_in(c->dev, e->fill_at, src, e->bytes, stream, 0);
+	e->fill_at = NULL;
+	return rc;
+}
+
 int tier_cache_offer_done(tier_cache *c, tier_cache_key key)
 {
 	cache_entry *e = c ? find(c, key) : NULL;
@@ -335,7 +369,7 @@ int tier_cache_offer_done(tier_cache *c, tier_cache_key key)
 				 key.layer, key.op, key.microbatch);
 	if (!e->held) /* not admitted: nothing was queued */
 		return 0;
-	e->held = 0;
+	e->held = 0, e->fill_at = NULL;
 	return tier_release(c->s, e->obj, e->home, 1);
 }
 

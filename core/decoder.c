@@ -60,11 +60,13 @@ static int any_dense(const tier_model *m)
 
 typedef struct { float **p; size_t n, esz; } piece; /* esz 0: fp32 */
 
-static void carve(const piece *f, size_t n, char *buf, size_t *off)
+/* The pieces at *off on: at buf + *off, or at at + (*off - from) when at is set (a save half
+ * placed elsewhere: dec_bufs_place). */
+static void carve(const piece *f, size_t n, char *buf, size_t *off, char *at, size_t from)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (buf)
-			*f[i].p = f[i].n ? (float *)(buf + *off) : NULL;
+			*f[i].p = f[i].n ? (float *)(at ? at + (*off - from) : buf + *off) : NULL;
 		*off += al((f[i].esz ? f[i].esz : sizeof(float)) * f[i].n);
 	}
 }
@@ -74,7 +76,7 @@ static void carve(const piece *f, size_t n, char *buf, size_t *off)
  * CUDA), the rest fp32. What the backward reads of the
  * forward comes first, in two contiguous halves (save[0]: attention, save[1]: MLP or MoE) that
  * the operator cache can keep instead of recomputing them; then the gradients, then the workspace. */
-static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bufs *b)
+static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bufs *b, char *const at[2])
 {
 	size_t T = (size_t)sh->T, H = m->H, qd = (size_t)m->nh * m->hd, kvd = (size_t)m->nkv * m->hd;
 	size_t I = any_dense(m) ? (size_t)m->I : 0, off = 0, cu = m->cuda ? 1 : 0;
@@ -91,19 +93,21 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 		{ &b->dkp, T * kvd, 0 }, { &b->dact, T * I, 0 }, { &b->dg, T * I, 0 }, { &b->du, T * I, 0 },
 		{ &b->v32, cu * T * kvd, 0 }, { &b->dO16, cu * T * qd, A },
 	};
-	carve(fa, sizeof fa / sizeof fa[0], buf, &off);
+	carve(fa, sizeof fa / sizeof fa[0], buf, &off, at[0], 0);
 	size_t mlp0 = off;
-	carve(fm, sizeof fm / sizeof fm[0], buf, &off);
+	carve(fm, sizeof fm / sizeof fm[0], buf, &off, at[1], mlp0);
 	size_t dense_end = off; /* g, u, act: a dense layer's MLP half */
 	size_t saved = any_moe(m) ? tier_moe_saved_bytes(&sh->moe, sh->mT) : 0;
 	if (buf && saved)
-		tier_moe_saved_bind(&sh->moe, sh->mT, buf + off, saved, &b->ms);
+		tier_moe_saved_bind(&sh->moe, sh->mT, at[1] && sh->mchunks <= 1 ? at[1] + (off - mlp0) : buf + off,
+				    saved, &b->ms);
 	off += al(saved);
 	if (buf) { /* in chunks, the MoE state holds the last chunk's only: the MLP half keeps g, u, act */
-		b->save[0] = buf, b->save_bytes[0] = mlp0;
-		b->save[1] = buf + mlp0, b->save_bytes[1] = (sh->mchunks > 1 ? dense_end : off) - mlp0;
+		b->save[0] = at[0] ? at[0] : buf, b->save_bytes[0] = mlp0;
+		b->save[1] = at[1] ? at[1] : buf + mlp0, b->save_bytes[1] = (sh->mchunks > 1 ? dense_end : off) - mlp0;
+		b->home = buf;
 	}
-	carve(fg, sizeof fg / sizeof fg[0], buf, &off);
+	carve(fg, sizeof fg / sizeof fg[0], buf, &off, NULL, 0);
 	/* one workspace for the largest user: the MoE block, attention, a LoRA linear */
 	size_t ws = 0, aw = 0, out = H > qd ? H : qd, lw;
 	out = out > I ? out : I;
@@ -128,13 +132,36 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 size_t dec_bufs_bytes(const tier_model *m, const dec_shape *sh)
 {
 	dec_bufs b;
-	return layout(m, sh, NULL, &b);
+	char *const none[2] = { NULL, NULL };
+	return layout(m, sh, NULL, &b, none);
 }
 
 void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs *b)
 {
 	memset(b, 0, sizeof *b);
-	layout(m, sh, buf, b);
+	char *const none[2] = { NULL, NULL };
+	layout(m, sh, buf, b, none);
+}
+
+void dec_bufs_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, int h, void *at)
+{
+	dec_bufs n;
+	char *where[2] = { NULL, NULL };
+	where[h] = at;
+	memset(&n, 0, sizeof n);
+	layout(m, sh, b->home, &n, where);
+	if (h == 0) {
+		float **dst[] = { &b->a, &b->r1, &b->qp, &b->kp, &b->v, &b->rq, &b->rk, &b->q, &b->k, &b->o, &b->lse,
+				  &b->h1, &b->b, &b->r2 };
+		float *src[] = { n.a, n.r1, n.qp, n.kp, n.v, n.rq, n.rk, n.q, n.k, n.o, n.lse, n.h1, n.b, n.r2 };
+		for (size_t i = 0; i < sizeof src / sizeof src[0]; i++)
+			*dst[i] = src[i];
+	} else {
+		float aux = b->ms.aux, z = b->ms.z; /* the forward's results, kept where the data moves */
+		b->g = n.g, b->u = n.u, b->act = n.act, b->ms = n.ms;
+		b->ms.aux = aux, b->ms.z = z;
+	}
+	b->save[h] = n.save[h];
 }
 
 /* Qwen3's per-head q/k RMSNorm; Mixtral has none (q, k are the projections). */

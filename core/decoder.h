@@ -28,6 +28,7 @@ typedef struct {
 	size_t ws_bytes;
 	void *save[2];          /* what the backward reads of the forward: [0] attention, [1] MLP / MoE */
 	size_t save_bytes[2];
+	void *home;             /* the buffer the bind carved (where each half lives unless placed) */
 } dec_bufs;
 
 typedef struct {
@@ -43,6 +44,10 @@ typedef struct {
 int dec_shape_init(const tier_model *m, int batch, int seq, int moe_chunks, dec_shape *sh);
 size_t dec_bufs_bytes(const tier_model *m, const dec_shape *sh);
 void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs *b);
+/* Place save half h (its buffers, and for the MLP half the MoE state) at `at`, save_bytes[h]
+ * bytes laid out as in the bound buffer (the operator cache's entry: the forward writes it there,
+ * the backward reads it there); NULL puts it back in the bound buffer. The rest stays. */
+void dec_bufs_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, int h, void *at);
 
 /* Attention half: x -> h1 = x + attn(norm1(x)), b = norm2(h1). */
 int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b);

@@ -620,6 +620,8 @@ static int fwd_body(tier_trainer *t, int l, float *hidden)
 	dec_weights w;
 	size_t n = (size_t)t->sh.T * t->m->H;
 	int rc = trainer_pin(t, t->ck[l], 0, 0, &x);
+	if (!rc && t->offer)
+		rc = trainer_cache_reserve(t, l);
 	if (!rc && !(rc = trainer_pin(t, t->ck[l + 1], TIER_ACQ_INIT, 1, &y))) {
 		float *x32, *y32 = t->m->cuda ? t->gnext : y; /* the output's fp32 values, then y's type */
 		if (!(rc = input_f32(t, x, t->hn, &x32)) && !(rc = layer_fwd(t, l, 0, x32, y32, &w)))
@@ -627,6 +629,7 @@ static int fwd_body(tier_trainer *t, int l, float *hidden)
 	}
 	if (!rc && t->offer)
 		rc = trainer_cache_offer(t, l);
+	trainer_cache_unplace(t);
 	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute routes the same again */
 		for (int e = 0; e < t->m->E; e++) {
 			size_t i = (size_t)l * t->m->E + e;
@@ -712,6 +715,7 @@ static int bwd_body(tier_trainer *t, int l, float d_aux)
 		trainer_charge(t, TIER_PART_MLP_BWD);
 		rc = dec_attn_bwd(t->m, &t->sh, x, &w, &t->b, t->gcur, t->gnext);
 	}
+	trainer_cache_unplace(t);
 	if (!rc && t->last_mb)
 		rc = trainer_grads_done(t, l);
 	float *s = t->gcur;

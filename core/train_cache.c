@@ -39,24 +39,63 @@ static tier_op_cost half_cost(const tier_trainer *t, int l, int half)
 	return c;
 }
 
+/* Pipelined, the halves go to the cache without a copy: reserved before the forward and written
+ * there in place when the entry is in HBM (dec_bufs_place), copied on the stream when in DDR
+ * (tier_cache_offer_fill), finished at the operation's end (train_pending.c). */
+int trainer_cache_reserve(tier_trainer *t, int l)
+{
+	t->reserved[0] = t->reserved[1] = 0;
+	for (int h = 0; h < 2 && t->cache && t->pipeline; h++) {
+		if ((h == 1 && !dec_mlp_recompute(&t->sh, t->m->layers[l].moe)) || !t->b.save_bytes[h] ||
+		    t->opc.nkeys == OP_KEYS)
+			continue;
+		tier_op_cost c = half_cost(t, l, h);
+		void *at;
+		int rc = tier_cache_reserve(t->cache, ckey(t, l, h), t->b.save_bytes[h], &c, &at, NULL);
+		if (rc)
+			return rc;
+		(void)trainer_op_key(t, ckey(t, l, h), 0); /* room checked above */
+		t->reserved[h] = 1;
+		if (at)
+			trainer_cache_place(t, h, at);
+	}
+	return 0;
+}
+
+void trainer_cache_place(tier_trainer *t, int h, void *at)
+{
+	dec_bufs_place(t->m, &t->sh, &t->b, h, at);
+	t->placed[h] = at != NULL;
+}
+
+void trainer_cache_unplace(tier_trainer *t)
+{
+	for (int h = 0; h < 2; h++)
+		if (t->placed[h])
+			trainer_cache_place(t, h, NULL);
+}
+
 int trainer_cache_offer(tier_trainer *t, int l)
 {
 	for (int h = 0; h < 2 && t->cache; h++) {
 		if (h == 1 && !dec_mlp_recompute(&t->sh, t->m->layers[l].moe))
 			continue; /* MoE in chunks: its backward runs each chunk's forward again */
-		tier_op_cost c = half_cost(t, l, h);
 		if (!t->b.save_bytes[h])
 			continue;
-		/* pipelined: the copy is queued, and the entry stays pinned until the operation's end */
-		int async = t->pipeline && t->opc.nkeys < OP_KEYS;
-		int rc = (async ? tier_cache_offer_async : tier_cache_offer)(t->cache, ckey(t, l, h), t->b.save[h],
-									   t->b.save_bytes[h], &c,
-									   tier_dev_stream(t->m->dev), NULL);
-		if (!rc && async)
-			(void)trainer_op_key(t, ckey(t, l, h), 0); /* room checked above */
+		int rc = 0;
+		if (t->reserved[h]) /* written in place, else its copy queued (nothing when not admitted) */
+			rc = t->placed[h] ? 0
+					  : tier_cache_offer_fill(t->cache, ckey(t, l, h), t->b.save[h],
+								  tier_dev_stream(t->m->dev));
+		else {
+			tier_op_cost c = half_cost(t, l, h);
+			rc = tier_cache_offer(t->cache, ckey(t, l, h), t->b.save[h], t->b.save_bytes[h], &c,
+					      tier_dev_stream(t->m->dev), NULL);
+		}
 		if (rc)
 			return rc;
 	}
+	t->reserved[0] = t->reserved[1] = 0;
 	return 0;
 }
 
@@ -70,11 +109,13 @@ int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc)
 	int r = tier_cache_get(t->cache, ckey(t, l, h), &p);
 	if (r)
 		return *rc = r < 0 ? r : 0, 0;
-	/* the entry is freed on release: the copy must be done by then, at the operation's end when
-	 * pipelined (the entry stays pinned until then), else waited for here */
-	*rc = dop_copy(t->m, t->b.save[h], p, t->b.save_bytes[h]);
-	if (!*rc && t->pipeline && !trainer_op_key(t, ckey(t, l, h), 1))
+	/* pipelined: the backward reads the entry where it is, pinned until the operation's end */
+	if (t->pipeline && !trainer_op_key(t, ckey(t, l, h), 1)) {
+		trainer_cache_place(t, h, p);
 		return 1;
+	}
+	/* else copied: the entry is freed on release, so the copy must be done by then */
+	*rc = dop_copy(t->m, t->b.save[h], p, t->b.save_bytes[h]);
 	if (!*rc)
 		*rc = tier_dev_sync(t->m->dev);
 	int r2 = tier_cache_release(t->cache, ckey(t, l, h), 1);

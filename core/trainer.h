@@ -86,6 +86,8 @@ struct tier_trainer {
 	int marking;                      /* inside a step: each charge puts a mark */
 	tier_cache *cache;                /* the operator cache (NULL: full recompute) */
 	int offer;                        /* a training forward: offer its results to the cache */
+	int reserved[2], placed[2];       /* the current forward's halves reserved in the cache; the
+					   * halves whose buffers are in a cache entry now */
 	int training;                     /* a training step (LoRA dropout on), not an evaluation */
 	uint64_t op_seq;                  /* operations ended (pin_group's cache key); starts at 1 */
 	uint32_t mb;                      /* the current micro-batch (the cache's key) */
@@ -142,6 +144,12 @@ int trainer_adamw(tier_trainer *t, float lr, float gscale);
  * forward results; restore half h of them in the backward (1 restored, 0 recompute; *rc on error). */
 int trainer_cache_open(tier_trainer *t);
 int trainer_cache_offer(tier_trainer *t, int l);
+/* Before layer l's forward: reserve its halves' entries (pipelined), placing those in HBM so that
+ * the forward writes them in place. place: half h's buffers at `at` (NULL: back home); unplace:
+ * every placed half back home (after the operation's forward or backward queued its kernels). */
+int trainer_cache_reserve(tier_trainer *t, int l);
+void trainer_cache_place(tier_trainer *t, int h, void *at);
+void trainer_cache_unplace(tier_trainer *t);
 int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc);
 
 #endif

@@ -513,6 +513,56 @@ static void test_offer_async(void **state)
 	close_cache(&ts, c);
 }
 
+/* Reservations (the pipelined trainer's forward writes its output into the entry): in HBM a
+ * pointer to write, read back by get after done; in DDR no pointer, the bytes handed over by fill
+ * (once: a second fill is refused); not admitted: no pointer, fill and done do nothing; unknown
+ * keys and a NULL source are refused; a key reserved twice says -EEXIST. */
+static void test_reserve(void **state)
+{
+	(void)state;
+	test_store ts;
+	tier_cache *c;
+	tier_cache_rates rates = fixed_rates(1e9, 1e10, 2e9);
+	open_cache(&ts, &c, 256 << 10, 1 << 20, "all:hbm=64K:ddr=64K", &rates);
+	static unsigned char buf[40 << 10];
+	tier_op_cost cost = { TIER_OP_GROUPED_GEMM, 1e9, 0 };
+	tier_cache_key k0 = { 0, 0, 0 }, k1 = { 0, 1, 0 }, k2 = { 1, 0, 0 }, kx = { 9, 9, 9 };
+	tier_id where;
+	void *at, *p;
+	assert_int_equal(tier_cache_reserve(c, k0, sizeof buf, &cost, &at, &where), 0);
+	assert_int_equal(where, TIER_HBM);
+	assert_non_null(at);
+	tier_pattern_fill(at, sizeof buf, key_seed(k0), 0); /* the operator writes in place */
+	assert_int_equal(tier_cache_reserve(c, k0, sizeof buf, &cost, &at, &where), -EEXIST);
+	assert_int_equal(tier_cache_reserve(c, k1, sizeof buf, &cost, &at, &where), 0);
+	assert_int_equal(where, TIER_DDR); /* k0 is held: no room in HBM */
+	assert_null(at);
+	tier_pattern_fill(buf, sizeof buf, key_seed(k1), 0);
+	assert_int_equal(tier_cache_offer_fill(c, k1, NULL, NULL), -EINVAL);
+	assert_int_equal(tier_cache_offer_fill(c, k1, buf, NULL), 0);
+	assert_int_equal(tier_cache_offer_fill(c, k1, buf, NULL), -EINVAL); /* filled already */
+	assert_non_null(strstr(tier_last_error(), "filled already"));
+	assert_int_equal(tier_cache_reserve(c, k2, sizeof buf, &cost, &at, &where), 0);
+	assert_int_equal(where, TIER_NTIERS); /* both budgets taken */
+	assert_null(at);
+	assert_int_equal(tier_cache_offer_fill(c, k2, buf, NULL), 0);
+	assert_int_equal(tier_cache_offer_fill(c, kx, buf, NULL), -EINVAL);
+	assert_int_equal(tier_cache_check(c), 0);
+	assert_int_equal(tier_cache_get(c, k0, &p), -EBUSY);
+	tier_cache_key ks[3] = { k0, k1, k2 };
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(tier_cache_offer_done(c, ks[i]), 0);
+	assert_int_equal(tier_cache_check(c), 0);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(tier_cache_get(c, ks[i], &p), 0);
+		assert_int_equal(tier_pattern_check(p, sizeof buf, key_seed(ks[i]), 0), sizeof buf);
+		assert_int_equal(tier_cache_release(c, ks[i], 1), 0);
+	}
+	assert_int_equal(tier_cache_get(c, k2, &p), 1); /* not admitted: recompute */
+	assert_int_equal(tier_cache_check(c), 0);
+	close_cache(&ts, c);
+}
+
 /* ---- Rules ------------------------------------------------------------------------------------ */
 static void test_rules_good(void **state)
 {
@@ -648,6 +698,7 @@ int main(void)
 		cmocka_unit_test(test_random_budgets),
 		cmocka_unit_test(test_hit_content),
 		cmocka_unit_test(test_offer_async),
+		cmocka_unit_test(test_reserve),
 		cmocka_unit_test(test_rules_good),
 		cmocka_unit_test(test_rules_bad),
 		cmocka_unit_test(test_bad_input),

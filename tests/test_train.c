@@ -552,14 +552,15 @@ static void test_layer_major(void **state)
  * micro-batches, and layer-major with 3 and the cache; the store's own check passes at the end
  * (rig_close). */
 /* One configuration of test_pipeline_transparent: 4 steps pipelined and with $TIER_PIPELINE=0,
- * equal bit for bit; *piped and *early get the pipelined run's counts. */
+ * equal bit for bit; *piped, *early and the op cache's hits get the pipelined run's counts. */
 static void pipeline_case(const tier_hf_config *c, const tier_lora_cfg *lc, const char *what, uint64_t hbm,
-			  int *piped, int *early)
+			  int *piped, int *early, uint64_t *hbm_hits, uint64_t *ddr_hits)
 {
 	float loss[2][4];
 	tier_peft_adapter *w[2];
 	int64_t counts[2][16];
 	int pp[2] = { 0, 0 }, ee[2] = { 0, 0 };
+	uint64_t hits[2][2] = { { 0, 0 }, { 0, 0 } };
 	char mode[16] = ""; /* the pipelined run's $TIER_PIPELINE (empty: unset) */
 	if (getenv("TIER_PIPELINE"))
 		snprintf(mode, sizeof mode, "%s", getenv("TIER_PIPELINE"));
@@ -585,10 +586,22 @@ static void pipeline_case(const tier_hf_config *c, const tier_lora_cfg *lc, cons
 		}
 		assert_int_equal(tier_model_lora_export(q.m, 0, &w[v]), 0);
 		assert_int_equal(tier_trainer_expert_counts(q.t, 2, counts[v]), 0);
+		tier_cache_stats cs;
+		if (rig_opcache) { /* the pipelined run's entries: written in place (HBM) or filled (DDR) */
+			assert_int_equal(tier_trainer_cache_stats(q.t, &cs), 0);
+			hits[v][0] = cs.total.hits[0], hits[v][1] = cs.total.hits[1];
+		}
 		rig_close(&q);
 	}
-	printf("# %s: losses %.7f .. %.7f; %d operations pipelined, %d of them finished early\n", what, loss[1][0],
-	       loss[1][3], pp[1], ee[1]);
+	printf("# %s: losses %.7f .. %.7f; %d operations pipelined, %d of them finished early; op cache hits %llu "
+	       "from hbm, %llu from ddr (%llu, %llu with TIER_PIPELINE=0)\n", what, loss[1][0], loss[1][3], pp[1], ee[1],
+	       (unsigned long long)hits[1][0], (unsigned long long)hits[1][1], (unsigned long long)hits[0][0],
+	       (unsigned long long)hits[0][1]);
+	/* the counts may differ: a pipelined operation's entries are held, never victims, until the
+	 * next one's kernels are queued */
+	if (rig_opcache)
+		assert_true(hits[1][0] + hits[1][1] > 0);
+	*hbm_hits = hits[1][0], *ddr_hits = hits[1][1];
 	assert_int_equal(pp[0], 0);
 	assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
 	assert_memory_equal(counts[0], counts[1], sizeof counts[0]);
@@ -605,10 +618,11 @@ static void pipeline_case(const tier_hf_config *c, const tier_lora_cfg *lc, cons
 /* Pipelined operations (train_pending.c: an operation's end put off behind the next one's kernels)
  * change nothing: losses, adapters and expert counts equal $TIER_PIPELINE=0's bit for bit under a
  * large budget; under budgets from test_store_transparent's smallest (a quarter over
- * tier_trainer_min_hbm: two operations' pins do not fit, so not pipelined) up to 2.5 times it, one
- * of which has pins refused for room that finish the operation before early; with the op cache in
- * HBM and DDR and 2 micro-batches; layer-major with 3 and the cache. The store's own check passes
- * at the end of each run (rig_close). */
+ * tier_trainer_min_hbm: two operations' pins do not fit, so not pipelined) up to 2.5 times it;
+ * forced below that, where pins refused for room finish the operation before early; with the op
+ * cache in HBM (its entries written and read in place) and in DDR (filled by a copy) with 2
+ * micro-batches; layer-major with 3 and the cache. The store's own check passes at the end of each
+ * run (rig_close). */
 static void test_pipeline_transparent(void **state)
 {
 	(void)state;
@@ -621,12 +635,13 @@ static void test_pipeline_transparent(void **state)
 	uint64_t need = tier_trainer_min_hbm(q.t);
 	rig_close(&q);
 	int piped, early, any_early = 0;
+	uint64_t hh, dh;
 	char what[96];
-	pipeline_case(&c, &lc, "large budget", 64u << 20, &piped, &early);
+	pipeline_case(&c, &lc, "large budget", 64u << 20, &piped, &early, &hh, &dh);
 	assert_true(piped > 0);
 	for (int k = 10; k <= 20; k += 2) {
 		snprintf(what, sizeof what, "budget %d/8 of the smallest", k);
-		pipeline_case(&c, &lc, what, need * (uint64_t)k / 8, &piped, &early);
+		pipeline_case(&c, &lc, what, need * (uint64_t)k / 8, &piped, &early, &hh, &dh);
 		if (k == 10)
 			assert_int_equal(piped, 0);
 	}
@@ -634,18 +649,21 @@ static void test_pipeline_transparent(void **state)
 	setenv("TIER_PIPELINE", "force", 1);
 	for (int k = 10; k <= 14; k += 2) {
 		snprintf(what, sizeof what, "budget %d/8 of the smallest, TIER_PIPELINE=force", k);
-		pipeline_case(&c, &lc, what, need * (uint64_t)k / 8, &piped, &early);
+		pipeline_case(&c, &lc, what, need * (uint64_t)k / 8, &piped, &early, &hh, &dh);
 		any_early |= piped > 0 && early > 0;
 	}
 	unsetenv("TIER_PIPELINE");
 	assert_true(any_early);
-	rig_micro = 2, rig_opcache = "all:hbm=64k:ddr=8M";
-	pipeline_case(&c, &lc, "op cache in hbm and ddr, 2 micro-batches", 64u << 20, &piped, &early);
-	assert_true(piped > 0);
+	rig_micro = 2, rig_opcache = "all:hbm=4M:ddr=8M";
+	pipeline_case(&c, &lc, "op cache in hbm, 2 micro-batches", 64u << 20, &piped, &early, &hh, &dh);
+	assert_true(piped > 0 && hh > 0); /* written in place */
+	rig_opcache = "all:hbm=64k:ddr=8M";
+	pipeline_case(&c, &lc, "op cache in ddr, 2 micro-batches", 64u << 20, &piped, &early, &hh, &dh);
+	assert_true(piped > 0 && dh > 0); /* filled by a copy */
 	rig_micro = 3, rig_lmajor = 1, rig_opcache = "all:hbm=1M";
-	pipeline_case(&c, &lc, "layer-major, 3 micro-batches, op cache", 64u << 20, &piped, &early);
+	pipeline_case(&c, &lc, "layer-major, 3 micro-batches, op cache", 64u << 20, &piped, &early, &hh, &dh);
 	assert_true(piped > 0);
-	pipeline_case(&c, &lc, "layer-major, 3 micro-batches, op cache, spilling", need * 5 / 2, &piped, &early);
+	pipeline_case(&c, &lc, "layer-major, 3 micro-batches, op cache, spilling", need * 5 / 2, &piped, &early, &hh, &dh);
 	rig_micro = 1, rig_lmajor = 0, rig_opcache = NULL;
 }
 

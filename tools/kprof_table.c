@@ -152,7 +152,8 @@ static int gap_bin(uint64_t ns)
 void kprof_idle_of(kprof_spans *s, uint64_t from, uint64_t to, kprof_idle *out)
 {
 	memset(out, 0, sizeof *out);
-	qsort(s->v, s->n, sizeof *s->v, by_start);
+	if (s->n) /* qsort wants an array even for none */
+		qsort(s->v, s->n, sizeof *s->v, by_start);
 	uint64_t first = 0, cur_end = 0; /* the union so far ends at cur_end */
 	int any = 0;
 	for (size_t i = 0; i < s->n; i++) {

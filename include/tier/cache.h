@@ -129,8 +129,19 @@ int tier_cache_offer(tier_cache *c, tier_cache_key key, const void *src, uint64_
  * returns. */
 int tier_cache_offer_async(tier_cache *c, tier_cache_key key, const void *src, uint64_t bytes,
 			   const tier_op_cost *cost, void *stream, tier_id *where);
-/* The end of an asynchronous offer: unpins its entry (nothing when it was not admitted). 0,
- * -EINVAL (never offered), or the store's error. */
+/* An offer whose operator writes its output in place: admitted as tier_cache_offer admits, but
+ * nothing is copied. In HBM, *ptr is the entry's copy for the operator to write (device memory on
+ * CUDA, ordered on the caller's stream); elsewhere (DDR) *ptr is NULL and the caller hands the
+ * output over with tier_cache_offer_fill; not admitted (*where TIER_NTIERS): *ptr NULL, nothing
+ * held, fill and done do nothing. The entry is held as an asynchronous offer's until
+ * tier_cache_offer_done. The same returns as tier_cache_offer. */
+int tier_cache_reserve(tier_cache *c, tier_cache_key key, uint64_t bytes, const tier_op_cost *cost, void **ptr,
+		       tier_id *where);
+/* Queue the copy of a reservation's bytes from src on `stream` (src unchanged until done). 0
+ * (also when not admitted), -EINVAL (never reserved, filled already, NULL src), -EIO. */
+int tier_cache_offer_fill(tier_cache *c, tier_cache_key key, const void *src, void *stream);
+/* The end of an asynchronous offer or a reservation: unpins its entry, whose data counts as
+ * written (nothing when it was not admitted). 0, -EINVAL (never offered), or the store's error. */
 int tier_cache_offer_done(tier_cache *c, tier_cache_key key);
 /* Backward: 0 on a hit, with *ptr the entry's data in HBM (pinned until tier_cache_release; read
  * only); 1 on a miss (never offered, not admitted, or dropped by the store since): recompute.
