@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include "core/ops_cuda.h"
 #include "base/cuda_reduce.cuh"
 
@@ -310,15 +311,34 @@ __global__ void sumsq_kernel(size_t n, const float *x, double *acc)
 	}
 }
 
+/* One element of AdamW: both kernels below share it, so they give the same bits. */
+__device__ __forceinline__ void adamw_one(size_t i, float *p, const float *g, float *m, float *v, float lr, float b1,
+					  float b2, float eps, float decay, float bc1, float bc2, float gscale)
+{
+	float gj = g[i] * gscale;
+	float mi = b1 * m[i] + (1.0f - b1) * gj, vi = b2 * v[i] + (1.0f - b2) * gj * gj;
+	m[i] = mi, v[i] = vi;
+	p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+}
+
 __global__ void adamw_kernel(size_t n, float *p, const float *g, float *m, float *v, float lr, float b1, float b2,
 			     float eps, float decay, float bc1, float bc2, float gscale)
 {
-	GRID_STRIDE(i, n) {
-		float gj = g[i] * gscale;
-		float mi = b1 * m[i] + (1.0f - b1) * gj, vi = b2 * v[i] + (1.0f - b2) * gj * gj;
-		m[i] = mi, v[i] = vi;
-		p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-	}
+	GRID_STRIDE(i, n)
+		adamw_one(i, p, g, m, v, lr, b1, b2, eps, decay, bc1, bc2, gscale);
+}
+
+struct adamw_many_args {
+	opsc_adamw_t t[OPSC_ADAMW_MANY];
+	float lr, b1, b2, eps, decay, gscale;
+};
+
+/* blockIdx.y: the tensor; the x blocks stride over it. */
+__global__ void adamw_many_kernel(const __grid_constant__ adamw_many_args a)
+{
+	const opsc_adamw_t &e = a.t[blockIdx.y];
+	GRID_STRIDE(i, e.n)
+		adamw_one(i, e.p, e.g, e.m, e.v, a.lr, a.b1, a.b2, a.eps, a.decay, e.bc1, e.bc2, a.gscale);
 }
 
 int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc)
@@ -328,6 +348,43 @@ int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc)
 		return rc;
 	sumsq_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, x, acc);
 	return launched("opsc_sumsq", n);
+}
+
+int opsc_adamw_many(tier_dev *d, int count, const opsc_adamw_t *t, float lr, float b1, float b2, float eps,
+		    float decay, float gscale)
+{
+	int rc = cuda_dev(d, "opsc_adamw_many");
+	if (rc || count <= 0)
+		return count < 0 ? tier_fail(-EINVAL, "opsc_adamw_many: %d tensors", count) : rc;
+	if (!t)
+		return tier_fail(-EINVAL, "opsc_adamw_many: NULL table");
+	/* 18 KiB, off the stack; copied at each launch, so freed once the last is queued */
+	adamw_many_args *ap = (adamw_many_args *)malloc(sizeof *ap);
+	if (!ap)
+		return tier_fail(-ENOMEM, "opsc_adamw_many: out of host memory");
+	adamw_many_args &a = *ap;
+	a.lr = lr, a.b1 = b1, a.b2 = b2, a.eps = eps, a.decay = decay, a.gscale = gscale;
+	for (int at = 0; at < count && !rc; at += OPSC_ADAMW_MANY) {
+		int k = count - at < OPSC_ADAMW_MANY ? count - at : OPSC_ADAMW_MANY;
+		size_t most = 0;
+		for (int i = 0; i < k; i++) {
+			if (t[at + i].n && (!t[at + i].p || !t[at + i].g || !t[at + i].m || !t[at + i].v)) {
+				free(ap);
+				return tier_fail(-EINVAL, "opsc_adamw_many: tensor %d of %zu elements has a NULL array",
+						 at + i, t[at + i].n);
+			}
+			a.t[i] = t[at + i];
+			most = t[at + i].n > most ? t[at + i].n : most;
+		}
+		if (!most)
+			continue;
+		/* blocks for the longest tensor, at most 64 per tensor: shorter ones leave theirs idle */
+		unsigned gx = grid_for(most);
+		adamw_many_kernel<<<dim3(gx < 64 ? gx : 64, (unsigned)k), THREADS, 0, stream_of(d)>>>(a);
+		rc = launched("opsc_adamw_many", most);
+	}
+	free(ap);
+	return rc;
 }
 
 int opsc_adamw(tier_dev *d, size_t n, float *p, const float *g, float *m, float *v, float lr, float b1, float b2,

@@ -77,6 +77,18 @@ int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc);
  * v = b2 v + (1 - b2) gj^2; p = p * decay - lr (m / bc1) / (sqrt(v / bc2) + eps). */
 int opsc_adamw(tier_dev *d, size_t n, float *p, const float *g, float *m, float *v, float lr, float b1, float b2,
 	       float eps, float decay, float bc1, float bc2, float gscale);
+/* opsc_adamw over many tensors at once (the optimizer's batch: one launch per OPSC_ADAMW_MANY,
+ * the table passed as the kernel's parameter), each with its own arrays, length and bias
+ * corrections; the same arithmetic, so the same bits. Entries of length 0 are skipped. */
+typedef struct {
+	float *p, *m, *v;
+	const float *g;
+	size_t n;
+	float bc1, bc2;
+} opsc_adamw_t;
+#define OPSC_ADAMW_MANY 384
+int opsc_adamw_many(tier_dev *d, int count, const opsc_adamw_t *t, float lr, float b1, float b2, float eps,
+		    float decay, float gscale);
 
 /* Synthetic weights: out [n] bf16 = std * N(0, 1) from a counter-based generator keyed by
  * (seed, index) (deterministic, independent of launch shape); opsc_fill_const writes v. */

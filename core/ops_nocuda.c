@@ -91,6 +91,13 @@ int opsc_adamw(tier_dev *d, size_t n, float *p, const float *g, float *m, float 
 	return NOCUDA("opsc_adamw");
 }
 
+int opsc_adamw_many(tier_dev *d, int count, const opsc_adamw_t *t, float lr, float b1, float b2, float eps,
+		    float decay, float gscale)
+{
+	(void)d, (void)count, (void)t, (void)lr, (void)b1, (void)b2, (void)eps, (void)decay, (void)gscale;
+	return NOCUDA("opsc_adamw_many");
+}
+
 int opsc_fill_normal(tier_dev *d, size_t n, uint64_t seed, float std, opsc_bf16 *out)
 {
 	return NOCUDA("opsc_fill_normal");

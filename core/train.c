@@ -300,6 +300,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	free(t->hidx);
 	tier_marks_close(t->marks);
 	tier_waypoint_close(t->wp);
+	free(t->aw);
 	free(t);
 }
 
@@ -732,6 +733,8 @@ static tier_object **ck_row(const tier_trainer *t, int mb)
 int trainer_post(tier_trainer *t, int post, int l, int mb0, int mb1, int last_at)
 {
 	int rc = 0;
+	if (post == POST_OPTIM)
+		return trainer_optim_post(t, (size_t)mb0, (size_t)mb1);
 	for (int mb = mb0; mb < mb1 && !rc; mb++) {
 		tier_object **ck = ck_row(t, mb);
 		if (post == POST_FWD && t->spill) /* the layer's input, read again by its backward long

@@ -90,21 +90,41 @@ static int adamw_group(tier_trainer *t, lora_group *g, float *p, float *gr, floa
 	g->t++;
 	float bc1 = 1.0f - powf(c->beta1, (float)g->t), bc2 = 1.0f - powf(c->beta2, (float)g->t);
 	p += g->off, gr += g->off, mv += 2 * g->off;
-	if (t->m->cuda)
-		return opsc_adamw(t->m->dev, g->n, p, gr, mv, mv + g->n, lr, c->beta1, c->beta2, c->eps,
-				  1.0f - lr * c->weight_decay, bc1, bc2, gscale);
+	if (t->m->cuda) { /* queued for the batch's one launch (adamw_flush) */
+		if (t->aw_n == t->aw_cap) {
+			int cap = t->aw_cap ? 2 * t->aw_cap : 1024;
+			opsc_adamw_t *a = realloc(t->aw, sizeof *a * (size_t)cap);
+			if (!a)
+				return tier_fail(-ENOMEM, "out of host memory for the optimizer's table");
+			t->aw = a, t->aw_cap = cap;
+		}
+		t->aw[t->aw_n++] = (opsc_adamw_t){ .p = p, .g = gr, .m = mv, .v = mv + g->n, .n = g->n, .bc1 = bc1,
+						   .bc2 = bc2 };
+		return 0;
+	}
 	adamw_cpu(c, g->n, p, gr, mv, mv + g->n, lr, bc1, bc2, gscale);
 	return 0;
 }
 
-/* After a batch of updates (groups [from, to)): the gradients are spent, dropped without a
- * writeback (and never prefetched again: the next step refills them); in a spilling step the new
- * parameters and moments start their way down ahead of their eviction. */
-static int adamw_batch_end(tier_trainer *t, size_t from, size_t to, int rc)
+/* CUDA: the batch's queued updates in one launch (per OPSC_ADAMW_MANY groups): 1,451 launches of
+ * a few microseconds each, with a gap after each, in a step of the H200 (a) job before. */
+static int adamw_flush(tier_trainer *t, int rc)
+{
+	const tier_train_cfg *c = &t->c;
+	if (!rc && t->aw_n)
+		rc = opsc_adamw_many(t->m->dev, t->aw_n, t->aw, t->aw_lr, c->beta1, c->beta2, c->eps,
+				     1.0f - t->aw_lr * c->weight_decay, t->aw_gscale);
+	t->aw_n = 0;
+	return rc;
+}
+
+/* After a batch of updates (groups [from, to)), once its kernels are done: the gradients are
+ * spent, dropped without a writeback (and never prefetched again: the next step refills them); in
+ * a spilling step the new parameters and moments start their way down ahead of their eviction. */
+int trainer_optim_post(tier_trainer *t, size_t from, size_t to)
 {
 	tier_model *m = t->m;
-	if ((rc = trainer_op_end(t, rc)))
-		return rc;
+	int rc = 0;
 	for (size_t i = from; i < to && !rc; i += m->groups[i].n_members) {
 		lora_group *own = &m->groups[i];
 		if (!own->zeroed)
@@ -115,6 +135,13 @@ static int adamw_batch_end(tier_trainer *t, size_t from, size_t to, int rc)
 	}
 	m->grads_spent = 1;
 	return rc;
+}
+
+/* A batch ends as the layer operations do (train_pending.c): pipelined, the next batch is queued
+ * before this one's pins go back. */
+static int adamw_batch_end(tier_trainer *t, size_t from, size_t to, int rc)
+{
+	return trainer_op_close(t, adamw_flush(t, rc), POST_OPTIM, -1, (int)from, (int)to, -1);
 }
 
 /* Pin a set's parameters, gradients and moments and update its members. */
@@ -166,6 +193,7 @@ int trainer_adamw(tier_trainer *t, float lr, float gscale)
 	const tier_model *m = t->m;
 	size_t hi = m->n_groups;
 	int rc = 0;
+	t->aw_n = 0, t->aw_lr = lr, t->aw_gscale = gscale;
 	for (int l = m->L - 1; l >= 0 && !rc; l--) {
 		size_t lo = hi;
 		while (lo > 0 && m->groups[lo - 1].layer == l) /* groups are in layer order */
@@ -174,5 +202,5 @@ int trainer_adamw(tier_trainer *t, float lr, float gscale)
 		rc = adamw_layer(t, lo, hi, lr, gscale);
 		hi = lo;
 	}
-	return rc;
+	return trainer_ops_drain(t, rc); /* the last batch's gradients dropped before the next step */
 }

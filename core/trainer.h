@@ -5,15 +5,17 @@
 #define TIER_CORE_TRAINER_H
 
 #include "core/decoder.h"
+#include "core/ops_cuda.h"
 #include "tier/cache.h"
 #include "tier/loss.h"
 
 /* What follows an operation once its kernels are done (train.c, trainer_post): the checkpoints it
  * wrote start down (spilling steps), the ones spent are dropped, final gradients written down. */
-enum { POST_NONE, POST_EMBED, POST_FWD, POST_LOSS, POST_BWD };
+enum { POST_NONE, POST_FWD, POST_LOSS, POST_BWD, POST_OPTIM };
 
 /* An operation as far as its end is concerned (train_pending.c): its post, for micro-batches
- * [mb0, mb1) (last_at: the one whose gradients become final, or -1), and the op cache entries it
+ * [mb0, mb1) (last_at: the one whose gradients become final, or -1; POST_OPTIM: the batch's LoRA
+ * groups [mb0, mb1)), and the op cache entries it
  * leaves pinned: an asynchronous offer's (finished by tier_cache_offer_done) or a restore's get
  * (released as done). */
 #define OP_KEYS 64
@@ -96,6 +98,9 @@ struct tier_trainer {
 	int spill;                        /* the step's objects exceed the HBM budget: what is written
 					   * and read again later is written down ahead of its eviction */
 	double gss;                       /* CPU: the sum of squares of the step's LoRA gradients */
+	opsc_adamw_t *aw;                 /* CUDA: the optimizer batch's updates, one launch (train_optim.c) */
+	int aw_n, aw_cap;
+	float aw_lr, aw_gscale;
 };
 
 /* train.c: charge the time since the last mark to a part of the step; pin an object for the
@@ -139,6 +144,8 @@ int trainer_grad_norm_reset(tier_trainer *t);
 int trainer_grads_done(tier_trainer *t, int l);
 int trainer_grad_norm(tier_trainer *t, double *out);
 int trainer_adamw(tier_trainer *t, float lr, float gscale);
+/* An optimizer batch's post (groups [from, to)): their gradients dropped, state written down. */
+int trainer_optim_post(tier_trainer *t, size_t from, size_t to);
 
 /* train_cache.c: the operator cache from the config's rules (none when empty); offer layer l's
  * forward results; restore half h of them in the backward (1 restored, 0 recompute; *rc on error). */

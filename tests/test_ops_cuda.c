@@ -649,6 +649,52 @@ static void test_adamw(void **state)
 	free(p), free(g), free(m), free(v), free(pg), free(mg), free(vg), free(pr), free(mr), free(vr), free(dp);
 }
 
+/* The optimizer's batched form: 1000 tensors of random lengths (some empty, so more than two
+ * launches), each with its own bias corrections, against opsc_adamw one by one bit for bit; bad
+ * tables refused before any launch. */
+static void test_adamw_many(void **state)
+{
+	enum { K = 1000 };
+	const float lr = 0.01f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, decay = 1.0f - 0.01f * 0.1f, gs = 0.75f;
+	opsc_adamw_t *t = calloc(K, sizeof *t), *u = calloc(K, sizeof *u);
+	size_t *n = calloc(K, sizeof *n), total = 0;
+	(void)state;
+	for (int i = 0; i < K; i++)
+		total += n[i] = i % 97 == 5 ? 0 : 1 + tier_rng_below(&rng, i % 10 == 0 ? 40000 : 3000);
+	float *h = rand_f32(NULL, 4 * total, 1.0f), *got = malloc(16 * total), *want = malloc(16 * total);
+	for (size_t i = 3 * total; i < 4 * total; i++) /* second moments are >= 0 */
+		h[i] = h[i] * h[i];
+	float *d1 = up(h, 16 * total), *d2 = up(h, 16 * total);
+	size_t off = 0;
+	for (int i = 0; i < K; i++) {
+		int st = 1 + (int)tier_rng_below(&rng, 50);
+		float bc1 = 1.0f - powf(b1, (float)st), bc2 = 1.0f - powf(b2, (float)st);
+		t[i] = (opsc_adamw_t){ d1 + off, d1 + 2 * total + off, d1 + 3 * total + off, d1 + total + off, n[i], bc1, bc2 };
+		u[i] = (opsc_adamw_t){ d2 + off, d2 + 2 * total + off, d2 + 3 * total + off, d2 + total + off, n[i], bc1, bc2 };
+		off += n[i];
+	}
+	assert_int_equal(opsc_adamw_many(gpu, K, t, lr, b1, b2, eps, decay, gs), 0);
+	for (int i = 0; i < K; i++)
+		assert_int_equal(opsc_adamw(gpu, u[i].n, u[i].p, u[i].g, u[i].m, u[i].v, lr, b1, b2, eps, decay, u[i].bc1,
+					    u[i].bc2, gs), 0);
+	down(got, d1, 16 * total), down(want, d2, 16 * total);
+	assert_memory_equal(got, want, 16 * total);
+	size_t changed = 0;
+	for (size_t i = 0; i < total; i++)
+		changed += got[i] != h[i];
+	print_message("  adamw_many: %d tensors, %zu elements, %zu parameters changed, equal to one by one\n", K, total,
+		      changed);
+	assert_true(changed > total / 2);
+	assert_int_equal(opsc_adamw_many(gpu, 0, NULL, lr, b1, b2, eps, decay, gs), 0);
+	assert_int_equal(opsc_adamw_many(gpu, -1, t, lr, b1, b2, eps, decay, gs), -EINVAL);
+	assert_int_equal(opsc_adamw_many(gpu, 3, NULL, lr, b1, b2, eps, decay, gs), -EINVAL);
+	t[1].m = NULL;
+	assert_int_equal(opsc_adamw_many(gpu, 3, t, lr, b1, b2, eps, decay, gs), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "tensor 1"));
+	tier_dev_free(gpu, d1), tier_dev_free(gpu, d2);
+	free(t), free(u), free(n), free(h), free(got), free(want);
+}
+
 /* ---- Synthetic weights ----------------------------------------------------------------------- */
 
 static uint16_t *normal_of(size_t n, uint64_t seed, float std)
@@ -776,7 +822,8 @@ int main(void)
 		cmocka_unit_test(test_rmsnorm),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
 		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
-		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_fill),     cmocka_unit_test(test_bad_args),
+		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_adamw_many),
+		cmocka_unit_test(test_fill),        cmocka_unit_test(test_bad_args),
 		cmocka_unit_test(test_marks),
 	};
 	uint64_t seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
