@@ -138,8 +138,12 @@ static void check_grads_fd(const tier_hf_config *cfg, size_t n_modules)
 	assert_int_equal(tier_model_lora_export(r.m, 1, &g), 0);
 	assert_int_equal(tier_model_lora_export(r.m, 0, &p), 0);
 	assert_true(g->n_modules == p->n_modules && g->n_modules == n_modules);
-	int checked = 0, bad = 0, kinks = 0;
+	int checked = 0, bad = 0, kinks = 0, round = 0, per_round = 4 * (int)p->n_modules;
 	double worst = 0.0;
+	/* rounds of 4 coordinates per module until 7/8 of a round's worth were away from routing
+	 * switches (a seed whose routing has many near-ties needs more: one in ~40 crossed 26 of 128),
+	 * at most 4 rounds */
+	for (; round < 4 && checked - kinks < per_round * 7 / 8; round++)
 	for (size_t i = 0; i < p->n_modules; i++)
 		for (int q = 0; q < 4; q++) {
 			tier_peft_module *pm = &p->modules[i];
@@ -164,10 +168,10 @@ static void check_grads_fd(const tier_hf_config *cfg, size_t n_modules)
 				       pm->module, isb ? 'B' : 'A', j, an, fd[0]);
 			}
 		}
-	printf("# %d coordinates checked, %d across a routing switch skipped, worst |analytic - fd| %.3g, %d outside "
-	       "tolerance\n", checked, kinks, worst, bad);
+	printf("# %d coordinates checked in %d round(s), %d across a routing switch skipped, worst |analytic - fd| "
+	       "%.3g, %d outside tolerance\n", checked, round, kinks, worst, bad);
 	assert_int_equal(bad, 0);
-	assert_true(kinks <= checked / 8);
+	assert_true(checked - kinks >= per_round * 7 / 8);
 	tier_peft_free(g);
 	tier_peft_free(p);
 	rig_close(&r);
