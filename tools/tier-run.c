@@ -510,6 +510,20 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 		return fail_lib("--lora-targets");
 	if (tier_model_create(j->s, j->dev, cfg, &lc, &j->m))
 		return fail_lib("model");
+	tier_train_cfg tc;
+	tier_train_cfg_init(&tc);
+	tc.batch = o->batch, tc.seq = o->seq, tc.micro_batches = o->micro, tc.steps = o->steps;
+	tc.warmup = o->warmup, tc.lr = (float)o->lr, tc.min_lr_ratio = (float)o->min_lr_ratio;
+	tc.weight_decay = (float)o->wd, tc.clip = (float)o->clip, tc.opcache = o->opcache, tc.moe_chunks = o->moe_chunks;
+	tc.layer_major = o->layer_major;
+	if (o->layer_major && o->micro < 2)
+		fprintf(stderr, "tier-run: --layer-major has no effect with one micro-batch (add --micro-batches N)\n");
+	/* the trainer's checks (budgets, shapes) before minutes of loading or making the weights: a
+	 * trial trainer, dropped again so that the weights are placed as without it */
+	if (tier_trainer_create(j->m, &tc, &j->t))
+		return fail_lib("trainer");
+	tier_trainer_destroy(j->t);
+	j->t = NULL;
 	uint64_t t0 = tier_now_ns();
 	load_progress lp = { .what = o->model ? "loading" : "making", .t0 = t0, .last = t0, .tty = isatty(1) };
 	if (!o->quiet)
@@ -521,14 +535,6 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	if (!o->quiet)
 		printf("# %s %s of base weights in %.2f s (%.2f GB/s)\n", o->model ? "loaded" : "made",
 		       tier_format_size(bytes, a, sizeof a), secs, secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
-	tier_train_cfg tc;
-	tier_train_cfg_init(&tc);
-	tc.batch = o->batch, tc.seq = o->seq, tc.micro_batches = o->micro, tc.steps = o->steps;
-	tc.warmup = o->warmup, tc.lr = (float)o->lr, tc.min_lr_ratio = (float)o->min_lr_ratio;
-	tc.weight_decay = (float)o->wd, tc.clip = (float)o->clip, tc.opcache = o->opcache, tc.moe_chunks = o->moe_chunks;
-	tc.layer_major = o->layer_major;
-	if (o->layer_major && o->micro < 2)
-		fprintf(stderr, "tier-run: --layer-major has no effect with one micro-batch (add --micro-batches N)\n");
 	if (tier_trainer_create(j->m, &tc, &j->t))
 		return fail_lib("trainer");
 	if (o->resume && tier_trainer_load(j->t, o->resume))
