@@ -488,6 +488,28 @@ static void test_moe_chunks(void **state)
 	rig_chunks = 0, rig_opcache = NULL;
 }
 
+/* The smallest HBM budget the trainer accepts for these configs (tier_trainer_min_hbm), at batch 2
+ * x seq 8 with the next rig's micro-batches and cache. */
+static uint64_t min_hbm_of(const tier_hf_config *c, const tier_lora_cfg *lc)
+{
+	rig q;
+	assert_int_equal(rig_open(&q, c, lc, 64u << 20, 2, 8, 3, 0.1), 0);
+	uint64_t need = tier_trainer_min_hbm(q.t);
+	rig_close(&q);
+	return need;
+}
+
+/* Two adapters with the same modules hold the same bits. */
+static void assert_adapters_equal(const tier_peft_adapter *x, const tier_peft_adapter *y)
+{
+	assert_int_equal(x->n_modules, y->n_modules);
+	for (size_t j = 0; j < x->n_modules; j++) {
+		const tier_peft_module *a = &x->modules[j], *b = &y->modules[j];
+		assert_memory_equal(a->a, b->a, sizeof(float) * x->r * a->in);
+		assert_memory_equal(a->b, b->b, sizeof(float) * x->r * a->out);
+	}
+}
+
 /* Layer-major steps (tier_train_cfg.layer_major) equal micro-batch-major ones bit for bit: the
  * losses of 4 steps of 3 micro-batches and the LoRA weights after them, with a budget that holds
  * everything and with one that spills (writebacks and discards of every micro-batch's layer
@@ -502,9 +524,7 @@ static void test_layer_major(void **state)
 	lc.dropout = 0.0f;
 	rig q;
 	rig_micro = 3;
-	assert_int_equal(rig_open(&q, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);
-	uint64_t small = tier_trainer_min_hbm(q.t) * 3 / 2;
-	rig_close(&q);
+	uint64_t small = min_hbm_of(&c, &lc) * 3 / 2;
 	static const char *what[4] = { "large budget", "spilling budget", "spilling budget, op cache",
 				       "spilling budget, 2 MoE chunks" };
 	for (int k = 0; k < 4; k++) {
@@ -536,11 +556,7 @@ static void test_layer_major(void **state)
 		       loss[1][1], loss[1][2], loss[1][3], (unsigned long long)dense_in[0], (unsigned long long)dense_in[1]);
 		assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
 		assert_memory_equal(counts[0], counts[1], sizeof counts[0]);
-		for (size_t i = 0; i < w[0]->n_modules; i++) {
-			const tier_peft_module *a = &w[0]->modules[i], *b = &w[1]->modules[i];
-			assert_memory_equal(a->a, b->a, sizeof(float) * w[0]->r * a->in);
-			assert_memory_equal(a->b, b->b, sizeof(float) * w[0]->r * a->out);
-		}
+		assert_adapters_equal(w[0], w[1]);
 		if (k) /* under the spilling budget each layer's weights cross once a step, not 3 times */
 			assert_true(dense_in[1] < dense_in[0]);
 		tier_peft_free(w[0]);
@@ -609,11 +625,7 @@ static void pipeline_case(const tier_hf_config *c, const tier_lora_cfg *lc, cons
 	assert_int_equal(pp[0], 0);
 	assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
 	assert_memory_equal(counts[0], counts[1], sizeof counts[0]);
-	for (size_t j = 0; j < w[0]->n_modules; j++) {
-		const tier_peft_module *a = &w[0]->modules[j], *b = &w[1]->modules[j];
-		assert_memory_equal(a->a, b->a, sizeof(float) * w[0]->r * a->in);
-		assert_memory_equal(a->b, b->b, sizeof(float) * w[0]->r * a->out);
-	}
+	assert_adapters_equal(w[0], w[1]);
 	tier_peft_free(w[0]);
 	tier_peft_free(w[1]);
 	*piped = pp[1], *early = ee[1];
@@ -634,10 +646,7 @@ static void test_pipeline_transparent(void **state)
 	tier_lora_cfg lc;
 	wider_all_targets(&c, &lc);
 	lc.dropout = 0.0f;
-	rig q;
-	assert_int_equal(rig_open(&q, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);
-	uint64_t need = tier_trainer_min_hbm(q.t);
-	rig_close(&q);
+	uint64_t need = min_hbm_of(&c, &lc);
 	int piped, early, any_early = 0;
 	uint64_t hh, dh;
 	char what[96];
