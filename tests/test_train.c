@@ -637,7 +637,8 @@ static void pipeline_case(const tier_hf_config *c, const tier_lora_cfg *lc, cons
  * tier_trainer_min_hbm: two operations' pins do not fit, so not pipelined) up to 2.5 times it;
  * forced below that, where pins refused for room finish the operation before early; with the op
  * cache in HBM (its entries written and read in place) and in DDR (filled by a copy) with 2
- * micro-batches; layer-major with 3 and the cache. The store's own check passes at the end of each
+ * micro-batches, and with the MoE half in 2 chunks (its half not cached: recomputed per chunk);
+ * layer-major with 3 and the cache. The store's own check passes at the end of each
  * run (rig_close). */
 static void test_pipeline_transparent(void **state)
 {
@@ -673,6 +674,10 @@ static void test_pipeline_transparent(void **state)
 	rig_opcache = "all:hbm=64k:ddr=8M";
 	pipeline_case(&c, &lc, "op cache in ddr, 2 micro-batches", 64u << 20, &piped, &early, &hh, &dh);
 	assert_true(piped > 0 && dh > 0); /* filled by a copy */
+	rig_micro = 1, rig_chunks = 2, rig_opcache = "all:hbm=4M";
+	pipeline_case(&c, &lc, "op cache in hbm, MoE in 2 chunks", 64u << 20, &piped, &early, &hh, &dh);
+	assert_true(piped > 0 && hh > 0);
+	rig_chunks = 0;
 	rig_micro = 3, rig_lmajor = 1, rig_opcache = "all:hbm=1M";
 	pipeline_case(&c, &lc, "layer-major, 3 micro-batches, op cache", 64u << 20, &piped, &early, &hh, &dh);
 	assert_true(piped > 0);
