@@ -130,6 +130,29 @@ static void sleep_ms(int ms)
 		;
 }
 
+/* Waypoints on a CPU context: the work is done when queued, so a put is passed at once; pending
+ * says whether a put awaits its wait; a wait without a put returns at once; bad arguments. */
+static void test_cpu_waypoint(void **state)
+{
+	(void)state;
+	tier_dev *d;
+	tier_waypoint *w;
+	assert_int_equal(tier_dev_open(&d, TIER_DEV_CPU, 0), 0);
+	assert_int_equal(tier_waypoint_open(&w, NULL), -EINVAL);
+	assert_null(w);
+	assert_int_equal(tier_waypoint_open(&w, d), 0);
+	assert_int_equal(tier_waypoint_pending(w), 0);
+	assert_int_equal(tier_waypoint_wait(w), 0);
+	assert_int_equal(tier_waypoint_put(w), 0);
+	assert_int_equal(tier_waypoint_pending(w), 1);
+	assert_int_equal(tier_waypoint_put(w), 0); /* put again before the wait: still one pending */
+	assert_int_equal(tier_waypoint_wait(w), 0);
+	assert_int_equal(tier_waypoint_pending(w), 0);
+	tier_waypoint_close(w);
+	tier_waypoint_close(NULL);
+	tier_dev_close(d);
+}
+
 /* Marks on a CPU context are the host clock: the time between two marks goes to the later one's
  * tag (the origin's -1 and a tag out of range to none); past the first 256 marks the arrays grow;
  * begin starts over. */
@@ -173,7 +196,7 @@ int main(void)
 		cmocka_unit_test(test_parse_size_units), cmocka_unit_test(test_parse_size_bad),
 		cmocka_unit_test(test_format_size), cmocka_unit_test(test_error_message_is_per_thread),
 		cmocka_unit_test(test_pattern_windows_agree), cmocka_unit_test(test_rng_moments),
-		cmocka_unit_test(test_cpu_device), cmocka_unit_test(test_cpu_marks),
+		cmocka_unit_test(test_cpu_device), cmocka_unit_test(test_cpu_marks), cmocka_unit_test(test_cpu_waypoint),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

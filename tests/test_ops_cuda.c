@@ -773,6 +773,36 @@ static void memsets(void *buf, size_t bytes, int n)
 		assert_int_equal(tier_dev_memset(gpu, buf, i & 0xff, bytes), 0);
 }
 
+/* A waypoint waits for the work queued before it and not for the work after: 16 memsets of 1 GiB
+ * (about 4 ms on an H200), a waypoint, 16 more; its wait takes over a millisecond and the sync
+ * after it another (loose bounds: ordering, not speed). */
+static void test_waypoint(void **state)
+{
+	(void)state;
+	size_t bytes = (size_t)1 << 30;
+	void *buf;
+	tier_waypoint *w;
+	assert_int_equal(tier_dev_malloc(gpu, bytes, &buf), 0);
+	assert_int_equal(tier_waypoint_open(&w, gpu), 0);
+	memsets(buf, bytes, 2); /* warm */
+	assert_int_equal(tier_dev_sync(gpu), 0);
+	memsets(buf, bytes, 16);
+	assert_int_equal(tier_waypoint_put(w), 0);
+	assert_int_equal(tier_waypoint_pending(w), 1);
+	memsets(buf, bytes, 16);
+	uint64_t t0 = tier_now_ns();
+	assert_int_equal(tier_waypoint_wait(w), 0);
+	uint64_t t1 = tier_now_ns();
+	assert_int_equal(tier_dev_sync(gpu), 0);
+	uint64_t t2 = tier_now_ns();
+	print_message("  waypoint: waited %.3f ms, then %.3f ms for the work after it\n", (t1 - t0) / 1e6,
+		      (t2 - t1) / 1e6);
+	assert_true(t1 - t0 > 1000000 && t2 - t1 > 1000000);
+	assert_int_equal(tier_waypoint_pending(w), 0);
+	tier_waypoint_close(w);
+	tier_dev_free(gpu, buf);
+}
+
 /* Marks on the GPU measure the device's time, not the host's: 8 memsets of 1 GiB queued between
  * two marks (the host returns at once) take about as long as the same 8 timed with a sync, and 16
  * between the next two about twice that; 600 more marks make the arrays (and their events) grow.
@@ -824,7 +854,7 @@ int main(void)
 		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_adamw_many),
 		cmocka_unit_test(test_fill),        cmocka_unit_test(test_bad_args),
-		cmocka_unit_test(test_marks),
+		cmocka_unit_test(test_marks),       cmocka_unit_test(test_waypoint),
 	};
 	uint64_t seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
 	int rc;
