@@ -373,6 +373,22 @@ int tier_cache_offer_done(tier_cache *c, tier_cache_key key)
 	return tier_release(c->s, e->obj, e->home, 1);
 }
 
+int tier_cache_offer_drop(tier_cache *c, tier_cache_key key)
+{
+	cache_entry *e = c ? find(c, key) : NULL;
+	if (!e)
+		return tier_fail(-EINVAL, "tier_cache_offer_drop: layer %u op %u micro-batch %u was not offered",
+				 key.layer, key.op, key.microbatch);
+	if (!e->held)
+		return 0;
+	e->held = 0, e->fill_at = NULL;
+	/* released clean after its TIER_ACQ_INIT: the store drops the copy (and says so: expected) */
+	(void)tier_release(c->s, e->obj, e->home, 0);
+	cache_free_obj(c, e);
+	c->st[e->kind].dropped++;
+	return 0;
+}
+
 /* ---- Backward --------------------------------------------------------------------------------- */
 /* A miss on an entry whose data is gone: forget the object, keep the entry for the stats. */
 static int miss(tier_cache *c, cache_entry *e, int lost)

@@ -102,9 +102,11 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 		tier_moe_saved_bind(&sh->moe, sh->mT, at[1] && sh->mchunks <= 1 ? at[1] + (off - mlp0) : buf + off,
 				    saved, &b->ms);
 	off += al(saved);
-	if (buf) { /* in chunks, the MoE state holds the last chunk's only: the MLP half keeps g, u, act */
-		b->save[0] = at[0] ? at[0] : buf, b->save_bytes[0] = mlp0;
-		b->save[1] = at[1] ? at[1] : buf + mlp0, b->save_bytes[1] = (sh->mchunks > 1 ? dense_end : off) - mlp0;
+	/* in chunks, the MoE state holds the last chunk's only: the MLP half keeps g, u, act */
+	b->save_bytes[0] = mlp0, b->save_bytes[1] = (sh->mchunks > 1 ? dense_end : off) - mlp0;
+	if (buf) {
+		b->save[0] = at[0] ? at[0] : buf;
+		b->save[1] = at[1] ? at[1] : buf + mlp0;
 		b->home = buf;
 	}
 	carve(fg, sizeof fg / sizeof fg[0], buf, &off, NULL, 0);
@@ -131,9 +133,17 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 
 size_t dec_bufs_bytes(const tier_model *m, const dec_shape *sh)
 {
+	return dec_bufs_save_bytes(m, sh, NULL);
+}
+
+size_t dec_bufs_save_bytes(const tier_model *m, const dec_shape *sh, size_t save[2])
+{
 	dec_bufs b;
 	char *const none[2] = { NULL, NULL };
-	return layout(m, sh, NULL, &b, none);
+	size_t n = layout(m, sh, NULL, &b, none);
+	if (save)
+		save[0] = b.save_bytes[0], save[1] = b.save_bytes[1];
+	return n;
 }
 
 void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs *b)

@@ -194,11 +194,16 @@ static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nc
 	t->hbm_cap = st.tier[TIER_HBM].capacity;
 	t->spill = all > t->hbm_cap;
 	t->scratch_keep = t->hbm_cap >= t->min_hbm + opt; /* an optimizer set's room to spare */
-	/* pipelined operations (train_pending.c) hold two operations' pins at once: below that room
-	 * the next one's pins would be refused, or split the free space so that a large object no
-	 * longer fits where the operation alone fitted */
+	/* pipelined operations (train_pending.c) hold two operations' pins at once, and with the op
+	 * cache the entries of both (reserved before a forward's pins, restored before a backward's
+	 * experts, held to the operation's end): below that room the next one's pins would be
+	 * refused, or split the free space so that a large object no longer fits where the operation
+	 * alone fitted */
+	size_t save[2];
+	dec_bufs_save_bytes(m, &t->sh, save);
 	uint64_t op = 2 * t->nck * tier_align_up(ta, 4096) + most;
-	if (t->hbm_cap < t->min_hbm + op && !t->pipe_force)
+	uint64_t held = t->c.opcache && *t->c.opcache ? 2 * t->nck * (uint64_t)(save[0] + save[1]) : 0;
+	if (t->hbm_cap < t->min_hbm + op + held && !t->pipe_force)
 		t->pipeline = 0;
 	if (t->hbm_cap >= t->min_hbm)
 		return 0;
@@ -301,6 +306,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	tier_marks_close(t->marks);
 	tier_waypoint_close(t->wp);
 	free(t->aw);
+	free(t->aw_grp);
 	free(t);
 }
 

@@ -94,10 +94,16 @@ static int adamw_group(tier_trainer *t, lora_group *g, float *p, float *gr, floa
 		if (t->aw_n == t->aw_cap) {
 			int cap = t->aw_cap ? 2 * t->aw_cap : 1024;
 			opsc_adamw_t *a = realloc(t->aw, sizeof *a * (size_t)cap);
-			if (!a)
+			if (a)
+				t->aw = a;
+			lora_group **gg = a ? realloc(t->aw_grp, sizeof *gg * (size_t)cap) : NULL;
+			if (!gg) {
+				g->t--;
 				return tier_fail(-ENOMEM, "out of host memory for the optimizer's table");
-			t->aw = a, t->aw_cap = cap;
+			}
+			t->aw_grp = gg, t->aw_cap = cap;
 		}
+		t->aw_grp[t->aw_n] = g;
 		t->aw[t->aw_n++] = (opsc_adamw_t){ .p = p, .g = gr, .m = mv, .v = mv + g->n, .n = g->n, .bc1 = bc1,
 						   .bc2 = bc2 };
 		return 0;
@@ -114,6 +120,8 @@ static int adamw_flush(tier_trainer *t, int rc)
 	if (!rc && t->aw_n)
 		rc = opsc_adamw_many(t->m->dev, t->aw_n, t->aw, t->aw_lr, c->beta1, c->beta2, c->eps,
 				     1.0f - t->aw_lr * c->weight_decay, t->aw_gscale);
+	for (int i = 0; rc && i < t->aw_n; i++) /* not applied: their step counts go back */
+		t->aw_grp[i]->t--;
 	t->aw_n = 0;
 	return rc;
 }

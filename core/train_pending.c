@@ -14,9 +14,11 @@
 #include <string.h>
 #include "core/trainer.h"
 
-int trainer_key_finish(tier_trainer *t, tier_cache_key key, int got)
+int trainer_key_finish(tier_trainer *t, tier_cache_key key, int got, int ok)
 {
-	return got ? tier_cache_release(t->cache, key, 1) : tier_cache_offer_done(t->cache, key);
+	if (got)
+		return tier_cache_release(t->cache, key, 1);
+	return ok ? tier_cache_offer_done(t->cache, key) : tier_cache_offer_drop(t->cache, key);
 }
 
 int trainer_op_key(tier_trainer *t, tier_cache_key key, int got)
@@ -29,13 +31,14 @@ int trainer_op_key(tier_trainer *t, tier_cache_key key, int got)
 	return 0;
 }
 
-/* An operation whose kernels are done (or failed): its cache entries and pins go back; its post
- * runs when ok. The first error. */
+/* An operation whose kernels are done (or failed): its cache entries and pins go back (its
+ * offers dropped unless ok: their data may not have been written); its post runs when ok. The
+ * first error. */
 static int finish(tier_trainer *t, pinset *ps, trainer_opdesc *d, int ok)
 {
 	int rc = 0, r;
 	for (int i = 0; i < d->nkeys; i++)
-		if ((r = trainer_key_finish(t, d->key[i], d->got[i])) && !rc)
+		if ((r = trainer_key_finish(t, d->key[i], d->got[i], ok)) && !rc)
 			rc = r;
 	d->nkeys = 0;
 	if ((r = pin_release_all(ps)) && !rc)

@@ -99,6 +99,7 @@ struct tier_trainer {
 					   * and read again later is written down ahead of its eviction */
 	double gss;                       /* CPU: the sum of squares of the step's LoRA gradients */
 	opsc_adamw_t *aw;                 /* CUDA: the optimizer batch's updates, one launch (train_optim.c) */
+	struct lora_group **aw_grp;       /* their groups (a batch not launched takes their steps back) */
 	int aw_n, aw_cap;
 	float aw_lr, aw_gscale;
 };
@@ -123,8 +124,8 @@ int trainer_ops_drain(tier_trainer *t, int rc);
 /* Record an op cache entry the current operation leaves pinned (got: a get, else an async offer);
  * 0 when recorded, 1 when the list is full (the caller waits and finishes it now). */
 int trainer_op_key(tier_trainer *t, tier_cache_key key, int got);
-/* Finish one recorded entry: offer done, or the get released as done. */
-int trainer_key_finish(tier_trainer *t, tier_cache_key key, int got);
+/* Finish one recorded entry: offer done (dropped unless ok), or the get released as done. */
+int trainer_key_finish(tier_trainer *t, tier_cache_key key, int got, int ok);
 /* Announce the next operation of the step's schedule to the store (prefetches what follows). */
 void trainer_at_op(tier_trainer *t);
 /* Unpin and drop the scratch kept between steps (the optimizer, short of room); 0 or the error. */

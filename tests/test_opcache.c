@@ -516,7 +516,8 @@ static void test_offer_async(void **state)
 /* Reservations (the pipelined trainer's forward writes its output into the entry): in HBM a
  * pointer to write, read back by get after done; in DDR no pointer, the bytes handed over by fill
  * (once: a second fill is refused); not admitted: no pointer, fill and done do nothing; unknown
- * keys and a NULL source are refused; a key reserved twice says -EEXIST. */
+ * keys and a NULL source are refused; a key reserved twice says -EEXIST; a reservation dropped
+ * (its operator failed) misses. */
 static void test_reserve(void **state)
 {
 	(void)state;
@@ -559,6 +560,16 @@ static void test_reserve(void **state)
 		assert_int_equal(tier_cache_release(c, ks[i], 1), 0);
 	}
 	assert_int_equal(tier_cache_get(c, k2, &p), 1); /* not admitted: recompute */
+	assert_int_equal(tier_cache_check(c), 0);
+	/* a reservation whose operator failed is dropped: a get misses */
+	tier_cache_key k3 = { 2, 0, 0 };
+	assert_int_equal(tier_cache_reserve(c, k3, sizeof buf, &cost, &at, &where), 0);
+	assert_int_equal(where, TIER_HBM);
+	assert_int_equal(tier_cache_offer_drop(c, k3), 0);
+	assert_int_equal(tier_cache_offer_drop(c, k3), 0); /* nothing held any more */
+	assert_int_equal(tier_cache_offer_drop(c, kx), -EINVAL);
+	assert_int_equal(tier_cache_check(c), 0);
+	assert_int_equal(tier_cache_get(c, k3, &p), 1);
 	assert_int_equal(tier_cache_check(c), 0);
 	close_cache(&ts, c);
 }

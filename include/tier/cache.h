@@ -143,6 +143,10 @@ int tier_cache_offer_fill(tier_cache *c, tier_cache_key key, const void *src, vo
 /* The end of an asynchronous offer or a reservation: unpins its entry, whose data counts as
  * written (nothing when it was not admitted). 0, -EINVAL (never offered), or the store's error. */
 int tier_cache_offer_done(tier_cache *c, tier_cache_key key);
+/* The end of an asynchronous offer or a reservation whose data was not written (the operator
+ * failed, the copy was not queued): the entry is dropped (counted in dropped) and a get misses.
+ * 0 (also when it was not admitted), -EINVAL (never offered). */
+int tier_cache_offer_drop(tier_cache *c, tier_cache_key key);
 /* Backward: 0 on a hit, with *ptr the entry's data in HBM (pinned until tier_cache_release; read
  * only); 1 on a miss (never offered, not admitted, or dropped by the store since): recompute.
  * < 0 on an error (-EBUSY: the entry is pinned by an earlier get; the store's fetch errors, after
