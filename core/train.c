@@ -796,7 +796,7 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 		rc = op_loss(t, lab, dloss, grads, loss, hidden ? hidden + (m->L + 1) * th : NULL);
 	for (int l = m->L - 1; l >= 0 && !rc && grads; l--)
 		rc = op_bwd(t, l, dloss);
-	return trainer_ops_drain(t, rc); /* what follows pins the same objects and reads results */
+	return trainer_op_end(t, rc); /* what follows pins the same objects and reads results */
 }
 
 /* Micro-batch mb's running gradient in a layer-major step (th-aligned rows of the scratch). */
@@ -859,7 +859,7 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 		trainer_charge(t, TIER_PART_ATTN_BWD);
 	}
 	t->gcur = t->g0, t->gnext = t->g1, t->training = 0;
-	return trainer_ops_drain(t, rc);
+	return trainer_op_end(t, rc);
 }
 
 static int check_tokens(const tier_trainer *t, const int32_t *tokens, const int32_t *labels, size_t n)

@@ -39,6 +39,13 @@ static tier_op_cost half_cost(const tier_trainer *t, int l, int half)
 	return c;
 }
 
+/* Whether half h of layer l goes to the cache: not MoE's in chunks (its backward runs each
+ * chunk's forward again), not an empty one. */
+static int half_cached(const tier_trainer *t, int l, int h)
+{
+	return t->b.save_bytes[h] && (h == 0 || dec_mlp_recompute(&t->sh, t->m->layers[l].moe));
+}
+
 /* Pipelined, the halves go to the cache without a copy: reserved before the forward and written
  * there in place when the entry is in HBM (dec_bufs_place), copied on the stream when in DDR
  * (tier_cache_offer_fill), finished at the operation's end (train_pending.c). */
@@ -46,8 +53,7 @@ int trainer_cache_reserve(tier_trainer *t, int l)
 {
 	t->reserved[0] = t->reserved[1] = 0;
 	for (int h = 0; h < 2 && t->cache && t->pipeline; h++) {
-		if ((h == 1 && !dec_mlp_recompute(&t->sh, t->m->layers[l].moe)) || !t->b.save_bytes[h] ||
-		    t->opc.nkeys == OP_KEYS)
+		if (!half_cached(t, l, h) || t->opc.nkeys == OP_KEYS)
 			continue;
 		tier_op_cost c = half_cost(t, l, h);
 		void *at;
@@ -78,9 +84,7 @@ void trainer_cache_unplace(tier_trainer *t)
 int trainer_cache_offer(tier_trainer *t, int l)
 {
 	for (int h = 0; h < 2 && t->cache; h++) {
-		if (h == 1 && !dec_mlp_recompute(&t->sh, t->m->layers[l].moe))
-			continue; /* MoE in chunks: its backward runs each chunk's forward again */
-		if (!t->b.save_bytes[h])
+		if (!half_cached(t, l, h))
 			continue;
 		int rc = 0;
 		if (t->reserved[h]) /* written in place, else its copy queued (nothing when not admitted) */

@@ -114,12 +114,12 @@ static int adamw_group(tier_trainer *t, lora_group *g, float *p, float *gr, floa
 
 /* CUDA: the batch's queued updates in one launch (per OPSC_ADAMW_MANY groups): 1,451 launches of
  * a few microseconds each, with a gap after each, in a step of the H200 (a) job before. */
-static int adamw_flush(tier_trainer *t, int rc)
+static int adamw_flush(tier_trainer *t, float lr, float gscale, int rc)
 {
 	const tier_train_cfg *c = &t->c;
 	if (!rc && t->aw_n)
-		rc = opsc_adamw_many(t->m->dev, t->aw_n, t->aw, t->aw_lr, c->beta1, c->beta2, c->eps,
-				     1.0f - t->aw_lr * c->weight_decay, t->aw_gscale);
+		rc = opsc_adamw_many(t->m->dev, t->aw_n, t->aw, lr, c->beta1, c->beta2, c->eps,
+				     1.0f - lr * c->weight_decay, gscale);
 	for (int i = 0; rc && i < t->aw_n; i++) /* not applied: their step counts go back */
 		t->aw_grp[i]->t--;
 	t->aw_n = 0;
@@ -147,9 +147,9 @@ int trainer_optim_post(tier_trainer *t, size_t from, size_t to)
 
 /* A batch ends as the layer operations do (train_pending.c): pipelined, the next batch is queued
  * before this one's pins go back. */
-static int adamw_batch_end(tier_trainer *t, size_t from, size_t to, int rc)
+static int adamw_batch_end(tier_trainer *t, size_t from, size_t to, float lr, float gscale, int rc)
 {
-	return trainer_op_close(t, adamw_flush(t, rc), POST_OPTIM, -1, (int)from, (int)to, -1);
+	return trainer_op_close(t, adamw_flush(t, lr, gscale, rc), POST_OPTIM, -1, (int)from, (int)to, -1);
 }
 
 /* Pin a set's parameters, gradients and moments and update its members. */
@@ -180,17 +180,17 @@ static int adamw_layer(tier_trainer *t, size_t lo, size_t hi, float lr, float gs
 		/* no room: end the batch (its pins split the budget) and try the set alone; alone, drop
 		 * the scratch kept between steps and try once more */
 		while (rc == -ENOSPC && (in_batch || t->scratch_p)) {
-			if ((rc = adamw_batch_end(t, from, i, 0)) || (!in_batch && (rc = trainer_scratch_drop(t))))
+			if ((rc = adamw_batch_end(t, from, i, lr, gscale, 0)) || (!in_batch && (rc = trainer_scratch_drop(t))))
 				return rc;
 			from = i, in_batch = 0, bytes = 0;
 			rc = adamw_set(t, own, lr, gscale);
 		}
 		if (!rc && batch_full(t, &in_batch, &bytes, 4 * tier_obj_size(own->grad))) {
-			rc = adamw_batch_end(t, from, i + own->n_members, 0);
+			rc = adamw_batch_end(t, from, i + own->n_members, lr, gscale, 0);
 			from = i + own->n_members;
 		}
 	}
-	return adamw_batch_end(t, from, i, rc);
+	return adamw_batch_end(t, from, i, lr, gscale, rc);
 }
 
 /* Layer by layer, last to first, each layer an operation of the schedule (train_sched.c). That
@@ -201,7 +201,7 @@ int trainer_adamw(tier_trainer *t, float lr, float gscale)
 	const tier_model *m = t->m;
 	size_t hi = m->n_groups;
 	int rc = 0;
-	t->aw_n = 0, t->aw_lr = lr, t->aw_gscale = gscale;
+	t->aw_n = 0;
 	for (int l = m->L - 1; l >= 0 && !rc; l--) {
 		size_t lo = hi;
 		while (lo > 0 && m->groups[lo - 1].layer == l) /* groups are in layer order */
@@ -210,5 +210,5 @@ int trainer_adamw(tier_trainer *t, float lr, float gscale)
 		rc = adamw_layer(t, lo, hi, lr, gscale);
 		hi = lo;
 	}
-	return trainer_ops_drain(t, rc); /* the last batch's gradients dropped before the next step */
+	return trainer_op_end(t, rc); /* the last batch's gradients dropped before the next step */
 }

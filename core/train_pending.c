@@ -14,7 +14,8 @@
 #include <string.h>
 #include "core/trainer.h"
 
-int trainer_key_finish(tier_trainer *t, tier_cache_key key, int got, int ok)
+/* Finish one recorded entry: offer done (dropped unless ok), or the get released as done. */
+static int key_finish(tier_trainer *t, tier_cache_key key, int got, int ok)
 {
 	if (got)
 		return tier_cache_release(t->cache, key, 1);
@@ -38,7 +39,7 @@ static int finish(tier_trainer *t, pinset *ps, trainer_opdesc *d, int ok)
 {
 	int rc = 0, r;
 	for (int i = 0; i < d->nkeys; i++)
-		if ((r = trainer_key_finish(t, d->key[i], d->got[i], ok)) && !rc)
+		if ((r = key_finish(t, d->key[i], d->got[i], ok)) && !rc)
 			rc = r;
 	d->nkeys = 0;
 	if ((r = pin_release_all(ps)) && !rc)
@@ -58,7 +59,7 @@ int trainer_finish_prev(tier_trainer *t)
 	return rc ? rc : r2;
 }
 
-int trainer_ops_drain(tier_trainer *t, int rc)
+int trainer_op_end(tier_trainer *t, int rc)
 {
 	t->op_seq++; /* the sets' cached addresses (pin_group) die with the pins */
 	int r1 = tier_dev_sync(t->m->dev), r2 = 0;
@@ -70,11 +71,6 @@ int trainer_ops_drain(tier_trainer *t, int rc)
 	}
 	int r3 = finish(t, &t->ps, &t->opc, !rc && !r1 && !r2);
 	return rc ? rc : r1 ? r1 : r2 ? r2 : r3;
-}
-
-int trainer_op_end(tier_trainer *t, int rc)
-{
-	return trainer_ops_drain(t, rc);
 }
 
 /* The current operation becomes the one before (its pins and end move over). */
@@ -96,7 +92,7 @@ int trainer_op_close(tier_trainer *t, int rc, int post, int l, int mb0, int mb1,
 	trainer_opdesc *d = &t->opc;
 	d->post = post, d->l = l, d->mb0 = mb0, d->mb1 = mb1, d->last_at = last_at;
 	if (rc || !t->pipeline)
-		return trainer_ops_drain(t, rc);
+		return trainer_op_end(t, rc);
 	t->op_seq++;
 	/* the operation before is done first (this one's kernels keep the device busy meanwhile); one
 	 * waypoint serves both, put again once the earlier one has passed */
@@ -106,7 +102,7 @@ int trainer_op_close(tier_trainer *t, int rc, int post, int l, int mb0, int mb1,
 	if (!r)
 		r = tier_waypoint_put(t->wp);
 	if (r)
-		return trainer_ops_drain(t, r);
+		return trainer_op_end(t, r);
 	shift(t);
 	t->n_piped++;
 	return 0;

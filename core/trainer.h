@@ -101,14 +101,12 @@ struct tier_trainer {
 	opsc_adamw_t *aw;                 /* CUDA: the optimizer batch's updates, one launch (train_optim.c) */
 	struct lora_group **aw_grp;       /* their groups (a batch not launched takes their steps back) */
 	int aw_n, aw_cap;
-	float aw_lr, aw_gscale;
 };
 
 /* train.c: charge the time since the last mark to a part of the step; pin an object for the
- * current operation (timed); end an operation (wait for the device, release its pins). */
+ * current operation (timed). */
 void trainer_charge(tier_trainer *t, int part);
 int trainer_pin(tier_trainer *t, tier_object *o, unsigned flags, int dirty, float **p);
-int trainer_op_end(tier_trainer *t, int rc);
 /* The post of an operation (the objects it names must be unpinned): POST_*, layer l, micro-batches
  * [mb0, mb1), last_at as in trainer_opdesc. 0 or the first error. */
 int trainer_post(tier_trainer *t, int post, int l, int mb0, int mb1, int last_at);
@@ -116,16 +114,15 @@ int trainer_post(tier_trainer *t, int post, int l, int mb0, int mb1, int last_at
 /* train_pending.c: end the current operation with its post (trainer_opdesc's fields): pipelined,
  * it is queued and the operation before it is finished (waited for, released, posted); else, or
  * after an error (rc), as trainer_op_end followed by the post. finish_prev: wait for and finish
- * the operation before (0 when there is none). drain: wait for the device, finish both. The first
+ * the operation before (0 when there is none). op_end: wait for the device, finish both (the
+ * current one's post only when it has one: operations ended this way post themselves). The first
  * error wins. */
 int trainer_op_close(tier_trainer *t, int rc, int post, int l, int mb0, int mb1, int last_at);
 int trainer_finish_prev(tier_trainer *t);
-int trainer_ops_drain(tier_trainer *t, int rc);
+int trainer_op_end(tier_trainer *t, int rc);
 /* Record an op cache entry the current operation leaves pinned (got: a get, else an async offer);
  * 0 when recorded, 1 when the list is full (the caller waits and finishes it now). */
 int trainer_op_key(tier_trainer *t, tier_cache_key key, int got);
-/* Finish one recorded entry: offer done (dropped unless ok), or the get released as done. */
-int trainer_key_finish(tier_trainer *t, tier_cache_key key, int got, int ok);
 /* Announce the next operation of the step's schedule to the store (prefetches what follows). */
 void trainer_at_op(tier_trainer *t);
 /* Unpin and drop the scratch kept between steps (the optimizer, short of room); 0 or the error. */

@@ -366,6 +366,20 @@ static void test_evicted_before_backward(void **state)
 /* ---- Randomized: budgets never exceeded, every hit holds the bytes offered -------------------- */
 static uint64_t key_seed(tier_cache_key k) { return (uint64_t)k.layer << 40 ^ (uint64_t)k.op << 20 ^ k.microbatch; }
 
+/* A hit on key holds the pattern of key_seed(key) over its bytes, and is released as done: 1 on
+ * a hit, 0 on a miss. */
+static int hit_holds_pattern(tier_cache *c, tier_cache_key key, uint64_t bytes)
+{
+	void *p;
+	int rc = tier_cache_get(c, key, &p);
+	assert_true(rc == 0 || rc == 1);
+	if (rc)
+		return 0;
+	assert_int_equal(tier_pattern_check(p, bytes, key_seed(key), 0), bytes);
+	assert_int_equal(tier_cache_release(c, key, 1), 0);
+	return 1;
+}
+
 static void test_random_budgets(void **state)
 {
 	tier_rng r;
@@ -455,11 +469,7 @@ static void test_hit_content(void **state)
 	}
 	for (int op = 39; op >= 0; op--) {
 		tier_cache_key key = { (uint32_t)op % 5, (uint32_t)op, 0 };
-		void *p;
-		if (tier_cache_get(c, key, &p) == 0) {
-			assert_int_equal(tier_pattern_check(p, size[op], key_seed(key), 0), size[op]);
-			assert_int_equal(tier_cache_release(c, key, 1), 0);
-		}
+		(void)hit_holds_pattern(c, key, size[op]);
 		assert_int_equal(tier_cache_check(c), 0);
 	}
 	close_cache(&ts, c);
@@ -504,10 +514,7 @@ static void test_offer_async(void **state)
 	assert_int_equal(tier_cache_check(c), 0);
 	tier_cache_key ks[3] = { k0, k1, k2 };
 	for (int i = 0; i < 3; i++)
-		if (tier_cache_get(c, ks[i], &p) == 0) {
-			assert_int_equal(tier_pattern_check(p, sizeof buf, key_seed(ks[i]), 0), sizeof buf);
-			assert_int_equal(tier_cache_release(c, ks[i], 1), 0);
-		} else
+		if (!hit_holds_pattern(c, ks[i], sizeof buf))
 			assert_int_equal(i, 2); /* only the last may have been dropped */
 	assert_int_equal(tier_cache_check(c), 0);
 	close_cache(&ts, c);
@@ -554,11 +561,8 @@ static void test_reserve(void **state)
 	for (int i = 0; i < 3; i++)
 		assert_int_equal(tier_cache_offer_done(c, ks[i]), 0);
 	assert_int_equal(tier_cache_check(c), 0);
-	for (int i = 0; i < 2; i++) {
-		assert_int_equal(tier_cache_get(c, ks[i], &p), 0);
-		assert_int_equal(tier_pattern_check(p, sizeof buf, key_seed(ks[i]), 0), sizeof buf);
-		assert_int_equal(tier_cache_release(c, ks[i], 1), 0);
-	}
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(hit_holds_pattern(c, ks[i], sizeof buf), 1);
 	assert_int_equal(tier_cache_get(c, k2, &p), 1); /* not admitted: recompute */
 	assert_int_equal(tier_cache_check(c), 0);
 	/* a reservation whose operator failed is dropped: a get misses */
