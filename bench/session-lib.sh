@@ -6,7 +6,8 @@ sum="$out/summary.txt"; : > "$sum"
 step() { # limit name command...
 	local lim=$1 name=$2; shift 2
 	local t0=$SECONDS
-	timeout "$lim" "$@" > "$out/$name.log" 2>&1; local rc=$?
+	# -k: a job that outlives its SIGTERM by 15 s (tier-run finishes its step first) is killed
+	timeout -k 15 "$lim" "$@" > "$out/$name.log" 2>&1; local rc=$?
 	printf '%-22s rc=%-3d %4ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$sum"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"

@@ -480,14 +480,16 @@ void tier_model_set_progress(tier_model *m, tier_progress_fn fn, void *arg)
 		m->progress = fn, m->progress_arg = arg;
 }
 
-/* fill_obj, then the progress callback with the bytes filled so far. */
+/* fill_obj, then the progress callback with the bytes filled so far; the callback may stop the fill. */
 static int fill_next(tier_model *m, tier_object *o, const char *name, fill_fn fn, fill_dev_fn dfn, void *arg,
 		     uint64_t *done)
 {
 	int rc = fill_obj(m, o, name, fn, dfn, arg);
 	if (!rc && m->progress) {
 		*done += tier_obj_size(o);
-		m->progress(*done, m->base_bytes, m->progress_arg);
+		if (m->progress(*done, m->base_bytes, m->progress_arg))
+			return tier_fail(-ECANCELED, "filling the base weights: stopped by the caller after %s",
+					 name);
 	}
 	return rc;
 }

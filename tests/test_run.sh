@@ -57,6 +57,20 @@ expect_resume_bad() {
 }
 expect_resume_bad
 
+echo "# SIGTERM mid-run: the step ends, no adapter, exit 128+15; the log shows the steps as they ran"
+./tier-run --data "$src/data/corpus.txt" --steps 100000 --batch 1 --seq 16 --out "$tmp/t" >"$tmp/t.out" 2>"$tmp/t.err" &
+pid=$!
+i=0 # stdout is a file: the step lines must arrive a line at a time, not at exit
+while ! grep -q '^ *3 ' "$tmp/t.out" && [ $i -lt 1000 ]; do sleep 0.01; i=$((i + 1)); done
+grep -q '^ *3 ' "$tmp/t.out" || { kill -9 $pid; fail "no step line in the log within 10 s (stdout not line-buffered?)"; }
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc = 143 ] || fail "SIGTERM: exit $rc, expected 143 ($(cat "$tmp/t.err"))"
+grep -q "stopping at the end of this step" "$tmp/t.err" && grep -q "stopped by signal 15" "$tmp/t.err" ||
+	fail "SIGTERM: message '$(cat "$tmp/t.err")'"
+[ ! -e "$tmp/t/adapter_model.safetensors" ] || fail "SIGTERM: an adapter was written"
+
 echo "# a job file, overridden by the command line"
 printf '{"steps": 2, "batch": 1, "seq": 8, "lora-targets": "q,v", "rslora": true}\n' >"$tmp/job.json"
 ./tier-run "$tmp/job.json" --steps 3 --data "$src/data/corpus.txt" >"$tmp/j.out" 2>&1 || { cat "$tmp/j.out"; fail "job file run failed"; }

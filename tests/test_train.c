@@ -950,16 +950,20 @@ static void tiny_tensors(ckpt_w *w, ckpt_w *fused)
 	}
 }
 
-/* The load's progress callback: calls, bytes never going back, the last total. */
-typedef struct { int calls, backwards; uint64_t done, total; } prog_seen;
-static void on_progress(uint64_t done, uint64_t total, void *arg)
+/* The load's progress callback: calls, bytes never going back, the last total; it stops the
+ * load at call stop_at (0: never). */
+typedef struct { int calls, backwards, stop_at; uint64_t done, total; } prog_seen;
+static int on_progress(uint64_t done, uint64_t total, void *arg)
 {
 	prog_seen *p = arg;
 	p->backwards += done < p->done || done > total;
 	p->calls++, p->done = done, p->total = total;
+	return p->calls == p->stop_at;
 }
 
-static float load_and_eval(const tier_hf_config *c, const char *dir, int *rc_out)
+/* stop_at > 0: a first load is stopped by its progress callback at that call, then the same
+ * model loads again in full. */
+static float load_and_eval(const tier_hf_config *c, const char *dir, int stop_at, int *rc_out)
 {
 	tier_lora_cfg lc;
 	tier_lora_cfg_init(&lc);
@@ -970,8 +974,24 @@ static float load_and_eval(const tier_hf_config *c, const char *dir, int *rc_out
 	tier_model *m;
 	assert_int_equal(tier_model_create(s, cpu, c, &lc, &m), 0);
 	float loss = NAN;
-	prog_seen ps = { 0 };
+	prog_seen ps = { .stop_at = stop_at };
 	tier_model_set_progress(m, on_progress, &ps);
+	int32_t tok[10], lab[10];
+	for (int i = 0; i < 10; i++)
+		tok[i] = (i * 7 + 3) % 23, lab[i] = (i * 5 + 1) % 23;
+	if (stop_at > 0) { /* stopped: no data, so no evaluation; then loaded after all */
+		assert_int_equal(tier_model_load_hf(m, dir), -ECANCELED);
+		assert_int_equal(ps.calls, stop_at);
+		assert_non_null(strstr(tier_last_error(), "stopped by the caller"));
+		tier_train_cfg tc0;
+		tier_train_cfg_init(&tc0);
+		tc0.batch = 2, tc0.seq = 5;
+		tier_trainer *t0;
+		assert_int_equal(tier_trainer_create(m, &tc0, &t0), 0);
+		assert_int_equal(tier_trainer_eval(t0, tok, lab, 0, &loss, NULL), -ENODATA);
+		tier_trainer_destroy(t0);
+		ps = (prog_seen){ 0 };
+	}
 	*rc_out = tier_model_load_hf(m, dir);
 	if (!*rc_out) { /* one call per object, the last with every byte */
 		assert_true(ps.calls > 3 && !ps.backwards);
@@ -981,9 +1001,6 @@ static float load_and_eval(const tier_hf_config *c, const char *dir, int *rc_out
 		tc.batch = 2, tc.seq = 5;
 		tier_trainer *t;
 		assert_int_equal(tier_trainer_create(m, &tc, &t), 0);
-		int32_t tok[10], lab[10];
-		for (int i = 0; i < 10; i++)
-			tok[i] = (i * 7 + 3) % 23, lab[i] = (i * 5 + 1) % 23;
 		float *hid = malloc(sizeof(float) * 4 * 10 * 16);
 		assert_int_equal(tier_trainer_eval(t, tok, lab, 0, &loss, hid), 0);
 		/* hidden[0] is the embedding of the tokens */
@@ -1025,25 +1042,28 @@ static void test_load_hf(void **state)
 	tiny_tensors(&w, &f);
 	int rc;
 	write_ckpt(dir, &w, 0, -1);
-	float l_per = load_and_eval(&c, dir, &rc);
+	float l_per = load_and_eval(&c, dir, 0, &rc);
 	assert_int_equal(rc, 0);
+	float l_again = load_and_eval(&c, dir, 2, &rc); /* a load stopped by its caller, then done */
+	assert_int_equal(rc, 0);
+	assert_true(l_again == l_per);
 	write_ckpt(dir, &f, 0, -1);
-	float l_fused = load_and_eval(&c, dir, &rc);
+	float l_fused = load_and_eval(&c, dir, 0, &rc);
 	assert_int_equal(rc, 0);
 	write_ckpt(dir, &w, 1, -1);
-	float l_bf16 = load_and_eval(&c, dir, &rc);
+	float l_bf16 = load_and_eval(&c, dir, 0, &rc);
 	assert_int_equal(rc, 0);
 	printf("# loss per-expert F32 %.6f, fused F32 %.6f, per-expert BF16 %.6f\n", l_per, l_fused, l_bf16);
 	assert_true(isfinite(l_per) && l_per > 0);
 	assert_true(l_per == l_fused && l_per == l_bf16);
 	/* a tensor missing, then one of the wrong shape */
 	write_ckpt(dir, &w, 0, 5); /* without layer 0's q_norm */
-	load_and_eval(&c, dir, &rc);
+	load_and_eval(&c, dir, 0, &rc);
 	assert_int_equal(rc, -ENOENT);
 	assert_non_null(strstr(tier_last_error(), "model.layers."));
 	w.t[2].shape[0] = 22; /* lm_head [22, 16] (the first 22 rows of the buffer) */
 	write_ckpt(dir, &w, 0, -1);
-	load_and_eval(&c, dir, &rc);
+	load_and_eval(&c, dir, 0, &rc);
 	assert_int_equal(rc, -EBADMSG);
 	assert_non_null(strstr(tier_last_error(), "lm_head"));
 	cw_free(&w);

@@ -36,7 +36,27 @@ typedef struct {
 } run_opts;
 
 static volatile sig_atomic_t stop_sig;
-static void on_signal(int sig) { stop_sig = sig; }
+/* The first SIGINT or SIGTERM stops the run at the next step's end (or the weights' fill at its
+ * next object) and says so; the handler is then reset (SA_RESETHAND), so a second one kills. */
+static void on_signal(int sig)
+{
+	static const char msg[] = "\ntier-run: stopping at the end of this step, no adapter written (send the "
+				  "signal again to stop at once)\n";
+	stop_sig = sig;
+	ssize_t w = write(2, msg, sizeof msg - 1);
+	(void)w;
+}
+
+static void catch_stop_signals(void)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_signal;
+	sa.sa_flags = SA_RESETHAND;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+}
 
 static void usage(FILE *f)
 {
@@ -433,15 +453,17 @@ static void fmt_eta(double s, char *buf, size_t len);
 typedef struct {
 	const char *what;
 	uint64_t t0, last;
-	int tty, printed;
+	int tty, printed, quiet;
 } load_progress;
 
-static void on_load_progress(uint64_t done, uint64_t total, void *arg)
+static int on_load_progress(uint64_t done, uint64_t total, void *arg)
 {
 	load_progress *p = arg;
 	uint64_t now = tier_now_ns();
-	if (done < total ? now - p->last < (p->tty ? 250000000ull : 2000000000ull) : !p->printed)
-		return;
+	if (stop_sig)
+		return 1;
+	if (p->quiet || (done < total ? now - p->last < (p->tty ? 250000000ull : 2000000000ull) : !p->printed))
+		return 0;
 	p->last = now, p->printed = 1;
 	double el = (double)(now - p->t0) / 1e9, rate = el > 0 ? (double)done / el : 0;
 	char a[32], b[32], eta[32];
@@ -450,6 +472,7 @@ static void on_load_progress(uint64_t done, uint64_t total, void *arg)
 	       tier_format_size(done, a, sizeof a), tier_format_size(total, b, sizeof b), rate / 1e9, eta,
 	       p->tty && done < total ? "   " : "\n");
 	fflush(stdout);
+	return 0;
 }
 
 static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
@@ -525,11 +548,11 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	tier_trainer_destroy(j->t);
 	j->t = NULL;
 	uint64_t t0 = tier_now_ns();
-	load_progress lp = { .what = o->model ? "loading" : "making", .t0 = t0, .last = t0, .tty = isatty(1) };
-	if (!o->quiet)
-		tier_model_set_progress(j->m, on_load_progress, &lp);
+	load_progress lp = { .what = o->model ? "loading" : "making", .t0 = t0, .last = t0, .tty = isatty(1),
+			     .quiet = o->quiet };
+	tier_model_set_progress(j->m, on_load_progress, &lp); /* quiet: only for a stop signal */
 	if (o->model ? tier_model_load_hf(j->m, o->model) : tier_model_init_random(j->m, o->seed, o->init_range))
-		return fail_lib(o->model ? "loading the checkpoint" : "making the weights");
+		return stop_sig ? 1 : fail_lib(o->model ? "loading the checkpoint" : "making the weights");
 	double secs = (double)(tier_now_ns() - t0) / 1e9;
 	uint64_t bytes = tier_model_base_bytes(j->m);
 	if (!o->quiet)
@@ -778,6 +801,8 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "--store-demo"))
 		return store_demo_main(argc - 1, argv + 1);
+	/* a line at a time into a log file or pipe as on a terminal: a job's log shows where it is */
+	setvbuf(stdout, NULL, _IOLBF, 0);
 	run_opts o = { .policy = "schedule", .device = "cpu", .targets = "q,k,v,o,experts", .hbm = 14ull << 20,
 		       .ddr = 256ull << 20, .lora_r = 8, .steps = 800, .batch = 4, .seq = 64, .micro = 1, .warmup = 20,
 		       .lora_alpha = 16, .pwin = -1, .lr = 1e-2, .min_lr_ratio = 0.1, .clip = 1, .init_range = 0.1, .seed = 1 };
@@ -807,8 +832,7 @@ int main(int argc, char **argv)
 		return fprintf(stderr, "tier-run: --checkpoint-every writes into --out DIR: give one\n"), 1;
 	if (o.out && check_out_dir(o.out))
 		return 1;
-	signal(SIGINT, on_signal);
-	signal(SIGTERM, on_signal);
+	catch_stop_signals();
 	job j;
 	memset(&j, 0, sizeof j);
 	const char *ps = getenv("TIER_PROFILE_STEP");

@@ -127,8 +127,10 @@ int tier_model_init_random(tier_model *m, uint64_t seed, double init_range);
 int tier_model_load_hf(tier_model *m, const char *dir);
 /* Progress of tier_model_load_hf and tier_model_init_random: fn(done, total, arg) after each
  * object, with the bytes of base weights written so far and in all (done == total at the end of
- * a successful fill). NULL fn: none. */
-typedef void (*tier_progress_fn)(uint64_t done, uint64_t total, void *arg);
+ * a successful fill). fn returns 0 to go on; anything else stops the fill, which then fails with
+ * -ECANCELED and leaves the model without data, as any failed load (a caller's Ctrl-C need not
+ * wait for minutes of weights). NULL fn: none. */
+typedef int (*tier_progress_fn)(uint64_t done, uint64_t total, void *arg);
 void tier_model_set_progress(tier_model *m, tier_progress_fn fn, void *arg);
 const tier_hf_config *tier_model_config(const tier_model *m);
 uint64_t tier_model_base_bytes(const tier_model *m);  /* bytes of all frozen weights */
