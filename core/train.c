@@ -192,6 +192,23 @@ static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nc
 	tier_stats st;
 	tier_store_stats(m->s, &st);
 	t->hbm_cap = st.tier[TIER_HBM].capacity;
+	/* every object lives somewhere at the end of a forward (the weights, the LoRA state, every
+	 * micro-batch's layer inputs, the scratch): a store that cannot hold them all fails (or thrashes)
+	 * only minutes into the job, after the weights were made */
+	uint64_t room = 0;
+	for (int i = 0; i < TIER_NTIERS; i++)
+		room += st.tier[i].capacity;
+	if (st.object_bytes > room) {
+		char need[32], have[32], h[32], d[32], n[32];
+		return tier_fail(-ENOSPC, "the budgets hold %s (hbm %s, ddr %s, nvme %s) but the model's weights, its LoRA "
+				 "state, the layer inputs of %d micro-batch%s and the scratch take %s: raise --ddr or give "
+				 "--nvme DIR:SIZE%s", tier_format_size(room, have, sizeof have),
+				 tier_format_size(st.tier[TIER_HBM].capacity, h, sizeof h),
+				 tier_format_size(st.tier[TIER_DDR].capacity, d, sizeof d),
+				 tier_format_size(st.tier[TIER_NVME].capacity, n, sizeof n), t->nck, t->nck > 1 ? "es" : "",
+				 tier_format_size(st.object_bytes, need, sizeof need),
+				 t->nck > 1 ? " (or use fewer layer-major micro-batches)" : "");
+	}
 	t->spill = all > t->hbm_cap;
 	t->scratch_keep = t->hbm_cap >= t->min_hbm + opt; /* an optimizer set's room to spare */
 	/* pipelined operations (train_pending.c) hold two operations' pins at once, and with the op

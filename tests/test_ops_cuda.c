@@ -449,8 +449,12 @@ static void rmsnorm_case(int rows, int dim)
 static void test_rmsnorm(void **state)
 {
 	(void)state;
-	rmsnorm_case(29, 77);
+	rmsnorm_case(29, 77);   /* one block a row (dim % 4 != 0) */
 	rmsnorm_case(5, 1537);
+	rmsnorm_case(333, 128); /* one warp a row: a q/k head, the rows not a multiple of the block's 8 */
+	rmsnorm_case(67, 2048); /* a hidden state */
+	rmsnorm_case(9, 4100);  /* a partial last pass of the warp */
+	rmsnorm_case(3, 4);
 }
 
 static void test_swiglu(void **state)

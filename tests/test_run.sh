@@ -93,6 +93,8 @@ if ! ./tier-run --device cuda --steps 1 --quiet >/dev/null 2>"$tmp/err"; then
 fi
 expect1 "cpu or cuda" --device tpu
 expect1 "raise --hbm" --hbm 1M $small
+# room for one operation but not for everything the step keeps: refused before the weights are made
+expect1 "raise --ddr or give --nvme" --micro-batches 8 --layer-major --batch 4 --seq 256 --hbm 42M --ddr 10M --steps 1
 expect1 "not a writable directory" --out /proc/version $small
 expect1 "lora-targets" --lora-targets q,zz $small
 expect1 "not both" --model "$tmp" --init random

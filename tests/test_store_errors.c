@@ -187,6 +187,38 @@ static void test_all_pinned(void **state)
 	test_store_close(&ts);
 }
 
+/* Enough bytes free in HBM but in runs too short: the message names what splits them. Pinned
+ * copies first; then copies that nothing pins but the full DDR below cannot take. */
+static void test_fragmented(void **state)
+{
+	(void)state;
+	for (int pinned = 1; pinned >= 0; pinned--) {
+		test_store ts;
+		tier_object *o[4], *big;
+		void *addr;
+		assert_int_equal(test_store_open(&ts, TIER_POLICY_LFU, 4 * OBJ, 2 * OBJ, 0, 0), 0);
+		for (int i = 0; i < 4; i++)
+			fill(ts.s, o[i] = mk(ts.s, OBJ, 0), TIER_HBM, 200 + i);
+		/* HBM holds o0..o3 in a row; moving o1 and o3 down leaves two holes of one object each */
+		assert_int_equal(tier_migrate(ts.s, o[1], TIER_DDR), 0);
+		assert_int_equal(tier_migrate(ts.s, o[3], TIER_DDR), 0);
+		if (pinned) /* pinned, o0 and o2 stay; unpinned, they could go down if DDR had room */
+			for (int i = 0; i < 4; i += 2)
+				assert_int_equal(tier_acquire(ts.s, o[i], TIER_HBM, 0, &addr, NULL), 0);
+		big = mk(ts.s, 2 * OBJ, 0);
+		assert_int_equal(tier_acquire(ts.s, big, TIER_HBM, TIER_ACQ_INIT, &addr, NULL), -ENOSPC);
+		const char *e = tier_last_error();
+		assert_non_null(strstr(e, "largest free run is 64.00 KiB"));
+		assert_non_null(strstr(e, pinned ? "split by pinned copies" : "the tiers below have no room"));
+		assert_int_equal(tier_store_check(ts.s), 0);
+		for (int i = 0; pinned && i < 4; i += 2)
+			assert_int_equal(tier_release(ts.s, o[i], TIER_HBM, 0), 0);
+		for (int i = 0; i < 4; i++) /* nothing lost */
+			expect(ts.s, o[i], i % 2 ? TIER_DDR : TIER_HBM, 200 + i);
+		test_store_close(&ts);
+	}
+}
+
 /* An object whose only copy lives on NVMe. */
 static tier_object *on_nvme(tier_store *s, uint64_t seed)
 {
@@ -311,6 +343,7 @@ int main(void)
 		cmocka_unit_test(test_bad_objects),
 		cmocka_unit_test(test_fill_done),
 		cmocka_unit_test(test_all_pinned),
+		cmocka_unit_test(test_fragmented),
 		cmocka_unit_test(test_fetch_faults),
 		cmocka_unit_test(test_writeback_fault),
 		cmocka_unit_test(test_discardable),

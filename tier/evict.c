@@ -118,11 +118,14 @@ int store_no_room(tier_store *s, tier_id t, uint64_t bytes, const char *why)
 	const char *hint = s->pinned_bytes[t] + backend_rounded(be, bytes) > backend_capacity(be)
 				   ? " (release pinned objects or raise the budget)"
 				   : " (the tiers below are full of data that cannot move: raise their budgets)";
-	char frag[128], e[32];
+	char frag[160], e[32];
 	if (backend_used(be) + backend_rounded(be, bytes) <= backend_capacity(be)) {
-		/* enough bytes are free, but pinned copies split them into smaller runs */
-		snprintf(frag, sizeof frag, " (free space split by pinned copies: the largest free run is %s; raise the "
-			 "budget)", tier_format_size(backend_largest_free(be), e, sizeof e));
+		/* enough bytes are free, but copies that cannot move split them into smaller runs: pinned
+		 * ones, or with nothing pinned, ones the full tiers below cannot take */
+		snprintf(frag, sizeof frag, " (free space split by %s: the largest free run is %s; raise the budget%s)",
+			 s->pinned_bytes[t] ? "pinned copies" : "copies that the tiers below have no room for",
+			 tier_format_size(backend_largest_free(be), e, sizeof e),
+			 s->pinned_bytes[t] ? "" : "s below");
 		hint = frag;
 	}
 	return tier_fail(-ENOSPC, "%s: no room for %s in %s: %s pinned, %s used of a %s budget%s",
