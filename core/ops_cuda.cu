@@ -681,11 +681,17 @@ static int lora_input(tier_dev *d, int T, int in, const opsc_bf16 *x, const tier
 	return launched("opsc_linear (LoRA dropout mask)", n);
 }
 
+/* The rank-sized products write bf16 straight from cuBLASLt's fp32 accumulators (one rounding, as a
+ * separate conversion did, without its launch: 12 of them a layer a step were ~5 us each). */
+static int gemm_to_bf16(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, opsc_operand B, bf16 *C)
+{
+	return tier_cuda_gemm(d, -1, "opsc_linear (LoRA rank product)", m, n, k, alpha, A, B, 0.0f, C, CUDA_R_16BF, m);
+}
+
 /* xa16 [T, r] = bf16(x A^T): column-major xa^T [r, T] = A (stored [in, r], transposed) x^T (stored [in, T]). */
 static int lora_xa(tier_dev *d, int T, int in, const opsc_bf16 *x, const tier_lora_ref *l, const lin_ws *s)
 {
-	int r = l->rank, rc = opsc_gemm(d, r, T, in, 1.0f, bf(1, l->a, in), bf(0, x, in), 0.0f, s->xa, r);
-	return rc ? rc : opsc_to_bf16(d, (size_t)T * r, s->xa, (opsc_bf16 *)s->xa16);
+	return gemm_to_bf16(d, l->rank, T, in, 1.0f, bf(1, l->a, in), bf(0, x, in), s->xa16);
 }
 
 int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
@@ -740,9 +746,8 @@ static int linear_bwd_lora(tier_dev *d, int T, int in, int out, const opsc_bf16 
 	}
 	if (!l->da && !dx)
 		return 0;
-	/* dxa^T [r, T] = scale B^T (B stored [r, out]) dy^T (stored [out, T]); fp32 over xa, then bf16 */
-	if ((rc = opsc_gemm(d, r, T, out, l->scale, bf(0, l->b, r), bf(0, s->dy16, out), 0.0f, s->xa, r)) ||
-	    (rc = opsc_to_bf16(d, (size_t)T * r, s->xa, (opsc_bf16 *)s->dxa16)))
+	/* dxa^T [r, T] = scale B^T (B stored [r, out]) dy^T (stored [out, T]), in bf16 */
+	if ((rc = gemm_to_bf16(d, r, T, out, l->scale, bf(0, l->b, r), bf(0, s->dy16, out), s->dxa16)))
 		return rc;
 	/* da^T [in, r] += xl^T (stored [in, T]) dxa (stored [r, T], transposed) */
 	if (l->da && (rc = opsc_gemm(d, in, r, T, 1.0f, bf(0, xl, in), bf(1, s->dxa16, r), 1.0f, l->da, in)))
