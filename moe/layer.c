@@ -67,9 +67,10 @@ size_t tier_moe_saved_bytes(const tier_moe_cfg *c, int T)
 {
 	if (moe_cfg_check("tier_moe_saved_bytes", c, T))
 		return 0;
-	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k, ysz = c->dtype == TIER_MOE_BF16 ? 2 : 4;
+	/* esz: the element size of g, u and y, bf16 on CUDA */
+	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k, esz = c->dtype == TIER_MOE_BF16 ? 2 : 4;
 	return al(4 * (size_t)T * E) + 2 * al(4 * n) + al(4 * E) + al(4 * (E + 1)) + 2 * al(4 * n) +
-	       2 * al(4 * n * c->inter) + al(ysz * n * c->hidden);
+	       2 * al(esz * n * c->inter) + al(esz * n * c->hidden);
 }
 
 size_t tier_moe_workspace_bytes(const tier_moe_cfg *c, int T, const tier_moe_loras *lora)
@@ -106,7 +107,7 @@ int tier_moe_saved_bind(const tier_moe_cfg *c, int T, void *buf, size_t bytes, t
 	if (bytes < tier_moe_saved_bytes(c, T))
 		return tier_fail(-EINVAL, "%s: %zu bytes given, tier_moe_saved_bytes says %zu", fn, bytes,
 				 tier_moe_saved_bytes(c, T));
-	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k;
+	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k, esz = c->dtype == TIER_MOE_BF16 ? 2 : 4;
 	char *p = buf;
 	memset(s, 0, sizeof *s);
 	s->T = T;
@@ -117,9 +118,9 @@ int tier_moe_saved_bind(const tier_moe_cfg *c, int T, void *buf, size_t bytes, t
 	s->offsets = take(&p, 4 * (E + 1));
 	s->row_pair = take(&p, 4 * n);
 	s->pair_row = take(&p, 4 * n);
-	s->g = take(&p, 4 * n * c->inter);
-	s->u = take(&p, 4 * n * c->inter);
-	s->y = take(&p, (c->dtype == TIER_MOE_BF16 ? 2 : 4) * n * c->hidden);
+	s->g = take(&p, esz * n * c->inter);
+	s->u = take(&p, esz * n * c->inter);
+	s->y = take(&p, esz * n * c->hidden);
 	return 0;
 }
 

@@ -59,12 +59,16 @@ int moe_cuda_mm_lane(tier_dev *dev, int lane, int ta, int tb, int M, int N, int 
 /* Checks of the expert and LoRA pointers against host offsets [E+1] (NULL only for empty experts). */
 int moe_cuda_experts_check(const char *fn, int E, const int32_t *offsets_host, const tier_moe_experts *w,
 			   const tier_moe_loras *lora);
-/* Forward over rows 0..offsets_host[E]-1 of xg (bf16): g, u [rows, I] fp32 (LoRA added), h bf16,
- * y [rows, H] bf16 (LoRA added). z: scratch of moe_lora_z_bytes(rows, max LoRA rank) bytes (NULL
- * without LoRA). */
+/* Forward over rows 0..offsets_host[E]-1 of xg (bf16): g, u [rows, I] bf16 (LoRA added in fp32,
+ * then rounded once), h bf16, y [rows, H] bf16 (LoRA added). z: scratch of moe_lora_z_bytes(rows,
+ * max LoRA rank) bytes (NULL without LoRA). gs: fp32 scratch [rows, I] where a product that is not
+ * fused with its adapter meets the adapter's add (needed with LoRA on gate or up; the layer passes
+ * its backward's dh piece). */
 int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			      const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
-			      const void *xg, float *g, float *u, void *h, void *y, void *z);
+			      const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs);
+/* y bf16 = x fp32, n elements, on the compute stream. */
+int moe_cuda_to_bf16(tier_dev *dev, size_t n, const float *x, void *y);
 
 /* ---- the device-side grouped GEMM (moe_grouped.cu) ----
  * Rows of x (bf16 [rows, K], row stride K) are sorted by expert: expert e owns rows
@@ -78,13 +82,13 @@ int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t 
  * each expert's rows; w_kn 0: W_e bf16 [N, K] (x W_e^T, the forward), 1: W_e bf16 [K, N] (x W_e, as
  * in dX = dY W). alpha finite; beta 0 (C is only written, never read) or 1 (added to, in fp32; a bf16
  * C is read, summed and rounded once).
- * moe_cuda_grouped_gate_up: g = x gate_e^T, u = x up_e^T (gate_e, up_e bf16 [I, H]) fp32 [rows, I]
- * and h = bf16(silu(g) u) [rows, I], in one pass.
+ * moe_cuda_grouped_gate_up: g = x gate_e^T, u = x up_e^T (gate_e, up_e bf16 [I, H]) bf16 [rows, I]
+ * and h = bf16(silu(g) u) [rows, I] (from the fp32 sums), in one pass.
  * When the experts take these instead of the per-expert loop: moe_cuda_experts_grouped_fits. */
 int moe_cuda_grouped_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
 			const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha, float beta);
 int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
-			     const void *const *gate, const void *const *up, const void *x, float *g, float *u,
+			     const void *const *gate, const void *const *up, const void *x, void *g, void *u,
 			     void *h);
 /* The weight gradients of per-expert LoRA factors (dB_e += s dY_e^T Z_e, dA_e += dZ_e^T X_e): for
  * each expert e with rows, C_e [M, N] fp32 += alpha A_e^T B_e, where A_e and B_e are the rows
@@ -99,18 +103,20 @@ int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_
 /* The first interface (no LoRA, separate gate / up / down arrays), kept for tests/test_moe_cuda.c. */
 int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const void *const *gate, const void *const *up, const void *const *down,
-			 const void *xg, float *g, float *u, void *h, void *y);
-/* Backward: dxg [rows, H] fp32 written from dy [rows, H] bf16; LoRA da, db (fp32) accumulated.
+			 const void *xg, void *g, void *u, void *h, void *y);
+/* Backward: dxg [rows, H] fp32 written from dy [rows, H] bf16 and the forward's g, u (bf16); LoRA
+ * da, db (fp32) accumulated.
  * Scratch: h, dg, du bf16 [rows, I]; dh fp32 [rows, I]; z and dz of moe_lora_z_bytes and
  * moe_lora_dz_bytes (rows, max rank) bytes. */
 int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
-			 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const float *g,
-			 const float *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z,
+			 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
+			 const void *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z,
 			 void *dz);
 
-/* SwiGLU on n elements, h bf16 = silu(g) u; and its backward, dg, du bf16 from dh. */
-int moe_cuda_swiglu(tier_dev *dev, size_t n, const float *g, const float *u, void *h);
-int moe_cuda_swiglu_bwd(tier_dev *dev, size_t n, const float *g, const float *u, const float *dh, void *dg, void *du);
+/* SwiGLU on n elements of bf16 g and u (computed in fp32), h bf16 = silu(g) u; and its backward, dg,
+ * du bf16 from dh fp32. */
+int moe_cuda_swiglu(tier_dev *dev, size_t n, const void *g, const void *u, void *h);
+int moe_cuda_swiglu_bwd(tier_dev *dev, size_t n, const void *g, const void *u, const float *dh, void *dg, void *du);
 
 /* ---- the experts through the grouped GEMMs (moe_experts_grouped.cu) ----
  * Whether they run for these shapes and pointers: TIER_MOE_GROUPED=1 (where everything fits: H, I
@@ -122,18 +128,18 @@ int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t *offsets_ho
 				  const tier_moe_loras *lora, const void *const *io, int n_io);
 int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 				 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
-				 const void *xg, float *g, float *u, void *h, void *y, void *z);
+				 const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs);
 int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 				 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
-				 const void *xg, const float *g, const float *u, const void *dy, float *dxg, void *h,
+				 const void *xg, const void *g, const void *u, const void *dy, float *dxg, void *h,
 				 void *dg, void *du, float *dh, void *z, void *dz);
 
-/* The public steps on CUDA: offsets on the device (read with one synchronisation), scratch ws of
- * tier_moe_experts_ws_bytes (more than these need). */
+/* The public steps on CUDA: offsets on the device (read with one synchronisation), g and u bf16,
+ * scratch ws of tier_moe_experts_ws_bytes (more than these need). */
 int moe_cuda_experts_fwd_step(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
-			      const tier_moe_loras *lora, const void *xg, float *g, float *u, void *y, void *ws);
+			      const tier_moe_loras *lora, const void *xg, void *g, void *u, void *y, void *ws);
 int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
-			      const tier_moe_loras *lora, const void *xg, const float *g, const float *u, const void *dy,
+			      const tier_moe_loras *lora, const void *xg, const void *g, const void *u, const void *dy,
 			      float *dxg, void *ws);
 
 /* ---- the block (moe_layer.cu): the CUDA side of tier_moe_layer_fwd / _bwd ---- */

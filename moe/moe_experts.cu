@@ -30,47 +30,102 @@ extern "C" int moe_cuda_mm_lane(tier_dev *dev, int lane, int ta, int tb, int M, 
 			      ldc);
 }
 
-/* ---- elementwise SwiGLU ---- */
+/* ---- elementwise SwiGLU over bf16 g and u, in fp32 ----
+ * V = 2: a bf16 pair a thread, 4-byte loads and stores (every bf16 pointer 4-byte aligned; an odd
+ * n's last element goes alone); V = 1: one element a thread, for any alignment. expf, not __expf:
+ * the backward is held to fp32 accuracy on the values it reads. */
 static int grid_of(size_t n)
 {
 	size_t b = (n + 255) / 256;
 	return (int)(b < 8192 ? (b ? b : 1) : 8192);
 }
 
-__global__ void swiglu_kernel(const float *g, const float *u, size_t n, bf16 *h)
+static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+template <int V>
+__global__ void swiglu_kernel(const bf16 *g, const bf16 *u, size_t n, bf16 *h)
 {
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-		float x = g[i];
-		h[i] = __float2bfloat16(x / (1.0f + expf(-x)) * u[i]);
+	size_t step = V * (size_t)gridDim.x * blockDim.x;
+	for (size_t i = V * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += step) {
+		if (V == 2 && i + 1 < n) {
+			float2 x = moe_get2(g + i), y = moe_get2(u + i);
+			moe_set2(h + i, silu_mul(x.x, y.x), silu_mul(x.y, y.y));
+		} else {
+			h[i] = __float2bfloat16(silu_mul(__bfloat162float(g[i]), __bfloat162float(u[i])));
+		}
 	}
 }
 
 /* dU = dh silu(g), dG = dh u silu'(g), silu'(g) = s (1 + g (1 - s)). */
-__global__ void swiglu_bwd_kernel(const float *g, const float *u, const float *dh, size_t n, bf16 *dg, bf16 *du)
+static __device__ __forceinline__ float2 swiglu_d(float x, float u, float d)
 {
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-		float x = g[i], s = 1.0f / (1.0f + expf(-x)), d = dh[i];
-		du[i] = __float2bfloat16(d * x * s);
-		dg[i] = __float2bfloat16(d * u[i] * s * (1.0f + x * (1.0f - s)));
+	float s = 1.0f / (1.0f + expf(-x));
+	return make_float2(d * u * s * (1.0f + x * (1.0f - s)), d * x * s); /* dG, dU */
+}
+
+template <int V>
+__global__ void swiglu_bwd_kernel(const bf16 *g, const bf16 *u, const float *dh, size_t n, bf16 *dg, bf16 *du)
+{
+	size_t step = V * (size_t)gridDim.x * blockDim.x;
+	for (size_t i = V * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += step) {
+		if (V == 2 && i + 1 < n) {
+			float2 x = moe_get2(g + i), y = moe_get2(u + i);
+			float2 a = swiglu_d(x.x, y.x, dh[i]), b = swiglu_d(x.y, y.y, dh[i + 1]);
+			moe_set2(dg + i, a.x, b.x);
+			moe_set2(du + i, a.y, b.y);
+		} else {
+			float2 a = swiglu_d(__bfloat162float(g[i]), __bfloat162float(u[i]), dh[i]);
+			dg[i] = __float2bfloat16(a.x);
+			du[i] = __float2bfloat16(a.y);
+		}
 	}
 }
 
-extern "C" int moe_cuda_swiglu(tier_dev *dev, size_t n, const float *g, const float *u, void *h)
+__global__ void moe_to_bf16_kernel(size_t n, const float *x, bf16 *y)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+		y[i] = __float2bfloat16(x[i]);
+}
+
+extern "C" int moe_cuda_to_bf16(tier_dev *dev, size_t n, const float *x, void *y)
 {
 	if (n) {
-		swiglu_kernel<<<grid_of(n), 256, 0, moe_stream(dev)>>>(g, u, n, (bf16 *)h);
+		moe_to_bf16_kernel<<<grid_of(n), 256, 0, moe_stream(dev)>>>(n, x, (bf16 *)y);
 		CUDA_LAUNCHED();
 	}
 	return 0;
 }
 
-extern "C" int moe_cuda_swiglu_bwd(tier_dev *dev, size_t n, const float *g, const float *u, const float *dh, void *dg,
+static int pairs_aligned(const void *a, const void *b, const void *c, const void *d)
+{
+	return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 3) == 0;
+}
+
+extern "C" int moe_cuda_swiglu(tier_dev *dev, size_t n, const void *g, const void *u, void *h)
+{
+	const bf16 *gb = (const bf16 *)g, *ub = (const bf16 *)u;
+	if (!n)
+		return 0;
+	if (pairs_aligned(g, u, h, h))
+		swiglu_kernel<2><<<grid_of((n + 1) / 2), 256, 0, moe_stream(dev)>>>(gb, ub, n, (bf16 *)h);
+	else
+		swiglu_kernel<1><<<grid_of(n), 256, 0, moe_stream(dev)>>>(gb, ub, n, (bf16 *)h);
+	CUDA_LAUNCHED();
+	return 0;
+}
+
+extern "C" int moe_cuda_swiglu_bwd(tier_dev *dev, size_t n, const void *g, const void *u, const float *dh, void *dg,
 				   void *du)
 {
-	if (n) {
-		swiglu_bwd_kernel<<<grid_of(n), 256, 0, moe_stream(dev)>>>(g, u, dh, n, (bf16 *)dg, (bf16 *)du);
-		CUDA_LAUNCHED();
-	}
+	const bf16 *gb = (const bf16 *)g, *ub = (const bf16 *)u;
+	if (!n)
+		return 0;
+	if (pairs_aligned(g, u, dg, du))
+		swiglu_bwd_kernel<2><<<grid_of((n + 1) / 2), 256, 0, moe_stream(dev)>>>(gb, ub, dh, n, (bf16 *)dg,
+										   (bf16 *)du);
+	else
+		swiglu_bwd_kernel<1><<<grid_of(n), 256, 0, moe_stream(dev)>>>(gb, ub, dh, n, (bf16 *)dg, (bf16 *)du);
+	CUDA_LAUNCHED();
 	return 0;
 }
 
@@ -212,27 +267,50 @@ static int experts_args(const char *fn, tier_dev *dev, int E, int H, int I, cons
 	return 0;
 }
 
-/* g, u [rows, I] fp32 = X gate^T, X up^T (+ LoRA), expert by expert over nl lanes. */
-static int experts_fwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const int32_t *off,
-			       const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, float *g, float *u,
-			       void *z)
+/* One projection's [rows, I] = X W_e^T (+ LoRA), expert by expert over nl lanes: bf16 straight from
+ * the product without an adapter; with one, the product and the adapter's add meet in the fp32
+ * scratch gs ([rows, I], each expert at its rows) and the caller rounds once, as the fused grouped
+ * products do (rounding the product and again after the add put a LoRA dB 1.4% off in
+ * test_moe_cuda's layer case, over its 1% bound). which: 0 gate, 1 up. */
+static int experts_fwd_proj(tier_dev *dev, int nl, int E, int H, int I, const int32_t *off, const tier_moe_experts *w,
+			    const tier_moe_loras *lora, int which, const void *xg, void *out, float *gs, void *z)
 {
 	int rc = 0, i = 0, zr = moe_lora_max_rank(lora);
+	const tier_moe_lora *l = moe_lora_of(lora, which);
 	for (int e = 0; e < E && !rc; e++) {
 		int o = off[e], n = off[e + 1] - o, ln = lane_of(nl, i);
 		if (n == 0)
 			continue;
 		i++;
 		ex_w ew = ex_of(w, e, I, H);
-		const bf16 *X = (const bf16 *)xg + (size_t)o * H;
-		float *G = g + (size_t)o * I, *U = u + (size_t)o * I;
+		const bf16 *X = (const bf16 *)xg + (size_t)o * H, *W = which ? ew.up : ew.gate;
 		bf16 *Z = zr ? (bf16 *)z + (size_t)o * zr : NULL;
-		if (!(rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, I, H, 1.0f, X, H, ew.gate, H, 0.0f, G, I, 0)) &&
-		    !(rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, I, H, 1.0f, X, H, ew.up, H, 0.0f, U, I, 0)) &&
-		    !(rc = lora_fwd(dev, ln, moe_lora_of(lora, 0), e, n, H, I, X, G, 0, Z)))
-			rc = lora_fwd(dev, ln, moe_lora_of(lora, 1), e, n, H, I, X, U, 0, Z);
+		if (!moe_lora_on(l)) {
+			rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, I, H, 1.0f, X, H, W, H, 0.0f, (bf16 *)out + (size_t)o * I, I, 1);
+			continue;
+		}
+		float *G = gs + (size_t)o * I;
+		if (!(rc = moe_cuda_mm_lane(dev, ln, 0, 1, n, I, H, 1.0f, X, H, W, H, 0.0f, G, I, 0)))
+			rc = lora_fwd(dev, ln, l, e, n, H, I, X, G, 0, Z);
 	}
 	return rc;
+}
+
+/* g, u [rows, I] bf16 = X gate^T, X up^T (+ LoRA, through gs: experts_fwd_proj). */
+static int experts_fwd_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *off, const tier_moe_experts *w,
+			       const tier_moe_loras *lora, const void *xg, void *g, void *u, float *gs, void *z)
+{
+	size_t total = (size_t)off[E] * I;
+	void *out[2] = { g, u };
+	for (int which = 0; which < 2; which++) {
+		int nl = lanes_wanted(off, E), rc, lo = moe_lora_on(moe_lora_of(lora, which));
+		if ((rc = lanes_fork(dev, &nl)) ||
+		    (rc = lanes_join(dev, nl, experts_fwd_proj(dev, nl, E, H, I, off, w, lora, which, xg, out[which], gs,
+							       z))) ||
+		    (lo && (rc = moe_cuda_to_bf16(dev, total, gs, out[which]))))
+			return rc;
+	}
+	return 0;
 }
 
 /* y [rows, H] bf16 = h down^T (+ LoRA), expert by expert over nl lanes. */
@@ -256,10 +334,12 @@ static int experts_fwd_down(tier_dev *dev, int nl, int E, int H, int I, const in
 
 extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					 const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
-					 const void *xg, float *g, float *u, void *h, void *y, void *z)
+					 const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs)
 {
 	const char *fn = "moe_cuda_experts_fwd";
 	int rc = experts_args(fn, dev, E, H, I, off, w, lora, z);
+	if (!rc && !gs && (moe_lora_on(moe_lora_of(lora, 0)) || moe_lora_on(moe_lora_of(lora, 1))))
+		rc = tier_fail(-EINVAL, "%s: LoRA on gate or up needs the fp32 scratch gs", fn);
 	if (rc)
 		return rc;
 	MOE_NONNULL(xg, fn);
@@ -269,16 +349,14 @@ extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(y, fn);
 	const void *io[] = { xg, g, u, h, y, z };
 	if (d_off && moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, io, 6))
-		return moe_cuda_experts_fwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, h, y, z);
+		return moe_cuda_experts_fwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, h, y, z, gs);
 	size_t total = (size_t)off[E] * I;
 	int nl = lanes_wanted(off, E);
 	if (total == 0)
 		return 0;
-	if ((rc = lanes_fork(dev, &nl)) || (rc = lanes_join(dev, nl, experts_fwd_gate_up(dev, nl, E, H, I, off, w, lora, xg,
-											  g, u, z))))
+	if ((rc = experts_fwd_gate_up(dev, E, H, I, off, w, lora, xg, g, u, gs, z)) ||
+	    (rc = moe_cuda_swiglu(dev, total, g, u, h)))
 		return rc;
-	swiglu_kernel<<<grid_of(total), 256, 0, moe_stream(dev)>>>(g, u, total, (bf16 *)h);
-	CUDA_LAUNCHED();
 	if ((rc = lanes_fork(dev, &nl)))
 		return rc;
 	return lanes_join(dev, nl, experts_fwd_down(dev, nl, E, H, I, off, w, lora, h, y, z));
@@ -286,13 +364,13 @@ extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, con
 
 extern "C" int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 				    const void *const *gate, const void *const *up, const void *const *down,
-				    const void *xg, float *g, float *u, void *h, void *y)
+				    const void *xg, void *g, void *u, void *h, void *y)
 {
 	tier_moe_experts w = { (const float *const *)gate, (const float *const *)up, NULL, (const float *const *)down,
 			       TIER_MOE_GATE_FIRST };
 	if (!gate || !up || !down)
 		return tier_fail(-EINVAL, "moe_cuda_experts_fwd: gate, up and down pointer arrays are required");
-	return moe_cuda_experts_fwd_lora(dev, E, H, I, offsets_host, NULL, &w, NULL, xg, g, u, h, y, NULL);
+	return moe_cuda_experts_fwd_lora(dev, E, H, I, offsets_host, NULL, &w, NULL, xg, g, u, h, y, NULL, NULL);
 }
 
 /* dh [rows, I] fp32 = dY down (+ LoRA on down, its gradients), expert by expert over nl lanes. */
@@ -339,8 +417,8 @@ static int experts_bwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const
 }
 
 extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *off,
-				    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const float *g,
-				    const float *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh,
+				    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
+				    const void *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh,
 				    void *z, void *dz)
 {
 	const char *fn = "moe_cuda_experts_bwd";
@@ -361,23 +439,20 @@ extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const in
 	const bf16 *x = (const bf16 *)xg, *dyb = (const bf16 *)dy;
 	bf16 *hb = (bf16 *)h, *dgb = (bf16 *)dg, *dub = (bf16 *)du, *Z = (bf16 *)z, *dZ = (bf16 *)dz;
 	size_t total = (size_t)off[E] * I;
-	cudaStream_t st = moe_stream(dev);
 	if (total == 0)
 		return 0;
 	const void *io[] = { xg, g, u, dy, dxg, h, dg, du, dh, z, dz };
 	if (d_off && moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, io, 11))
 		return moe_cuda_experts_bwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, dy, dxg, h, dg, du, dh, z,
 						    dz);
-	if (moe_lora_on(moe_lora_of(lora, 2))) { /* h is the input of the down adapter: recompute it */
-		swiglu_kernel<<<grid_of(total), 256, 0, st>>>(g, u, total, hb);
-		CUDA_LAUNCHED();
-	}
+	/* h is the input of the down adapter: recompute it */
+	if (moe_lora_on(moe_lora_of(lora, 2)) && (rc = moe_cuda_swiglu(dev, total, g, u, h)))
+		return rc;
 	int nl = lanes_wanted(off, E);
 	if ((rc = lanes_fork(dev, &nl)) ||
-	    (rc = lanes_join(dev, nl, experts_bwd_down(dev, nl, E, H, I, off, w, lora, hb, dyb, dh, Z, dZ))))
+	    (rc = lanes_join(dev, nl, experts_bwd_down(dev, nl, E, H, I, off, w, lora, hb, dyb, dh, Z, dZ))) ||
+	    (rc = moe_cuda_swiglu_bwd(dev, total, g, u, dh, dg, du)))
 		return rc;
-	swiglu_bwd_kernel<<<grid_of(total), 256, 0, st>>>(g, u, dh, total, dgb, dub);
-	CUDA_LAUNCHED();
 	if ((rc = lanes_fork(dev, &nl)))
 		return rc;
 	return lanes_join(dev, nl, experts_bwd_gate_up(dev, nl, E, H, I, off, w, lora, x, dgb, dub, dxg, Z, dZ));
@@ -398,8 +473,8 @@ static int offsets_to_host(tier_dev *dev, const char *fn, int E, const int32_t *
 
 /* The CPU's scratch size covers these pieces: dh fp32 first (4-byte aligned), then bf16 ones. */
 extern "C" int moe_cuda_experts_fwd_step(tier_dev *dev, int E, int H, int I, const int32_t *offsets,
-					 const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, float *g,
-					 float *u, void *y, void *ws)
+					 const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, void *g,
+					 void *u, void *y, void *ws)
 {
 	const char *fn = "tier_moe_experts_fwd";
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
@@ -408,13 +483,13 @@ extern "C" int moe_cuda_experts_fwd_step(tier_dev *dev, int E, int H, int I, con
 		return rc;
 	MOE_NONNULL(ws, fn);
 	size_t rows = off[E] > 0 ? (size_t)off[E] : 0;
-	char *b = (char *)ws;
-	return moe_cuda_experts_fwd_lora(dev, E, H, I, off, offsets, w, lora, xg, g, u, b, y, b + 2 * rows * I);
+	char *b = (char *)ws, *h = b + 4 * rows * I; /* the backward's dh piece first: fp32 [rows, I] */
+	return moe_cuda_experts_fwd_lora(dev, E, H, I, off, offsets, w, lora, xg, g, u, h, y, h + 2 * rows * I, (float *)b);
 }
 
 extern "C" int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, const int32_t *offsets,
-					 const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const float *g,
-					 const float *u, const void *dy, float *dxg, void *ws)
+					 const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
+					 const void *u, const void *dy, float *dxg, void *ws)
 {
 	const char *fn = "tier_moe_experts_bwd";
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];

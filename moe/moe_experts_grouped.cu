@@ -160,6 +160,22 @@ static int lora_fwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
 	return rc ? rc : gmm(dev, E, out, l->rank, d_off, off[E], b.w, 0, Z, Y, y_bf16, 1.0f, 1.0f);
 }
 
+/* out [rows, I] bf16 = X W_e^T (+ the adapter l: product and add in the fp32 scratch gs, then one
+ * rounding, as the fused products round). */
+static int proj_fwd(tier_dev *dev, const tier_moe_lora *l, int E, int I, int H, const int32_t *off,
+		    const int32_t *d_off, const ptrs *wp, const void *xg, void *out, float *gs, void *z)
+{
+	int rows = off[E], rc;
+	if (!moe_lora_on(l))
+		return gmm(dev, E, I, H, d_off, rows, wp->w, 0, xg, out, 1, 1.0f, 0.0f);
+	if (!gs)
+		return tier_fail(-EINVAL, "moe_cuda_experts_fwd_grouped: LoRA on gate or up needs the fp32 scratch gs");
+	if ((rc = gmm(dev, E, I, H, d_off, rows, wp->w, 0, xg, gs, 0, 1.0f, 0.0f)) ||
+	    (rc = lora_fwd(dev, l, E, off, d_off, H, I, xg, gs, 0, z)))
+		return rc;
+	return moe_cuda_to_bf16(dev, (size_t)rows * I, gs, out);
+}
+
 /* One adapter's backward but dX: dZ = s dY B into dZ; dB += s dY^T Z with Z = X A^T (computed into
  * the Z scratch unless have_z: the caller made it); dA += dZ^T X. */
 static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
@@ -196,8 +212,8 @@ static int lora_bwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
  * z holds the segments' weight tables (MOE_LORA_TAB_BYTES), then Z_gate [rows, r_g] and Z_up
  * [rows, r_u] (the down adapter's Z reuses the start); dz holds dZ_gate and dZ_up the same way. The
  * adapters' B (forward) and A (backward) products join the base products, so no LoRA pass reads or
- * writes g, u, y, dh or dX again: those were 3 fp32 read-modify-writes of [rows, I] and [rows, H]
- * per projection. */
+ * writes g, u, y, dh or dX again (read-modify-writes of [rows, I] and [rows, H] per projection), and
+ * the bf16 g, u and y are rounded once. */
 static int fused_lora(tier_dev *dev, int H, int I)
 {
 	const char *v = getenv("TIER_MOE_LORA_FUSED"); /* 0: the separate LoRA passes (comparisons) */
@@ -220,7 +236,7 @@ static int lora_z2(tier_dev *dev, const tier_moe_lora *lg, const tier_moe_lora *
 }
 
 static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
-		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, float *g, float *u,
+		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, void *g, void *u,
 		     void *h, void *y, void *z)
 {
 	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1), *ld = moe_lora_of(lora, 2);
@@ -247,8 +263,8 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 }
 
 static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
-		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, const float *g,
-		     const float *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z, void *dz)
+		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, const void *g,
+		     const void *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z, void *dz)
 {
 	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1), *ld = moe_lora_of(lora, 2);
 	int rows = off[E], rg = rank_of(lg), ru = rank_of(lu), rd = rank_of(ld), rc;
@@ -290,7 +306,7 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 
 extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
-					    const void *xg, float *g, float *u, void *h, void *y, void *z)
+					    const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs)
 {
 	ptrs gp, upp, dp;
 	int rows = off[E], rc;
@@ -300,13 +316,13 @@ extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, 
 	if (moe_lora_max_rank(lora) > 0 && fused_lora(dev, H, I))
 		return fwd_fused(dev, E, H, I, off, d_off, &gp, &upp, &dp, lora, xg, g, u, h, y, z);
 	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1);
-	if (!moe_lora_on(lg) && !moe_lora_on(lu)) { /* SwiGLU fused into the gate/up product */
+	/* without an adapter on gate or up, SwiGLU fused into the gate/up product; with one, the
+	 * product and the adapter's add meet in the fp32 scratch gs and are rounded once */
+	if (!moe_lora_on(lg) && !moe_lora_on(lu)) {
 		rc = use_wgmma(dev, I) ? moe_cuda_grouped_gate_up_sm90(dev, E, H, I, d_off, rows, gp.w, upp.w, xg, g, u, h)
 				       : moe_cuda_grouped_gate_up(dev, E, H, I, d_off, rows, gp.w, upp.w, xg, g, u, h);
-	} else if (!(rc = gmm(dev, E, I, H, d_off, rows, gp.w, 0, xg, g, 0, 1.0f, 0.0f)) &&
-		   !(rc = gmm(dev, E, I, H, d_off, rows, upp.w, 0, xg, u, 0, 1.0f, 0.0f)) &&
-		   !(rc = lora_fwd(dev, lg, E, off, d_off, H, I, xg, g, 0, z)) &&
-		   !(rc = lora_fwd(dev, lu, E, off, d_off, H, I, xg, u, 0, z))) {
+	} else if (!(rc = proj_fwd(dev, lg, E, I, H, off, d_off, &gp, xg, g, gs, z)) &&
+		   !(rc = proj_fwd(dev, lu, E, I, H, off, d_off, &upp, xg, u, gs, z))) {
 		rc = moe_cuda_swiglu(dev, (size_t)rows * I, g, u, h);
 	}
 	if (rc || (rc = gmm(dev, E, H, I, d_off, rows, dp.w, 0, h, y, 1, 1.0f, 0.0f)))
@@ -338,7 +354,7 @@ static int dx_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *d_off, 
 
 extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
-					    const void *xg, const float *g, const float *u, const void *dy, float *dxg,
+					    const void *xg, const void *g, const void *u, const void *dy, float *dxg,
 					    void *h, void *dg, void *du, float *dh, void *z, void *dz)
 {
 	ptrs gp, upp, dp;

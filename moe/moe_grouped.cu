@@ -37,14 +37,14 @@
 enum { GG_NK = 0, GG_KN = 1, GG_GATE_UP = 2 }; /* W [N, K]; W [K, N]; gate and up, both [N, K] */
 
 /* The kernel's parameters (__grid_constant__: the tables stay in parameter space, 8 KiB each, CUDA
- * 12.1+). w[0]: the weights (gate with gate_up), w[1]: up. c: C, or g with gate_up. */
+ * 12.1+). w[0]: the weights (gate with gate_up), w[1]: up. c: C, or g (bf16) with gate_up. */
 template <int NT>
 struct gg_args {
 	const bf16 *w[NT][TIER_MOE_MAX_EXPERTS];
 	const int32_t *off;
 	const bf16 *x;
 	void *c;
-	float *u;
+	bf16 *u; /* gate_up: u */
 	bf16 *h;
 	float alpha; /* grouped_mm's scale of the product (1 with gate_up) */
 	int E, N, K, beta;
@@ -203,12 +203,13 @@ __device__ __forceinline__ void store_c(float (*acc)[4][4], const gg_args<1> &a,
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
-/* gate_up: acc[.][0..1] are gate, acc[.][2..3] up, of the same columns col0 + wn 16 + nj 8 + .. */
+/* gate_up: acc[.][0..1] are gate, acc[.][2..3] up, of the same columns col0 + wn 16 + nj 8 + ..;
+ * g, u and h stored in bf16, h from the fp32 sums. */
 template <int BM>
 __device__ __forceinline__ void store_gate_up(float (*acc)[4][4], const gg_args<2> &a, const gg_tile &t, int wm,
 					      int wn, int lane)
 {
-	float *G = (float *)a.c;
+	bf16 *G = (bf16 *)a.c;
 #pragma unroll
 	for (int mi = 0; mi < BM / 32; mi++)
 #pragma unroll
@@ -224,9 +225,9 @@ __device__ __forceinline__ void store_gate_up(float (*acc)[4][4], const gg_args<
 				size_t o = (size_t)gr * a.N + col;
 				float g0 = acc[mi][nj][hf * 2], g1 = acc[mi][nj][hf * 2 + 1];
 				float u0 = acc[mi][nj + 2][hf * 2], u1 = acc[mi][nj + 2][hf * 2 + 1];
-				*(float2 *)(G + o) = make_float2(g0, g1);
-				*(float2 *)(a.u + o) = make_float2(u0, u1);
-				*(__nv_bfloat162 *)(a.h + o) = __floats2bfloat162_rn(silu(g0) * u0, silu(g1) * u1);
+				moe_set2(G + o, g0, g1);
+				moe_set2(a.u + o, u0, u1);
+				moe_set2(a.h + o, silu(g0) * u0, silu(g1) * u1);
 			}
 		}
 }
@@ -373,7 +374,7 @@ extern "C" int moe_cuda_grouped_mm(tier_dev *dev, int E, int N, int K, const int
 }
 
 extern "C" int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
-					const void *const *gate, const void *const *up, const void *x, float *g, float *u,
+					const void *const *gate, const void *const *up, const void *x, void *g, void *u,
 					void *h)
 {
 	const char *fn = "moe_cuda_grouped_gate_up";
@@ -383,9 +384,9 @@ extern "C" int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, cons
 	    (rc = gg_out_aligned(fn, "h", h)) || (rc = gg_table(fn, "gate", E, gate, a.w[0])) ||
 	    (rc = gg_table(fn, "up", E, up, a.w[1])))
 		return rc;
-	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = u, a.h = (bf16 *)h;
+	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = (bf16 *)u, a.h = (bf16 *)h;
 	a.alpha = 1.0f, a.E = E, a.N = I, a.K = H, a.beta = 0;
-	return gg_dispatch<GG_GATE_UP, float>(dev, fn, a, rows_bound);
+	return gg_dispatch<GG_GATE_UP, bf16>(dev, fn, a, rows_bound);
 }
 
 /* ---- grouped_wgrad: C_e += alpha A_e^T B_e, a reduction over each expert's rows ----

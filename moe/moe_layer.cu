@@ -70,7 +70,7 @@ extern "C" int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 			    stats ? P : NULL, (float *)(b + l.zs), &zs)) ||
 	    (rc = offsets_sane(fn, E, n, off)) ||
 	    (rc = moe_cuda_experts_fwd_lora(dev, E, H, c->inter, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.h,
-					    s->y, b + l.z)) ||
+					    s->y, b + l.z, (float *)(b + l.dh))) || /* dh: the backward's, free here */
 	    (rc = moe_cuda_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, out)))
 		return rc;
 	double a = 0.0;

@@ -547,7 +547,7 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 #endif /* WG_SM90A */
 
 /* ---- the kernel ---- */
-/* Whether a kernel's consumers stage outputs: gate/up's h, or a bf16 C. */
+/* Whether a kernel's consumers stage outputs: gate/up's g, u and h, or a bf16 C. */
 template <int MODE, typename OUT>
 struct wg_stg {
 	static constexpr int v = MODE == WG_GU || sizeof(OUT) == 2;
@@ -1094,15 +1094,15 @@ extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K,
 }
 
 extern "C" int moe_cuda_grouped_gate_up_sm90(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
-					     const void *const *gate, const void *const *up, const void *x, float *g,
-					     float *u, void *h)
+					     const void *const *gate, const void *const *up, const void *x, void *g,
+					     void *u, void *h)
 {
 	return moe_cuda_grouped_gate_up_sm90_lora(dev, E, H, I, d_off, rows_bound, gate, up, x, NULL, NULL, g, u, h);
 }
 
 extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, int I, const int32_t *d_off,
 						  int rows_bound, const void *const *gate, const void *const *up,
-						  const void *x, const moe_wg_seg *lora, void *tab, float *g, float *u,
+						  const void *x, const moe_wg_seg *lora, void *tab, void *g, void *u,
 						  void *h)
 {
 	const char *fn = lora ? "moe_cuda_grouped_gate_up_sm90_lora" : "moe_cuda_grouped_gate_up_sm90";
@@ -1125,11 +1125,11 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 		a.up[e] = e < E ? (const bf16 *)up[e] : NULL;
 	}
 	wg_no_maps(a);
-	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = u, a.h = (bf16 *)h, a.alpha = 1.0f, a.bmap = NULL;
+	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = (bf16 *)u, a.h = (bf16 *)h, a.alpha = 1.0f, a.bmap = NULL;
 	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0, a.nseg = nseg;
 	if (nseg && (rc = wg_put_tables(dev, E, nseg, lora, tab, sd)))
 		return rc;
 	if (nseg)
 		a.seg[0] = sd[0];
-	return wg_dispatch<WG_GU, float>(dev, a, pl, rows_bound, lora);
+	return wg_dispatch<WG_GU, bf16>(dev, a, pl, rows_bound, lora);
 }

@@ -15,8 +15,9 @@
  *
  * moe_cuda_grouped_gate_up_sm90: the experts' gate and up products and SwiGLU in one pass over x
  * (K = H): for every row r of expert e, with gate_e and up_e bf16 [I, H] row-major,
- *     g[r, :] = x[r, :] gate_e^T,  u[r, :] = x[r, :] up_e^T   (fp32 [rows, I])
+ *     g[r, :] = x[r, :] gate_e^T,  u[r, :] = x[r, :] up_e^T   (bf16 [rows, I])
  *     h[r, :] = bf16(silu(g[r, :]) u[r, :]), silu(v) = v / (1 + exp(-v))   (bf16 [rows, I])
+ * (h from the fp32 sums, before g and u are rounded)
  * g, u and h only written (they may hold NaN before); H and I multiples of 8; g, u and h must not
  * overlap.
  *
@@ -106,10 +107,10 @@ int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K, const int3
 /* lora: NULL, or one segment (gate's half x0 W0, up's x1 W1). */
 int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
 				       const void *const *gate, const void *const *up, const void *x,
-				       const moe_wg_seg *lora, void *tab, float *g, float *u, void *h);
+				       const moe_wg_seg *lora, void *tab, void *g, void *u, void *h);
 
 int moe_cuda_grouped_gate_up_sm90(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
-				  const void *const *gate, const void *const *up, const void *x, float *g, float *u,
+				  const void *const *gate, const void *const *up, const void *x, void *g, void *u,
 				  void *h);
 
 #ifdef __cplusplus

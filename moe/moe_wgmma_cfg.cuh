@@ -52,11 +52,11 @@ struct wg_args {
 	const bf16 *w[TIER_MOE_MAX_EXPERTS]; /* W_e; gate/up: gate_e */
 	const int32_t *off;
 	const bf16 *x;
-	void *c; /* C; gate/up: g, fp32 */
+	void *c; /* C; gate/up: g, bf16 */
 	float alpha;
 	int E, N, K, beta; /* N: the output columns (gate/up: I) */
 	int rt_bound;      /* row tiles at or past it are never computed: rows_bound's bound on them */
-	float *u;          /* gate/up: u, fp32 */
+	bf16 *u;           /* gate/up: u, bf16 */
 	bf16 *h;           /* gate/up: h, bf16 */
 	const bf16 *up[MODE == WG_GU ? TIER_MOE_MAX_EXPERTS : 1]; /* gate/up: up_e */
 	int nseg;                /* extra K segments after the main one (0..WG_SEGS) */
@@ -75,7 +75,7 @@ template <int BM_, int BN_, int MODE_, int PP_, int DBG_, int STG_, int TMA_ = 0
 struct wg_cfg {
 	static constexpr int BM = BM_, BN = BN_, MODE = MODE_, PP = PP_;
 	static constexpr int DBG = DBG_; /* a measurement knob: WG_DBG_* above (0: the real kernel) */
-	static constexpr int STG = STG_; /* 1: the consumers stage bf16 outputs (h, or a bf16 C) */
+	static constexpr int STG = STG_; /* 1: the consumers stage bf16 outputs (g, u and h, or a bf16 C) */
 	/* 1: one producer thread loads the main segment's stages (and those of extra segments with one
 	 * half, but in gate/up) by TMA, the producer warpgroup the other segments' by cp.async; gate/up's
 	 * B then holds BN / 2 gate rows, then BN / 2 up rows, so the accumulator's first WN / 2 columns

@@ -1,5 +1,6 @@
-/* moe_wgmma_store.cuh - the wgmma grouped GEMMs' epilogues (moe_wgmma.cu): the accumulator to C,
- * g, u and h, directly from the registers or through the consumers' shared staging. */
+/* moe_wgmma_store.cuh - the wgmma grouped GEMMs' epilogues (moe_wgmma.cu): the accumulator to C
+ * (directly from the registers or through the consumers' shared staging), and to g, u and h
+ * (through the staging). */
 #ifndef TIER_MOE_WGMMA_STORE_CUH
 #define TIER_MOE_WGMMA_STORE_CUH
 
@@ -93,8 +94,8 @@ __device__ __forceinline__ void wg_put_cols(unsigned char *stage, T *out, int N,
 		wg_put_cols<T, C0 + 128 / (int)sizeof(T), COLS>(stage, out, N, row0, rend, col0, g, warp, lane, val);
 	}
 }
-/* fp32 outputs straight from the registers: a quad's 4 pairs are 32 contiguous bytes, a whole
- * sector, and staging them measured slower (the gate/up product on qwen3-30b's shape: 2.01 ms
+/* fp32 C straight from the registers: a quad's 4 pairs are 32 contiguous bytes, a whole sector, and
+ * staging fp32 measured slower (when gate/up stored fp32 g and u, on qwen3-30b's shape: 2.01 ms
  * staged against 1.76-1.84 direct; the bf16 down product 0.90 staged against 1.08-1.13). */
 template <int COLS, class VAL>
 __device__ __forceinline__ void wg_direct(float *out, int N, int row0, int rend, int col0, int warp, int lane, VAL val)
@@ -127,8 +128,10 @@ __device__ __forceinline__ void wg_put(float (&d)[CFG::WN / 2], const typename C
 					     val);
 }
 
-/* The same for gate/up: g, u and h of the block's WN / 2 output columns (accumulator blocks 2 q and
- * 2 q + 1 are g and u of output columns 8 q..). */
+/* The same for gate/up: g, u and h (all bf16, h from the fp32 g and u) of the block's WN / 2 output
+ * columns, one array after the other through the staging (each chunk waits on the warpgroup's
+ * barrier before it overwrites the staging: the last chunk's copies, of this array or the one
+ * before, have read it). */
 template <class CFG>
 __device__ __forceinline__ void wg_put_gu(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_shared &sh,
 					  int row0, int rend, int col0, int g, int warp, int lane)
@@ -144,8 +147,8 @@ __device__ __forceinline__ void wg_put_gu(float (&d)[CFG::WN / 2], const typenam
 		float x = d[gi(q, h, b)];
 		return x / (1.0f + expf(-x)) * d[ui(q, h, b)];
 	};
-	wg_direct<CFG::WN / 2>((float *)a.c, a.N, row0, rend, col0, warp, lane, gv);
-	wg_direct<CFG::WN / 2>(a.u, a.N, row0, rend, col0, warp, lane, uv);
+	wg_put_cols<bf16, 0, CFG::WN / 2>(st, (bf16 *)a.c, a.N, row0, rend, col0, g, warp, lane, gv);
+	wg_put_cols<bf16, 0, CFG::WN / 2>(st, a.u, a.N, row0, rend, col0, g, warp, lane, uv);
 	wg_put_cols<bf16, 0, CFG::WN / 2>(st, a.h, a.N, row0, rend, col0, g, warp, lane, hv);
 }
 #endif /* WG_SM90A */

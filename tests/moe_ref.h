@@ -293,7 +293,8 @@ static inline void ref_swiglu(int H, int I, const double *x, const double *gate,
  * the expert output y (rounded once after the down product and again after the down adapter adds
  * to it; the wgmma path adds the adapter before its one rounding: 1 ulp within the tolerance), combine's
  * backward dy = w d_out, the SwiGLU backward's dG and dU, and the router's d_logits before the two
- * products with x and W_r. Everything else is fp32 (g, u, dh, dxg, dx, logits, LoRA gradients).
+ * products with x and W_r. Everything else is fp32 (dh, dxg, dx, logits, LoRA gradients); the saved g
+ * and u are bf16 on CUDA, which the tests compare at the bf16 tolerance.
  * The row references below compute in fp64 and, with rnd set, round to bf16 at exactly those
  * points, so that a CUDA result can be held to what its storage allows (rnd 0: the plain fp64
  * reference). Round to nearest even, as __float2bfloat16 does. */
@@ -350,7 +351,7 @@ static inline void ref_lora_add(int rnd, int in, int out, const double *x, const
 	free(z);
 }
 
-/* Forward of one row x [H]: g, u [I] (fp32, as stored), y [H] (bf16 with rnd). */
+/* Forward of one row x [H]: g, u [I] (fp32, before the CUDA path's bf16 store), y [H] (bf16 with rnd). */
 static inline void ref_row_fwd(int rnd, int H, int I, const ref_expert *w, const float *xr, float *g, float *u, float *y)
 {
 	int m = H > I ? H : I;

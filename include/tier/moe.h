@@ -151,9 +151,10 @@ int tier_moe_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair
  * On a CUDA context (tier_dev_kind_of(dev) == TIER_DEV_CUDA) every pointer is device memory of that
  * context (the arrays of per-expert pointers are host arrays of device pointers), work is queued on
  * the context's stream, and storage is bf16 where the matrices feed tensor-core products:
- *   bf16: x, w_r, the expert weights, LoRA a and b, xg, saved y, and combine_bwd's dy;
- *   fp32: bias, logits, topk_w, out, d_out, dx, dw_r, LoRA da and db, saved g and u, d_topk_w,
- *         d_logits, dxg; int32 as on the CPU.
+ *   bf16: x, w_r, the expert weights, LoRA a and b, xg, g and u (saved, and the experts steps'),
+ *         saved y, and combine_bwd's dy;
+ *   fp32: bias, logits, topk_w, out, d_out, dx, dw_r, LoRA da and db, d_topk_w, d_logits, dxg;
+ *         int32 as on the CPU.
  * The whole block (tier_moe_layer_fwd / _bwd, with cfg.dtype = TIER_MOE_BF16) and the steps
  * tier_moe_router_fwd, tier_moe_permute (counts required), tier_moe_permute_bwd, tier_moe_combine_fwd,
  * tier_moe_combine_bwd, tier_moe_router_weights_bwd and tier_moe_experts_fwd / _bwd run on CUDA;
@@ -190,7 +191,7 @@ typedef struct {
 	int32_t *offsets;  /* [E + 1] */
 	int32_t *row_pair; /* [T*k] */
 	int32_t *pair_row; /* [T*k] */
-	float *g, *u;      /* [T*k, I] */
+	float *g, *u;      /* [T*k, I] (bf16 with TIER_MOE_BF16) */
 	float *y;          /* [T*k, H] expert outputs (bf16 with TIER_MOE_BF16) */
 	float aux, z;      /* the losses of this forward (already times their coefficients) */
 } tier_moe_saved;
