@@ -93,6 +93,11 @@ if ! ./tier-run --device cuda --steps 1 --quiet >/dev/null 2>"$tmp/err"; then
 fi
 expect1 "cpu or cuda" --device tpu
 expect1 "raise --hbm" --hbm 1M $small
+# a budget a hair above the step's need: refused mid-step (exit 2) with a budget to try
+./tier-run --steps 3 --micro-batches 8 --layer-major --batch 4 --seq 256 --ddr 100M --hbm 40M >/dev/null 2>"$tmp/err"
+rc=$?
+[ $rc = 2 ] && grep -q "hint: .*pinned copies split the free space.*try --hbm 46.00 MiB" "$tmp/err" ||
+	fail "--hbm 40M beside a need of 39.94 MiB: exit $rc, message '$(cat "$tmp/err")'"
 # room for one operation but not for everything the step keeps: refused before the weights are made
 expect1 "raise --ddr or give --nvme" --micro-batches 8 --layer-major --batch 4 --seq 256 --hbm 42M --ddr 10M --steps 1
 expect1 "not a writable directory" --out /proc/version $small

@@ -638,6 +638,22 @@ static void log_step(job *j, int s, const tier_step_result *r, const counters *n
 	fprintf(j->log, "}\n");
 }
 
+/* After a step refused for room in HBM whose free bytes sufficed but were split among pinned
+ * copies: the budget to try. The step's need counts bytes, not their places; on the default model
+ * and the layer-major and MoE-chunk configs of tests/test_run.sh, budgets from 1.05x to 1.13x the
+ * need were the first to run 6-8 steps (bisected by MiB), so 1.15x the larger of need and budget. */
+static void split_hint(const job *j)
+{
+	if (!strstr(tier_last_error(), "split by pinned copies"))
+		return;
+	uint64_t need = tier_trainer_min_hbm(j->t), base = need > j->hbm ? need : j->hbm;
+	uint64_t want = tier_align_up(base + base / 100 * 15, 1ull << 20);
+	char a[32], b[32];
+	fprintf(stderr, "tier-run: hint: the step needs %s of HBM as bytes, but pinned copies split the free space; "
+		"budgets a few percent above the need can fail this way: try --hbm %s\n",
+		tier_format_size(need, a, sizeof a), tier_format_size(want, b, sizeof b));
+}
+
 static int train(job *j, const run_opts *o, double *first, double *last, double *elapsed, int64_t *tokens)
 {
 	int nm = o->micro;
@@ -663,6 +679,7 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 		if ((prof && tier_dev_profiler(j->dev, 1)) || tier_trainer_step(j->t, j->tok, j->lab, &r) ||
 		    (prof && tier_dev_profiler(j->dev, 0))) {
 			fprintf(stderr, "tier-run: step %d: %s\n", s, tier_last_error());
+			split_hint(j);
 			return 2;
 		}
 		counters now = read_counters(j->s, &st);
