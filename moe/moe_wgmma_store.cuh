@@ -54,6 +54,15 @@ __device__ __forceinline__ void wg_wg_sync(int g) /* consumer g's 128 threads (0
 }
 
 
+/* A build flag (NVCCFLAGS=-DTIER_WG_SERIAL_COPY=1) copies the staging out one 16-byte piece at a
+ * time. Since g and u are staged too, ptxas spills 12-28 bytes in the gate/up kernels (all 128
+ * accumulators live beside the copy's four pieces); serial, they do not spill. Which is faster was
+ * not yet timed: .device's next session script runs tier-bench moe built both ways. */
+#ifndef TIER_WG_SERIAL_COPY
+#define TIER_WG_SERIAL_COPY 0
+#endif
+constexpr int wg_copy_unroll = TIER_WG_SERIAL_COPY ? 1 : 4; /* #pragma unroll expands no macros */
+
 /* Output columns [c, c + 128 / sizeof(T)) of a 64-row block through the staging: VAL(q, h, b) is
  * the thread's value at row 16 warp + lane / 4 + 8 h, column 8 q + 2 (lane % 4) + b of the block
  * (q counted from the block's first column, c / 8 + 0..). Rows from rend and columns from N are not
@@ -76,7 +85,7 @@ __device__ __forceinline__ void wg_put_chunk(unsigned char *stage, T *out, int N
 		}
 	wg_wg_sync(g);
 	int tid = 32 * warp + lane; /* 0..127 */
-#pragma unroll
+#pragma unroll(wg_copy_unroll)
 	for (int j = 0; j < 4; j++) {
 		int piece = tid + 128 * j, row = piece >> 3, k = piece & 7, col = col0 + C0 + k * (16 / (int)sizeof(T));
 		if (row0 + row < rend && col < N) /* N % 8 == 0: a 16-byte piece is all in or all out */
