@@ -40,8 +40,8 @@ static volatile sig_atomic_t stop_sig;
  * next object) and says so; the handler is then reset (SA_RESETHAND), so a second one kills. */
 static void on_signal(int sig)
 {
-	static const char msg[] = "\ntier-run: stopping at the end of this step, no adapter written (send the "
-				  "signal again to stop at once)\n";
+	static const char msg[] = "\ntier-run: stopping at the end of this step (at once while the weights are "
+				  "made); no adapter will be written; send the signal again to stop now\n";
 	stop_sig = sig;
 	ssize_t w = write(2, msg, sizeof msg - 1);
 	(void)w;
