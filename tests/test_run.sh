@@ -98,6 +98,9 @@ expect1 "raise --hbm" --hbm 1M $small
 rc=$?
 [ $rc = 2 ] && grep -q "hint: .*pinned copies split the free space.*try --hbm 46.00 MiB" "$tmp/err" ||
 	fail "--hbm 40M beside a need of 39.94 MiB: exit $rc, message '$(cat "$tmp/err")'"
+grep -q "warning: the HBM budget 40.00 MiB is within 15% of what the step needs (39.94 MiB).*--hbm 46.00 MiB" \
+	"$tmp/err" || fail "no warning up front for --hbm 40M: '$(cat "$tmp/err")'"
+! grep -q "within 15%" "$tmp/a.err" || fail "the default job (14M for ~10 MiB) was warned about its budget"
 # room for one operation but not for everything the step keeps: refused before the weights are made
 expect1 "raise --ddr or give --nvme" --micro-batches 8 --layer-major --batch 4 --seq 256 --hbm 42M --ddr 10M --steps 1
 expect1 "not a writable directory" --out /proc/version $small

@@ -448,6 +448,15 @@ static int fail_lib(const char *what)
 /* Model, store, data, trainer; 0, or 1 with a message printed. */
 static void fmt_eta(double s, char *buf, size_t len);
 
+/* An HBM budget with room for the free space to split among pinned copies: the step's need counts
+ * bytes, not their places. On the default model and the layer-major and MoE-chunk configs of
+ * tests/test_run.sh, budgets from 1.05x to 1.13x the need were the first to run 6-8 steps (bisected
+ * by MiB): 1.15x, in whole MiB. */
+static uint64_t roomy_hbm(uint64_t base)
+{
+	return tier_align_up(base + base / 100 * 15, 1ull << 20);
+}
+
 /* Loading or making the base weights: a line every 2 s (rewritten in place on a terminal, 4 times
  * a second), with bytes, rate and ETA; nothing for a fill shorter than that. */
 typedef struct {
@@ -590,6 +599,14 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 		       tier_format_size(tier_trainer_min_hbm(j->t), c, sizeof c),
 		       tier_format_size(tier_trainer_scratch_bytes(j->t), e, sizeof e), tier_format_size(o->ddr, d, sizeof d),
 		       o->policy, o->batch, o->seq, o->micro);
+	uint64_t need = tier_trainer_min_hbm(j->t);
+	if (j->hbm < roomy_hbm(need)) { /* before minutes of steps, not after a failed one */
+		char h[32], nd[32], w[32];
+		fprintf(stderr, "tier-run: warning: the HBM budget %s is within 15%% of what the step needs (%s): pinned "
+			"copies can split the free space so that a step fails; --hbm %s or more is safer\n",
+			tier_format_size(j->hbm, h, sizeof h), tier_format_size(need, nd, sizeof nd),
+			tier_format_size(roomy_hbm(need), w, sizeof w));
+	}
 	if (!o->quiet && o->micro > 1 && !o->layer_major && bytes > j->hbm) /* the order that streams less */
 		printf("# hint: the base weights exceed --hbm, so each micro-batch fetches every layer again; "
 		       "--layer-major fetches them once a step for all %d (the same losses and adapter; measured "
@@ -646,15 +663,12 @@ static void log_step(job *j, int s, const tier_step_result *r, const counters *n
 }
 
 /* After a step refused for room in HBM whose free bytes sufficed but were split among pinned
- * copies: the budget to try. The step's need counts bytes, not their places; on the default model
- * and the layer-major and MoE-chunk configs of tests/test_run.sh, budgets from 1.05x to 1.13x the
- * need were the first to run 6-8 steps (bisected by MiB), so 1.15x the larger of need and budget. */
+ * copies: the budget to try, roomy_hbm of the larger of need and budget. */
 static void split_hint(const job *j)
 {
 	if (!strstr(tier_last_error(), "split by pinned copies"))
 		return;
-	uint64_t need = tier_trainer_min_hbm(j->t), base = need > j->hbm ? need : j->hbm;
-	uint64_t want = tier_align_up(base + base / 100 * 15, 1ull << 20);
+	uint64_t need = tier_trainer_min_hbm(j->t), want = roomy_hbm(need > j->hbm ? need : j->hbm);
 	char a[32], b[32];
 	fprintf(stderr, "tier-run: hint: the step needs %s of HBM as bytes, but pinned copies split the free space; "
 		"budgets a few percent above the need can fail this way: try --hbm %s\n",
