@@ -131,11 +131,6 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	return off + al(ws);
 }
 
-size_t dec_bufs_bytes(const tier_model *m, const dec_shape *sh)
-{
-	return dec_bufs_save_bytes(m, sh, NULL);
-}
-
 size_t dec_bufs_save_bytes(const tier_model *m, const dec_shape *sh, size_t save[2])
 {
 	dec_bufs b;

@@ -42,8 +42,7 @@ typedef struct {
 /* Fill the shape of a micro-batch (moe_chunks: tier_train_cfg's); the byte count of the buffers
  * (carve with dec_bufs_bind). */
 int dec_shape_init(const tier_model *m, int batch, int seq, int moe_chunks, dec_shape *sh);
-size_t dec_bufs_bytes(const tier_model *m, const dec_shape *sh);
-/* The same, and the bytes of the two save halves (save_bytes once bound). */
+/* The bytes of the buffers, and (save not NULL) of the two save halves (save_bytes once bound). */
 size_t dec_bufs_save_bytes(const tier_model *m, const dec_shape *sh, size_t save[2]);
 void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs *b);
 /* Place save half h (its buffers, and for the MLP half the MoE state) at `at`, save_bytes[h]

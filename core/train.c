@@ -175,7 +175,7 @@ static int trainer_tables(tier_trainer *t, size_t nckpt)
 /* What the HBM budget must hold (t->min_hbm: the scratch of sbytes, an operation's layer inputs and
  * outputs of ta bytes each, the largest layer or optimizer set) and whether the step spills; -ENOSPC
  * naming both sizes when the budget is smaller. */
-static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nckpt)
+static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nckpt, const size_t save[2])
 {
 	const tier_model *m = t->m;
 	uint64_t most = rsz(m->embed) + rsz(m->lm_head) + rsz(m->norm), opt = 0;
@@ -187,18 +187,17 @@ static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nc
 	/* an operation pins a layer's input and output for each of its micro-batches */
 	t->min_hbm = tier_align_up(sbytes, 4096) + 2 * t->nck * tier_align_up(ta, 4096) + most;
 	/* everything a step touches: the weights, the LoRA parameters with their gradients and two
-	 * moments, the layer inputs and the scratch */
+	 * moments, the layer inputs and the scratch. All of it lives somewhere at the end of a forward:
+	 * a store that cannot hold it fails (or thrashes) only minutes into the job, after the weights
+	 * were made */
 	uint64_t all = m->base_bytes + 16 * m->lora_n + nckpt * tier_align_up(ta, 4096) + sbytes;
 	tier_stats st;
 	tier_store_stats(m->s, &st);
 	t->hbm_cap = st.tier[TIER_HBM].capacity;
-	/* every object lives somewhere at the end of a forward (the weights, the LoRA state, every
-	 * micro-batch's layer inputs, the scratch): a store that cannot hold them all fails (or thrashes)
-	 * only minutes into the job, after the weights were made */
 	uint64_t room = 0;
 	for (int i = 0; i < TIER_NTIERS; i++)
 		room += st.tier[i].capacity;
-	if (st.object_bytes > room) {
+	if (all > room) {
 		char need[32], have[32], h[32], d[32], n[32];
 		return tier_fail(-ENOSPC, "the budgets hold %s (hbm %s, ddr %s, nvme %s) but the model's weights, its LoRA "
 				 "state, the layer inputs of %d micro-batch%s and the scratch take %s: raise --ddr or give "
@@ -206,7 +205,7 @@ static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nc
 				 tier_format_size(st.tier[TIER_HBM].capacity, h, sizeof h),
 				 tier_format_size(st.tier[TIER_DDR].capacity, d, sizeof d),
 				 tier_format_size(st.tier[TIER_NVME].capacity, n, sizeof n), t->nck, t->nck > 1 ? "es" : "",
-				 tier_format_size(st.object_bytes, need, sizeof need),
+				 tier_format_size(all, need, sizeof need),
 				 t->nck > 1 ? " (or use fewer layer-major micro-batches)" : "");
 	}
 	t->spill = all > t->hbm_cap;
@@ -216,8 +215,6 @@ static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nc
 	 * experts, held to the operation's end): below that room the next one's pins would be
 	 * refused, or split the free space so that a large object no longer fits where the operation
 	 * alone fitted */
-	size_t save[2];
-	dec_bufs_save_bytes(m, &t->sh, save);
 	uint64_t op = 2 * t->nck * tier_align_up(ta, 4096) + most;
 	uint64_t held = t->c.opcache && *t->c.opcache ? 2 * t->nck * (uint64_t)(save[0] + save[1]) : 0;
 	if (t->hbm_cap < t->min_hbm + op + held && !t->pipe_force)
@@ -262,7 +259,8 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	if ((rc = tier_loss_workspace_bytes(&t->lp, tier_dev_kind_of(m->dev), &lws)))
 		goto fail;
 	t->loss_ws = (lws + 63) / 64 * 64;
-	t->dec_bytes = dec_bufs_bytes(m, &t->sh);
+	size_t save[2]; /* the op cache's halves of the layout */
+	t->dec_bytes = dec_bufs_save_bytes(m, &t->sh, save);
 	size_t th = t->th = (sizeof(float) * (size_t)T * m->H + 63) / 64 * 64, tl = (sizeof(float) * (size_t)T + 63) / 64 * 64;
 	/* layer-major: every micro-batch's layer inputs, and its running gradient in the scratch */
 	t->nck = c->layer_major && c->micro_batches > 1 ? c->micro_batches : 1;
@@ -283,7 +281,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 		if ((rc = tier_obj_create(m->s, ta, TIER_CLASS_ACT, 0, &t->ckpt[i])))
 			goto fail;
 	t->ck = t->ckpt;
-	if ((rc = trainer_budget(t, sbytes, ta, nckpt)) || (rc = trainer_set_schedule(t)) || (rc = trainer_cache_open(t)))
+	if ((rc = trainer_budget(t, sbytes, ta, nckpt, save)) || (rc = trainer_set_schedule(t)) || (rc = trainer_cache_open(t)))
 		goto fail;
 	*out = t;
 	return 0;

@@ -302,13 +302,21 @@ static int experts_fwd_gate_up(tier_dev *dev, int E, int H, int I, const int32_t
 {
 	size_t total = (size_t)off[E] * I;
 	void *out[2] = { g, u };
-	for (int which = 0; which < 2; which++) {
-		int nl = lanes_wanted(off, E), rc, lo = moe_lora_on(moe_lora_of(lora, which));
-		if ((rc = lanes_fork(dev, &nl)) ||
-		    (rc = lanes_join(dev, nl, experts_fwd_proj(dev, nl, E, H, I, off, w, lora, which, xg, out[which], gs,
-							       z))) ||
-		    (lo && (rc = moe_cuda_to_bf16(dev, total, gs, out[which]))))
+	int lo[2] = { moe_lora_on(moe_lora_of(lora, 0)), moe_lora_on(moe_lora_of(lora, 1)) };
+	/* both projections on one fork of the lanes, unless both go through gs: then gate's sums are
+	 * rounded out of it before up's reuse it */
+	for (int first = 0, last; first < 2; first = last + 1) {
+		last = lo[0] && lo[1] ? first : 1;
+		int nl = lanes_wanted(off, E), rc = lanes_fork(dev, &nl);
+		if (rc)
 			return rc;
+		for (int p = first; !rc && p <= last; p++)
+			rc = experts_fwd_proj(dev, nl, E, H, I, off, w, lora, p, xg, out[p], gs, z);
+		if ((rc = lanes_join(dev, nl, rc)))
+			return rc;
+		for (int p = first; p <= last; p++)
+			if (lo[p] && (rc = moe_cuda_to_bf16(dev, total, gs, out[p])))
+				return rc;
 	}
 	return 0;
 }
