@@ -2,10 +2,7 @@
 # next-session.sh - the first GPU call planned for a build that has not yet run on a GPU: the CUDA
 # tests first (test_moe_cuda covers the per-expert loop's lanes, changed since the last GPU run),
 # then issue 4's grouped GEMMs against torch, then issue 7's jobs in one run: (a) no cap with the
-# op cache in HBM, (b) --hbm 24G layer-major with and without the attention half of the op cache in
-# DDR (the gap from (b) to (a) is the forward that (b) recomputes; whether enough of the attention
-# half fits in DDR beside the weights and the LoRA state is what the run's op cache line shows; a
-# DDR entry needs HBM room to come back in, hence the small hbm share), and (c) HF + PEFT.
+# op cache in HBM, (b) --hbm 24G layer-major, (c) HF + PEFT.
 # With BIN_U1 (a tier-bench built with NVCCFLAGS=-DTIER_WG_SERIAL_COPY=1) the MoE benchmark runs
 # that build too. Stages by STAGES (default tests,moe,a,b,c). Fits one 600 s call only in part:
 # split it by STAGES over two calls.
@@ -30,10 +27,9 @@ run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
 has a && step 150 train-a "${run[@]}" --batch 1 --steps 6 --ddr 4G --op-cache all:hbm=48G
 lm=(--batch 8 --micro-batches 4 --layer-major --steps 3 --hbm 24G --ddr 110G)
 has b && step 300 train-b "${run[@]}" "${lm[@]}"
-has b && step 300 train-b-attn "${run[@]}" "${lm[@]}" --op-cache attention:hbm=2G:ddr=40G
 has c && step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing \
 	--seq 4096 --batch 8 --steps 4 --warmup 2
-for n in train-a train-b train-b-attn; do
+for n in train-a train-b; do
 	[ -f "$out/$n.log" ] && { echo "== $n"; grep -E "^# (done|MFU|hbm|op cache|time by)|^ +[0-9]+ |rror" "$out/$n.log" | tail -10; }
 done
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }

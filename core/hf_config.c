@@ -154,6 +154,29 @@ static int load_mlp_only(const char *path, json_t *root, tier_hf_config *c)
 	return 0;
 }
 
+/* Sizes above tier's limits (formats.h): their products would overflow the counts made of them. */
+static int check_limits(const char *path, const tier_hf_config *c)
+{
+	const struct { const char *key; int64_t v, max; } lim[] = {
+		{ "hidden_size", c->hidden_size, TIER_HF_MAX_WIDTH },
+		{ "intermediate_size", c->intermediate_size, TIER_HF_MAX_WIDTH },
+		{ "moe_intermediate_size", c->moe_intermediate_size, TIER_HF_MAX_WIDTH },
+		{ "head_dim", c->head_dim, TIER_HF_MAX_WIDTH },
+		{ "vocab_size", c->vocab_size, TIER_HF_MAX_VOCAB },
+		{ "num_experts", c->num_experts, TIER_HF_MAX_EXPERTS },
+		{ "num_attention_heads", c->num_attention_heads, TIER_HF_MAX_HEADS },
+	};
+	for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+		if (lim[i].v > lim[i].max)
+			return tier_fail(-EBADMSG, "%s: %s %lld is above the %lld that tier accepts", path, lim[i].key,
+					 (long long)lim[i].v, (long long)lim[i].max);
+	if (c->head_dim * c->num_attention_heads > TIER_HF_MAX_WIDTH)
+		return tier_fail(-EBADMSG, "%s: head_dim x num_attention_heads (%lld) is above the %lld that tier "
+				 "accepts", path, (long long)(c->head_dim * c->num_attention_heads),
+				 (long long)TIER_HF_MAX_WIDTH);
+	return 0;
+}
+
 /* Values that would make later arithmetic meaningless. */
 static int check_sizes(const char *path, tier_hf_config *c)
 {
@@ -172,7 +195,7 @@ static int check_sizes(const char *path, tier_hf_config *c)
 				 "decoder_sparse_step >= 1 and a positive expert intermediate size", path);
 	if (!(c->rms_norm_eps > 0) || !(c->rope_theta > 0))
 		return tier_fail(-EBADMSG, "%s: rms_norm_eps and rope_theta must be positive", path);
-	return 0;
+	return check_limits(path, c);
 }
 
 static int load_root(const char *path, json_t *root, tier_hf_config *c)

@@ -20,13 +20,29 @@ tests_test_peft_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_peft_LDFLAGS = $(TESTLD)
 endif
 
-## The fuzz target's standalone driver replays the seed corpus as an ordinary test.
-check_PROGRAMS += tests/fuzz/fuzz_safetensors
-TESTS += tests/fuzz/fuzz_safetensors
+## Each fuzz target's standalone driver replays its seed corpus (tests/fuzz/corpus_NAME) as an
+## ordinary test; docs/fuzzing.md runs them under libFuzzer.
+FUZZ_TARGETS = tests/fuzz/fuzz_safetensors tests/fuzz/fuzz_hf_config tests/fuzz/fuzz_ckpt_index \
+	tests/fuzz/fuzz_peft tests/fuzz/fuzz_opcache_rules
+check_PROGRAMS += $(FUZZ_TARGETS)
+TESTS += $(FUZZ_TARGETS)
 tests_fuzz_fuzz_safetensors_SOURCES = tests/fuzz/fuzz_safetensors.c tests/fuzz/fuzz_main.c
 tests_fuzz_fuzz_safetensors_LDADD = $(TEST_LIBS)
 tests_fuzz_fuzz_safetensors_LDFLAGS = $(TESTLD)
-EXTRA_DIST += tests/fuzz/corpus_safetensors tests/golden/check_safetensors.py
+tests_fuzz_fuzz_hf_config_SOURCES = tests/fuzz/fuzz_hf_config.c tests/fuzz/fuzz_main.c tests/fuzz/fuzz_files.h
+tests_fuzz_fuzz_hf_config_LDADD = $(TEST_LIBS)
+tests_fuzz_fuzz_hf_config_LDFLAGS = $(TESTLD)
+tests_fuzz_fuzz_ckpt_index_SOURCES = tests/fuzz/fuzz_ckpt_index.c tests/fuzz/fuzz_main.c tests/fuzz/fuzz_files.h
+tests_fuzz_fuzz_ckpt_index_LDADD = $(TEST_LIBS)
+tests_fuzz_fuzz_ckpt_index_LDFLAGS = $(TESTLD)
+tests_fuzz_fuzz_peft_SOURCES = tests/fuzz/fuzz_peft.c tests/fuzz/fuzz_main.c tests/fuzz/fuzz_files.h
+tests_fuzz_fuzz_peft_LDADD = $(TEST_LIBS)
+tests_fuzz_fuzz_peft_LDFLAGS = $(TESTLD)
+tests_fuzz_fuzz_opcache_rules_SOURCES = tests/fuzz/fuzz_opcache_rules.c tests/fuzz/fuzz_main.c
+tests_fuzz_fuzz_opcache_rules_LDADD = $(TEST_LIBS)
+tests_fuzz_fuzz_opcache_rules_LDFLAGS = $(TESTLD)
+EXTRA_DIST += tests/fuzz/corpus_safetensors tests/fuzz/corpus_hf_config tests/fuzz/corpus_ckpt_index \
+	tests/fuzz/corpus_peft tests/fuzz/corpus_opcache_rules tests/golden/check_safetensors.py
 
 ## the trainer: layers, the qwen3_moe model in the store, the step, data
 libtier_la_SOURCES += core/core_internal.h core/layers.c core/model.c core/model_io.c core/decoder.h \

@@ -60,8 +60,8 @@ int tier_plan_cluster_check(const tier_plan_cluster *c)
 }
 
 /* Tokens a step (sequence x micro-batch x micro-batches) at most: the byte counts (layers x tokens x
- * width x a few bytes) stay far inside 64 bits. */
-#define TOKENS_MAX (1ll << 40)
+ * width x a few bytes, with the model's limits of tier_plan_model_check) stay inside 64 bits. */
+#define TOKENS_MAX (1ll << 32)
 
 void tier_plan_opts_default(tier_plan_opts *o)
 {
@@ -318,7 +318,7 @@ int tier_plan_run(const tier_plan_model *m, const tier_plan_cluster *c, const ti
 	r.mbs = mm.mbs;
 	r.accum = o->accum ? o->accum : 1;
 	r.layer_major = o->layer_major && r.accum > 1;
-	if (mm.seq > TOKENS_MAX || mm.mbs > TOKENS_MAX || mm.seq * mm.mbs > TOKENS_MAX / r.accum)
+	if (mm.seq > TOKENS_MAX || mm.mbs > TOKENS_MAX || mm.mbs > TOKENS_MAX / r.accum / mm.seq)
 		return tier_fail(-EINVAL, "plan options: sequence %lld x micro-batch %lld x %lld micro-batches is over "
 				 "the %lld tokens a step the planner's byte counts hold", (long long)mm.seq,
 				 (long long)mm.mbs, (long long)r.accum, (long long)TOKENS_MAX);

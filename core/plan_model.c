@@ -227,6 +227,41 @@ int tier_plan_model_load(const char *name_or_path, tier_plan_model *out)
 
 #define BAD(field, ...) tier_fail(-EINVAL, "model %s: " field, m->name, ##__VA_ARGS__)
 
+/* Sizes above these (far above any model's) would take the counts made of their products out of
+ * 64 bits (tier_plan_count, the planner's bytes): the same limits as a config.json's. */
+static int over(const tier_plan_model *m, const char *what, int64_t v, int64_t max)
+{
+	return v > max ? BAD("%s %lld is above the %lld that tier accepts", what, (long long)v, (long long)max) : 0;
+}
+
+static int check_limits(const tier_plan_model *m)
+{
+	const int64_t W = TIER_HF_MAX_WIDTH, H = TIER_HF_MAX_HEADS, BIG = 1ll << 32;
+	int rc = over(m, "layers", m->layers, TIER_HF_MAX_LAYERS);
+	rc = rc ? rc : over(m, "hidden size", m->hidden, W);
+	rc = rc ? rc : over(m, "vocabulary", m->vocab, TIER_HF_MAX_VOCAB);
+	rc = rc ? rc : over(m, "dense intermediate size", m->dense_inter, W);
+	rc = rc ? rc : over(m, "experts", m->experts, TIER_HF_MAX_EXPERTS);
+	rc = rc ? rc : over(m, "expert intermediate size", m->expert_inter, W);
+	rc = rc ? rc : over(m, "shared experts", m->shared_experts, 256);
+	rc = rc ? rc : over(m, "shared expert intermediate size", m->shared_inter, W);
+	rc = rc ? rc : over(m, "LoRA rank", m->lora_r, 1 << 14);
+	rc = rc ? rc : over(m, "sequence", m->seq, BIG);
+	rc = rc ? rc : over(m, "micro-batch", m->mbs, BIG);
+	for (int i = 0; i < m->nattn && !rc; i++) {
+		const tier_plan_attn *a = &m->attn[i];
+		rc = over(m, "attention heads", a->heads > a->idx_heads ? a->heads : a->idx_heads, H);
+		rc = rc ? rc : over(m, "attention head dims", a->dqk > a->dv ? a->dqk : a->dv, W);
+		rc = rc ? rc : over(m, "indexer head dim", a->idx_dim, W);
+		rc = rc ? rc : over(m, "sparse attention top-k", a->topk, BIG);
+		rc = rc ? rc : over(m, "linear attention chunk", a->chunk, BIG);
+		rc = rc ? rc : over(m, "extra parameters a layer", a->extra_params, 1ll << 36);
+		for (int p = 0; p < a->nproj && !rc; p++)
+			rc = over(m, a->proj[p].name, a->proj[p].in > a->proj[p].out ? a->proj[p].in : a->proj[p].out, W);
+	}
+	return rc;
+}
+
 int tier_plan_model_check(const tier_plan_model *m)
 {
 	if (!m)
@@ -264,7 +299,7 @@ int tier_plan_model_check(const tier_plan_model *m)
 	if (m->lora_r < 0 || m->seq < 1 || m->mbs < 1)
 		return BAD("LoRA rank >= 0, sequence and micro-batch >= 1 (%d, %lld, %lld)", m->lora_r,
 			   (long long)m->seq, (long long)m->mbs);
-	return 0;
+	return check_limits(m);
 }
 
 /* A SwiGLU MLP of intermediate size I: gate and up [I, H], down [H, I]; its LoRA at rank r. */

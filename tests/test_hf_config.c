@@ -151,6 +151,11 @@ static void test_errors(void **state)
 		{ qwen3, "mlp_only_layers", "3", -EBADMSG, { "mlp_only_layers", NULL, NULL } },
 		{ qwen3, "num_experts_per_tok", "129", -EBADMSG, { "num_experts_per_tok", NULL, NULL } },
 		{ qwen3, "num_key_value_heads", "5", -EBADMSG, { "num_key_value_heads", NULL, NULL } },
+		/* above tier's limits: counts made of them would leave 64 bits (found by fuzz_hf_config) */
+		{ qwen3, "hidden_size", "4611686018427387904", -EBADMSG, { "hidden_size", "262144", "accepts" } },
+		{ qwen3, "vocab_size", "4194305", -EBADMSG, { "vocab_size", "4194304", NULL } },
+		{ qwen3, "num_experts", "16385", -EBADMSG, { "num_experts 16385", NULL, NULL } },
+		{ qwen3, "head_dim", "65536", -EBADMSG, { "head_dim x num_attention_heads", NULL, NULL } },
 	};
 	tier_hf_config c, poison;
 	(void)state;

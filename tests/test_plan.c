@@ -230,9 +230,9 @@ static void test_accum(void **state)
 	o.accum = -1;
 	assert_int_equal(tier_plan_run(&m, &c, &o, &r), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "accum"));
-	o.accum = 1ll << 41;
+	o.accum = 1ll << 33;
 	assert_int_equal(tier_plan_run(&m, &c, &o, &r), -EINVAL);
-	o.accum = 1ll << 37; /* 16 tokens x 2^37: over 2^40 tokens a step */
+	o.accum = 1ll << 29; /* 16 tokens x 2^29: over 2^32 tokens a step */
 	assert_int_equal(tier_plan_run(&m, &c, &o, &r), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "tokens a step"));
 }
@@ -455,6 +455,15 @@ static void test_bad_input(void **state)
 	keep = m;
 	expect_error(tier_plan_model_preset("gpt-5", &m), -EINVAL, "seed-2.8t");
 	assert_memory_equal(&m, &keep, sizeof m);
+	/* sizes above the limits that keep the counts inside 64 bits are refused, named */
+	tier_plan_params pp;
+	m.hidden = 1ll << 62;
+	expect_error(tier_plan_count(&m, &pp), -EINVAL, "hidden size 4611686018427387904 is above");
+	m = keep, m.experts = (1ll << 14) + 1;
+	expect_error(tier_plan_count(&m, &pp), -EINVAL, "experts 16385");
+	m = keep, m.attn[0].proj[0].in = 1ll << 40;
+	expect_error(tier_plan_count(&m, &pp), -EINVAL, m.attn[0].proj[0].name);
+	m = keep;
 	expect_error(tier_plan_model_load("llama", &m), -EINVAL, "qwen3-30b-a3b");
 	assert_true(tier_plan_model_load("no/such/config.json", &m) < 0);
 	expect_error(tier_plan_cluster_preset("tpu-v5", &c), -EINVAL, "h200-8x");

@@ -140,6 +140,13 @@ int tier_ckpt_expert(const tier_ckpt *ck, int layer, int expert, tier_expert_wei
 
 /* ---- config.json (qwen3_moe, mixtral) -------------------------------------------------------- */
 #define TIER_HF_MAX_LAYERS 4096
+/* Largest sizes a config may give (far above any model's, low enough that parameter and byte
+ * counts of layers x experts x width x width stay inside 64 bits): widths (hidden, intermediate,
+ * head_dim x heads), vocabulary, experts and heads. */
+#define TIER_HF_MAX_WIDTH (1ll << 18)
+#define TIER_HF_MAX_VOCAB (1ll << 22)
+#define TIER_HF_MAX_EXPERTS (1ll << 14)
+#define TIER_HF_MAX_HEADS (1ll << 14)
 typedef struct {
 	char model_type[16];            /* "qwen3_moe" or "mixtral" */
 	int64_t hidden_size, intermediate_size, moe_intermediate_size; /* mixtral: moe = intermediate */

@@ -1,5 +1,6 @@
 /* fuzz_main.c - standalone driver for the fuzz targets: replays files or directories (default: the
- * committed seed corpus) so that the target builds with any compiler and runs in make check. */
+ * target's committed seed corpus, tests/fuzz/FUZZ_CORPUS) so that each target builds with any
+ * compiler and runs in make check. */
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -8,6 +9,8 @@
 #include <sys/stat.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+extern const char fuzz_corpus[]; /* the target's seed corpus directory under tests/fuzz */
+extern int fuzz_accepted;        /* set by the target when the parser accepted the input */
 
 static int run_file(const char *path)
 {
@@ -32,8 +35,18 @@ static int run_file(const char *path)
 	fclose(f);
 	if (!buf)
 		return 1;
+	fuzz_accepted = 0;
 	LLVMFuzzerTestOneInput(buf, n);
 	free(buf);
+	/* seeds named ok_* must be accepted and bad_* refused: the replay checks the parser's verdicts,
+	 * not only that it survives */
+	const char *base = strrchr(path, '/');
+	base = base ? base + 1 : path;
+	int want = !strncmp(base, "ok_", 3) ? 1 : !strncmp(base, "bad_", 4) ? 0 : -1;
+	if (want >= 0 && want != fuzz_accepted) {
+		fprintf(stderr, "%s: %s\n", path, want ? "refused, expected to be accepted" : "accepted, expected a refusal");
+		return 1;
+	}
 	return 0;
 }
 
@@ -69,7 +82,7 @@ int main(int argc, char **argv)
 	const char *src = getenv("TIER_TEST_SRCDIR");
 	int count = 0, bad = 0;
 	if (argc < 2) {
-		snprintf(def, sizeof def, "%s/tests/fuzz/corpus_safetensors", src ? src : ".");
+		snprintf(def, sizeof def, "%s/tests/fuzz/%s", src ? src : ".", fuzz_corpus);
 		bad = run_path(def, &count);
 	}
 	for (int i = 1; i < argc; i++)

@@ -6,6 +6,8 @@
 #include "tier/formats.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+const char fuzz_corpus[] = "corpus_safetensors";
+int fuzz_accepted;
 
 /* The input is the start of a file; the first byte also picks the claimed file size (the input
  * alone, or larger as if the data region went on), so the bounds checks see both cases. */
@@ -15,6 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint64_t file_size = size + (size > 0 && (data[0] & 1) ? (uint64_t)data[size - 1] * 4096 : 0);
 	int rc = tier_st_parse_header(data, size, file_size, "fuzz", &st);
 	if (rc == 0) {
+		fuzz_accepted = 1;
 		/* Everything the parser accepted must be self-consistent. */
 		uint64_t pos = 0;
 		for (size_t i = 0; i < tier_st_count(st); i++) {
