@@ -9,6 +9,8 @@
 
 #define MAGIC "TIERTOK1"
 #define HEADER 24
+/* tier_data_sample hands tokens out as int32: a larger vocab would make some negative (fuzz_data) */
+#define VOCAB_MAX 0x7fffffffu
 
 struct tier_data {
 	uint32_t *tok;
@@ -57,9 +59,9 @@ static int parse_tokens(const char *path, const unsigned char *b, size_t len, ti
 	if (len < HEADER)
 		return tier_fail(-EBADMSG, "%s: token file header truncated (%zu of %d bytes)", path, len, HEADER);
 	d->vocab = rd32(b + 8), d->sep = rd32(b + 12), d->n = rd64(b + 16);
-	if (d->vocab < 2 || d->sep >= d->vocab)
-		return tier_fail(-EBADMSG, "%s: vocab size %u must be >= 2 and the separator %u below it", path, d->vocab,
-				 d->sep);
+	if (d->vocab < 2 || d->vocab > VOCAB_MAX || d->sep >= d->vocab)
+		return tier_fail(-EBADMSG, "%s: vocab size %u must be in 2..%u and the separator %u below it", path,
+				 d->vocab, VOCAB_MAX, d->sep);
 	if (d->n > (len - HEADER) / 4 || (len - HEADER) % 4 || d->n != (len - HEADER) / 4)
 		return tier_fail(-EBADMSG, "%s: header says %llu tokens, the file holds %zu bytes of tokens", path,
 				 (unsigned long long)d->n, len - HEADER);
@@ -126,8 +128,9 @@ int tier_data_from_tokens(const uint32_t *tokens, uint64_t count, uint32_t vocab
 	if (!out || (!tokens && count))
 		return tier_fail(-EINVAL, "tier_data_from_tokens: tokens and out are required");
 	*out = NULL;
-	if (vocab < 2 || sep >= vocab)
-		return tier_fail(-EINVAL, "vocab size %u must be >= 2 and the separator %u below it", vocab, sep);
+	if (vocab < 2 || vocab > VOCAB_MAX || sep >= vocab)
+		return tier_fail(-EINVAL, "vocab size %u must be in 2..%u and the separator %u below it", vocab, VOCAB_MAX,
+				 sep);
 	for (uint64_t i = 0; i < count; i++)
 		if (tokens[i] >= vocab)
 			return tier_fail(-EINVAL, "token %llu is %u, not below the vocab size %u", (unsigned long long)i,
@@ -158,8 +161,9 @@ int tier_data_write(const char *path, const uint32_t *tokens, uint64_t count, ui
 {
 	if (!path || (!tokens && count))
 		return tier_fail(-EINVAL, "tier_data_write: path and tokens are required");
-	if (vocab < 2 || sep >= vocab)
-		return tier_fail(-EINVAL, "vocab size %u must be >= 2 and the separator %u below it", vocab, sep);
+	if (vocab < 2 || vocab > VOCAB_MAX || sep >= vocab)
+		return tier_fail(-EINVAL, "vocab size %u must be in 2..%u and the separator %u below it", vocab, VOCAB_MAX,
+				 sep);
 	for (uint64_t i = 0; i < count; i++)
 		if (tokens[i] >= vocab)
 			return tier_fail(-EINVAL, "token %llu is %u, not below the vocab size %u", (unsigned long long)i,

@@ -840,6 +840,10 @@ static void test_data(void **state)
 	fclose(f);
 	assert_int_equal(tier_data_open(path, &d), -EBADMSG);
 	assert_null(d);
+	/* a vocabulary past int32 (sampled tokens would turn negative) is refused, named */
+	uint32_t big[2] = { 5, 0x80000001u };
+	assert_int_equal(tier_data_from_tokens(big, 2, 0x80000002u, 0, &d), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "vocab size 2147483650"));
 	/* text: bytes, an empty line separates documents */
 	snprintf(text, sizeof text, "%s/c.txt", dir);
 	f = fopen(text, "w");
