@@ -3,6 +3,7 @@
  * continues exactly (the data order depends only on the step; the store never changes numbers). */
 #include "config.h"
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +96,31 @@ static int read_exact(const tier_st *st, const char *path, const char *name, voi
 	return tier_st_read(st, name, dst, bytes);
 }
 
+/* A tensor's values as read: finite, and the second moments (the upper half of an adamw tensor)
+ * not negative; -EBADMSG naming the first bad one (a damaged or foreign file would otherwise
+ * train on, its NaN spreading through every later step). */
+static int check_values(const char *path, const char *name, const float *v, size_t count, int moments)
+{
+	for (size_t i = 0; i < count; i++)
+		if (!isfinite(v[i]) || (moments && i >= count / 2 && v[i] < 0))
+			return tier_fail(-EBADMSG, "%s: %s[%zu] is %g, %s; the file is damaged: resume from an "
+					 "earlier checkpoint", path, name, i, (double)v[i],
+					 isfinite(v[i]) ? "a negative second moment" : "not finite");
+	return 0;
+}
+
+/* The steps as read: the trainer's >= 0 and each group's within 0..that. */
+static int check_steps(const char *path, int64_t now, const int64_t *steps, size_t n)
+{
+	if (now < 0)
+		return tier_fail(-EBADMSG, "%s: step is %lld; the file is damaged", path, (long long)now);
+	for (size_t i = 0; i < n; i++)
+		if (steps[i] < 0 || steps[i] > now)
+			return tier_fail(-EBADMSG, "%s: group_steps[%zu] is %lld, outside 0..%lld (the step); the file is "
+					 "damaged", path, i, (long long)steps[i], (long long)now);
+	return 0;
+}
+
 int tier_trainer_load(tier_trainer *t, const char *path)
 {
 	if (!t || !path)
@@ -116,16 +142,17 @@ int tier_trainer_load(tier_trainer *t, const char *path)
 	else if (!steps || !buf)
 		rc = tier_fail(-ENOMEM, "out of memory reading %s", path);
 	/* check everything before changing anything */
-	if (!rc && !(rc = read_exact(st, path, "step", &now, sizeof now)))
-		rc = read_exact(st, path, "group_steps", steps, sizeof(int64_t) * (n ? n : 1));
-	for (size_t i = 0; i < n && !rc; i++) {
+	if (!rc && !(rc = read_exact(st, path, "step", &now, sizeof now)) &&
+	    !(rc = read_exact(st, path, "group_steps", steps, sizeof(int64_t) * (n ? n : 1))))
+		rc = check_steps(path, now, steps, n);
+	for (size_t i = 0; i < n && !rc; i++) { /* every value is read twice: checked, then copied */
 		char base[80], name[96];
 		group_name(&m->groups[i], base, sizeof base);
 		for (int k = 0; k < 2 && !rc; k++) {
+			size_t count = (k ? 2 : 1) * m->groups[i].n;
 			snprintf(name, sizeof name, "%s.%s", base, k ? "adamw" : "lora");
-			const tier_st_tensor *x = tier_st_find(st, name);
-			if (!x || x->nbytes != sizeof(float) * (k ? 2 : 1) * m->groups[i].n)
-				rc = read_exact(st, path, name, buf, sizeof(float) * (k ? 2 : 1) * m->groups[i].n);
+			if (!(rc = read_exact(st, path, name, buf, sizeof(float) * count)))
+				rc = check_values(path, name, buf, count, k);
 		}
 	}
 	for (size_t i = 0; i < n && !rc; i++) {

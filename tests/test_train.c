@@ -1177,6 +1177,74 @@ static void test_lora_init_and_adapter(void **state)
 }
 
 /* Save after 3 steps, rebuild everything, load, 3 more: the same losses as 6 in one go. */
+
+/* Overwrite `bytes` at element `at` of tensor `name` of the checkpoint at path (the old bytes into
+ * `old` to put back). */
+static void patch_tensor(const char *path, const char *name, size_t at, const void *val, size_t bytes, void *old)
+{
+	tier_st *st;
+	assert_int_equal(tier_st_open(path, &st), 0);
+	const tier_st_tensor *x = tier_st_find(st, name);
+	assert_non_null(x);
+	uint64_t off = x->offset + at * bytes;
+	tier_st_close(st);
+	FILE *f = fopen(path, "r+b");
+	assert_non_null(f);
+	assert_int_equal(fseek(f, (long)off, SEEK_SET), 0);
+	assert_int_equal(fread(old, 1, bytes, f), bytes);
+	assert_int_equal(fseek(f, (long)off, SEEK_SET), 0);
+	assert_int_equal(fwrite(val, 1, bytes, f), bytes);
+	assert_int_equal(fclose(f), 0);
+}
+
+/* A checkpoint damaged in its steps or values (a NaN parameter, a negative second moment) is
+ * refused, naming the tensor, before anything changes; put right, it loads. */
+static void damaged_checkpoints(const tier_hf_config *c, const tier_lora_cfg *lc, const char *path, uint64_t wseed)
+{
+	const int64_t neg = -1, many = 99;
+	const float nan = NAN, minus = -1.0f;
+	const struct { const char *name; size_t at; const void *val; size_t bytes; const char *says; } cases[] = {
+		{ "step", 0, &neg, 8, "step is -1" },
+		{ "group_steps", 1, &many, 8, "group_steps[1] is 99" },
+		{ "layers.0.attn.lora", 5, &nan, 4, "layers.0.attn.lora[5] is nan" },
+		{ "layers.1.attn.adamw", 0, &nan, 4, "not finite" },
+		{ "layers.1.attn.adamw", 0, &minus, 4, NULL }, /* a negative first moment is fine */
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char old[8];
+		patch_tensor(path, cases[i].name, cases[i].at, cases[i].val, cases[i].bytes, old);
+		rig r;
+		assert_int_equal(rig_open(&r, c, lc, 64u << 20, 2, 6, wseed, 0.2), 0);
+		int rc = tier_trainer_load(r.t, path);
+		if (cases[i].says) {
+			assert_int_equal(rc, -EBADMSG);
+			assert_non_null(strstr(tier_last_error(), cases[i].says));
+			assert_int_equal(tier_trainer_steps_done(r.t), 0);
+		} else {
+			assert_int_equal(rc, 0);
+		}
+		rig_close(&r);
+		char back[8];
+		patch_tensor(path, cases[i].name, cases[i].at, old, cases[i].bytes, back);
+	}
+	/* the upper half of an adamw tensor (v) must not be negative */
+	tier_st *st;
+	assert_int_equal(tier_st_open(path, &st), 0);
+	size_t half = (size_t)(tier_st_find(st, "layers.1.attn.adamw")->nbytes / 8);
+	tier_st_close(st);
+	char old[4], back[4];
+	patch_tensor(path, "layers.1.attn.adamw", half, &minus, 4, old);
+	rig r;
+	assert_int_equal(rig_open(&r, c, lc, 64u << 20, 2, 6, wseed, 0.2), 0);
+	assert_int_equal(tier_trainer_load(r.t, path), -EBADMSG);
+	assert_non_null(strstr(tier_last_error(), "negative second moment"));
+	rig_close(&r);
+	patch_tensor(path, "layers.1.attn.adamw", half, old, 4, back);
+	assert_int_equal(rig_open(&r, c, lc, 64u << 20, 2, 6, wseed, 0.2), 0);
+	assert_int_equal(tier_trainer_load(r.t, path), 0);
+	assert_int_equal(tier_trainer_steps_done(r.t), 3);
+	rig_close(&r);
+}
 static void test_resume(void **state)
 {
 	(void)state;
@@ -1210,13 +1278,16 @@ static void test_resume(void **state)
 	}
 	assert_memory_equal(whole, part, sizeof whole);
 	/* a checkpoint of another LoRA rank is refused before anything changes */
-	lc.r = 4;
+	const int r0 = lc.r;
+	lc.r = r0 == 4 ? 8 : 4;
 	rig r;
 	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 6, seed, 0.2), 0);
 	assert_int_equal(tier_trainer_load(r.t, path), -EBADMSG);
 	assert_non_null(strstr(tier_last_error(), "layers.0.attn"));
 	assert_int_equal(tier_trainer_steps_done(r.t), 0);
 	rig_close(&r);
+	lc.r = r0;
+	damaged_checkpoints(&c, &lc, path, seed);
 	unlink(path);
 	rmdir(dir);
 }
