@@ -484,9 +484,10 @@ static int on_load_progress(uint64_t done, uint64_t total, void *arg)
 	return 0;
 }
 
-static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
+/* The model's config: from --model's config.json, --config, or the default job's. */
+static int job_config(const run_opts *o, tier_hf_config *cfg)
 {
-	char path[4200], a[32], b[32], c[32], d[32], e[32];
+	char path[4200];
 	if (o->model && o->init)
 		return fprintf(stderr, "tier-run: give --model DIR or --init random, not both\n"), 1;
 	if (o->config && !o->init)
@@ -502,18 +503,24 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	} else {
 		tier_model_config_default(cfg);
 	}
+	return 0;
+}
+
+/* The device, the data (*data: its path) and the store with its budgets, trace and prefetch window. */
+static int job_store(job *j, const run_opts *o, const tier_hf_config *cfg, const char **data)
+{
 	int cuda = !strcmp(o->device, "cuda");
 	if (tier_dev_open(&j->dev, cuda ? TIER_DEV_CUDA : TIER_DEV_CPU, 0))
 		return fail_lib("--device");
 	uint64_t hbm = cuda && (o->hbm_max || !o->hbm_set) ? TIER_BUDGET_MAX : o->hbm; /* clamped by the store */
-	const char *data = o->data ? o->data : find_corpus();
-	if (!data)
+	*data = o->data ? o->data : find_corpus();
+	if (!*data)
 		return fprintf(stderr, "tier-run: the default corpus data/corpus.txt was not found; give --data FILE\n"), 1;
-	if (tier_data_open(data, &j->d))
+	if (tier_data_open(*data, &j->d))
 		return fail_lib("--data");
 	if (tier_data_vocab(j->d) > cfg->vocab_size)
 		return fprintf(stderr, "tier-run: --data %s has a vocabulary of %u tokens, more than the model's %lld\n",
-			       data, tier_data_vocab(j->d), (long long)cfg->vocab_size), 1;
+			       *data, tier_data_vocab(j->d), (long long)cfg->vocab_size), 1;
 	tier_policy_kind pol;
 	if (tier_policy_parse(o->policy, &pol))
 		return fail_lib("--policy");
@@ -541,6 +548,14 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	if (o->trace && tier_store_trace_open(j->s, o->trace))
 		return fail_lib("--trace");
 	j->tracing = o->trace != NULL;
+	return 0;
+}
+
+/* The model's objects with their LoRA, and the trainer's settings in *tc; a trial trainer checks
+ * budgets and shapes before minutes of loading or making the weights (dropped again, so that the
+ * weights are placed as without it). */
+static int job_model(job *j, const run_opts *o, const tier_hf_config *cfg, tier_train_cfg *tc)
+{
 	tier_lora_cfg lc;
 	tier_lora_cfg_init(&lc);
 	lc.r = o->lora_r, lc.alpha = (float)o->lora_alpha, lc.use_rslora = o->rslora, lc.seed = o->seed;
@@ -549,20 +564,25 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 		return fail_lib("--lora-targets");
 	if (tier_model_create(j->s, j->dev, cfg, &lc, &j->m))
 		return fail_lib("model");
-	tier_train_cfg tc;
-	tier_train_cfg_init(&tc);
-	tc.batch = o->batch, tc.seq = o->seq, tc.micro_batches = o->micro, tc.steps = o->steps;
-	tc.warmup = o->warmup, tc.lr = (float)o->lr, tc.min_lr_ratio = (float)o->min_lr_ratio;
-	tc.weight_decay = (float)o->wd, tc.clip = (float)o->clip, tc.opcache = o->opcache, tc.moe_chunks = o->moe_chunks;
-	tc.layer_major = o->layer_major;
+	tier_train_cfg_init(tc);
+	tc->batch = o->batch, tc->seq = o->seq, tc->micro_batches = o->micro, tc->steps = o->steps;
+	tc->warmup = o->warmup, tc->lr = (float)o->lr, tc->min_lr_ratio = (float)o->min_lr_ratio;
+	tc->weight_decay = (float)o->wd, tc->clip = (float)o->clip, tc->opcache = o->opcache;
+	tc->moe_chunks = o->moe_chunks, tc->layer_major = o->layer_major;
 	if (o->layer_major && o->micro < 2)
 		fprintf(stderr, "tier-run: --layer-major has no effect with one micro-batch (add --micro-batches N)\n");
-	/* the trainer's checks (budgets, shapes) before minutes of loading or making the weights: a
-	 * trial trainer, dropped again so that the weights are placed as without it */
-	if (tier_trainer_create(j->m, &tc, &j->t))
+	if (tier_trainer_create(j->m, tc, &j->t))
 		return fail_lib("trainer");
 	tier_trainer_destroy(j->t);
 	j->t = NULL;
+	return 0;
+}
+
+/* The base weights loaded (--model) or made, with progress, then the trainer, resumed when asked,
+ * and the batch buffers; *bytes: the base weights' size. */
+static int job_weights(job *j, const run_opts *o, const tier_train_cfg *tc, uint64_t *bytes)
+{
+	char a[32];
 	uint64_t t0 = tier_now_ns();
 	load_progress lp = { .what = o->model ? "loading" : "making", .t0 = t0, .last = t0, .tty = isatty(1),
 			     .quiet = o->quiet };
@@ -570,11 +590,11 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 	if (o->model ? tier_model_load_hf(j->m, o->model) : tier_model_init_random(j->m, o->seed, o->init_range))
 		return stop_sig ? 1 : fail_lib(o->model ? "loading the checkpoint" : "making the weights");
 	double secs = (double)(tier_now_ns() - t0) / 1e9;
-	uint64_t bytes = tier_model_base_bytes(j->m);
+	*bytes = tier_model_base_bytes(j->m);
 	if (!o->quiet)
 		printf("# %s %s of base weights in %.2f s (%.2f GB/s)\n", o->model ? "loaded" : "made",
-		       tier_format_size(bytes, a, sizeof a), secs, secs > 0 ? (double)bytes / secs / 1e9 : 0.0);
-	if (tier_trainer_create(j->m, &tc, &j->t))
+		       tier_format_size(*bytes, a, sizeof a), secs, secs > 0 ? (double)*bytes / secs / 1e9 : 0.0);
+	if (tier_trainer_create(j->m, tc, &j->t))
 		return fail_lib("trainer");
 	if (o->resume && tier_trainer_load(j->t, o->resume))
 		return fail_lib("--resume");
@@ -585,6 +605,13 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 		return fprintf(stderr, "tier-run: out of memory for the batch\n"), 1;
 	if (tier_data_sample(j->d, o->seed, 0, o->seq, j->tok, j->lab)) /* data shorter than a sequence */
 		return fail_lib("--data");
+	return 0;
+}
+
+/* What the job is (model, budgets, batch), the warnings and hints before its first step. */
+static void job_report(const job *j, const run_opts *o, const tier_hf_config *cfg, const char *data, uint64_t bytes)
+{
+	char a[32], b[32], c[32], d[32], e[32];
 	if (!o->quiet)
 		printf("# model %s: %lld layers, H %lld, %lld experts (top-%lld) of %lld, %lld heads / %lld KV; base %s, "
 		       "LoRA r %d on %s (%llu parameters); data %s (%llu tokens)\n# budgets: hbm %s%s (the step needs "
@@ -611,19 +638,36 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 		printf("# hint: the base weights exceed --hbm, so each micro-batch fetches every layer again; "
 		       "--layer-major fetches them once a step for all %d (the same losses and adapter; measured "
 		       "gains in docs/trainer.md)\n", o->micro);
-	if (o->out) {
-		snprintf(path, sizeof path, "%s/train_log.jsonl", o->out);
-		if (!(j->log = fopen(path, "w")))
-			return fprintf(stderr, "tier-run: %s: %s\n", path, strerror(errno)), 1;
-		stats_log_info si = { .model = o->model ? o->model : "synthetic", .data = data, .policy = o->policy,
-				      .lora_targets = o->targets, .layers = cfg->num_hidden_layers, .hidden = cfg->hidden_size,
-				      .experts = cfg->num_experts, .top_k = cfg->num_experts_per_tok, .base_bytes = bytes,
-				      .hbm = o->hbm, .ddr = o->ddr, .nvme = o->nvme, .steps = o->steps, .batch = o->batch,
-				      .seq = o->seq, .micro = o->micro, .lora_r = o->lora_r, .seed = o->seed };
-		if (stats_log_open(&j->slog, o->out, &si))
-			return 1;
-	}
-	return 0;
+}
+
+/* The output directory's step log (train_log.jsonl) and stats log. */
+static int job_logs(job *j, const run_opts *o, const tier_hf_config *cfg, const char *data, uint64_t bytes)
+{
+	char path[4200];
+	if (!o->out)
+		return 0;
+	snprintf(path, sizeof path, "%s/train_log.jsonl", o->out);
+	if (!(j->log = fopen(path, "w")))
+		return fprintf(stderr, "tier-run: %s: %s\n", path, strerror(errno)), 1;
+	stats_log_info si = { .model = o->model ? o->model : "synthetic", .data = data, .policy = o->policy,
+			      .lora_targets = o->targets, .layers = cfg->num_hidden_layers, .hidden = cfg->hidden_size,
+			      .experts = cfg->num_experts, .top_k = cfg->num_experts_per_tok, .base_bytes = bytes,
+			      .hbm = o->hbm, .ddr = o->ddr, .nvme = o->nvme, .steps = o->steps, .batch = o->batch,
+			      .seq = o->seq, .micro = o->micro, .lora_r = o->lora_r, .seed = o->seed };
+	return stats_log_open(&j->slog, o->out, &si) ? 1 : 0;
+}
+
+static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
+{
+	const char *data = NULL;
+	tier_train_cfg tc;
+	uint64_t bytes = 0;
+	int rc = job_config(o, cfg);
+	if (rc || (rc = job_store(j, o, cfg, &data)) || (rc = job_model(j, o, cfg, &tc)) ||
+	    (rc = job_weights(j, o, &tc, &bytes)))
+		return rc;
+	job_report(j, o, cfg, data, bytes);
+	return job_logs(j, o, cfg, data, bytes);
 }
 
 static void fmt_eta(double s, char *buf, size_t len)
