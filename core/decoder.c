@@ -244,12 +244,15 @@ int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, de
 	return 0;
 }
 
-/* The MoE block's forward over chunk c (its output rows into b->mo, its state into b->ms). */
-static int moe_chunk_fwd(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int c)
+/* The MoE block's forward over chunk c: its state into b->ms, and unless state_only (a backward's
+ * recompute) its output rows into b->mo. */
+static int moe_chunk_fwd(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int c,
+			 int state_only)
 {
 	size_t r0 = (size_t)c * sh->mT;
 	return tier_moe_layer_fwd(m->dev, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], NULL, &w->ex,
-				  w->has_elora ? &w->elora : NULL, f32_rows(m, b->mo, r0), &b->ms, b->ws, b->ws_bytes);
+				  w->has_elora ? &w->elora : NULL, state_only ? NULL : f32_rows(m, b->mo, r0), &b->ms,
+				  b->ws, b->ws_bytes);
 }
 
 int dec_mlp_recompute(const dec_shape *sh, int moe)
@@ -262,12 +265,12 @@ int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_wei
 	int T = sh->T, H = m->H, I = m->I, rc = 0;
 	if (moe)
 		for (int c = 0; c < sh->mchunks && !rc; c++)
-			rc = moe_chunk_fwd(m, sh, w, b, c);
+			rc = moe_chunk_fwd(m, sh, w, b, c, !out);
 	else if (!(rc = dop_linear(m, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->g, b->ws)) &&
 		 !(rc = dop_linear(m, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->u, b->ws)) &&
-		 !(rc = dop_swiglu(m, (size_t)T * I, b->g, b->u, b->act)))
+		 !(rc = dop_swiglu(m, (size_t)T * I, b->g, b->u, b->act)) && out)
 		rc = dop_linear(m, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], b->mo, b->ws);
-	return rc ? rc : dop_add(m, (size_t)T * H, b->h1, b->mo, out);
+	return rc || !out ? rc : dop_add(m, (size_t)T * H, b->h1, b->mo, out);
 }
 
 /* The MoE block's backward, chunk by chunk; in chunks each one's forward runs again first (the
@@ -278,7 +281,7 @@ static int moe_bwd(const tier_model *m, const dec_shape *sh, const dec_weights *
 	int rc = 0;
 	for (int c = 0; c < sh->mchunks && !rc; c++) {
 		size_t r0 = (size_t)c * sh->mT;
-		if (!(sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c))))
+		if (!(sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c, 1))))
 			rc = tier_moe_layer_bwd(m->dev, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], &w->ex,
 						w->has_elora ? &w->elora : NULL, &b->ms, dout + r0 * (size_t)m->H,
 						d_aux, f32_rows(m, b->db, r0), NULL, b->ws, b->ws_bytes);

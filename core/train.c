@@ -574,7 +574,7 @@ static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *o
 	if (bwd && !dec_mlp_recompute(&t->sh, m->layers[l].moe))
 		return rc; /* MoE chunks: the backward runs each chunk's forward before its backward */
 	if (!(bwd && trainer_cache_restore(t, l, 1, &rc)) && !rc)
-		rc = dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out ? out : t->b.dtmp);
+		rc = dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out); /* NULL: the state only */
 	trainer_charge(t, TIER_PART_MLP_FWD);
 	return rc;
 }

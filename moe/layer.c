@@ -158,7 +158,6 @@ int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float 
 	MOE_NONNULL(x, fn);
 	MOE_NONNULL(w_r, fn);
 	MOE_NONNULL(w, fn);
-	MOE_NONNULL(out, fn);
 	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k;
 	char *p = ws;
 	float *xg = take(&p, 4 * (size_t)n * H);
@@ -170,7 +169,7 @@ int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float 
 				   s->counts, xg)) ||
 	    (rc = tier_moe_experts_fwd(dev, E, H, c->inter, s->offsets, w, lora, xg, s->g, s->u, s->y, p)))
 		return rc;
-	return tier_moe_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, out);
+	return out ? tier_moe_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, out) : 0;
 }
 
 int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,

@@ -53,7 +53,6 @@ extern "C" int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	MOE_NONNULL(x, fn);
 	MOE_NONNULL(w_r, fn);
 	MOE_NONNULL(w, fn);
-	MOE_NONNULL(out, fn);
 	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k;
 	int stats = c->aux_coef > 0 || c->z_coef > 0;
 	moe_cuda_ws l;
@@ -71,7 +70,7 @@ extern "C" int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	    (rc = offsets_sane(fn, E, n, off)) ||
 	    (rc = moe_cuda_experts_fwd_lora(dev, E, H, c->inter, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.h,
 					    s->y, b + l.z, (float *)(b + l.dh))) || /* dh: the backward's, free here */
-	    (rc = moe_cuda_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, out)))
+	    (out && (rc = moe_cuda_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, out))))
 		return rc;
 	double a = 0.0;
 	for (int e = 0; stats && e < E; e++)

@@ -132,6 +132,16 @@ static void run_case(const lcase *c)
 	ref_poison(out, 4 * (size_t)T * H);
 	const float *bias = cfg->router.kind == TIER_MOE_ROUTER_SIGMOID_GROUP ? L.bias : NULL;
 	assert_int_equal(tier_moe_layer_fwd(dev, cfg, T, L.x, L.wr, bias, &w, &lo, out, &s, ws, wb), 0);
+	{ /* out NULL (a backward's recompute): the same saved state, bit for bit, without the combine */
+		void *sbuf2 = malloc(sb);
+		tier_moe_saved s2;
+		assert_int_equal(tier_moe_saved_bind(cfg, T, sbuf2, sb, &s2), 0);
+		ref_poison(sbuf2, sb);
+		assert_int_equal(tier_moe_layer_fwd(dev, cfg, T, L.x, L.wr, bias, &w, &lo, NULL, &s2, ws, wb), 0);
+		assert_memory_equal(sbuf, sbuf2, sb);
+		assert_true(s2.aux == s.aux && s2.z == s.z);
+		free(sbuf2);
+	}
 	L.idx = s.topk_idx, L.pair_row = s.pair_row;
 	L.xd = ref_dup(L.x, (size_t)T * H), L.wrd = ref_dup(L.wr, (size_t)E * H), L.Rd = ref_dup(L.R, (size_t)T * H);
 

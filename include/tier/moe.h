@@ -204,7 +204,8 @@ size_t tier_moe_workspace_bytes(const tier_moe_cfg *cfg, int T, const tier_moe_l
 int tier_moe_saved_bind(const tier_moe_cfg *cfg, int T, void *buf, size_t bytes, tier_moe_saved *s);
 
 /* Forward: out [T, H] from x [T, H]; router weight w_r [E, H]; bias [E] or NULL (DeepSeek);
- * experts and optional LoRA; fills *saved. ws: tier_moe_workspace_bytes. */
+ * experts and optional LoRA; fills *saved. ws: tier_moe_workspace_bytes. out NULL: *saved only
+ * (a backward's recompute: the combine, which the backward does not read, is skipped). */
 int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x, const float *w_r,
 		       const float *bias, const tier_moe_experts *w, const tier_moe_loras *lora, float *out,
 		       tier_moe_saved *saved, void *ws, size_t ws_bytes);
