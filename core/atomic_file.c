@@ -50,7 +50,10 @@ int tier_atomic_write(tier_atomic_file *f, const void *buf, size_t n)
 		if (w <= 0) {
 			int e = w < 0 ? errno : EIO;
 			f->failed = 1;
-			return tier_fail(-e, "writing %s: %s", f->tmp, strerror(e));
+			int full = e == ENOSPC || e == EDQUOT || e == EFBIG;
+			return tier_fail(-e, "writing %s (as %s until it is complete): %s%s", f->path, f->tmp, strerror(e),
+					 full ? "; the disk is full or a file size limit is set: free space or write "
+						"elsewhere (the old file, if any, is untouched)" : "");
 		}
 		p += w;
 		n -= (size_t)w;

@@ -120,6 +120,23 @@ cmp -s "$tmp/mb/adapter_model.safetensors" "$tmp/lm/adapter_model.safetensors" |
 grep -q "^# hint: .*--layer-major fetches them once a step for all 2" "$tmp/hint.txt" || fail "no --layer-major hint"
 ./tier-run $small --steps 1 --micro-batches 2 --layer-major --out "$tmp/h2" >"$tmp/hint.txt" 2>&1 || fail "--layer-major: $(cat "$tmp/hint.txt")"
 ! grep -q "^# hint:" "$tmp/hint.txt" || fail "a --layer-major hint with --layer-major given"
+# an output that cannot take the adapter at the end: the message says what survived and how to
+# get the adapter from it; once fixed, resuming at the last step writes it
+mkdir -p "$tmp/sq/adapter_model.safetensors"
+./tier-run $small --checkpoint-every 2 --out "$tmp/sq" >/dev/null 2>"$tmp/err"
+rc=$?
+[ $rc = 1 ] && grep -q "checkpoint.safetensors holds the state of the last step.*--resume" "$tmp/err" ||
+	fail "adapter write refused: exit $rc, '$(cat "$tmp/err")'"
+rmdir "$tmp/sq/adapter_model.safetensors"
+./tier-run $small --checkpoint-every 2 --out "$tmp/sq" --resume "$tmp/sq/checkpoint.safetensors" >/dev/null 2>"$tmp/err" &&
+	[ -s "$tmp/sq/adapter_model.safetensors" ] || fail "resuming at the last step wrote no adapter: $(cat "$tmp/err")"
+# a disk that fills (a file size limit stands in for it): the file named, the way out said, no
+# temporary left behind
+(trap '' XFSZ; ulimit -f 64; exec ./tier-run $small --checkpoint-every 2 --out "$tmp/full") >/dev/null 2>"$tmp/err"
+rc=$?
+[ $rc != 0 ] && grep -q "writing $tmp/full/checkpoint.safetensors.*the disk is full or a file size limit" "$tmp/err" ||
+	fail "a full disk: exit $rc, '$(cat "$tmp/err")'"
+! ls "$tmp/full" | grep -q "\.tmp\." || fail "a temporary file left behind: $(ls "$tmp/full")"
 ./tier-run --help | grep -q -- '--lora-targets' || fail "--help does not document --lora-targets"
 ./tier-run --store-demo --help | grep -q 'store demonstration' || fail "tier-run --store-demo is not reachable"
 echo "PASS"

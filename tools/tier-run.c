@@ -873,8 +873,17 @@ static int save_adapter(job *j, const run_opts *o)
 	snprintf(a->base_model, sizeof a->base_model, "%s", o->model ? o->model : "");
 	int rc = tier_peft_save(o->out, a);
 	tier_peft_free(a);
-	if (rc)
-		return fail_lib("--out");
+	if (rc) {
+		fail_lib("--out");
+		if (o->ckpt_every) /* the last checkpoint holds this run's LoRA state: say how to get the adapter */
+			fprintf(stderr, "tier-run: the adapter was not written; %s/checkpoint.safetensors holds the state of "
+				"the last step: once the cause above is fixed, rerun the same command with --resume "
+				"%s/checkpoint.safetensors to write it\n", o->out, o->out);
+		else
+			fprintf(stderr, "tier-run: the adapter was not written and this run kept no checkpoint "
+				"(--checkpoint-every N keeps one)\n");
+		return 1;
+	}
 	printf("# adapter written to %s (adapter_config.json, adapter_model.safetensors)\n", o->out);
 	return 0;
 }
