@@ -480,6 +480,26 @@ static void layer_case(const gcase *c)
 	int32_t *prg = malloc(4 * (size_t)n), *cntg = malloc(4 * (size_t)E);
 	down(ig, s.topk_idx, 4 * (size_t)n), down(og, s.offsets, 4 * (size_t)(E + 1)), down(rpg, s.row_pair, 4 * (size_t)n);
 	down(prg, s.pair_row, 4 * (size_t)n), down(cntg, s.counts, 4 * (size_t)E);
+	{ /* out NULL (a backward's recompute): the same saved state, the combine skipped */
+		void *dsv2 = up(NULL, sb);
+		tier_moe_saved s2;
+		assert_int_equal(tier_moe_saved_bind(&gcfg, T, dsv2, sb, &s2), 0);
+		poison_dev(dsv2, sb);
+		assert_int_equal(tier_moe_layer_fwd(gpu, &gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL,
+						    NULL, &s2, dws, wb), 0);
+		assert_int_equal(tier_dev_sync(gpu), 0);
+		float *g2 = dl_bf16(s2.g, (size_t)n * I), *u2 = dl_bf16(s2.u, (size_t)n * I);
+		float *y2 = dl_bf16(s2.y, (size_t)n * H);
+		int32_t *o2 = malloc(4 * (size_t)(E + 1));
+		down(o2, s2.offsets, 4 * (size_t)(E + 1));
+		assert_memory_equal(o2, og, 4 * (size_t)(E + 1));
+		check_close(g2, gg, (size_t)og[E] * I, CUDA_TOL, "g, out NULL");
+		check_close(u2, ug, (size_t)og[E] * I, CUDA_TOL, "u, out NULL");
+		check_close(y2, yg, (size_t)og[E] * H, CUDA_TOL, "y, out NULL");
+		assert_true(fabs(s2.aux - s.aux) <= 1e-5 * fabs(s.aux) + 1e-9);
+		free(g2), free(u2), free(y2), free(o2);
+		tier_dev_free(gpu, dsv2);
+	}
 
 	/* routing: the CPU router and permute, the weights of the GPU's selection */
 	float *lc = malloc(4 * TE), *twc = malloc(4 * (size_t)n), *twr = malloc(4 * (size_t)n);
