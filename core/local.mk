@@ -23,7 +23,7 @@ endif
 ## Each fuzz target's standalone driver replays its seed corpus (tests/fuzz/corpus_NAME) as an
 ## ordinary test; docs/fuzzing.md runs them under libFuzzer.
 FUZZ_TARGETS = tests/fuzz/fuzz_safetensors tests/fuzz/fuzz_hf_config tests/fuzz/fuzz_ckpt_index \
-	tests/fuzz/fuzz_peft tests/fuzz/fuzz_opcache_rules tests/fuzz/fuzz_data
+	tests/fuzz/fuzz_peft tests/fuzz/fuzz_opcache_rules tests/fuzz/fuzz_data tests/fuzz/fuzz_run_config
 check_PROGRAMS += $(FUZZ_TARGETS)
 TESTS += $(FUZZ_TARGETS)
 tests_fuzz_fuzz_safetensors_SOURCES = tests/fuzz/fuzz_safetensors.c tests/fuzz/fuzz_main.c
@@ -44,8 +44,14 @@ tests_fuzz_fuzz_opcache_rules_LDFLAGS = $(TESTLD)
 tests_fuzz_fuzz_data_SOURCES = tests/fuzz/fuzz_data.c tests/fuzz/fuzz_main.c tests/fuzz/fuzz_files.h
 tests_fuzz_fuzz_data_LDADD = $(TEST_LIBS)
 tests_fuzz_fuzz_data_LDFLAGS = $(TESTLD)
+tests_fuzz_fuzz_run_config_SOURCES = tests/fuzz/fuzz_run_config.c tests/fuzz/fuzz_main.c tests/fuzz/fuzz_files.h \
+	tools/run_opts.c tools/run_opts.h
+tests_fuzz_fuzz_run_config_CPPFLAGS = $(AM_CPPFLAGS) -I$(srcdir)/tools
+tests_fuzz_fuzz_run_config_LDADD = $(TEST_LIBS)
+tests_fuzz_fuzz_run_config_LDFLAGS = $(TESTLD)
 EXTRA_DIST += tests/fuzz/corpus_safetensors tests/fuzz/corpus_hf_config tests/fuzz/corpus_ckpt_index \
-	tests/fuzz/corpus_peft tests/fuzz/corpus_opcache_rules tests/fuzz/corpus_data tests/golden/check_safetensors.py
+	tests/fuzz/corpus_peft tests/fuzz/corpus_opcache_rules tests/fuzz/corpus_data \
+	tests/fuzz/corpus_run_config tests/golden/check_safetensors.py
 
 ## the trainer: layers, the qwen3_moe model in the store, the step, data
 libtier_la_SOURCES += core/core_internal.h core/layers.c core/model.c core/model_io.c core/decoder.h \

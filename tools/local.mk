@@ -3,7 +3,7 @@
 bin_PROGRAMS += tier-stat tier-run tier-bench
 tier_stat_SOURCES = tools/tier-stat.c tools/stat_ranks.c tools/stat_ranks.h tools/stat_report.c tools/stat_report.h tools/stat_plot.c
 tier_stat_LDADD = libtier.la $(TIER_DEP_LIBS) $(CAIRO_LIBS)
-tier_run_SOURCES = tools/tier-run.c tools/store_demo.c tools/stats_log.c tools/stats_log.h
+tier_run_SOURCES = tools/tier-run.c tools/run_opts.c tools/run_opts.h tools/store_demo.c tools/stats_log.c tools/stats_log.h
 tier_run_CPPFLAGS = $(AM_CPPFLAGS) -DTIER_PKGDATADIR='"$(pkgdatadir)"'
 tier_run_LDADD = libtier.la $(TIER_DEP_LIBS)
 dist_man1_MANS += man/tier-run.1

@@ -4,7 +4,6 @@
  * store demonstration (tools/store_demo.c). */
 #include "config.h"
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,10 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "tier/tier.h"
+#include "run_opts.h"
 #include "stats_log.h"
-#ifdef TIER_HAVE_JANSSON
-#include <jansson.h>
-#endif
 
 int store_demo_main(int argc, char **argv);
 
@@ -24,16 +21,6 @@ int store_demo_main(int argc, char **argv);
 #define TIER_PKGDATADIR "."
 #endif
 
-typedef struct {
-	const char *model, *init, *config, *data, *out, *policy, *device, *targets, *resume;
-	const char *trace; /* --trace FILE: record the store's accesses (docs/trace.md) */
-	const char *opcache; /* --op-cache RULES (tier_cache_config_parse) */
-	uint64_t hbm, ddr, nvme;
-	char nvme_dir[4096];
-	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every, hbm_max, hbm_set, pwin, moe_chunks, layer_major;
-	double lora_alpha, lr, min_lr_ratio, wd, clip, init_range, peak_tflops, dropout;
-	uint64_t seed;
-} run_opts;
 
 static volatile sig_atomic_t stop_sig;
 /* The first SIGINT or SIGTERM stops the run at the next step's end (or the weights' fill at its
@@ -58,291 +45,6 @@ static void catch_stop_signals(void)
 	sigaction(SIGTERM, &sa, NULL);
 }
 
-static void usage(FILE *f)
-{
-	fprintf(f,
-		"Usage: tier-run [CONFIG.json] [options]\n"
-		"LoRA fine-tuning of a Mixture-of-Experts model (qwen3_moe, mixtral) whose weights live in a tiered store\n"
-		"(HBM, DDR, NVMe) within the budgets given. With no arguments it runs the default job: a small\n"
-		"qwen3_moe model made deterministically (6 layers, H 128, 16 experts of 128, top-2, 17 MB) trained\n"
-		"with LoRA on attention and experts on data/corpus.txt for 800 steps, with a 14 MiB HBM budget\n"
-		"(emulated in host memory without a GPU) so that the store evicts and prefetches.\n"
-		"CONFIG.json: an object whose keys are the long options below without '--' (\"steps\": 100,\n"
-		"\"rslora\": true); options on the command line override it. Unknown keys are errors.\n"
-		"\n"
-		"Model\n"
-		"  --model DIR          Hugging Face checkpoint directory (config.json + safetensors)\n"
-		"  --init random        synthetic weights instead of a checkpoint (needs --config, or the default model)\n"
-		"  --config FILE        config.json of the model to make with --init random\n"
-		"  --init-range X       std of the synthetic linear and embedding weights (default 0.1; HF uses 0.02)\n"
-		"Data\n"
-		"  --data FILE          a TIERTOK1 token file or a text file (byte-level; docs/data.md);\n"
-		"                       default data/corpus.txt (searched in ., .. and the installed data directory)\n"
-		"LoRA\n"
-		"  --lora-r N           rank (default 8)\n"
-		"  --lora-alpha X       lora_alpha; scale alpha / r (default 16)\n"
-		"  --rslora             scale alpha / sqrt(r)\n"
-		"  --lora-dropout P     PEFT's lora_dropout on the adapters' input while training (default 0;\n"
-		"                       attention and dense-MLP targets)\n"
-		"  --lora-targets LIST  comma-separated q,k,v,o,mlp,experts (or attn, all); default q,k,v,o,experts\n"
-		"Training\n"
-		"  --steps N            optimizer steps (default 800)\n"
-		"  --batch N            sequences per micro-batch (default 4)\n"
-		"  --seq N              tokens per sequence (default 64)\n"
-		"  --micro-batches N    gradient accumulation (default 1)\n"
-		"  --moe-chunks N       run each MoE block over the micro-batch in N token chunks (default 1): a\n"
-		"                       smaller scratch for a larger batch under --hbm; batch x seq must divide\n"
-		"                       by N; not with the router's aux loss (output_router_logits)\n"
-		"  --layer-major        with --micro-batches N: each layer's forward and backward runs all N\n"
-		"                       micro-batches, its weights fetched once a step, not N times (the same\n"
-		"                       losses; N micro-batches' layer inputs kept, spilled to --ddr)\n"
-		"  --lr X               peak learning rate (default 1e-2)\n"
-		"  --warmup N           linear warmup steps (default 20), then cosine\n"
-		"  --min-lr-ratio X     the cosine's floor as a fraction of --lr (default 0.1)\n"
-		"  --weight-decay X     AdamW decoupled weight decay (default 0)\n"
-		"  --clip X             global gradient-norm clip, 0 for none (default 1)\n"
-		"  --seed N             seed of the weights, LoRA init and data order (default 1)\n"
-		"Store\n"
-		"  --hbm SIZE|max       HBM budget (default 14M on the CPU; on CUDA max: all the GPU's free\n"
-		"                       memory but a reserve for the CUDA context and libraries)\n"
-		"  --ddr SIZE           DDR budget (default 256M)\n"
-		"  --nvme DIR:SIZE      NVMe directory and budget (default: no NVMe tier)\n"
-		"  --policy P           lru, lfu, cost or schedule (default schedule)\n"
-		"  --prefetch-window N  operations of the step's schedule fetched ahead (default 2; 0: none)\n"
-		"  --device D           cpu or cuda (default cpu). cuda: bf16 weights, fp32 LoRA and optimizer\n"
-		"  --peak-tflops X      the GPU's dense bf16 peak for MFU (default: known for H100/H200, 989)\n"
-		"  --trace FILE         record every store access into FILE (docs/trace.md; replay it with tier-tune)\n"
-		"  --op-cache RULES     keep forward results for the backward instead of recomputing them, e.g.\n"
-		"                       \"all:hbm=40G\" or \"attention:layers=0-47/2:hbm=8G:ddr=32G\" (docs/opcache.md;\n"
-		"                       default none: every layer is recomputed in the backward)\n"
-		"Output\n"
-		"  --out DIR            write the PEFT adapter (adapter_config.json, adapter_model.safetensors)\n"
-		"                       and train_log.jsonl there (created if missing; checked before training),\n"
-		"                       with stats.jsonl, run.json and tier.pid (docs/stats-log.md; tier-stat report)\n"
-		"  --checkpoint-every N write OUT/checkpoint.safetensors every N steps and at the end (needs --out)\n"
-		"  --resume FILE        continue from a checkpoint (same model, LoRA and data options; the\n"
-		"                       losses then equal an uninterrupted run's)\n"
-		"  --quiet              only the summary\n"
-		"  --store-demo ...     the store demonstration instead (tier-run --store-demo --help)\n"
-		"  --help               this text\n"
-		"Sizes take binary units: 12M, 1G, 512k.\n"
-		"Each step prints: step, loss, lr, tokens/s, HBM hit rate (acquires that found their data in\n"
-		"HBM), bytes moved between tiers in the step, ETA.\n"
-		"Exit status: 0 done, 1 bad arguments or input, 2 a failure while training, 128+N stopped by signal N.\n");
-}
-
-enum {
-	O_MODEL = 256, O_INIT, O_CONFIG, O_INITR, O_DATA, O_R, O_ALPHA, O_RSLORA, O_TARGETS, O_STEPS, O_BATCH, O_SEQ,
-	O_MICRO, O_LR, O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_HBM, O_DDR, O_NVME, O_POLICY, O_DEVICE, O_OUT,
-	O_QUIET, O_HELP, O_CKPT, O_RESUME,
-	O_TRACE, O_PEAK, O_OPCACHE, O_PWIN, O_DROPOUT, O_MOECHUNKS, O_LMAJOR,
-};
-static const struct option opts[] = {
-	{ "model", required_argument, NULL, O_MODEL }, { "init", required_argument, NULL, O_INIT },
-	{ "config", required_argument, NULL, O_CONFIG }, { "init-range", required_argument, NULL, O_INITR },
-	{ "data", required_argument, NULL, O_DATA }, { "lora-r", required_argument, NULL, O_R },
-	{ "lora-alpha", required_argument, NULL, O_ALPHA }, { "rslora", no_argument, NULL, O_RSLORA },
-	{ "lora-targets", required_argument, NULL, O_TARGETS }, { "steps", required_argument, NULL, O_STEPS },
-	{ "batch", required_argument, NULL, O_BATCH }, { "seq", required_argument, NULL, O_SEQ },
-	{ "micro-batches", required_argument, NULL, O_MICRO }, { "lr", required_argument, NULL, O_LR },
-	{ "warmup", required_argument, NULL, O_WARMUP }, { "min-lr-ratio", required_argument, NULL, O_MINLR },
-	{ "weight-decay", required_argument, NULL, O_WD }, { "clip", required_argument, NULL, O_CLIP },
-	{ "seed", required_argument, NULL, O_SEED }, { "hbm", required_argument, NULL, O_HBM },
-	{ "ddr", required_argument, NULL, O_DDR }, { "nvme", required_argument, NULL, O_NVME },
-	{ "policy", required_argument, NULL, O_POLICY }, { "device", required_argument, NULL, O_DEVICE },
-	{ "out", required_argument, NULL, O_OUT }, { "quiet", no_argument, NULL, O_QUIET },
-	{ "help", no_argument, NULL, O_HELP }, { "checkpoint-every", required_argument, NULL, O_CKPT },
-	{ "resume", required_argument, NULL, O_RESUME },
-	{ "trace", required_argument, NULL, O_TRACE }, { "peak-tflops", required_argument, NULL, O_PEAK },
-	{ "op-cache", required_argument, NULL, O_OPCACHE }, { "prefetch-window", required_argument, NULL, O_PWIN },
-	{ "lora-dropout", required_argument, NULL, O_DROPOUT }, { "moe-chunks", required_argument, NULL, O_MOECHUNKS },
-	{ "layer-major", no_argument, NULL, O_LMAJOR },
-	{ NULL, 0, NULL, 0 },
-};
-
-static int bad_arg(const char *opt, const char *text, const char *want)
-{
-	fprintf(stderr, "tier-run: --%s needs %s, not '%s'\n", opt, want, text);
-	return 1;
-}
-
-static int parse_int(const char *opt, const char *t, int lo, int hi, int *out)
-{
-	char *end;
-	long v = strtol(t, &end, 10);
-	if (*end || end == t || v < lo || v > hi) {
-		char want[64];
-		snprintf(want, sizeof want, "a whole number from %d to %d", lo, hi);
-		return bad_arg(opt, t, want);
-	}
-	*out = (int)v;
-	return 0;
-}
-
-static int parse_real(const char *opt, const char *t, double lo, double *out)
-{
-	char *end;
-	double v = strtod(t, &end);
-	if (*end || end == t || !isfinite(v) || v < lo)
-		return bad_arg(opt, t, lo > 0 ? "a positive number" : "a number >= 0");
-	*out = v;
-	return 0;
-}
-
-static int parse_one(run_opts *o, int c, const char *a)
-{
-	const char *name = "";
-	for (const struct option *p = opts; p->name; p++)
-		if (p->val == c)
-			name = p->name;
-	switch (c) {
-	case O_MODEL: o->model = a; return 0;
-	case O_INIT:
-		if (strcmp(a, "random"))
-			return bad_arg(name, a, "'random'");
-		o->init = a;
-		return 0;
-	case O_CONFIG: o->config = a; return 0;
-	case O_INITR: return parse_real(name, a, 1e-30, &o->init_range);
-	case O_DATA: o->data = a; return 0;
-	case O_R: return parse_int(name, a, 1, 4096, &o->lora_r);
-	case O_ALPHA: return parse_real(name, a, 1e-30, &o->lora_alpha);
-	case O_RSLORA: o->rslora = 1; return 0;
-	case O_DROPOUT:
-		if (parse_real(name, a, 0, &o->dropout))
-			return 1;
-		return o->dropout < 1 ? 0 : bad_arg(name, a, "a probability in [0, 1)");
-	case O_TARGETS: o->targets = a; return 0;
-	case O_STEPS: return parse_int(name, a, 1, 100000000, &o->steps);
-	case O_BATCH: return parse_int(name, a, 1, 1 << 20, &o->batch);
-	case O_SEQ: return parse_int(name, a, 1, 1 << 20, &o->seq);
-	case O_MICRO: return parse_int(name, a, 1, 1 << 20, &o->micro);
-	case O_LR: return parse_real(name, a, 0, &o->lr);
-	case O_WARMUP: return parse_int(name, a, 0, 100000000, &o->warmup);
-	case O_MINLR: return parse_real(name, a, 0, &o->min_lr_ratio);
-	case O_WD: return parse_real(name, a, 0, &o->wd);
-	case O_PEAK: return parse_real(name, a, 0, &o->peak_tflops);
-	case O_CLIP: return parse_real(name, a, 0, &o->clip);
-	case O_SEED: {
-		char *end;
-		o->seed = strtoull(a, &end, 0);
-		return *end || end == a || a[0] == '-' ? bad_arg(name, a, "a number") : 0;
-	}
-	case O_HBM: case O_DDR:
-		o->hbm_max = c == O_HBM ? !strcmp(a, "max") : o->hbm_max;
-		o->hbm_set |= c == O_HBM;
-		if (c == O_HBM && o->hbm_max) {
-			o->hbm = 0;
-			return 0;
-		}
-		if (tier_parse_size(a, c == O_HBM ? &o->hbm : &o->ddr)) {
-			fprintf(stderr, "tier-run: --%s: %s\n", name, tier_last_error());
-			return 1;
-		}
-		return 0;
-	case O_NVME: {
-		const char *colon = strrchr(a, ':');
-		if (!colon || colon == a || (size_t)(colon - a) >= sizeof o->nvme_dir)
-			return bad_arg(name, a, "DIR:SIZE (e.g. /scratch/tier:8G)");
-		memcpy(o->nvme_dir, a, (size_t)(colon - a));
-		o->nvme_dir[colon - a] = 0;
-		if (tier_parse_size(colon + 1, &o->nvme)) {
-			fprintf(stderr, "tier-run: --nvme: %s\n", tier_last_error());
-			return 1;
-		}
-		return 0;
-	}
-	case O_POLICY: o->policy = a; return 0;
-	case O_DEVICE:
-		if (strcmp(a, "cpu") && strcmp(a, "cuda"))
-			return bad_arg(name, a, "cpu or cuda");
-		o->device = a;
-		return 0;
-	case O_OUT: o->out = a; return 0;
-	case O_QUIET: o->quiet = 1; return 0;
-	case O_CKPT: return parse_int(name, a, 1, 100000000, &o->ckpt_every);
-	case O_RESUME: o->resume = a; return 0;
-	case O_TRACE: o->trace = a; return 0;
-	case O_PWIN: return parse_int(name, a, 0, 64, &o->pwin);
-	case O_MOECHUNKS: return parse_int(name, a, 1, 1 << 20, &o->moe_chunks);
-	case O_LMAJOR: o->layer_major = 1; return 0;
-	case O_OPCACHE: {
-		tier_cache_config cc;
-		if (tier_cache_config_parse(a, &cc)) {
-			fprintf(stderr, "tier-run: --op-cache %s: %s\n", a, tier_last_error());
-			return 1;
-		}
-		o->opcache = a;
-		return 0;
-	}
-	}
-	return 1;
-}
-
-/* CONFIG.json: {"key": value} for each long option; values are strings, numbers or booleans. */
-static int parse_config_file(run_opts *o, const char *path, char ***keep, int *nkeep)
-{
-#ifdef TIER_HAVE_JANSSON
-	json_error_t err;
-	json_t *root = json_load_file(path, 0, &err);
-	if (!root) {
-		fprintf(stderr, "tier-run: %s:%d: %s\n", path, err.line, err.text);
-		return 1;
-	}
-	if (!json_is_object(root)) {
-		fprintf(stderr, "tier-run: %s: the job file must hold one JSON object of options\n", path);
-		json_decref(root);
-		return 1;
-	}
-	const char *key;
-	json_t *v;
-	json_object_foreach(root, key, v) {
-		const struct option *p;
-		for (p = opts; p->name && strcmp(p->name, key); p++)
-			;
-		if (!p->name || p->val == O_HELP) {
-			fprintf(stderr, "tier-run: %s: \"%s\" is not an option of tier-run (see tier-run --help)\n", path, key);
-			json_decref(root);
-			return 1;
-		}
-		char buf[64], *s;
-		if (p->has_arg == no_argument) {
-			if (!json_is_boolean(v)) {
-				fprintf(stderr, "tier-run: %s: \"%s\" must be true or false\n", path, key);
-				json_decref(root);
-				return 1;
-			}
-			if (json_is_true(v) && parse_one(o, p->val, ""))
-				return json_decref(root), 1;
-			continue;
-		}
-		if (json_is_string(v))
-			s = strdup(json_string_value(v));
-		else if (json_is_integer(v))
-			snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v)), s = strdup(buf);
-		else if (json_is_real(v))
-			snprintf(buf, sizeof buf, "%.17g", json_real_value(v)), s = strdup(buf);
-		else {
-			fprintf(stderr, "tier-run: %s: \"%s\" must be a string or a number\n", path, key);
-			json_decref(root);
-			return 1;
-		}
-		(*keep)[(*nkeep)++] = s; /* the options keep pointers into these strings */
-		if (parse_one(o, p->val, s)) {
-			fprintf(stderr, "tier-run: (in %s)\n", path);
-			json_decref(root);
-			return 1;
-		}
-	}
-	json_decref(root);
-	return 0;
-#else
-	(void)o, (void)keep, (void)nkeep;
-	fprintf(stderr, "tier-run: %s: this build has no JSON library (jansson); give the options on the command "
-		"line\n", path);
-	return 1;
-#endif
-}
 
 static const char *find_corpus(void)
 {
@@ -894,35 +596,17 @@ int main(int argc, char **argv)
 		return store_demo_main(argc - 1, argv + 1);
 	/* a line at a time into a log file or pipe as on a terminal: a job's log shows where it is */
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	run_opts o = { .policy = "schedule", .device = "cpu", .targets = "q,k,v,o,experts", .hbm = 14ull << 20,
-		       .ddr = 256ull << 20, .lora_r = 8, .steps = 800, .batch = 4, .seq = 64, .micro = 1, .warmup = 20,
-		       .lora_alpha = 16, .pwin = -1, .lr = 1e-2, .min_lr_ratio = 0.1, .clip = 1, .init_range = 0.1, .seed = 1 };
-	char *kept[64];
-	char **keep = kept;
-	int nkeep = 0, c, rc = 0;
-	if (argc > 1 && argv[1][0] != '-') {
-		if (parse_config_file(&o, argv[1], &keep, &nkeep))
-			return 1;
-		argv[1] = argv[0];
-		argv++, argc--;
+	run_opts o;
+	run_opts_defaults(&o);
+	int rc = run_opts_parse(&o, argc, argv);
+	if (rc) {
+		run_opts_free(&o);
+		return rc == 2 ? 0 : 1;
 	}
-	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-		if (c == O_HELP || c == 'h') {
-			usage(stdout);
-			return 0;
-		}
-		if (c == '?' || parse_one(&o, c, optarg)) {
-			fprintf(stderr, "tier-run: see tier-run --help\n");
-			return 1;
-		}
-	}
-	if (optind < argc)
-		return fprintf(stderr, "tier-run: unexpected argument '%s' (a job file comes first; see --help)\n",
-			       argv[optind]), 1;
-	if (o.ckpt_every && !o.out)
-		return fprintf(stderr, "tier-run: --checkpoint-every writes into --out DIR: give one\n"), 1;
-	if (o.out && check_out_dir(o.out))
+	if (o.out && check_out_dir(o.out)) {
+		run_opts_free(&o);
 		return 1;
+	}
 	catch_stop_signals();
 	job j;
 	memset(&j, 0, sizeof j);
@@ -943,8 +627,7 @@ int main(int argc, char **argv)
 			rc = save_adapter(&j, &o);
 	}
 	job_close(&j);
-	for (int i = 0; i < nkeep; i++)
-		free(kept[i]);
+	run_opts_free(&o);
 	if (stop_sig) {
 		fprintf(stderr, "tier-run: stopped by signal %d before the end; no adapter written\n", (int)stop_sig);
 		return 128 + stop_sig;
