@@ -110,21 +110,24 @@ static char *config_json(const tier_peft_adapter *a)
 	return s;
 }
 
-static int write_config(const char *dir, const tier_peft_adapter *a)
+/* adapter_config.json written into a temporary (*out, to commit or abort): first, so that a full
+ * disk fails before the weights are written, and published after them. */
+static int config_begin(const char *dir, const tier_peft_adapter *a, tier_atomic_file **out)
 {
 	char *path, *s = config_json(a);
-	tier_atomic_file *f;
+	*out = NULL;
 	if (!s || asprintf(&path, "%s/adapter_config.json", dir) < 0) {
 		free(s);
 		return tier_fail(-ENOMEM, "%s: out of memory", dir);
 	}
+	tier_atomic_file *f;
 	int rc = tier_atomic_write_begin(path, &f);
 	if (rc == 0)
 		rc = tier_atomic_write(f, s, strlen(s));
 	if (rc == 0)
 		rc = tier_atomic_write(f, "\n", 1);
 	if (rc == 0)
-		rc = tier_atomic_write_commit(f);
+		*out = f;
 	else
 		tier_atomic_write_abort(f);
 	free(s);
@@ -180,11 +183,18 @@ static int write_weights(const char *dir, const tier_peft_adapter *a)
 
 int tier_peft_save(const char *dir, const tier_peft_adapter *a)
 {
+	/* the config is written first and published last: a failure on the way leaves the old pair (or
+	 * nothing), never new weights beside an old config; only a failed rename of the config at the
+	 * very end could */
+	tier_atomic_file *cf = NULL;
 	int rc = check_adapter(dir, a);
+	if (rc == 0)
+		rc = config_begin(dir, a, &cf);
 	if (rc == 0)
 		rc = write_weights(dir, a);   /* a duplicate module is caught here as a duplicate name */
 	if (rc == 0)
-		rc = write_config(dir, a);
+		return tier_atomic_write_commit(cf);
+	tier_atomic_write_abort(cf);
 	return rc;
 }
 

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +184,19 @@ static void expect_load(int want, const char *word)
 		fail_msg("load: rc %d (want %d), message \"%s\" (want \"%s\")", rc, want, tier_last_error(), word);
 }
 
+/* Entries of directory d (files, no . and ..). */
+static int entries(const char *d)
+{
+	DIR *dd = opendir(d);
+	struct dirent *e;
+	int n = 0;
+	while (dd && (e = readdir(dd)))
+		n += e->d_name[0] != '.';
+	if (dd)
+		closedir(dd);
+	return n;
+}
+
 static void test_bad_adapters(void **state)
 {
 	tier_rng r;
@@ -211,9 +225,19 @@ static void test_bad_adapters(void **state)
 	assert_int_equal(tier_peft_save(dir, a), 0);
 	expect_load(-ENOTSUP, "shared_expert");
 	snprintf(a->modules[5].module, sizeof a->modules[5].module, "mlp.experts.0.up_proj");
-	/* Duplicate modules and bad ranks are refused on save. */
+	/* Duplicate modules and bad ranks are refused on save. A save refused while writing the
+	 * weights leaves the adapter there as it was: its config too, not a new one beside old weights. */
+	a->lora_alpha = 8;
+	assert_int_equal(tier_peft_save(dir, a), 0);
 	snprintf(a->modules[5].module, sizeof a->modules[5].module, "mlp.experts.0.gate_proj");
+	a->lora_alpha = 5;
 	assert_int_equal(tier_peft_save(dir, a), -EINVAL);
+	a->lora_alpha = 8;
+	tier_peft_adapter *back;
+	assert_int_equal(tier_peft_load(dir, &cfg, &back), 0);
+	assert_true(back->lora_alpha == 8);
+	tier_peft_free(back);
+	assert_int_equal(entries(dir), 2); /* no temporary left */
 	snprintf(a->modules[5].module, sizeof a->modules[5].module, "mlp.experts.0.up_proj");
 	a->r = 0;
 	assert_int_equal(tier_peft_save(dir, a), -EINVAL);
