@@ -109,96 +109,122 @@ static int complete_chunk(tier_offload *off, chunk *c, int res)
 	return 0;
 }
 
+/* Chunks taken from the queue but not yet in the ring, in order. */
+typedef struct {
+	chunk *head, *tail;
+} waitq;
+
+static void waitq_append(waitq *w, chunk *head, chunk *tail)
+{
+	if (w->tail)
+		w->tail->next = head;
+	else
+		w->head = head;
+	w->tail = tail;
+}
+
+/* Stopping: queued requests are cancelled; the remainders of running ones stay to finish. */
+static void cancel_waiting(waitq *w)
+{
+	chunk *keep = NULL, **kt = &keep;
+	w->tail = NULL;
+	while (w->head) {
+		chunk *c = w->head;
+		w->head = c->next;
+		if (c->done) { /* the remainder of a running request finishes */
+			*kt = c;
+			kt = &c->next;
+			w->tail = c;
+			continue;
+		}
+		job_chunk_done(c->job, -ECANCELED, "%s transfer cancelled: the offload engine was destroyed before it ran",
+			       tier_link_name(c->job->link));
+	}
+	*kt = NULL;
+	w->head = keep;
+}
+
+/* Move waiting chunks into the ring up to its depth (a chunk whose preparation fails, by an
+ * injected fault, takes a no-op slot and is done at once). */
+static void submit_waiting(tier_offload *off, off_uring *u, waitq *w, unsigned *inflight)
+{
+	while (w->head && *inflight < u->depth) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+		if (!sqe)
+			break;
+		chunk *c = w->head;
+		w->head = c->next;
+		if (!w->head)
+			w->tail = NULL;
+		offload_jitter_sleep(off);
+		job_chunk_start(c->job);
+		int rc = prep_chunk(off, u, c, sqe);
+		if (rc) {
+			io_uring_prep_nop(sqe);
+			io_uring_sqe_set_data(sqe, (void *)1); /* a spent slot, ignored on completion */
+			job_chunk_done(c->job, rc, "injected fault: file %s fails with %s",
+				       c->job->x.src.kind == TIER_MEM_FILE ? "read" : "write", tier_strerror(rc));
+			continue;
+		}
+		(*inflight)++;
+	}
+	io_uring_submit(&u->ring);
+}
+
+/* Wait for completions and finish their chunks; a partial one's remainder goes first in w. */
+static void reap(tier_offload *off, off_uring *u, waitq *w, unsigned *inflight)
+{
+	struct io_uring_cqe *cqe;
+	int r = io_uring_wait_cqe(&u->ring, &cqe);
+	if (r == -EINTR)
+		return;
+	if (r < 0) {
+		tier_log(TIER_LOG_ERROR, "offload: io_uring wait failed: %s", strerror(-r));
+		return;
+	}
+	unsigned head, seen = 0;
+	io_uring_for_each_cqe(&u->ring, head, cqe) {
+		void *data = io_uring_cqe_get_data(cqe);
+		int res = cqe->res;
+		seen++;
+		if (data && data != (void *)1) {
+			chunk *c = data;
+			(*inflight)--;
+			if (complete_chunk(off, c, res)) { /* the remainder goes first */
+				c->next = w->head;
+				w->head = c;
+				if (!w->tail)
+					w->tail = c;
+			}
+		}
+	}
+	io_uring_cq_advance(&u->ring, seen);
+}
+
 static void *ring_main(void *arg)
 {
 	tier_offload *off = arg;
 	off_uring *u = off->uring;
-	chunk *wait_head = NULL, *wait_tail = NULL; /* taken from the queue, not yet in the ring */
+	waitq w = { NULL, NULL };
 	unsigned inflight = 0;
-	int stop = 0;
 	for (;;) {
 		pthread_mutex_lock(&u->mu);
-		while (!u->head && !u->stopping && !inflight && !wait_head)
+		while (!u->head && !u->stopping && !inflight && !w.head)
 			pthread_cond_wait(&u->cv, &u->mu);
 		chunk *got = u->head, *got_tail = u->tail;
 		u->head = u->tail = NULL;
-		stop = u->stopping;
+		int stop = u->stopping;
 		pthread_mutex_unlock(&u->mu);
-		if (got) {
-			if (wait_tail)
-				wait_tail->next = got;
-			else
-				wait_head = got;
-			wait_tail = got_tail;
-		}
+		if (got)
+			waitq_append(&w, got, got_tail);
 		if (stop) { /* queued requests are cancelled; those in the ring are waited for */
-			chunk *keep = NULL, **kt = &keep;
-			wait_tail = NULL;
-			while (wait_head) {
-				chunk *c = wait_head;
-				wait_head = c->next;
-				if (c->done) { /* the remainder of a running request finishes */
-					*kt = c;
-					kt = &c->next;
-					wait_tail = c;
-					continue;
-				}
-				job_chunk_done(c->job, -ECANCELED, "%s transfer cancelled: the offload engine was destroyed before it ran",
-					       tier_link_name(c->job->link));
-			}
-			*kt = NULL;
-			wait_head = keep;
-			if (!inflight && !wait_head)
+			cancel_waiting(&w);
+			if (!inflight && !w.head)
 				break;
 		}
-		while (wait_head && inflight < u->depth) {
-			struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
-			if (!sqe)
-				break;
-			chunk *c = wait_head;
-			wait_head = c->next;
-			if (!wait_head)
-				wait_tail = NULL;
-			offload_jitter_sleep(off);
-			job_chunk_start(c->job);
-			int rc = prep_chunk(off, u, c, sqe);
-			if (rc) {
-				io_uring_prep_nop(sqe);
-				io_uring_sqe_set_data(sqe, (void *)1); /* a spent slot, ignored on completion */
-				job_chunk_done(c->job, rc, "injected fault: file %s fails with %s",
-					       c->job->x.src.kind == TIER_MEM_FILE ? "read" : "write", tier_strerror(rc));
-				continue;
-			}
-			inflight++;
-		}
-		io_uring_submit(&u->ring);
-		if (!inflight)
-			continue;
-		struct io_uring_cqe *cqe;
-		int r = io_uring_wait_cqe(&u->ring, &cqe);
-		if (r == -EINTR)
-			continue;
-		if (r < 0) {
-			tier_log(TIER_LOG_ERROR, "offload: io_uring wait failed: %s", strerror(-r));
-			continue;
-		}
-		unsigned head, seen = 0;
-		io_uring_for_each_cqe(&u->ring, head, cqe) {
-			void *data = io_uring_cqe_get_data(cqe);
-			int res = cqe->res;
-			seen++;
-			if (data && data != (void *)1) {
-				chunk *c = data;
-				inflight--;
-				if (complete_chunk(off, c, res)) { /* the remainder goes first */
-					c->next = wait_head;
-					wait_head = c;
-					if (!wait_tail)
-						wait_tail = c;
-				}
-			}
-		}
-		io_uring_cq_advance(&u->ring, seen);
+		submit_waiting(off, u, &w, &inflight);
+		if (inflight)
+			reap(off, u, &w, &inflight);
 	}
 	return NULL;
 }
