@@ -233,6 +233,13 @@ static int ddr_create(tier_backend *b, uint64_t cap, int clamp)
 				 fmt(b->capacity, a), strerror(errno));
 	}
 	ddr_bind(b);
+#ifdef MADV_HUGEPAGE
+	/* transparent huge pages where the kernel offers them on request: 512x fewer pages for
+	 * cudaHostRegister to pin (which ran at 1.2-1.8 GB/s on 4 KiB pages) and for copies to miss
+	 * in the TLB; refused, the tier works on 4 KiB pages as before */
+	if (madvise(b->base, b->capacity, MADV_HUGEPAGE) != 0)
+		tier_log(TIER_LOG_DEBUG, "ddr tier: no transparent huge pages (%s)", strerror(errno));
+#endif
 #ifdef TIER_HAVE_CUDA
 	if (b->cuda) {
 		cudaError_t e = cudaHostRegister(b->base, b->capacity, cudaHostRegisterPortable);

@@ -232,13 +232,16 @@ static int job_store(job *j, const run_opts *o, const tier_hf_config *cfg, const
 				 .clamp_budgets = hbm == TIER_BUDGET_MAX };
 	/* page-locking the DDR tier for the copy engines ran at about 1.2-1.8 GB/s on the H200 machine
 	 * (60-80 s for 110 GiB): say so rather than sit silent */
-	if (cuda && !o->quiet && o->ddr >= (16ull << 30)) {
-		char dd[32];
-		printf("# pinning %s of host memory for the ddr tier (about a minute per 100 GiB)\n",
+	int say_pin = cuda && !o->quiet && o->ddr >= (16ull << 30);
+	char dd[32];
+	if (say_pin)
+		printf("# pinning %s of host memory for the ddr tier (up to a minute per 100 GiB)\n",
 		       tier_format_size(o->ddr, dd, sizeof dd));
-	}
+	uint64_t t0 = tier_now_ns();
 	if (tier_store_create(&j->s, &sc))
 		return fail_lib("store");
+	if (say_pin)
+		printf("# pinned in %.1f s\n", (double)(tier_now_ns() - t0) / 1e9);
 	tier_stats st0;
 	tier_store_stats(j->s, &st0);
 	j->hbm = st0.tier[TIER_HBM].capacity;
