@@ -7,6 +7,10 @@
 # that build too. Stages by STAGES (default tests,moe,a,b,c). Fits one 600 s call only in part:
 # split it by STAGES over two calls.
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
+# Staging (carry limit 64 MiB): build here with `../configure --disable-shared` (static libtier), copy
+# tier-run, tier-bench and the tests named below into .device/bin/tests, stage the shared libraries
+# the GPU machine lacks with the device README's stage-libs.sh into .device/lib, carry [".device"]
+# and run `export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH; bench/next-session.sh .device/bin $OUT`.
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
 stages=${STAGES:-tests,moe,a,b,c}
@@ -30,7 +34,7 @@ has b && step 300 train-b "${run[@]}" "${lm[@]}"
 has c && step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing \
 	--seq 4096 --batch 8 --steps 4 --warmup 2
 for n in train-a train-b; do
-	[ -f "$out/$n.log" ] && { echo "== $n"; grep -E "^# (done|MFU|hbm|op cache|time by)|^ +[0-9]+ |rror" "$out/$n.log" | tail -10; }
+	[ -f "$out/$n.log" ] && { echo "== $n"; grep -E "^# (done|MFU|hbm|op cache|time by|pinned)|^ +[0-9]+ |rror" "$out/$n.log" | tail -11; }
 done
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }
 [ -f "$out/moe-torch.log" ] && { echo "== moe-torch"; grep -iE "ratio|x torch" "$out/moe-torch.log" | head -30; }
