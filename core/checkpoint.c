@@ -109,15 +109,16 @@ static int check_values(const char *path, const char *name, const float *v, size
 	return 0;
 }
 
-/* The steps as read: the trainer's >= 0 and each group's within 0..that. */
+/* The steps as read: none negative. (A group's count may pass the trainer's step: the counts live
+ * with the model, which an earlier trainer or a failed step may have advanced.) */
 static int check_steps(const char *path, int64_t now, const int64_t *steps, size_t n)
 {
 	if (now < 0)
 		return tier_fail(-EBADMSG, "%s: step is %lld; the file is damaged", path, (long long)now);
 	for (size_t i = 0; i < n; i++)
-		if (steps[i] < 0 || steps[i] > now)
-			return tier_fail(-EBADMSG, "%s: group_steps[%zu] is %lld, outside 0..%lld (the step); the file is "
-					 "damaged", path, i, (long long)steps[i], (long long)now);
+		if (steps[i] < 0)
+			return tier_fail(-EBADMSG, "%s: group_steps[%zu] is %lld, negative; the file is damaged", path, i,
+					 (long long)steps[i]);
 	return 0;
 }
 
@@ -164,7 +165,8 @@ int tier_trainer_load(tier_trainer *t, const char *path)
 			if (!(rc = read_exact(st, path, name, buf, sizeof(float) * (k ? 2 : 1) * g->n)))
 				rc = group_copy(m, g, k, buf, 1);
 		}
-		g->t = steps[i];
+		if (!rc)
+			g->t = steps[i];
 	}
 	if (!rc)
 		trainer_set_step(t, now);

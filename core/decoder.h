@@ -52,11 +52,12 @@ void dec_bufs_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, int h
 
 /* Attention half: x -> h1 = x + attn(norm1(x)), b = norm2(h1). */
 int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b);
-/* MLP half (moe: the router must have run into b->ms by dec_route): out = h1 + mlp(b); out NULL:
- * the saved state only (a backward's recompute: no down projection of a dense MLP, no MoE combine). */
-/* counts [E] on the host; hidx: host scratch of T * k int32 (CUDA copies the choices there). */
+/* The router into b->ms: counts [E] on the host; hidx: host scratch of T * k int32 (CUDA copies
+ * the choices there). */
 int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int32_t *counts,
 	      int32_t *hidx);
+/* MLP half (moe: the router must have run into b->ms by dec_route): out = h1 + mlp(b); out NULL:
+ * the saved state only (a backward's recompute: no down projection of a dense MLP, no MoE combine). */
 int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b, float *out);
 /* Backward after the forward ran into b: dx [T, H] written from dout; LoRA grads accumulated;
  * d_aux as in tier_moe_layer_bwd. */

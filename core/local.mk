@@ -21,7 +21,7 @@ tests_test_peft_LDFLAGS = $(TESTLD)
 endif
 
 ## Each fuzz target's standalone driver replays its seed corpus (tests/fuzz/corpus_NAME) as an
-## ordinary test; docs/fuzzing.md runs them under libFuzzer.
+## ordinary test; docs/formats.md ("Testing") runs them under libFuzzer.
 FUZZ_TARGETS = tests/fuzz/fuzz_safetensors tests/fuzz/fuzz_hf_config tests/fuzz/fuzz_ckpt_index \
 	tests/fuzz/fuzz_peft tests/fuzz/fuzz_opcache_rules tests/fuzz/fuzz_data tests/fuzz/fuzz_run_config
 check_PROGRAMS += $(FUZZ_TARGETS)

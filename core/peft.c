@@ -184,8 +184,8 @@ static int write_weights(const char *dir, const tier_peft_adapter *a)
 int tier_peft_save(const char *dir, const tier_peft_adapter *a)
 {
 	/* the config is written first and published last: a failure on the way leaves the old pair (or
-	 * nothing), never new weights beside an old config; only a failed rename of the config at the
-	 * very end could */
+	 * nothing); only a failure of the config's own commit (fsync, close, rename) after the weights
+	 * are in place leaves new weights beside an old config */
 	tier_atomic_file *cf = NULL;
 	int rc = check_adapter(dir, a);
 	if (rc == 0)

@@ -59,8 +59,8 @@ int tier_plan_cluster_check(const tier_plan_cluster *c)
 	return 0;
 }
 
-/* Tokens a step (sequence x micro-batch x micro-batches) at most: the byte counts (layers x tokens x
- * width x a few bytes, with the model's limits of tier_plan_model_check) stay inside 64 bits. */
+/* Tokens a step (sequence x micro-batch x micro-batches) at most, so that token counts stay exact in
+ * int64 and doubles; byte counts past 64 bits (possible at the model limits) saturate (sat). */
 #define TOKENS_MAX (1ll << 32)
 
 void tier_plan_opts_default(tier_plan_opts *o)
@@ -102,6 +102,13 @@ static int64_t attn_width(const tier_plan_model *m)
 	return w;
 }
 
+/* x as a byte count: rounded down, saturating at UINT64_MAX (a double past 2^64 would not convert:
+ * sizes at the model limits times 2^32 tokens reach ~2^72, which then reads "does not fit"). */
+static uint64_t sat(double x)
+{
+	return x >= 18446744073709551615.0 ? UINT64_MAX : x > 0 ? (uint64_t)x : 0;
+}
+
 /* Bytes of each item per GPU (docs/plan.md, "Memory"). */
 static void plan_items(const tier_plan_model *m, const tier_plan_opts *o, tier_plan_result *r)
 {
@@ -110,22 +117,22 @@ static void plan_items(const tier_plan_model *m, const tier_plan_opts *o, tier_p
 	const int64_t moe_layers = m->layers - m->dense_layers;
 	const double k = moe_layers ? (double)m->top_k : 0, inter = (double)m->expert_inter;
 	double local_experts = moe_layers ? (double)r->experts_per_gpu : 0;
-	r->item[TIER_PLAN_WEIGHTS] = (uint64_t)(2.0 * p->total / g + 0.999);
-	r->item[TIER_PLAN_WEIGHTS_LIVE] = (uint64_t)(2 * 2.0 * (p->dense_layer_max + local_experts * p->expert_one));
+	r->item[TIER_PLAN_WEIGHTS] = sat(2.0 * p->total / g + 0.999);
+	r->item[TIER_PLAN_WEIGHTS_LIVE] = sat(2 * 2.0 * (p->dense_layer_max + local_experts * p->expert_one));
 	double lora_layer = p->lora_layer_max - (moe_layers ? (double)p->lora_expert_one * (m->experts - local_experts) : 0);
-	r->item[TIER_PLAN_LORA] = (uint64_t)(16.0 * p->lora / g + 6.0 * lora_layer + 0.999);
+	r->item[TIER_PLAN_LORA] = sat(16.0 * p->lora / g + 6.0 * lora_layer + 0.999);
 	/* layer-major keeps every micro-batch's checkpoints and running gradient (fp32) */
 	const double mbk = r->layer_major ? (double)r->accum : 1;
-	r->item[TIER_PLAN_ACT_CKPT] = (uint64_t)(mbk * m->layers * T * h * 2);
+	r->item[TIER_PLAN_ACT_CKPT] = sat(mbk * m->layers * T * h * 2);
 	double chunk = (double)(o->mlp_chunk < r->seq * r->mbs ? o->mlp_chunk : r->seq * r->mbs);
-	r->item[TIER_PLAN_ACT_LIVE] = (uint64_t)(4 * T * h * 2 + 2 * T * attn_width(m) * 2 +
+	r->item[TIER_PLAN_ACT_LIVE] = sat(4 * T * h * 2 + 2 * T * attn_width(m) * 2 +
 						 2 * chunk * k * (2 * h + 3 * inter) * 2 + T * (moe_layers ? m->experts : 0) * 4 +
 						 (r->layer_major ? mbk * T * h * 4 : 0));
 	double lc = (double)(o->loss_chunk < r->seq * r->mbs ? o->loss_chunk : r->seq * r->mbs);
 	double vb = (double)(o->vocab_block < m->vocab ? o->vocab_block : m->vocab);
-	r->item[TIER_PLAN_LOSS] = (uint64_t)(2 * lc * vb * 4 + 2 * T * 4 + lc * h * 4);
+	r->item[TIER_PLAN_LOSS] = sat(2 * lc * vb * 4 + 2 * T * 4 + lc * h * 4);
 	/* Forward results worth keeping for backward: projection outputs and the experts' gate and up. */
-	r->opcache_want = (uint64_t)(mbk * (m->layers * T * attn_width(m) * 2 + moe_layers * T * k * 2 * inter * 2));
+	r->opcache_want = sat(mbk * (m->layers * T * attn_width(m) * 2 + moe_layers * T * k * 2 * inter * 2));
 }
 
 /* Put each item in HBM, then DDR, then NVMe (live items, loss buffers and the op cache: HBM only). */
@@ -148,7 +155,7 @@ static void plan_place(const tier_plan_cluster *c, const tier_plan_opts *o, tier
 			free_[t] -= n;
 			left -= n;
 		}
-		missing += left;
+		missing = missing + left < missing ? UINT64_MAX : missing + left; /* items may be saturated */
 	}
 	uint64_t oc = r->opcache_want < o->opcache_max ? r->opcache_want : o->opcache_max;
 	oc = oc < free_[TIER_PLAN_HBM] ? oc : free_[TIER_PLAN_HBM];

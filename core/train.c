@@ -557,8 +557,8 @@ static int pin_experts(tier_trainer *t, int l, int grads, dec_weights *w)
 	return lora_convert(t);
 }
 
-/* Forward of layer l from its input x into out (NULL: backward's recompute, out into b->mo only,
- * each half taken from the operator cache when it kept it). */
+/* Forward of layer l from its input x into out (NULL: the backward's recompute, which makes only
+ * the state the backward reads, each half taken from the operator cache when it kept it). */
 static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *out, dec_weights *w)
 {
 	tier_model *m = t->m;

@@ -90,8 +90,8 @@ int trainer_set_schedule(tier_trainer *t)
 	for (int l = 0; l < L; l++) {
 		size_t n = 0;
 		for (; g < m->n_groups && m->groups[g].layer == l; g += m->groups[g].n_members) {
+			n = add_ids(p, n, m->groups[g].optim); /* in adamw_set's pin order */
 			n = group_ids(p, n, &m->groups[g], 1);
-			n = add_ids(p, n, m->groups[g].optim);
 		}
 		ops[nops - 1 - l] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
 		p += n;

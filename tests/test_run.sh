@@ -125,11 +125,11 @@ grep -q "^# hint: .*--layer-major fetches them once a step for all 2" "$tmp/hint
 mkdir -p "$tmp/sq/adapter_model.safetensors"
 ./tier-run $small --checkpoint-every 2 --out "$tmp/sq" >/dev/null 2>"$tmp/err"
 rc=$?
-[ $rc = 1 ] && grep -q "checkpoint.safetensors holds the state of the last step.*--resume" "$tmp/err" ||
+[ $rc = 1 ] && grep -q "checkpoint.safetensors holds the state after the last step.*--resume.*another --out" "$tmp/err" ||
 	fail "adapter write refused: exit $rc, '$(cat "$tmp/err")'"
-rmdir "$tmp/sq/adapter_model.safetensors"
-./tier-run $small --checkpoint-every 2 --out "$tmp/sq" --resume "$tmp/sq/checkpoint.safetensors" >/dev/null 2>"$tmp/err" &&
-	[ -s "$tmp/sq/adapter_model.safetensors" ] || fail "resuming at the last step wrote no adapter: $(cat "$tmp/err")"
+./tier-run $small --checkpoint-every 2 --out "$tmp/sq2" --resume "$tmp/sq/checkpoint.safetensors" >/dev/null 2>"$tmp/err" &&
+	[ -s "$tmp/sq2/adapter_model.safetensors" ] && [ -s "$tmp/sq/train_log.jsonl" ] ||
+	fail "resuming at the last step wrote no adapter, or lost the first run's log: $(cat "$tmp/err")"
 # a disk that fills (a file size limit stands in for it): the file named, the way out said, no
 # temporary left behind
 (trap '' XFSZ; ulimit -f 64; exec ./tier-run $small --checkpoint-every 2 --out "$tmp/full") >/dev/null 2>"$tmp/err"

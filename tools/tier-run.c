@@ -97,6 +97,7 @@ typedef struct {
 	uint64_t parts[TIER_NPARTS], pin_parts[TIER_NPARTS], step_ns; /* time by part of the step (and pinning in it), summed over the steps */
 	int host_parts; /* some step's parts are host time (TIER_PROFILE=1, or its device marks failed) */
 	int profile_step; /* TIER_PROFILE_STEP=N: step N (from 1) between cudaProfilerStart and Stop */
+	int ckpt_at;      /* the step after which this run last wrote OUT/checkpoint.safetensors (0: none) */
 } job;
 
 /* The dense bf16 peak of the GPU in FLOP/s for MFU: --peak-tflops, else known parts, else 0. */
@@ -484,6 +485,7 @@ static int train(job *j, const run_opts *o, double *first, double *last, double 
 				fprintf(stderr, "tier-run: checkpoint after step %d: %s\n", s + 1, tier_last_error());
 				return 2;
 			}
+			j->ckpt_at = s + 1;
 		}
 		if (s - s0 < win)
 			head += r.loss, nh++;
@@ -580,13 +582,14 @@ static int save_adapter(job *j, const run_opts *o)
 	tier_peft_free(a);
 	if (rc) {
 		fail_lib("--out");
-		if (o->ckpt_every) /* the last checkpoint holds this run's LoRA state: say how to get the adapter */
-			fprintf(stderr, "tier-run: the adapter was not written; %s/checkpoint.safetensors holds the state of "
-				"the last step: once the cause above is fixed, rerun the same command with --resume "
-				"%s/checkpoint.safetensors to write it\n", o->out, o->out);
+		if (j->ckpt_at == o->steps) /* the checkpoint holds the final LoRA state: how to get the adapter */
+			fprintf(stderr, "tier-run: the adapter was not written; %s/checkpoint.safetensors holds the state "
+				"after the last step: once the cause above is fixed, run the same command with --resume "
+				"%s/checkpoint.safetensors and another --out (the same one would have this run's logs "
+				"rewritten) to write it there\n", o->out, o->out);
 		else
-			fprintf(stderr, "tier-run: the adapter was not written and this run kept no checkpoint "
-				"(--checkpoint-every N keeps one)\n");
+			fprintf(stderr, "tier-run: the adapter was not written and this run kept no checkpoint of its last "
+				"step (--checkpoint-every N keeps one)\n");
 		return 1;
 	}
 	printf("# adapter written to %s (adapter_config.json, adapter_model.safetensors)\n", o->out);

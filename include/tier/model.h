@@ -238,8 +238,9 @@ int tier_trainer_expert_counts(const tier_trainer *t, int layer, int64_t *out);
  * the step, in one safetensors file written atomically (a crash leaves the old file or the new
  * one). Resuming continues exactly: on the CPU the losses after a load equal an uninterrupted
  * run's. save: 0, -ENOMEM, -errno of the file system (the old file stays). load: 0, -EBADMSG
- * naming the tensor that is missing or sized for another model or LoRA setting (checked before
- * anything changes), or the store's error. */
+ * naming the tensor that is missing, sized for another model or LoRA setting, or damaged (a
+ * negative step, a non-finite value, a negative second moment), all checked before anything
+ * changes; or the store's error while the values go in, which can leave part of them loaded. */
 int tier_trainer_save(tier_trainer *t, const char *path);
 int tier_trainer_load(tier_trainer *t, const char *path);
 

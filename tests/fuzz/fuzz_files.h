@@ -27,9 +27,9 @@ static const char *fz_dirname(void)
 {
 	if (!fz_dir[0]) {
 		const char *tmp = getenv("TMPDIR");
-		if (!tmp || !*tmp || strlen(tmp) > sizeof fz_dir - 32)
+		if (!tmp || !*tmp || strlen(tmp) > 200)
 			tmp = "/tmp";
-		snprintf(fz_dir, sizeof fz_dir, "%.200s/tier-fuzz-XXXXXX", tmp);
+		snprintf(fz_dir, sizeof fz_dir, "%s/tier-fuzz-XXXXXX", tmp);
 		if (!mkdtemp(fz_dir)) {
 			perror("fuzz: mkdtemp");
 			exit(2);
@@ -47,8 +47,8 @@ static const char *fz_path(const char *name)
 	while (i < fz_n && strcmp(fz_names[i], name))
 		i++;
 	if (i == fz_n) {
-		if (fz_n == FZ_MAX_FILES) {
-			fprintf(stderr, "fuzz: more than %d scratch files\n", FZ_MAX_FILES);
+		if (fz_n == FZ_MAX_FILES || strlen(name) >= sizeof fz_names[0]) {
+			fprintf(stderr, "fuzz: more than %d scratch files, or a name over 63 bytes\n", FZ_MAX_FILES);
 			exit(2);
 		}
 		snprintf(fz_names[fz_n++], sizeof fz_names[0], "%s", name);

@@ -1,6 +1,6 @@
 /* fuzz_hf_config.c - fuzz target for config.json (tier_hf_config_load): whatever it accepts holds
- * the sizes its checks promise, and feeds the planner's parameter count (tier-plan MODEL reads the
- * same file) without undefined arithmetic; whatever it refuses comes with a message. */
+ * the sizes its checks promise, and feeds the planner's parameter count and a plan (tier-plan MODEL
+ * reads the same file) without undefined arithmetic; whatever it refuses comes with a message. */
 #include <stddef.h>
 #include <stdint.h>
 #include "tier/base.h"
@@ -34,7 +34,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	(void)moe;
 	tier_plan_model pm;
 	tier_plan_params pp;
-	if (tier_plan_model_from_hf(&c, "fuzz", &pm) == 0)
-		(void)tier_plan_count(&pm, &pp);
+	tier_plan_cluster cl;
+	tier_plan_opts po;
+	tier_plan_result pr;
+	if (tier_plan_model_from_hf(&c, "fuzz", &pm) == 0 && tier_plan_count(&pm, &pp) == 0 &&
+	    tier_plan_cluster_preset("h200-8x", &cl) == 0) {
+		tier_plan_opts_default(&po);
+		po.ep = 1; /* one EP size, not a search over all: a plan per input stays cheap */
+		(void)tier_plan_run(&pm, &cl, &po, &pr);
+	}
 	return 0;
 }

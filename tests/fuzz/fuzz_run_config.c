@@ -24,7 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	fuzz_accepted = 1;
 	if (o.steps < 1 || o.steps > 100000000 || o.batch < 1 || o.batch > (1 << 20) || o.seq < 1 || o.seq > (1 << 20) ||
-	    o.micro < 1 || o.lora_r < 1 || o.lora_r > 4096 || !(o.lr >= 0) || !isfinite(o.lr) || !(o.dropout >= 0) ||
+	    o.micro < 1 || o.micro > (1 << 20) || o.moe_chunks < 0 || o.moe_chunks > (1 << 20) || o.ckpt_every < 0 ||
+	    o.warmup < 0 || o.lora_r < 1 || o.lora_r > 4096 || !(o.lr >= 0) || !isfinite(o.lr) || !(o.dropout >= 0) ||
 	    !(o.dropout < 1) || !(o.lora_alpha > 0) || o.pwin < -1 || o.pwin > 64 || o.nkept > 64 ||
 	    (strcmp(o.device, "cpu") && strcmp(o.device, "cuda")) || strlen(o.nvme_dir) >= sizeof o.nvme_dir)
 		__builtin_trap();

@@ -14,6 +14,7 @@ int fuzz_accepted;
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	tier_st *st = NULL;
+	tier_clear_error();
 	uint64_t file_size = size + (size > 0 && (data[0] & 1) ? (uint64_t)data[size - 1] * 4096 : 0);
 	int rc = tier_st_parse_header(data, size, file_size, "fuzz", &st);
 	if (rc == 0) {
