@@ -443,6 +443,27 @@ static void expect_error(int rc, int want, const char *needle)
 	}
 }
 
+/* At the model limits with 2^32 tokens some byte counts pass 2^64 (the op cache's want here): they
+ * saturate rather than convert out of range (undefined; it came back 0, a full cache hit). */
+static void test_saturation(void **state)
+{
+	(void)state;
+	tier_plan_model m;
+	tier_plan_cluster c;
+	tier_plan_opts o;
+	tier_plan_result r;
+	assert_int_equal(tier_plan_model_preset("qwen3-30b-a3b", &m), 0);
+	m.experts = m.top_k = 1 << 14;
+	m.expert_inter = m.hidden = 1 << 18;
+	assert_int_equal(tier_plan_cluster_preset("h200-8x", &c), 0);
+	tier_plan_opts_default(&o);
+	o.seq = 1ll << 32, o.mbs = 1, o.ep = 1;
+	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
+	assert_true(r.opcache_want == UINT64_MAX); /* ~2^72 bytes: before, it wrapped */
+	assert_true(r.opcache_hit >= 0 && r.opcache_hit < 1e-3);
+	assert_false(r.fits);
+}
+
 static void test_bad_input(void **state)
 {
 	(void)state;
@@ -621,7 +642,7 @@ int main(void)
 		cmocka_unit_test(test_tiny_params), cmocka_unit_test(test_tiny_plan_hbm),
 		cmocka_unit_test(test_tiny_plan_spill), cmocka_unit_test(test_accum), cmocka_unit_test(test_fit_boundary),
 		cmocka_unit_test(test_published_counts), cmocka_unit_test(test_random_models),
-		cmocka_unit_test(test_smallest), cmocka_unit_test(test_bad_input), cmocka_unit_test(test_calibrate),
+		cmocka_unit_test(test_smallest), cmocka_unit_test(test_bad_input), cmocka_unit_test(test_saturation), cmocka_unit_test(test_calibrate),
 #ifdef TIER_HAVE_JANSSON
 		cmocka_unit_test(test_hf_config),
 #endif
