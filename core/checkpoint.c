@@ -11,14 +11,16 @@
 
 #define CKPT_FORMAT "tier-train-1"
 
-static void group_name(const lora_group *g, char *buf, size_t len)
+/* The tensor holding group g's parameters (k = 0) or AdamW moments (k = 1). */
+static void tensor_name(const lora_group *g, int k, char *buf, size_t len)
 {
+	const char *half = k ? "adamw" : "lora";
 	if (g->kind == LG_ATTN)
-		snprintf(buf, len, "layers.%d.attn", g->layer);
+		snprintf(buf, len, "layers.%d.attn.%s", g->layer, half);
 	else if (g->kind == LG_MLP)
-		snprintf(buf, len, "layers.%d.mlp", g->layer);
+		snprintf(buf, len, "layers.%d.mlp.%s", g->layer, half);
 	else
-		snprintf(buf, len, "layers.%d.experts.%d", g->layer, g->expert);
+		snprintf(buf, len, "layers.%d.experts.%d.%s", g->layer, g->expert, half);
 }
 
 /* Copy a group's part of its parameters (k = 0) or AdamW moments (k = 1) out (in = 0) or in
@@ -53,15 +55,13 @@ int tier_trainer_save(tier_trainer *t, const char *path)
 		rc = tier_fail(-ENOMEM, "out of memory for a checkpoint of %zu LoRA groups", n);
 	for (size_t i = 0; i < n && !rc; i++) {
 		lora_group *g = &m->groups[i];
-		char base[80];
-		group_name(g, base, sizeof base);
 		for (int k = 0; k < 2 && !rc; k++) {
+			tensor_name(g, k, names[2 * i + k], sizeof names[0]);
 			if (!(bufs[2 * i + k] = malloc(sizeof(float) * (k ? 2 : 1) * g->n))) {
-				rc = tier_fail(-ENOMEM, "out of memory for the checkpoint of %s", base);
+				rc = tier_fail(-ENOMEM, "out of memory for the checkpoint of %s", names[2 * i + k]);
 				break;
 			}
 			rc = group_copy(m, g, k, bufs[2 * i + k], 0);
-			snprintf(names[2 * i + k], sizeof names[0], "%s.%s", base, k ? "adamw" : "lora");
 			w[2 * i + k] = (tier_st_wtensor){ .name = names[2 * i + k], .dtype = TIER_DT_F32, .ndim = 1,
 							  .shape = { (k ? 2 : 1) * g->n }, .data = bufs[2 * i + k] };
 		}
@@ -147,21 +147,19 @@ int tier_trainer_load(tier_trainer *t, const char *path)
 	    !(rc = read_exact(st, path, "group_steps", steps, sizeof(int64_t) * (n ? n : 1))))
 		rc = check_steps(path, now, steps, n);
 	for (size_t i = 0; i < n && !rc; i++) { /* every value is read twice: checked, then copied */
-		char base[80], name[96];
-		group_name(&m->groups[i], base, sizeof base);
 		for (int k = 0; k < 2 && !rc; k++) {
+			char name[96];
 			size_t count = (k ? 2 : 1) * m->groups[i].n;
-			snprintf(name, sizeof name, "%s.%s", base, k ? "adamw" : "lora");
+			tensor_name(&m->groups[i], k, name, sizeof name);
 			if (!(rc = read_exact(st, path, name, buf, sizeof(float) * count)))
 				rc = check_values(path, name, buf, count, k);
 		}
 	}
 	for (size_t i = 0; i < n && !rc; i++) {
 		lora_group *g = &m->groups[i];
-		char base[80], name[96];
-		group_name(g, base, sizeof base);
 		for (int k = 0; k < 2 && !rc; k++) {
-			snprintf(name, sizeof name, "%s.%s", base, k ? "adamw" : "lora");
+			char name[96];
+			tensor_name(g, k, name, sizeof name);
 			if (!(rc = read_exact(st, path, name, buf, sizeof(float) * (k ? 2 : 1) * g->n)))
 				rc = group_copy(m, g, k, buf, 1);
 		}

@@ -12,6 +12,9 @@
 /* tier_data_sample hands tokens out as int32: a larger vocab would make some negative (fuzz_data) */
 #define VOCAB_MAX 0x7fffffffu
 
+/* The rule every vocabulary meets: 2..VOCAB_MAX, the separator below it. */
+static int vocab_bad(uint32_t vocab, uint32_t sep) { return vocab < 2 || vocab > VOCAB_MAX || sep >= vocab; }
+
 struct tier_data {
 	uint32_t *tok;
 	uint64_t n;
@@ -59,7 +62,7 @@ static int parse_tokens(const char *path, const unsigned char *b, size_t len, ti
 	if (len < HEADER)
 		return tier_fail(-EBADMSG, "%s: token file header truncated (%zu of %d bytes)", path, len, HEADER);
 	d->vocab = rd32(b + 8), d->sep = rd32(b + 12), d->n = rd64(b + 16);
-	if (d->vocab < 2 || d->vocab > VOCAB_MAX || d->sep >= d->vocab)
+	if (vocab_bad(d->vocab, d->sep))
 		return tier_fail(-EBADMSG, "%s: vocab size %u must be in 2..%u and the separator %u below it", path,
 				 d->vocab, VOCAB_MAX, d->sep);
 	if (d->n > (len - HEADER) / 4 || (len - HEADER) % 4 || d->n != (len - HEADER) / 4)
@@ -128,7 +131,7 @@ int tier_data_from_tokens(const uint32_t *tokens, uint64_t count, uint32_t vocab
 	if (!out || (!tokens && count))
 		return tier_fail(-EINVAL, "tier_data_from_tokens: tokens and out are required");
 	*out = NULL;
-	if (vocab < 2 || vocab > VOCAB_MAX || sep >= vocab)
+	if (vocab_bad(vocab, sep))
 		return tier_fail(-EINVAL, "vocab size %u must be in 2..%u and the separator %u below it", vocab, VOCAB_MAX,
 				 sep);
 	for (uint64_t i = 0; i < count; i++)
@@ -161,7 +164,7 @@ int tier_data_write(const char *path, const uint32_t *tokens, uint64_t count, ui
 {
 	if (!path || (!tokens && count))
 		return tier_fail(-EINVAL, "tier_data_write: path and tokens are required");
-	if (vocab < 2 || vocab > VOCAB_MAX || sep >= vocab)
+	if (vocab_bad(vocab, sep))
 		return tier_fail(-EINVAL, "vocab size %u must be in 2..%u and the separator %u below it", vocab, VOCAB_MAX,
 				 sep);
 	for (uint64_t i = 0; i < count; i++)

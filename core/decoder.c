@@ -267,10 +267,13 @@ int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_wei
 		for (int c = 0; c < sh->mchunks && !rc; c++)
 			rc = moe_chunk_fwd(m, sh, w, b, c, !out);
 	else if (!(rc = dop_linear(m, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->g, b->ws)) &&
-		 !(rc = dop_linear(m, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->u, b->ws)) &&
-		 !(rc = dop_swiglu(m, (size_t)T * I, b->g, b->u, b->act)) && out)
-		rc = dop_linear(m, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], b->mo, b->ws);
-	return rc || !out ? rc : dop_add(m, (size_t)T * H, b->h1, b->mo, out);
+		 !(rc = dop_linear(m, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->u, b->ws)))
+		rc = dop_swiglu(m, (size_t)T * I, b->g, b->u, b->act);
+	if (rc || !out) /* the state only: what follows makes the output, which no backward reads */
+		return rc;
+	if (!moe && (rc = dop_linear(m, T, I, H, b->act, w->w[W_DOWN], &w->mlp[P_DOWN], b->mo, b->ws)))
+		return rc;
+	return dop_add(m, (size_t)T * H, b->h1, b->mo, out);
 }
 
 /* The MoE block's backward, chunk by chunk; in chunks each one's forward runs again first (the

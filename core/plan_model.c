@@ -237,17 +237,16 @@ static int over(const tier_plan_model *m, const char *what, int64_t v, int64_t m
 static int check_limits(const tier_plan_model *m)
 {
 	const int64_t W = TIER_HF_MAX_WIDTH, H = TIER_HF_MAX_HEADS, BIG = 1ll << 32;
-	int rc = over(m, "layers", m->layers, TIER_HF_MAX_LAYERS);
-	rc = rc ? rc : over(m, "hidden size", m->hidden, W);
-	rc = rc ? rc : over(m, "vocabulary", m->vocab, TIER_HF_MAX_VOCAB);
-	rc = rc ? rc : over(m, "dense intermediate size", m->dense_inter, W);
-	rc = rc ? rc : over(m, "experts", m->experts, TIER_HF_MAX_EXPERTS);
-	rc = rc ? rc : over(m, "expert intermediate size", m->expert_inter, W);
-	rc = rc ? rc : over(m, "shared experts", m->shared_experts, 256);
-	rc = rc ? rc : over(m, "shared expert intermediate size", m->shared_inter, W);
-	rc = rc ? rc : over(m, "LoRA rank", m->lora_r, 1 << 14);
-	rc = rc ? rc : over(m, "sequence", m->seq, BIG);
-	rc = rc ? rc : over(m, "micro-batch", m->mbs, BIG);
+	const struct { const char *what; int64_t v, max; } lim[] = {
+		{ "layers", m->layers, TIER_HF_MAX_LAYERS }, { "hidden size", m->hidden, W },
+		{ "vocabulary", m->vocab, TIER_HF_MAX_VOCAB }, { "dense intermediate size", m->dense_inter, W },
+		{ "experts", m->experts, TIER_HF_MAX_EXPERTS }, { "expert intermediate size", m->expert_inter, W },
+		{ "shared experts", m->shared_experts, 256 }, { "shared expert intermediate size", m->shared_inter, W },
+		{ "LoRA rank", m->lora_r, 1 << 14 }, { "sequence", m->seq, BIG }, { "micro-batch", m->mbs, BIG },
+	};
+	int rc = 0;
+	for (size_t i = 0; i < sizeof lim / sizeof lim[0] && !rc; i++)
+		rc = over(m, lim[i].what, lim[i].v, lim[i].max);
 	for (int i = 0; i < m->nattn && !rc; i++) {
 		const tier_plan_attn *a = &m->attn[i];
 		rc = over(m, "attention heads", a->heads > a->idx_heads ? a->heads : a->idx_heads, H);

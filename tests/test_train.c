@@ -1203,16 +1203,23 @@ static void damaged_checkpoints(const tier_hf_config *c, const tier_lora_cfg *lc
 {
 	const int64_t neg = -1;
 	const float nan = NAN, minus = -1.0f;
+	const size_t HALF = SIZE_MAX; /* the first element of the upper half */
 	const struct { const char *name; size_t at; const void *val; size_t bytes; const char *says; } cases[] = {
 		{ "step", 0, &neg, 8, "step is -1" },
 		{ "group_steps", 1, &neg, 8, "group_steps[1] is -1" },
 		{ "layers.0.attn.lora", 5, &nan, 4, "layers.0.attn.lora[5] is nan" },
 		{ "layers.1.attn.adamw", 0, &nan, 4, "not finite" },
 		{ "layers.1.attn.adamw", 0, &minus, 4, NULL }, /* a negative first moment is fine */
+		{ "layers.1.attn.adamw", HALF, &minus, 4, "negative second moment" }, /* v: the upper half */
 	};
+	tier_st *st;
+	assert_int_equal(tier_st_open(path, &st), 0);
+	size_t half = (size_t)(tier_st_find(st, "layers.1.attn.adamw")->nbytes / 8);
+	tier_st_close(st);
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		char old[8];
-		patch_tensor(path, cases[i].name, cases[i].at, cases[i].val, cases[i].bytes, old);
+		size_t at = cases[i].at == HALF ? half : cases[i].at;
+		patch_tensor(path, cases[i].name, at, cases[i].val, cases[i].bytes, old);
 		rig r;
 		assert_int_equal(rig_open(&r, c, lc, 64u << 20, 2, 6, wseed, 0.2), 0);
 		int rc = tier_trainer_load(r.t, path);
@@ -1229,21 +1236,9 @@ static void damaged_checkpoints(const tier_hf_config *c, const tier_lora_cfg *lc
 		}
 		rig_close(&r);
 		char back[8];
-		patch_tensor(path, cases[i].name, cases[i].at, old, cases[i].bytes, back);
+		patch_tensor(path, cases[i].name, at, old, cases[i].bytes, back);
 	}
-	/* the upper half of an adamw tensor (v) must not be negative */
-	tier_st *st;
-	assert_int_equal(tier_st_open(path, &st), 0);
-	size_t half = (size_t)(tier_st_find(st, "layers.1.attn.adamw")->nbytes / 8);
-	tier_st_close(st);
-	char old[4], back[4];
-	patch_tensor(path, "layers.1.attn.adamw", half, &minus, 4, old);
-	rig r;
-	assert_int_equal(rig_open(&r, c, lc, 64u << 20, 2, 6, wseed, 0.2), 0);
-	assert_int_equal(tier_trainer_load(r.t, path), -EBADMSG);
-	assert_non_null(strstr(tier_last_error(), "negative second moment"));
-	rig_close(&r);
-	patch_tensor(path, "layers.1.attn.adamw", half, old, 4, back);
+	rig r; /* put right, it loads */
 	assert_int_equal(rig_open(&r, c, lc, 64u << 20, 2, 6, wseed, 0.2), 0);
 	assert_int_equal(tier_trainer_load(r.t, path), 0);
 	assert_int_equal(tier_trainer_steps_done(r.t), 3);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "tier/base.h"
 
 #define FZ_MAX_FILES 8
 static char fz_dir[256];
@@ -55,6 +56,17 @@ static const char *fz_path(const char *name)
 	}
 	snprintf(paths[i], sizeof paths[i], "%s/%s", fz_dirname(), name);
 	return paths[i];
+}
+
+/* A loader's verdict: 1 when it refused (trapping unless it left nothing behind, out NULL, and said
+ * why in tier_last_error), 0 when it accepted. */
+static int fz_refused(int rc, const void *out)
+{
+	if (rc == 0)
+		return 0;
+	if (out || tier_last_error()[0] == '\0')
+		__builtin_trap();
+	return 1;
 }
 
 /* Replace file `name` with n bytes of data (exits when the disk refuses: not the input's fault). */

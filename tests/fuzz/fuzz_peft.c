@@ -27,11 +27,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	tier_model_config_default(&cfg);
 	tier_peft_adapter *a = NULL;
 	tier_clear_error();
-	if (tier_peft_load(fz_dirname(), with_cfg ? &cfg : NULL, &a) != 0) {
-		if (a || tier_last_error()[0] == '\0')
-			__builtin_trap();
+	if (fz_refused(tier_peft_load(fz_dirname(), with_cfg ? &cfg : NULL, &a), a))
 		return 0;
-	}
 	fuzz_accepted = 1;
 	if (a->r < 1)
 		__builtin_trap();
