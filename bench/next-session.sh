@@ -4,7 +4,8 @@
 # then issue 4's grouped GEMMs against torch, then issue 7's jobs in one run: (a) no cap with the
 # op cache in HBM, (b) --hbm 24G layer-major, (c) HF + PEFT.
 # With BIN_U1 (a tier-bench built with NVCCFLAGS=-DTIER_WG_SERIAL_COPY=1) the MoE benchmark runs
-# that build too. Stages by STAGES (default tests,moe,a,b,c). Fits one 600 s call only in part:
+# that build too; with RUN_OLD (the tier-run of an earlier build) each trainer job runs it as well,
+# right after the new one, as the peer of a change in the same call. Stages by STAGES (default tests,moe,a,b,c). Fits one 600 s call only in part:
 # split it by STAGES over two calls.
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
 # Staging (carry limit 64 MiB): build here with `../configure --disable-shared` (static libtier), copy
@@ -28,12 +29,16 @@ if has moe; then
 fi
 cfg=bench/configs/qwen3-30b-a3b.json
 run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
-has a && step 150 train-a "${run[@]}" --batch 1 --steps 6 --ddr 4G --op-cache all:hbm=48G
+old=("${RUN_OLD:-}" "${job_args[@]}" --config "$cfg")
+am=(--batch 1 --steps 6 --ddr 4G --op-cache all:hbm=48G)
+has a && step 150 train-a "${run[@]}" "${am[@]}"
+has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
 lm=(--batch 8 --micro-batches 4 --layer-major --steps 3 --hbm 24G --ddr 110G)
 has b && step 300 train-b "${run[@]}" "${lm[@]}"
+has b && [ -n "${RUN_OLD:-}" ] && step 300 train-b-old "${old[@]}" "${lm[@]}"
 has c && step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing \
 	--seq 4096 --batch 8 --steps 4 --warmup 2
-for n in train-a train-b; do
+for n in train-a train-a-old train-b train-b-old; do
 	[ -f "$out/$n.log" ] && { echo "== $n"; grep -E "^# (done|MFU|hbm|op cache|time by|pinned)|^ +[0-9]+ |rror" "$out/$n.log" | tail -11; }
 done
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }

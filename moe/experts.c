@@ -122,7 +122,6 @@ int tier_moe_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 	MOE_NONNULL(xg, fn);
 	MOE_NONNULL(g, fn);
 	MOE_NONNULL(u, fn);
-	MOE_NONNULL(y, fn);
 	MOE_NONNULL(ws, fn);
 	float *h = ws, *Z = h + (size_t)offsets[E] * I;
 	for (int e = 0; e < E; e++) {
@@ -136,6 +135,8 @@ int tier_moe_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 		moe_gemm(0, 1, n, I, H, 1.0f, X, H, uw, H, 0.0f, U, I);
 		lora_fwd(moe_lora_of(lora, 0), e, n, H, I, X, G, Z);
 		lora_fwd(moe_lora_of(lora, 1), e, n, H, I, X, U, Z);
+		if (!y) /* g and u are all a recompute for the backward needs */
+			continue;
 		for (size_t i = 0; i < (size_t)n * I; i++) /* the epilogue: silu(gate) * up */
 			Hh[i] = G[i] * moe_sigmoid(G[i]) * U[i];
 		moe_gemm(0, 1, n, H, I, 1.0f, Hh, I, w->down[e], I, 0.0f, y + (size_t)o * H, H);
@@ -146,10 +147,10 @@ int tier_moe_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 
 int tier_moe_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
 			 const tier_moe_loras *lora, const float *xg, const float *g, const float *u,
-			 const float *dy, float *dxg, void *ws)
+			 const float *dy, float *dxg, float *row_dot, void *ws)
 {
 	const char *fn = "tier_moe_experts_bwd";
-	MOE_CUDA_DISPATCH(dev, moe_cuda_experts_bwd_step(dev, E, H, I, offsets, w, lora, xg, g, u, dy, dxg, ws));
+	MOE_CUDA_DISPATCH(dev, moe_cuda_experts_bwd_step(dev, E, H, I, offsets, w, lora, xg, g, u, dy, dxg, row_dot, ws));
 	int rc = experts_check(fn, dev, E, H, I, offsets, w, lora);
 	if (rc)
 		return rc;
@@ -173,6 +174,12 @@ int tier_moe_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 			Hh[i] = G[i] * moe_sigmoid(G[i]) * U[i];
 		moe_gemm(0, 0, n, I, H, 1.0f, dY, H, w->down[e], I, 0.0f, dH, I);
 		lora_bwd(moe_lora_of(lora, 2), e, n, I, H, Hh, dY, dH, Z, dZ);
+		for (int r = 0; row_dot && r < n; r++) { /* dH . h = dY . y: the router weight's gradient, times w */
+			double d = 0.0;
+			for (int i = 0; i < I; i++)
+				d += (double)dH[(size_t)r * I + i] * Hh[(size_t)r * I + i];
+			row_dot[o + r] = (float)d;
+		}
 		for (size_t i = 0; i < (size_t)n * I; i++) { /* silu'(g) = s (1 + g (1 - s)) */
 			float s = moe_sigmoid(G[i]);
 			dU[i] = dH[i] * G[i] * s;

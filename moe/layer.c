@@ -55,6 +55,7 @@ void moe_cuda_ws_layout(const tier_moe_cfg *c, int T, const tier_moe_loras *lora
 	PIECE(dh, 4 * n * I);
 	PIECE(dxg, 4 * n * H);
 	PIECE(dtw, 4 * n);
+	PIECE(dot, 4 * n);
 	PIECE(dl, 4 * (size_t)T * E);
 	PIECE(dlb, 2 * (size_t)T * E);
 	PIECE(p, 4 * E);
@@ -67,10 +68,11 @@ size_t tier_moe_saved_bytes(const tier_moe_cfg *c, int T)
 {
 	if (moe_cfg_check("tier_moe_saved_bytes", c, T))
 		return 0;
-	/* esz: the element size of g, u and y, bf16 on CUDA */
+	/* esz: the element size of g and u, bf16 on CUDA. Not y: the backward takes the router weights'
+	 * gradient from the experts' (tier_moe_combine_dw) */
 	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k, esz = c->dtype == TIER_MOE_BF16 ? 2 : 4;
 	return al(4 * (size_t)T * E) + 2 * al(4 * n) + al(4 * E) + al(4 * (E + 1)) + 2 * al(4 * n) +
-	       2 * al(esz * n * c->inter) + al(esz * n * c->hidden);
+	       2 * al(esz * n * c->inter);
 }
 
 size_t tier_moe_workspace_bytes(const tier_moe_cfg *c, int T, const tier_moe_loras *lora)
@@ -83,8 +85,9 @@ size_t tier_moe_workspace_bytes(const tier_moe_cfg *c, int T, const tier_moe_lor
 		return l.total;
 	}
 	size_t n = (size_t)T * c->router.top_k, H = c->hidden;
-	/* backward's: xg, dy, dxg [n, H], d_topk_w [n], d_logits [T, E], expert scratch (forward uses less) */
-	return 3 * al(4 * n * H) + al(4 * n) + al(4 * (size_t)T * c->router.n_experts) +
+	/* backward's: xg, dy, dxg [n, H], d_topk_w and row_dot [n], d_logits [T, E], expert scratch
+	 * (forward's xg, y [n, H] and expert scratch fit in it) */
+	return 3 * al(4 * n * H) + 2 * al(4 * n) + al(4 * (size_t)T * c->router.n_experts) +
 	       al(tier_moe_experts_ws_bytes(c->inter, (int)n, lora));
 }
 
@@ -120,7 +123,6 @@ int tier_moe_saved_bind(const tier_moe_cfg *c, int T, void *buf, size_t bytes, t
 	s->pair_row = take(&p, 4 * n);
 	s->g = take(&p, esz * n * c->inter);
 	s->u = take(&p, esz * n * c->inter);
-	s->y = take(&p, esz * n * c->hidden);
 	return 0;
 }
 
@@ -137,7 +139,7 @@ int moe_saved_check(const char *fn, const tier_moe_saved *s, int T)
 {
 	MOE_NONNULL(s, fn);
 	if (!s->logits || !s->topk_idx || !s->topk_w || !s->counts || !s->offsets || !s->row_pair || !s->pair_row ||
-	    !s->g || !s->u || !s->y)
+	    !s->g || !s->u)
 		return tier_fail(-EINVAL, "%s: saved has NULL arrays; bind it with tier_moe_saved_bind", fn);
 	if (s->T != T)
 		return tier_fail(-EINVAL, "%s: saved was bound for %d tokens, not %d", fn, s->T, T);
@@ -160,16 +162,16 @@ int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float 
 	MOE_NONNULL(w, fn);
 	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k;
 	char *p = ws;
-	float *xg = take(&p, 4 * (size_t)n * H);
+	float *xg = take(&p, 4 * (size_t)n * H), *y = out ? take(&p, 4 * (size_t)n * H) : NULL;
 	if ((rc = tier_moe_router_fwd(dev, &c->router, T, H, x, w_r, bias, s->logits, s->topk_idx, s->topk_w)) ||
 	    (rc = tier_moe_aux_fwd(dev, T, E, k, c->aux_coef, c->z_coef, s->logits, s->topk_idx, &s->aux, &s->z, NULL)))
 		return rc;
 	int cap = tier_moe_capacity(T, k, E, c->capacity_factor);
 	if ((rc = tier_moe_permute(dev, T, k, E, H, cap, s->topk_idx, x, s->offsets, s->row_pair, s->pair_row,
 				   s->counts, xg)) ||
-	    (rc = tier_moe_experts_fwd(dev, E, H, c->inter, s->offsets, w, lora, xg, s->g, s->u, s->y, p)))
+	    (rc = tier_moe_experts_fwd(dev, E, H, c->inter, s->offsets, w, lora, xg, s->g, s->u, y, p)))
 		return rc;
-	return out ? tier_moe_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, out) : 0;
+	return out ? tier_moe_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, y, out) : 0;
 }
 
 int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
@@ -193,13 +195,14 @@ int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float 
 	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k;
 	char *p = ws;
 	float *xg = take(&p, 4 * (size_t)n * H), *dy = take(&p, 4 * (size_t)n * H), *dxg = take(&p, 4 * (size_t)n * H);
-	float *dtw = take(&p, 4 * (size_t)n), *dl = take(&p, 4 * (size_t)T * E);
+	float *dtw = take(&p, 4 * (size_t)n), *dot = take(&p, 4 * (size_t)n), *dl = take(&p, 4 * (size_t)T * E);
 	int rows = s->offsets[E];
 	for (int r = 0; r < rows; r++) /* gather again rather than keep xg: a copy, cheaper than storing */
 		memcpy(xg + (size_t)r * H, x + (size_t)(s->row_pair[r] / k) * H, sizeof(float) * (size_t)H);
 	memset(dx, 0, sizeof(float) * (size_t)T * H);
-	if ((rc = tier_moe_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, d_out, dy, dtw)) ||
-	    (rc = tier_moe_experts_bwd(dev, E, H, c->inter, s->offsets, w, lora, xg, s->g, s->u, dy, dxg, p)) ||
+	if ((rc = tier_moe_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, NULL, d_out, dy, NULL)) ||
+	    (rc = tier_moe_experts_bwd(dev, E, H, c->inter, s->offsets, w, lora, xg, s->g, s->u, dy, dxg, dot, p)) ||
+	    (rc = tier_moe_combine_dw(dev, T, k, s->pair_row, s->topk_w, dot, dtw)) ||
 	    (rc = tier_moe_permute_bwd(dev, T, k, H, s->offsets, E, s->row_pair, dxg, dx)) ||
 	    (rc = tier_moe_router_weights_bwd(dev, &c->router, T, s->logits, s->topk_idx, dtw, dl)))
 		return rc;

@@ -2,6 +2,7 @@
  * weights), the gather (scatter back to tokens), and the router fused with the aux and z losses,
  * plus the aux statistics of the forward. One block per token where a token's row is the unit;
  * same formulas as router.c, combine.c and permute.c (docs/moe.md). */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include "moe/moe_cu.cuh"
@@ -21,17 +22,30 @@ __global__ void combine_bwd_kernel(int k, int H, const int32_t *pair_row, const 
 		float dot = 0.0f;
 		if (r >= 0) {
 			float wp = w[p];
-			const bf16 *yr = y + (size_t)r * H;
+			const bf16 *yr = y ? y + (size_t)r * H : NULL;
 			bf16 *dr = dy + (size_t)r * H;
 			for (int h = threadIdx.x; h < H; h += blockDim.x) {
 				float gh = g[h];
-				dot += gh * __bfloat162float(yr[h]);
+				if (yr)
+					dot += gh * __bfloat162float(yr[h]);
 				dr[h] = __float2bfloat16(wp * gh);
 			}
 		}
+		if (!d_topk_w) /* the same for the whole grid: no divergence at block_sum's barriers */
+			continue;
 		dot = block_sum(dot, red);
 		if (threadIdx.x == 0)
 			d_topk_w[p] = r >= 0 ? dot : 0.0f;
+	}
+}
+
+/* tier_moe_combine_dw: a thread a pair. */
+__global__ void combine_dw_kernel(int n, const int32_t *pair_row, const float *w, const float *row_dot, float *d_topk_w)
+{
+	for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < n; p += gridDim.x * blockDim.x) {
+		int r = pair_row[p];
+		float wp = w[p];
+		d_topk_w[p] = r >= 0 && fabsf(wp) >= FLT_MIN ? row_dot[r] / wp : 0.0f;
 	}
 }
 
@@ -44,12 +58,30 @@ extern "C" int moe_cuda_combine_bwd(tier_dev *dev, int T, int k, int H, const in
 		return rc;
 	MOE_NONNULL(pair_row, fn);
 	MOE_NONNULL(topk_w, fn);
-	MOE_NONNULL(y, fn);
 	MOE_NONNULL(d_out, fn);
 	MOE_NONNULL(dy, fn);
-	MOE_NONNULL(d_topk_w, fn);
+	if (!y != !d_topk_w)
+		return tier_fail(-EINVAL, "%s: give y and d_topk_w both, or neither (dy only)", fn);
 	combine_bwd_kernel<<<T, TOK_THREADS, 0, moe_stream(dev)>>>(k, H, pair_row, topk_w, (const bf16 *)y, d_out,
 								    (bf16 *)dy, d_topk_w);
+	CUDA_LAUNCHED();
+	return 0;
+}
+
+extern "C" int moe_cuda_combine_dw(tier_dev *dev, int T, int k, const int32_t *pair_row, const float *topk_w,
+				   const float *row_dot, float *d_topk_w)
+{
+	const char *fn = "moe_cuda_combine_dw";
+	int rc = moe_cuda_dev(dev, fn);
+	if (rc || (rc = moe_check_tk(fn, T, k, k)))
+		return rc;
+	MOE_NONNULL(pair_row, fn);
+	MOE_NONNULL(topk_w, fn);
+	MOE_NONNULL(row_dot, fn);
+	MOE_NONNULL(d_topk_w, fn);
+	int n = T * k, blocks = (n + 255) / 256;
+	combine_dw_kernel<<<blocks < 4096 ? blocks : 4096, 256, 0, moe_stream(dev)>>>(n, pair_row, topk_w, row_dot,
+										    d_topk_w);
 	CUDA_LAUNCHED();
 	return 0;
 }

@@ -31,9 +31,13 @@ int moe_cuda_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair
 			 const void *y, float *out);
 
 /* ---- backward (moe_bwd.cu) ---- */
-/* dy [rows, H] bf16 (kept rows written) = w d_out[t]; d_topk_w [T, k] fp32 = d_out[t] . y[row]. */
+/* dy [rows, H] bf16 (kept rows written) = w d_out[t]; d_topk_w [T, k] fp32 = d_out[t] . y[row];
+ * y and d_topk_w both NULL: dy only. */
 int moe_cuda_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
 			 const void *y, const float *d_out, void *dy, float *d_topk_w);
+/* d_topk_w [T, k] fp32 = row_dot[row] / w (tier_moe_combine_dw's rule). */
+int moe_cuda_combine_dw(tier_dev *dev, int T, int k, const int32_t *pair_row, const float *topk_w,
+			const float *row_dot, float *d_topk_w);
 /* dx [T, H] fp32 accumulated with the rows of dxg (fp32) by atomics (the public step). */
 int moe_cuda_permute_bwd(tier_dev *dev, int T, int k, int H, const int32_t *offsets, int E,
 			 const int32_t *row_pair, const float *dxg, float *dx);
@@ -60,7 +64,8 @@ int moe_cuda_mm_lane(tier_dev *dev, int lane, int ta, int tb, int M, int N, int 
 int moe_cuda_experts_check(const char *fn, int E, const int32_t *offsets_host, const tier_moe_experts *w,
 			   const tier_moe_loras *lora);
 /* Forward over rows 0..offsets_host[E]-1 of xg (bf16): g, u [rows, I] bf16 (LoRA added in fp32,
- * then rounded once), h bf16, y [rows, H] bf16 (LoRA added). z: scratch of moe_lora_z_bytes(rows,
+ * then rounded once), h bf16, y [rows, H] bf16 (LoRA added; NULL: no down product, and h may
+ * be left unwritten). z: scratch of moe_lora_z_bytes(rows,
  * max LoRA rank) bytes (NULL without LoRA). gs: fp32 scratch [rows, I] where a product that is not
  * fused with its adapter meets the adapter's add (needed with LoRA on gate or up; the layer passes
  * its backward's dh piece). */
@@ -105,18 +110,20 @@ int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 			 const void *const *gate, const void *const *up, const void *const *down,
 			 const void *xg, void *g, void *u, void *h, void *y);
 /* Backward: dxg [rows, H] fp32 written from dy [rows, H] bf16 and the forward's g, u (bf16); LoRA
- * da, db (fp32) accumulated.
+ * da, db (fp32) accumulated; row_dot [rows] fp32 = dh . silu(g) u when not NULL.
  * Scratch: h, dg, du bf16 [rows, I]; dh fp32 [rows, I]; z and dz of moe_lora_z_bytes and
  * moe_lora_dz_bytes (rows, max rank) bytes. */
 int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
-			 const void *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z,
-			 void *dz);
+			 const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du,
+			 float *dh, void *z, void *dz);
 
-/* SwiGLU on n elements of bf16 g and u (computed in fp32), h bf16 = silu(g) u; and its backward, dg,
- * du bf16 from dh fp32. */
+/* SwiGLU on n elements of bf16 g and u (computed in fp32), h bf16 = silu(g) u; and its backward over
+ * rows x I elements, dg, du bf16 from dh fp32, and with row_dot (not NULL) row_dot[r] = dh[r] .
+ * silu(g[r]) u[r] (fp32 [rows]). */
 int moe_cuda_swiglu(tier_dev *dev, size_t n, const void *g, const void *u, void *h);
-int moe_cuda_swiglu_bwd(tier_dev *dev, size_t n, const void *g, const void *u, const float *dh, void *dg, void *du);
+int moe_cuda_swiglu_bwd(tier_dev *dev, size_t rows, int I, const void *g, const void *u, const float *dh, void *dg,
+			void *du, float *row_dot);
 
 /* ---- the experts through the grouped GEMMs (moe_experts_grouped.cu) ----
  * Whether they run for these shapes and pointers: TIER_MOE_GROUPED=1 (where everything fits: H, I
@@ -131,8 +138,8 @@ int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32
 				 const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs);
 int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 				 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
-				 const void *xg, const void *g, const void *u, const void *dy, float *dxg, void *h,
-				 void *dg, void *du, float *dh, void *z, void *dz);
+				 const void *xg, const void *g, const void *u, const void *dy, float *dxg, float *row_dot,
+				 void *h, void *dg, void *du, float *dh, void *z, void *dz);
 
 /* The public steps on CUDA: offsets on the device (read with one synchronisation), g and u bf16,
  * scratch ws of tier_moe_experts_ws_bytes (more than these need). */
@@ -140,7 +147,7 @@ int moe_cuda_experts_fwd_step(tier_dev *dev, int E, int H, int I, const int32_t 
 			      const tier_moe_loras *lora, const void *xg, void *g, void *u, void *y, void *ws);
 int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, const int32_t *offsets, const tier_moe_experts *w,
 			      const tier_moe_loras *lora, const void *xg, const void *g, const void *u, const void *dy,
-			      float *dxg, void *ws);
+			      float *dxg, float *row_dot, void *ws);
 
 /* ---- the block (moe_layer.cu): the CUDA side of tier_moe_layer_fwd / _bwd ---- */
 int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x, const void *w_r,

@@ -81,6 +81,40 @@ __global__ void swiglu_bwd_kernel(const bf16 *g, const bf16 *u, const float *dh,
 	}
 }
 
+/* The same with the dot of each row's dh and silu(g) u into row_dot (the router weight's gradient
+ * times the weight, moe.h's row_dot): a warp a row, V as above (V = 2 needs an even I). */
+template <int V>
+__global__ void swiglu_bwd_rows_kernel(const bf16 *g, const bf16 *u, const float *dh, size_t rows, int I, bf16 *dg,
+				       bf16 *du, float *row_dot)
+{
+	int lane = threadIdx.x & 31;
+	size_t warps = (size_t)gridDim.x * (blockDim.x >> 5);
+	for (size_t r = blockIdx.x * (size_t)(blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
+		size_t o = r * I;
+		float dot = 0.0f;
+		for (int i = V * lane; i < I; i += 32 * V) {
+			if (V == 2) {
+				float2 x = moe_get2(g + o + i), y = moe_get2(u + o + i);
+				float d0 = dh[o + i], d1 = dh[o + i + 1];
+				float2 a = swiglu_d(x.x, y.x, d0), b = swiglu_d(x.y, y.y, d1);
+				dot += d0 * silu_mul(x.x, y.x) + d1 * silu_mul(x.y, y.y);
+				moe_set2(dg + o + i, a.x, b.x);
+				moe_set2(du + o + i, a.y, b.y);
+			} else {
+				float x = __bfloat162float(g[o + i]), y = __bfloat162float(u[o + i]), d = dh[o + i];
+				float2 a = swiglu_d(x, y, d);
+				dot += d * silu_mul(x, y);
+				dg[o + i] = __float2bfloat16(a.x);
+				du[o + i] = __float2bfloat16(a.y);
+			}
+		}
+		for (int m = 16; m; m >>= 1)
+			dot += __shfl_xor_sync(0xffffffffu, dot, m);
+		if (lane == 0)
+			row_dot[r] = dot;
+	}
+}
+
 __global__ void moe_to_bf16_kernel(size_t n, const float *x, bf16 *y)
 {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -114,13 +148,23 @@ extern "C" int moe_cuda_swiglu(tier_dev *dev, size_t n, const void *g, const voi
 	return 0;
 }
 
-extern "C" int moe_cuda_swiglu_bwd(tier_dev *dev, size_t n, const void *g, const void *u, const float *dh, void *dg,
-				   void *du)
+extern "C" int moe_cuda_swiglu_bwd(tier_dev *dev, size_t rows, int I, const void *g, const void *u, const float *dh,
+				   void *dg, void *du, float *row_dot)
 {
 	const bf16 *gb = (const bf16 *)g, *ub = (const bf16 *)u;
+	size_t n = rows * (size_t)I;
 	if (!n)
 		return 0;
-	if (pairs_aligned(g, u, dg, du))
+	if (row_dot) {
+		size_t b = (rows + 7) / 8;
+		int grid = (int)(b < 8192 ? b : 8192);
+		if (I % 2 == 0 && pairs_aligned(g, u, dg, du))
+			swiglu_bwd_rows_kernel<2><<<grid, 256, 0, moe_stream(dev)>>>(gb, ub, dh, rows, I, (bf16 *)dg,
+										    (bf16 *)du, row_dot);
+		else
+			swiglu_bwd_rows_kernel<1><<<grid, 256, 0, moe_stream(dev)>>>(gb, ub, dh, rows, I, (bf16 *)dg,
+										    (bf16 *)du, row_dot);
+	} else if (pairs_aligned(g, u, dg, du))
 		swiglu_bwd_kernel<2><<<grid_of((n + 1) / 2), 256, 0, moe_stream(dev)>>>(gb, ub, dh, n, (bf16 *)dg,
 										   (bf16 *)du);
 	else
@@ -354,7 +398,6 @@ extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(g, fn);
 	MOE_NONNULL(u, fn);
 	MOE_NONNULL(h, fn);
-	MOE_NONNULL(y, fn);
 	const void *io[] = { xg, g, u, h, y, z };
 	if (d_off && moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, io, 6))
 		return moe_cuda_experts_fwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, h, y, z, gs);
@@ -362,7 +405,7 @@ extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, con
 	int nl = lanes_wanted(off, E);
 	if (total == 0)
 		return 0;
-	if ((rc = experts_fwd_gate_up(dev, E, H, I, off, w, lora, xg, g, u, gs, z)) ||
+	if ((rc = experts_fwd_gate_up(dev, E, H, I, off, w, lora, xg, g, u, gs, z)) || !y ||
 	    (rc = moe_cuda_swiglu(dev, total, g, u, h)))
 		return rc;
 	if ((rc = lanes_fork(dev, &nl)))
@@ -426,8 +469,8 @@ static int experts_bwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const
 
 extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *off,
 				    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
-				    const void *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh,
-				    void *z, void *dz)
+				    const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du,
+				    float *dh, void *z, void *dz)
 {
 	const char *fn = "moe_cuda_experts_bwd";
 	int rc = experts_args(fn, dev, E, H, I, off, w, lora, z);
@@ -451,15 +494,15 @@ extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const in
 		return 0;
 	const void *io[] = { xg, g, u, dy, dxg, h, dg, du, dh, z, dz };
 	if (d_off && moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, io, 11))
-		return moe_cuda_experts_bwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, dy, dxg, h, dg, du, dh, z,
-						    dz);
+		return moe_cuda_experts_bwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, dy, dxg, row_dot, h, dg, du,
+						    dh, z, dz);
 	/* h is the input of the down adapter: recompute it */
 	if (moe_lora_on(moe_lora_of(lora, 2)) && (rc = moe_cuda_swiglu(dev, total, g, u, h)))
 		return rc;
 	int nl = lanes_wanted(off, E);
 	if ((rc = lanes_fork(dev, &nl)) ||
 	    (rc = lanes_join(dev, nl, experts_bwd_down(dev, nl, E, H, I, off, w, lora, hb, dyb, dh, Z, dZ))) ||
-	    (rc = moe_cuda_swiglu_bwd(dev, total, g, u, dh, dg, du)))
+	    (rc = moe_cuda_swiglu_bwd(dev, (size_t)off[E], I, g, u, dh, dg, du, row_dot)))
 		return rc;
 	if ((rc = lanes_fork(dev, &nl)))
 		return rc;
@@ -497,7 +540,7 @@ extern "C" int moe_cuda_experts_fwd_step(tier_dev *dev, int E, int H, int I, con
 
 extern "C" int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, const int32_t *offsets,
 					 const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
-					 const void *u, const void *dy, float *dxg, void *ws)
+					 const void *u, const void *dy, float *dxg, float *row_dot, void *ws)
 {
 	const char *fn = "tier_moe_experts_bwd";
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
@@ -507,6 +550,6 @@ extern "C" int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(ws, fn);
 	size_t rows = off[E] > 0 ? (size_t)off[E] : 0, r = (size_t)moe_lora_max_rank(lora), hi = 2 * rows * I;
 	char *b = (char *)ws, *h = b + 4 * rows * I;
-	return moe_cuda_experts_bwd(dev, E, H, I, off, offsets, w, lora, xg, g, u, dy, dxg, h, h + hi, h + 2 * hi, (float *)b,
-				    h + 3 * hi, h + 3 * hi + moe_lora_z_bytes(rows, (int)r));
+	return moe_cuda_experts_bwd(dev, E, H, I, off, offsets, w, lora, xg, g, u, dy, dxg, row_dot, h, h + hi, h + 2 * hi,
+				    (float *)b, h + 3 * hi, h + 3 * hi + moe_lora_z_bytes(rows, (int)r));
 }

@@ -251,7 +251,7 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	sg.x0 = zg, sg.w0 = bg.w, sg.K0 = rg, sg.x1 = zu, sg.w1 = bu.w, sg.K1 = ru;
 	if ((rc = lora_z2(dev, lg, lu, E, d_off, rows, H, &ag, &au, xg, zg, zu, rg ? lg->scale : 0, ru ? lu->scale : 0)) ||
 	    (rc = moe_cuda_grouped_gate_up_sm90_lora(dev, E, H, I, d_off, rows, gp->w, upp->w, xg, rg || ru ? &sg : NULL,
-						     z, g, u, h)))
+						     z, g, u, h)) || !y)
 		return rc;
 	if (rd) {
 		lora_ptrs(ld, E, off, &ad, &bd, NULL, NULL);
@@ -264,7 +264,8 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 
 static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
 		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, const void *g,
-		     const void *u, const void *dy, float *dxg, void *h, void *dg, void *du, float *dh, void *z, void *dz)
+		     const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du, float *dh,
+		     void *z, void *dz)
 {
 	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1), *ld = moe_lora_of(lora, 2);
 	int rows = off[E], rg = rank_of(lg), ru = rank_of(lu), rd = rank_of(ld), rc;
@@ -280,7 +281,7 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	/* dh = dY down + dZ_d A_d: down_e [H, I] and A_d [r, I] are [K, N] */
 	if ((rc = moe_cuda_grouped_mm_sm90_segs(dev, E, I, H, d_off, rows, dp->w, 1, dy, rd ? 1 : 0, &sd, z, dh, 0, 1.0f,
 						0.0f)) ||
-	    (rc = moe_cuda_swiglu_bwd(dev, n, g, u, dh, dg, du)))
+	    (rc = moe_cuda_swiglu_bwd(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot)))
 		return rc;
 	/* the adapters' Z for dB, both in one pass over X where they can */
 	int zs = (!rg || lg->db) && (!ru || lu->db) && (rg || ru);
@@ -325,7 +326,7 @@ extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, 
 		   !(rc = proj_fwd(dev, lu, E, I, H, off, d_off, &upp, xg, u, gs, z))) {
 		rc = moe_cuda_swiglu(dev, (size_t)rows * I, g, u, h);
 	}
-	if (rc || (rc = gmm(dev, E, H, I, d_off, rows, dp.w, 0, h, y, 1, 1.0f, 0.0f)))
+	if (rc || !y || (rc = gmm(dev, E, H, I, d_off, rows, dp.w, 0, h, y, 1, 1.0f, 0.0f)))
 		return rc;
 	return lora_fwd(dev, moe_lora_of(lora, 2), E, off, d_off, I, H, h, y, 1, z);
 }
@@ -355,7 +356,7 @@ static int dx_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *d_off, 
 extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
 					    const void *xg, const void *g, const void *u, const void *dy, float *dxg,
-					    void *h, void *dg, void *du, float *dh, void *z, void *dz)
+					    float *row_dot, void *h, void *dg, void *du, float *dh, void *z, void *dz)
 {
 	ptrs gp, upp, dp;
 	int rows = off[E], rc;
@@ -364,7 +365,8 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 		return 0;
 	weights_of(w, E, I, H, off, &gp, &upp, &dp);
 	if (moe_lora_max_rank(lora) > 0 && fused_lora(dev, H, I))
-		return bwd_fused(dev, E, H, I, off, d_off, &gp, &upp, &dp, lora, xg, g, u, dy, dxg, h, dg, du, dh, z, dz);
+		return bwd_fused(dev, E, H, I, off, d_off, &gp, &upp, &dp, lora, xg, g, u, dy, dxg, row_dot, h, dg, du, dh,
+				 z, dz);
 	const tier_moe_lora *ld = moe_lora_of(lora, 2);
 	/* h is the input of the down adapter: recompute it */
 	if (moe_lora_on(ld) && (rc = moe_cuda_swiglu(dev, n, g, u, h)))
@@ -372,7 +374,7 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 	/* dh = dY down: down_e is stored [H, I], the [K, N] of dY down */
 	if ((rc = gmm(dev, E, I, H, d_off, rows, dp.w, 1, dy, dh, 0, 1.0f, 0.0f)) ||
 	    (rc = lora_bwd(dev, ld, E, off, d_off, I, H, h, dy, dh, z, dz)) ||
-	    (rc = moe_cuda_swiglu_bwd(dev, n, g, u, dh, dg, du)))
+	    (rc = moe_cuda_swiglu_bwd(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot)))
 		return rc;
 	if ((rc = dx_gate_up(dev, E, H, I, d_off, rows, &gp, &upp, dg, du, dxg)) ||
 	    (rc = lora_bwd(dev, moe_lora_of(lora, 0), E, off, d_off, H, I, xg, dg, dxg, z, dz)))

@@ -32,7 +32,8 @@ int moe_check_dev(tier_dev *dev, const char *fn);
 #endif
 
 /* Byte offsets into the CUDA layer's workspace (layer.c computes it, moe_layer.cu uses it). n = T k
- * rows, r the largest LoRA rank. Forward uses xg, h, z, p, zs; backward all. */
+ * rows, r the largest LoRA rank. Forward uses xg, h, z, dy (for y, when it combines), dh (the fp32
+ * scratch of products not fused with their adapter), p, zs; backward all. */
 typedef struct {
 	size_t xg;  /* bf16 [n, H] gathered rows */
 	size_t h;   /* bf16 [n, I] silu(g) u */
@@ -44,6 +45,7 @@ typedef struct {
 	size_t dh;  /* fp32 [n, I] */
 	size_t dxg; /* fp32 [n, H] */
 	size_t dtw; /* fp32 [n] */
+	size_t dot; /* fp32 [n] the experts' row_dot */
 	size_t dl;  /* fp32 [T, E] */
 	size_t dlb; /* bf16 [T, E] */
 	size_t p;   /* fp32 [E] sum_t softmax(logits_t) */

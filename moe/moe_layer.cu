@@ -68,9 +68,10 @@ extern "C" int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	    (rc = read_back(dev, E, s->offsets, off, s->counts, cnt, stats ? (float *)(b + l.p) : NULL,
 			    stats ? P : NULL, (float *)(b + l.zs), &zs)) ||
 	    (rc = offsets_sane(fn, E, n, off)) ||
+	    /* y in the backward's dy piece, and only when combined: the backward does not read it */
 	    (rc = moe_cuda_experts_fwd_lora(dev, E, H, c->inter, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.h,
-					    s->y, b + l.z, (float *)(b + l.dh))) || /* dh: the backward's, free here */
-	    (out && (rc = moe_cuda_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, out))))
+					    out ? b + l.dy : NULL, b + l.z, (float *)(b + l.dh))) ||
+	    (out && (rc = moe_cuda_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, b + l.dy, out))))
 		return rc;
 	double a = 0.0;
 	for (int e = 0; stats && e < E; e++)
@@ -100,17 +101,19 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	moe_cuda_ws_layout(c, T, lora, &l);
 	char *b = (char *)ws;
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
-	float *dxg = (float *)(b + l.dxg), *dtw = (float *)(b + l.dtw), *dl = (float *)(b + l.dl);
+	float *dxg = (float *)(b + l.dxg), *dtw = (float *)(b + l.dtw), *dot = (float *)(b + l.dot), *dl = (float *)(b + l.dl);
 	if ((rc = read_back(dev, E, s->offsets, off, NULL, NULL, NULL, NULL, NULL, NULL)) ||
 	    (rc = offsets_sane(fn, E, n, off)) ||
 	    (rc = moe_cuda_experts_check(fn, E, off, w, lora)))
 		return rc;
 	if (off[E] > 0 && (rc = moe_cuda_gather(dev, T, k, H, s->pair_row, x, b + l.xg)))
 		return rc;
-	if ((rc = moe_cuda_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, s->y, d_out, b + l.dy, dtw)) ||
+	/* the router weights' gradient from the experts' dh . h (tier_moe_combine_dw), not from a saved y */
+	if ((rc = moe_cuda_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, NULL, d_out, b + l.dy, NULL)) ||
 	    (off[E] > 0 && (rc = moe_cuda_experts_bwd(dev, E, H, I, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.dy, dxg,
-						      b + l.h, b + l.dg, b + l.du, (float *)(b + l.dh), b + l.z,
+						      dot, b + l.h, b + l.dg, b + l.du, (float *)(b + l.dh), b + l.z,
 						      b + l.dz))) ||
+	    (rc = moe_cuda_combine_dw(dev, T, k, s->pair_row, s->topk_w, dot, dtw)) ||
 	    (rc = moe_cuda_unpermute_sum(dev, T, k, H, s->pair_row, dxg, dx)) ||
 	    (rc = moe_cuda_router_bwd(dev, &c->router, T, s->logits, s->topk_idx, dtw, s->counts, c->aux_coef, c->z_coef,
 				      d_aux, dl, b + l.dlb)) ||

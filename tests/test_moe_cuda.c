@@ -475,7 +475,7 @@ static void layer_case(const gcase *c)
 					    &s, dws, wb), 0);
 	assert_int_equal(tier_dev_sync(gpu), 0);
 	float *lg = dl_f32(s.logits, TE), *twg = dl_f32(s.topk_w, n), *gg = dl_bf16(s.g, (size_t)n * I);
-	float *ug = dl_bf16(s.u, (size_t)n * I), *yg = dl_bf16(s.y, (size_t)n * H), *outg = dl_f32(dout_, TH);
+	float *ug = dl_bf16(s.u, (size_t)n * I), *outg = dl_f32(dout_, TH);
 	int32_t *ig = malloc(4 * (size_t)n), *og = malloc(4 * (size_t)(E + 1)), *rpg = malloc(4 * (size_t)n);
 	int32_t *prg = malloc(4 * (size_t)n), *cntg = malloc(4 * (size_t)E);
 	down(ig, s.topk_idx, 4 * (size_t)n), down(og, s.offsets, 4 * (size_t)(E + 1)), down(rpg, s.row_pair, 4 * (size_t)n);
@@ -489,15 +489,13 @@ static void layer_case(const gcase *c)
 						    NULL, &s2, dws, wb), 0);
 		assert_int_equal(tier_dev_sync(gpu), 0);
 		float *g2 = dl_bf16(s2.g, (size_t)n * I), *u2 = dl_bf16(s2.u, (size_t)n * I);
-		float *y2 = dl_bf16(s2.y, (size_t)n * H);
 		int32_t *o2 = malloc(4 * (size_t)(E + 1));
 		down(o2, s2.offsets, 4 * (size_t)(E + 1));
 		assert_memory_equal(o2, og, 4 * (size_t)(E + 1));
 		check_close(g2, gg, (size_t)og[E] * I, CUDA_TOL, "g, out NULL");
 		check_close(u2, ug, (size_t)og[E] * I, CUDA_TOL, "u, out NULL");
-		check_close(y2, yg, (size_t)og[E] * H, CUDA_TOL, "y, out NULL");
 		assert_true(fabs(s2.aux - s.aux) <= 1e-5 * fabs(s.aux) + 1e-9);
-		free(g2), free(u2), free(y2), free(o2);
+		free(g2), free(u2), free(o2);
 		tier_dev_free(gpu, dsv2);
 	}
 
@@ -552,7 +550,6 @@ static void layer_case(const gcase *c)
 	assert_int_equal(tier_moe_combine_fwd(cpu, T, k, H, prc, twr, ye, oute), 0);
 	check_close(gg, ge, (size_t)rows * I, BF16_TOL, "g");
 	check_close(ug, ue, (size_t)rows * I, BF16_TOL, "u");
-	check_close(yg, ye, (size_t)rows * H, BF16_TOL, "y");
 	check_close(outg, oute, TH, BF16_TOL, "out");
 	for (size_t i = 0; i < (size_t)rows * I; i++) /* the backward reads g and u as saved, in bf16 */
 		ge[i] = (float)ref_bf16(ge[i]), ue[i] = (float)ref_bf16(ue[i]);
@@ -588,9 +585,9 @@ static void layer_case(const gcase *c)
 		size_t sw = tier_moe_experts_ws_bytes(I, n, &gf);
 		void *sx = up_bf16(xgc, (size_t)rows * H), *sws = up(NULL, sw), *sg = up(NULL, 2 * (size_t)n * I);
 		void *su = up(NULL, 2 * (size_t)n * I), *sy = up(NULL, 2 * (size_t)n * H), *sdy = up_bf16(dye, (size_t)rows * H);
-		void *sdx = up(NULL, 4 * (size_t)n * H);
+		void *sdx = up(NULL, 4 * (size_t)n * H), *sdot = up(NULL, 4 * (size_t)n);
 		poison_dev(sws, sw), poison_dev(sg, 2 * (size_t)n * I), poison_dev(su, 2 * (size_t)n * I);
-		poison_dev(sy, 2 * (size_t)n * H), poison_dev(sdx, 4 * (size_t)n * H);
+		poison_dev(sy, 2 * (size_t)n * H), poison_dev(sdx, 4 * (size_t)n * H), poison_dev(sdot, 4 * (size_t)n);
 		assert_int_equal(tier_moe_experts_fwd(gpu, E, H, I, s.offsets, &gwts, r ? &gf : NULL, sx, sg, su, sy, sws), 0);
 		float *g2 = dl_bf16(sg, (size_t)rows * I), *u2 = dl_bf16(su, (size_t)rows * I), *y2 = dl_bf16(sy, (size_t)rows * H);
 		check_close(g2, ge, (size_t)rows * I, BF16_TOL, "experts step g");
@@ -598,13 +595,21 @@ static void layer_case(const gcase *c)
 		check_close(y2, ye, (size_t)rows * H, BF16_TOL, "experts step y");
 		poison_dev(sws, sw);
 		assert_int_equal(tier_moe_experts_bwd(gpu, E, H, I, s.offsets, &gwts, r ? &gf : NULL, sx, sg, su, sdy, sdx,
-						      sws), 0);
-		float *dx2 = dl_f32(sdx, (size_t)rows * H);
+						      sdot, sws), 0);
+		float *dx2 = dl_f32(sdx, (size_t)rows * H), *dot2 = dl_f32(sdot, (size_t)rows);
+		float *dote = malloc(4 * (size_t)rows + 4);
+		for (int row = 0; row < rows; row++) { /* row_dot = dy . y, from the emulation's rows */
+			double d = 0.0;
+			for (int h = 0; h < H; h++)
+				d += (double)dye[(size_t)row * H + h] * ye[(size_t)row * H + h];
+			dote[row] = (float)d;
+		}
 		check_close(dx2, dxge, (size_t)rows * H, BF16_TOL, "experts step dxg");
-		void *sp[] = { sx, sws, sg, su, sy, sdy, sdx };
+		check_close(dot2, dote, (size_t)rows, BF16_TOL, "experts step row_dot");
+		void *sp[] = { sx, sws, sg, su, sy, sdy, sdx, sdot };
 		for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++)
 			tier_dev_free(gpu, sp[i]);
-		free(g2), free(u2), free(y2), free(dx2);
+		free(g2), free(u2), free(y2), free(dx2), free(dot2), free(dote);
 	}
 
 	/* the layer's backward on CUDA through the public call */
@@ -650,7 +655,7 @@ static void layer_case(const gcase *c)
 	}
 	hfree(E, gu), hfree(E, gw), hfree(E, uw), hfree(E, dw), dfree(E, dgu), dfree(E, dgw), dfree(E, duw), dfree(E, ddw);
 	hfree(1, xs), hfree(1, wrs);
-	free(cg), free(cu), free(bias), free(dout), free(dwr0), free(lg), free(twg), free(gg), free(ug), free(yg), free(outg);
+	free(cg), free(cu), free(bias), free(dout), free(dwr0), free(lg), free(twg), free(gg), free(ug), free(outg);
 	free(ig), free(og), free(rpg), free(prg), free(cntg), free(lc), free(twc), free(twr), free(ic), free(oc), free(rpc);
 	free(prc), free(cntc), free(lcd), free(xgc), free(ex), free(ge), free(ue), free(ye), free(oute), free(dye);
 	free(dtwe), free(dxge), free(dxe), free(dle), free(dwre), free(dxg_), free(dwrg), free(dwred);
@@ -1066,6 +1071,26 @@ static void test_steps(void **state)
 		check_close(dyg, dyc, (size_t)rows * H, BF16_TOL, "combine_bwd dy");
 		check_close(dtg, dtc, (size_t)n, CUDA_TOL, "combine_bwd d_topk_w");
 		check_inc(dxg, dxc, dx0, (size_t)T * H, CUDA_TOL, "permute_bwd");
+		/* dy alone (no y, no d_topk_w): the same dy */
+		poison_dev(ddy, 2 * (size_t)n * H);
+		assert_int_equal(tier_moe_combine_bwd(gpu, T, k, H, dpr, dtwc, NULL, ddout, ddy, NULL), 0);
+		float *dy2 = dl_bf16(ddy, (size_t)rows * H);
+		assert_memory_equal(dy2, dyg, 4 * (size_t)rows * H);
+		/* d_topk_w from row dots: one weight zeroed (its gradient 0), the rest row_dot / w */
+		float *rd = malloc(4 * (size_t)n + 4), *twz = malloc(4 * (size_t)n), *dwc = malloc(4 * (size_t)n);
+		ref_fill(&rng, rd, (size_t)n, 1.0f);
+		memcpy(twz, twc, 4 * (size_t)n);
+		twz[n / 2] = 0.0f;
+		assert_int_equal(tier_moe_combine_dw(cpu, T, k, pr, twz, rd, dwc), 0);
+		for (int p = 0; p < n; p++)
+			assert_true(pr[p] < 0 || p == n / 2 ? dwc[p] == 0.0f : dwc[p] == rd[pr[p]] / twz[p]);
+		void *drd = up(rd, 4 * (size_t)n), *dtz = up(twz, 4 * (size_t)n);
+		poison_dev(ddt, 4 * (size_t)n);
+		assert_int_equal(tier_moe_combine_dw(gpu, T, k, dpr, dtz, drd, ddt), 0);
+		float *dwg = dl_f32(ddt, (size_t)n);
+		check_close(dwg, dwc, (size_t)n, 1e-6, "combine_dw");
+		tier_dev_free(gpu, drd), tier_dev_free(gpu, dtz);
+		free(dy2), free(rd), free(twz), free(dwc), free(dwg);
 		void *dp[] = { dl, di, ddtw, ddl, dpr, dtwc, dy, ddout, ddy, ddt, doff, drp, dyf, ddx };
 		for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
 			tier_dev_free(gpu, dp[i]);

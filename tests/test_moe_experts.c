@@ -186,6 +186,15 @@ static void run_case(const ecase *c)
 				 (c->lora_mask & 1) ? (ref_lora){ lb[0].ad[e], lb[0].bd[e], r, 0.5 } : (ref_lora){ 0 },
 				 gr + (size_t)row * I);
 	assert_true(ref_relerr(g, gr, (size_t)n * I) <= REF_TOL);
+	{ /* y NULL (a recompute): the same g and u, bit for bit */
+		float *g2 = malloc(4 * (size_t)n * I + 4), *u2 = malloc(4 * (size_t)n * I + 4);
+		ref_poison(g2, 4 * (size_t)n * I);
+		ref_poison(u2, 4 * (size_t)n * I);
+		assert_int_equal(tier_moe_experts_fwd(dev, E, H, I, off, &w, &lo, xg, g2, u2, NULL, ws), 0);
+		assert_memory_equal(g2, g, 4 * (size_t)off[E] * I);
+		assert_memory_equal(u2, u, 4 * (size_t)off[E] * I);
+		free(g2), free(u2);
+	}
 
 	/* backward: dy = R; compare with central differences of the fp64 loss */
 	float *gate0 = gate[0] ? malloc(4 * (size_t)I * H) : NULL;
@@ -196,8 +205,16 @@ static void run_case(const ecase *c)
 		if (lb[q].a)
 			da0[q] = darr(lb[q].da, E, (size_t)r * ins[q]), db0[q] = darr(lb[q].db, E, (size_t)outs[q] * r);
 	ref_poison(dxg, 4 * (size_t)n * H);
-	assert_int_equal(tier_moe_experts_bwd(dev, E, H, I, off, &w, &lo, xg, g, u, R, dxg, ws), 0);
+	float *dot = malloc(4 * (size_t)n + 4);
+	double *dotr = calloc((size_t)n + 1, 8);
+	ref_poison(dot, 4 * (size_t)n);
+	assert_int_equal(tier_moe_experts_bwd(dev, E, H, I, off, &w, &lo, xg, g, u, R, dxg, dot, ws), 0);
 	check_row_ref(c, off, gate, up, down, lb, xg, g, u, y, R, dxg, da0, db0);
+	for (int row = 0; row < off[E]; row++) /* row_dot = dy . y */
+		for (int h = 0; h < H; h++)
+			dotr[row] += Rd[(size_t)row * H + h] * yr[(size_t)row * H + h];
+	assert_true(ref_relerr(dot, dotr, (size_t)off[E]) <= REF_TOL);
+	free(dot), free(dotr);
 	double *dxr = malloc(8 * (size_t)n * H + 8);
 	for (size_t i = 0; i < (size_t)n * H; i++)
 		dxr[i] = fd(c, off, xd, gd, ud, dd, lb, Rd, &xd[i]);
@@ -302,7 +319,7 @@ static void test_bad_input(void **state)
 	tier_moe_experts nog = { .down = ptr };
 	assert_int_equal(tier_moe_experts_fwd(dev, 2, 2, 2, off, &nog, NULL, x, g, u, y, ws), -EINVAL);
 	assert_int_equal(tier_moe_experts_fwd(dev, 2, 0, 2, off, &w, NULL, x, g, u, y, ws), -EINVAL);
-	assert_int_equal(tier_moe_experts_bwd(dev, 2, 2, 2, off, &w, NULL, x, g, u, NULL, y, ws), -EINVAL);
+	assert_int_equal(tier_moe_experts_bwd(dev, 2, 2, 2, off, &w, NULL, x, g, u, NULL, y, NULL, ws), -EINVAL);
 	assert_true(y[0] == 42.0f);
 }
 

@@ -110,6 +110,22 @@ static void run_case(int T, int k, int E, int H, int how, float cf)
 	for (int p = 0; p < n; p++)
 		if (ref_pr[p] < 0)
 			assert_true(dtw[p] == 0.0f);
+	/* without y: the same dy; then d_topk_w from row dots w dout . y (tier_moe_combine_dw), with a
+	 * zero weight getting 0 */
+	float *dy2 = malloc(4 * (size_t)n * H + 4), *dot = malloc(4 * (size_t)n + 4), *dtw2 = malloc(4 * (size_t)n);
+	ref_poison(dy2, 4 * (size_t)n * H);
+	assert_int_equal(tier_moe_combine_bwd(dev, T, k, H, pr, tw, NULL, dout, dy2, NULL), 0);
+	assert_memory_equal(dy2, dy, 4 * (size_t)row * H);
+	assert_int_equal(tier_moe_combine_bwd(dev, T, k, H, pr, tw, y, dout, dy2, NULL), -EINVAL);
+	tw[n - 1] = 0.0f, dtwr[n - 1] = 0.0;
+	for (int p = 0; p < n; p++)
+		if (ref_pr[p] >= 0)
+			dot[ref_pr[p]] = (float)(tw[p] * dtwr[p]);
+	ref_poison(dtw2, 4 * (size_t)n);
+	assert_int_equal(tier_moe_combine_dw(dev, T, k, pr, tw, dot, dtw2), 0);
+	assert_true(ref_relerr(dtw2, dtwr, (size_t)n) <= REF_TOL);
+	assert_true(dtw2[n - 1] == 0.0f);
+	free(dy2), free(dot), free(dtw2);
 	free(idx), free(off), free(rp), free(pr), free(cnt), free(ref_pr), free(ref_cnt), free(x), free(xg), free(dx);
 	free(tw), free(out), free(dout), free(dy), free(dtw), free(dxr), free(outr), free(dyr), free(dtwr);
 }

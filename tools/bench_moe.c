@@ -66,7 +66,7 @@ typedef struct {
 	size_t el, ws_bytes, ews_bytes;
 	tier_moe_cfg cfg;
 	tier_moe_saved s;
-	void *x, *wr, *out, *dout, *dx, *saved, *ws, *ews, *xg, *dy, *dxg, *dtw, *dl, *copy, *h;
+	void *x, *wr, *out, *dout, *dx, *saved, *ws, *ews, *xg, *dy, *dxg, *dtw, *dl, *copy, *h, *y, *dot;
 	int wgmma; /* the Hopper grouped GEMMs run here: the gate-up and down rows */
 	void **wg, **wu, **wd;
 	tier_moe_experts w;
@@ -329,7 +329,8 @@ static int alloc_case(moe_case *c, const moe_shape *s, int zipf)
 	    (rc = dalloc(c, n * H * c->el, &c->xg)) || (rc = dalloc(c, n * H * c->el, &c->dy)) ||
 	    (rc = dalloc(c, n * H * 4, &c->dxg)) || (rc = dalloc(c, n * 4, &c->dtw)) ||
 	    (rc = dalloc(c, (size_t)c->T * c->E * 4, &c->dl)) || (rc = dalloc(c, n * H * c->el, &c->copy)) ||
-	    (rc = dalloc(c, n * I * c->el, &c->h)))
+	    (rc = dalloc(c, n * I * c->el, &c->h)) || (rc = dalloc(c, n * H * c->el, &c->y)) ||
+	    (rc = dalloc(c, n * 4, &c->dot)) || (rc = tier_dev_memset(c->dev, c->dot, 0, n * 4)))
 		return rc;
 #ifdef TIER_HAVE_CUDA
 	/* where the experts take the Hopper products (TIER_MOE_WGMMA), in shapes they accept (moe_wgmma.h) */
@@ -375,8 +376,8 @@ static int alloc_case(moe_case *c, const moe_shape *s, int zipf)
 
 static void free_case(moe_case *c)
 {
-	void *p[] = { c->x, c->wr, c->out, c->dout, c->dx, c->saved, c->ws, c->ews, c->xg, c->dy, c->dxg, c->dtw, c->dl,
-		      c->copy, c->h };
+	void *p[] = { c->x,  c->wr,  c->out, c->dout, c->dx,  c->saved, c->ws, c->ews, c->xg,
+		      c->dy, c->dxg, c->dtw, c->dl,   c->y,   c->dot,   c->copy, c->h };
 	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
 		if (p[i])
 			tier_dev_free(c->dev, p[i]);
@@ -431,14 +432,16 @@ static int call(moe_case *c, int op)
 		memcpy(c->copy, c->xg, (size_t)c->rows * H * c->el);
 		return 0;
 	case OP_EXPERTS_FWD:
-		return tier_moe_experts_fwd(c->dev, E, H, c->I, s->offsets, &c->w, NULL, c->xg, s->g, s->u, s->y, c->ews);
+		return tier_moe_experts_fwd(c->dev, E, H, c->I, s->offsets, &c->w, NULL, c->xg, s->g, s->u, c->y, c->ews);
 	case OP_COMBINE_FWD:
-		return tier_moe_combine_fwd(c->dev, T, k, H, s->pair_row, s->topk_w, s->y, c->out);
+		return tier_moe_combine_fwd(c->dev, T, k, H, s->pair_row, s->topk_w, c->y, c->out);
 	case OP_COMBINE_BWD:
-		return tier_moe_combine_bwd(c->dev, T, k, H, s->pair_row, s->topk_w, s->y, c->dout, c->dy, c->dtw);
+		/* as the layer does it: dy, then d_topk_w from the experts' row dots */
+		rc = tier_moe_combine_bwd(c->dev, T, k, H, s->pair_row, s->topk_w, NULL, c->dout, c->dy, NULL);
+		return rc ? rc : tier_moe_combine_dw(c->dev, T, k, s->pair_row, s->topk_w, c->dot, c->dtw);
 	case OP_EXPERTS_BWD:
 		return tier_moe_experts_bwd(c->dev, E, H, c->I, s->offsets, &c->w, NULL, c->xg, s->g, s->u, c->dy, c->dxg,
-					    c->ews);
+					    c->dot, c->ews);
 	case OP_PERMUTE_BWD:
 		return tier_moe_permute_bwd(c->dev, T, k, H, s->offsets, E, s->row_pair, c->dxg, c->dx);
 	case OP_ROUTER_BWD:
@@ -453,7 +456,7 @@ static int call(moe_case *c, int op)
 						     (const void *const *)c->wu, c->xg, s->g, s->u, c->h);
 	case OP_DOWN:
 		return moe_cuda_grouped_mm_sm90(c->dev, E, H, c->I, s->offsets, c->rows, (const void *const *)c->wd, 0, c->h,
-						s->y, 1, 1.0f, 0.0f);
+						c->y, 1, 1.0f, 0.0f);
 #endif
 	case OP_BLOCK_FWD:
 	case OP_BLOCK_FWD_BWD:

@@ -129,35 +129,49 @@ typedef struct { tier_moe_lora gate, up, down; } tier_moe_loras;
 /* Scratch for tier_moe_experts_fwd and _bwd over `rows` permuted rows (offsets[E]). */
 size_t tier_moe_experts_ws_bytes(int inter, int rows, const tier_moe_loras *lora);
 /* Forward over rows 0..offsets[E]-1 of xg [*, H]: g, u [*, I] (pre-activation, saved for
- * backward), y [*, H] = (silu(g) * u) down^T (+ LoRA). lora may be NULL. ws: scratch above. */
+ * backward), y [*, H] = (silu(g) * u) down^T (+ LoRA). lora may be NULL. ws: scratch above.
+ * y NULL: g and u only, no down product (a backward's recompute: the backward does not read y). */
 int tier_moe_experts_fwd(tier_dev *dev, int E, int H, int inter, const int32_t *offsets, const tier_moe_experts *w,
 			 const tier_moe_loras *lora, const float *xg, float *g, float *u, float *y, void *ws);
 /* Backward: dxg [*, H] written from dy [*, H]; LoRA da, db accumulated (skipped where NULL);
- * frozen expert weights get no gradient. ws: scratch above. */
+ * frozen expert weights get no gradient. ws: scratch above. row_dot: NULL, or [offsets[E]] fp32
+ * written with dh[r] . h[r], where h = silu(g) u is the down product's input and dh = dy[r] down
+ * (+ LoRA) its gradient: that is dy[r] . y[r], so with dy = w d_out (combine_bwd) it is w times the
+ * router weight's gradient, which tier_moe_combine_dw turns into d_topk_w without y. */
 int tier_moe_experts_bwd(tier_dev *dev, int E, int H, int inter, const int32_t *offsets, const tier_moe_experts *w,
 			 const tier_moe_loras *lora, const float *xg, const float *g, const float *u,
-			 const float *dy, float *dxg, void *ws);
+			 const float *dy, float *dxg, float *row_dot, void *ws);
 
 /* ---- Combine -----------------------------------------------------------------------------------
  * out [T, H] (written) = sum_j topk_w[t, j] * y[pair_row[t*k + j]], dropped pairs adding nothing. */
 int tier_moe_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
 			 const float *y, float *out);
 /* dy [rows, H] (written for every kept row) = w * d_out[t]; d_topk_w [T, k] (written) =
- * d_out[t] . y[row], 0 for dropped pairs. */
+ * d_out[t] . y[row], 0 for dropped pairs. y and d_topk_w both NULL: dy only (the layer's backward,
+ * which takes d_topk_w from tier_moe_combine_dw instead and so needs no saved y). */
 int tier_moe_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
 			 const float *y, const float *d_out, float *dy, float *d_topk_w);
+/* d_topk_w [T, k] (written) = row_dot[row] / w for every kept pair (row_dot from
+ * tier_moe_experts_bwd, dy from combine_bwd: row_dot = w d_out[t] . y[row]); 0 for dropped pairs and
+ * for weights that are 0 or subnormal, where it cannot be recovered and does not matter: every
+ * router form multiplies a weight's gradient by that weight's own derivative, which carries the
+ * weight (softmax p (..), sigmoid s (1 - s)), so the logits get nothing from it either way. */
+int tier_moe_combine_dw(tier_dev *dev, int T, int k, const int32_t *pair_row, const float *topk_w,
+			const float *row_dot, float *d_topk_w);
 
 /* ---- CUDA ---------------------------------------------------------------------------------------
  * On a CUDA context (tier_dev_kind_of(dev) == TIER_DEV_CUDA) every pointer is device memory of that
  * context (the arrays of per-expert pointers are host arrays of device pointers), work is queued on
  * the context's stream, and storage is bf16 where the matrices feed tensor-core products:
  *   bf16: x, w_r, the expert weights, LoRA a and b, xg, g and u (saved, and the experts steps'),
- *         saved y, and combine_bwd's dy;
- *   fp32: bias, logits, topk_w, out, d_out, dx, dw_r, LoRA da and db, d_topk_w, d_logits, dxg;
+ *         the experts' y, and combine_bwd's dy;
+ *   fp32: bias, logits, topk_w, out, d_out, dx, dw_r, LoRA da and db, d_topk_w, d_logits, dxg,
+ *         row_dot;
  *         int32 as on the CPU.
  * The whole block (tier_moe_layer_fwd / _bwd, with cfg.dtype = TIER_MOE_BF16) and the steps
  * tier_moe_router_fwd, tier_moe_permute (counts required), tier_moe_permute_bwd, tier_moe_combine_fwd,
- * tier_moe_combine_bwd, tier_moe_router_weights_bwd and tier_moe_experts_fwd / _bwd run on CUDA;
+ * tier_moe_combine_bwd, tier_moe_combine_dw, tier_moe_router_weights_bwd and tier_moe_experts_fwd /
+ * _bwd run on CUDA;
  * tier_moe_router_linear_bwd and tier_moe_aux_fwd / _bwd answer -ENOTSUP there (the layer does
  * them). The layer and the experts steps synchronise the stream once per call to read the expert
  * offsets (and the layer's aux statistics) on the host; the other steps do not synchronise. Limits on CUDA: H up to
@@ -192,7 +206,6 @@ typedef struct {
 	int32_t *row_pair; /* [T*k] */
 	int32_t *pair_row; /* [T*k] */
 	float *g, *u;      /* [T*k, I] (bf16 with TIER_MOE_BF16) */
-	float *y;          /* [T*k, H] expert outputs (bf16 with TIER_MOE_BF16) */
 	float aux, z;      /* the losses of this forward (already times their coefficients) */
 } tier_moe_saved;
 
