@@ -413,8 +413,9 @@ static inline void ref_lora_row_bwd(int rnd, int in, int out, const float *a, co
 
 /* Backward of one row: from x [H], the saved g, u [I] and dy [H] (as stored), dx [H] (fp32, as
  * stored) written and the adapters' increments accumulated. */
+/* dot (not NULL): the row's dh . silu(g) u, dh in fp32 and h unrounded as the CUDA kernel sums them. */
 static inline void ref_row_bwd(int rnd, int H, int I, const ref_expert *w, const float *xr, const float *g,
-			       const float *u, const float *dyr, float *dxr)
+			       const float *u, const float *dyr, float *dxr, float *dot)
 {
 	int m = H > I ? H : I;
 	double *x = malloc(sizeof(double) * 7 * (size_t)m), *h = x + m, *dy = h + m, *dh = dy + m, *dG = dh + m;
@@ -431,6 +432,11 @@ static inline void ref_row_bwd(int rnd, int H, int I, const ref_expert *w, const
 	}
 	if (w->a[2])
 		ref_lora_row_bwd(rnd, I, H, w->a[2], w->b[2], w->r, w->s, w->da[2], w->db[2], h, dy, dh);
+	double dd = 0.0;
+	for (int i = 0; i < I; i++)
+		dd += (double)(float)dh[i] * (g[i] * ref_sigmoid(g[i]) * u[i]);
+	if (dot)
+		*dot = (float)dd;
 	for (int i = 0; i < I; i++) {
 		double d = (float)dh[i], sg = ref_sigmoid(g[i]); /* dh is stored in fp32 */
 		dG[i] = ref_rnd(rnd, d * u[i] * sg * (1.0 + g[i] * (1.0 - sg)));

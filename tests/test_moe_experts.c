@@ -90,7 +90,7 @@ static void check_row_ref(const ecase *c, const int32_t *off, float **gate, floa
 			ref_row_fwd(0, H, I, &ex, xg + (size_t)row * H, g2 + (size_t)row * I, u2 + (size_t)row * I,
 				    y2 + (size_t)row * H);
 			ref_row_bwd(0, H, I, &ex, xg + (size_t)row * H, g2 + (size_t)row * I, u2 + (size_t)row * I,
-				    R + (size_t)row * H, dx2 + (size_t)row * H);
+				    R + (size_t)row * H, dx2 + (size_t)row * H, NULL);
 		}
 	}
 	double *gd = ref_dup(g2, (size_t)n * I), *ud = ref_dup(u2, (size_t)n * I), *yd = ref_dup(y2, (size_t)n * H);
