@@ -30,10 +30,10 @@ fi
 cfg=bench/configs/qwen3-30b-a3b.json
 run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
 old=("${RUN_OLD:-}" "${job_args[@]}" --config "$cfg")
-am=(--batch 1 --steps 6 --ddr 4G --op-cache all:hbm=48G)
+am=(--batch 1 --steps ${A_STEPS:-6} --ddr 4G --op-cache all:hbm=48G)
 has a && step 150 train-a "${run[@]}" "${am[@]}"
 has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
-lm=(--batch 8 --micro-batches 4 --layer-major --steps 3 --hbm 24G --ddr 110G)
+lm=(--batch 8 --micro-batches 4 --layer-major --steps ${B_STEPS:-3} --hbm 24G --ddr 110G)
 has b && step 300 train-b "${run[@]}" "${lm[@]}"
 has b && [ -n "${RUN_OLD:-}" ] && step 300 train-b-old "${old[@]}" "${lm[@]}"
 has c && step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing \
