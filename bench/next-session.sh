@@ -5,8 +5,9 @@
 # op cache in HBM, (b) --hbm 24G layer-major, (c) HF + PEFT.
 # With BIN_U1 (a tier-bench built with NVCCFLAGS=-DTIER_WG_SERIAL_COPY=1) the MoE benchmark runs
 # that build too; with RUN_OLD (the tier-run of an earlier build) each trainer job runs it as well,
-# right after the new one, as the peer of a change in the same call. Stages by STAGES (default tests,moe,a,b,c). Fits one 600 s call only in part:
-# split it by STAGES over two calls.
+# right after the new one, as the peer of a change in the same call. Stages by STAGES (default
+# tests,moe,a,b,c); A_STEPS and B_STEPS (6, 3) the trainer jobs' steps. Fits one 600 s call only in
+# part: split it by STAGES over two calls.
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
 # Staging (carry limit 64 MiB): build here with `../configure --disable-shared` (static libtier), copy
 # tier-run, tier-bench and the tests named below into .device/bin/tests, stage the shared libraries
