@@ -162,6 +162,7 @@ static int trainer_tables(tier_trainer *t, size_t nckpt)
 	const tier_model *m = t->m;
 	size_t E = m->E > 0 ? (size_t)m->E : 1, T = (size_t)t->sh.T;
 	if (!(t->ckpt = calloc(nckpt, sizeof *t->ckpt)) || !(t->counts = calloc(E, sizeof(int32_t))) ||
+	    !(t->fcounts = calloc(nckpt * E, sizeof(int32_t))) || !(t->fvalid = calloc(nckpt, 1)) ||
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->prevcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
@@ -313,6 +314,8 @@ void tier_trainer_destroy(tier_trainer *t)
 	free(t->lcounts);
 	free(t->mbcounts);
 	free(t->prevcounts);
+	free(t->fcounts);
+	free(t->fvalid);
 	free(t->ptr);
 	free(t->cv_src);
 	free(t->cv_dst);
@@ -510,12 +513,31 @@ static int pin_dense(tier_trainer *t, int l, int grads, dec_weights *w)
 	return lora_convert(t);
 }
 
+/* The experts' token counts of layer l: routed in a forward (and kept), a backward's recompute
+ * taking its forward's. The recompute's block routes again on the device, to the same experts: were
+ * it not, a routed expert would lack its weights, which the block refuses (-EINVAL). */
+static int route_counts(tier_trainer *t, int l, int bwd, dec_weights *w)
+{
+	tier_model *m = t->m;
+	size_t slot = (size_t)(t->nck > 1 ? t->mb : 0) * (size_t)(m->L + 1) + (size_t)l, E = (size_t)m->E;
+	int32_t *fc = t->fcounts + slot * E;
+	if (bwd && t->fvalid[slot]) {
+		memcpy(t->counts, fc, sizeof(int32_t) * E);
+		t->fvalid[slot] = 0;
+		return 0;
+	}
+	int rc = dec_route(m, &t->sh, w, &t->b, t->counts, t->hidx);
+	if (!rc && !bwd)
+		memcpy(fc, t->counts, sizeof(int32_t) * E), t->fvalid[slot] = 1;
+	return rc;
+}
+
 /* Route, then pin only the experts that received tokens (and their LoRA). */
-static int pin_experts(tier_trainer *t, int l, int grads, dec_weights *w)
+static int pin_experts(tier_trainer *t, int l, int grads, int bwd, dec_weights *w)
 {
 	tier_model *m = t->m;
 	model_layer *ly = &m->layers[l];
-	int E = m->E, rc = dec_route(m, &t->sh, w, &t->b, t->counts, t->hidx);
+	int E = m->E, rc = route_counts(t, l, bwd, w);
 	if (rc)
 		return rc;
 	const float **P = t->ptr;
@@ -568,7 +590,7 @@ static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *o
 	if (rc)
 		return rc;
 	trainer_charge(t, TIER_PART_ATTN_FWD);
-	if (m->layers[l].moe && (rc = pin_experts(t, l, grads, w)))
+	if (m->layers[l].moe && (rc = pin_experts(t, l, grads, bwd, w)))
 		return rc;
 	trainer_charge(t, TIER_PART_ROUTE);
 	if (bwd && !dec_mlp_recompute(&t->sh, m->layers[l].moe))
@@ -652,7 +674,7 @@ static int fwd_body(tier_trainer *t, int l, float *hidden)
 	if (!rc && t->offer)
 		rc = trainer_cache_offer(t, l);
 	trainer_cache_unplace(t);
-	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute routes the same again */
+	if (!rc && t->m->layers[l].moe) /* forwards only: the backward's recompute takes the same counts */
 		for (int e = 0; e < t->m->E; e++) {
 			size_t i = (size_t)l * t->m->E + e;
 			t->lcounts[i] += t->counts[e];

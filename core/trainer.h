@@ -60,6 +60,10 @@ struct tier_trainer {
 	size_t op;             /* index into the schedule */
 	int64_t step;
 	int32_t *counts;       /* [E] */
+	int32_t *fcounts;      /* [nck L E]: each layer's forward counts by micro-batch slot (as ck), and */
+	uint8_t *fvalid;       /* [nck L] set by that forward, taken by the backward's recompute: it pins
+				* the same experts without routing again (the router's choices read back to
+				* the host: a wait for the device between the attention and the MLP) */
 	int64_t *lcounts;      /* [L E]: tokens routed to each expert by the last step's (or eval's) forwards */
 	int64_t *mbcounts;     /* [L E]: the same for the latest micro-batch forward alone, and for the */
 	int64_t *prevcounts;   /* forward before it: the step schedule lists the experts the latest routed
