@@ -353,11 +353,14 @@ static void hfree(int E, float **f)
 		free(f[e]);
 	free(f);
 }
+/* The layer case being checked (set by layer_case), named in the messages. */
+static char case_name[96];
+
 static void check_close(const float *got, const float *want, size_t n, double tol, const char *what)
 {
 	double *w = ref_dup(want, n), e = ref_relerr(got, w, n);
 	if (!(e <= tol) || getenv("TIER_TEST_VERBOSE"))
-		fprintf(stderr, "# %s: relative error %g (tolerance %g)\n", what, e, tol);
+		fprintf(stderr, "# %s: relative error %g (tolerance %g)%s\n", what, e, tol, case_name);
 	assert_true(e <= tol);
 	free(w);
 }
@@ -412,6 +415,8 @@ static void layer_case(const gcase *c)
 	int sig = rc->kind == TIER_MOE_ROUTER_SIGMOID_GROUP;
 	tier_moe_cfg cfg = { *rc, H, I, c->cf, c->aux, c->z, TIER_MOE_F32 }, gcfg = cfg;
 	gcfg.dtype = TIER_MOE_BF16;
+	snprintf(case_name, sizeof case_name, " [layer case: router %d, E %d, k %d, T %d, H %d, I %d, r %d]", (int)rc->kind,
+		 E, k, T, H, I, r);
 	size_t TH = (size_t)T * H, TE = (size_t)T * E, EH = (size_t)E * H;
 	/* logits of std ~1.5: peaked enough to route, not so peaked that d_logits cancel to noise */
 	float **xs = hrand(1, TH, 1.0f), **wrs = hrand(1, EH, 1.5f / sqrtf((float)H)), *x = xs[0], *wr = wrs[0];
@@ -655,6 +660,7 @@ static void layer_case(const gcase *c)
 	free(ig), free(og), free(rpg), free(prg), free(cntg), free(lc), free(twc), free(twr), free(ic), free(oc), free(rpc);
 	free(prc), free(cntc), free(lcd), free(xgc), free(ex), free(ge), free(ue), free(ye), free(oute), free(dye);
 	free(dtwe), free(dxge), free(dxe), free(dle), free(dwre), free(dxg_), free(dwrg), free(dwred), free(dote);
+	case_name[0] = 0;
 }
 
 static void test_layer(void **state)
