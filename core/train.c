@@ -527,6 +527,7 @@ static int route_counts(tier_trainer *t, int l, int bwd, dec_weights *w)
 		return 0;
 	}
 	int rc = dec_route(m, &t->sh, w, &t->b, t->counts, t->hidx);
+	t->n_routes++;
 	if (!rc && !bwd)
 		memcpy(fc, t->counts, sizeof(int32_t) * E), t->fvalid[slot] = 1;
 	return rc;
@@ -1022,7 +1023,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 				 "(tier_model_init_random) first");
 	uint64_t t0 = tier_now_ns();
 	memset(r, 0, sizeof *r);
-	t->n_piped = t->n_early = 0;
+	t->n_piped = t->n_early = t->n_routes = 0;
 	if ((rc = step_begin(t)))
 		return rc;
 	float loss_sum = 0.0f, lr = 0.0f;
@@ -1037,7 +1038,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	for (size_t i = 0; i < T * nm; i++)
 		r->tokens += labels[i] != t->lp.ignore_index;
 	r->ns = tier_now_ns() - t0;
-	r->ops_pipelined = t->n_piped, r->ops_finished_early = t->n_early;
+	r->ops_pipelined = t->n_piped, r->ops_finished_early = t->n_early, r->routes = t->n_routes;
 	return 0;
 }
 

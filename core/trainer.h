@@ -57,6 +57,7 @@ struct tier_trainer {
 	trainer_opdesc opp;
 	tier_waypoint *wp;
 	int n_piped, n_early;  /* the step's pipelined operations; finished early (tier_step_result) */
+	int n_routes;          /* the step's routings for the experts to fetch (tier_step_result.routes) */
 	size_t op;             /* index into the schedule */
 	int64_t step;
 	int32_t *counts;       /* [E] */

@@ -525,6 +525,9 @@ static void test_layer_major(void **state)
 	rig q;
 	rig_micro = 3;
 	uint64_t small = min_hbm_of(&c, &lc) * 3 / 2;
+	int n_moe = 0;
+	for (int l = 0; l < (int)c.num_hidden_layers; l++)
+		n_moe += tier_hf_layer_is_moe(&c, l);
 	static const char *what[4] = { "large budget", "spilling budget", "spilling budget, op cache",
 				       "spilling budget, 2 MoE chunks" };
 	for (int k = 0; k < 4; k++) {
@@ -543,6 +546,8 @@ static void test_layer_major(void **state)
 					printf("# step %d: %s\n", st, tier_last_error());
 				assert_int_equal(rc, 0);
 				loss[v][st] = res.loss;
+				/* each MoE layer routed once a micro-batch: the backward took its forward's experts */
+				assert_int_equal(res.routes, n_moe * 3);
 			}
 			assert_int_equal(tier_model_lora_export(q.m, 0, &w[v]), 0);
 			assert_int_equal(tier_trainer_expert_counts(q.t, 2, counts[v]), 0);
