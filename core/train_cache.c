@@ -32,10 +32,11 @@ static tier_op_cost half_cost(const tier_trainer *t, int l, int half)
 	tier_op_cost c = { .kind = TIER_OP_MATMUL, .bytes = (double)t->b.save_bytes[half] };
 	if (half == 0) /* q, k, v, o projections and causal attention (half of the seq x seq scores) */
 		c.kind = TIER_OP_ATTENTION, c.flops = 2 * T * H * (qd + 2 * kvd) + 2 * T * qd * H + 2 * T * t->sh.seq * qd;
+	/* the MLP half's recompute makes the state alone: gate and up, not down (nor the combine) */
 	else if (m->layers[l].moe)
-		c.kind = TIER_OP_GROUPED_GEMM, c.flops = 2 * T * m->k * 3 * H * m->Ie + 2 * T * H * m->E;
+		c.kind = TIER_OP_GROUPED_GEMM, c.flops = 2 * T * m->k * 2 * H * m->Ie + 2 * T * H * m->E;
 	else
-		c.flops = 2 * T * 3 * H * m->I;
+		c.flops = 2 * T * 2 * H * m->I;
 	return c;
 }
 

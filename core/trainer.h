@@ -61,8 +61,8 @@ struct tier_trainer {
 	size_t op;             /* index into the schedule */
 	int64_t step;
 	int32_t *counts;       /* [E] */
-	int32_t *fcounts;      /* [nck L E]: each layer's forward counts by micro-batch slot (as ck), and */
-	uint8_t *fvalid;       /* [nck L] set by that forward, taken by the backward's recompute: it pins
+	int32_t *fcounts;      /* [nck (L + 1) E]: each layer's forward counts by micro-batch slot (as ck), */
+	uint8_t *fvalid;       /* [nck (L + 1)] set by that forward, taken by the backward's recompute: it pins
 				* the same experts without routing again (the router's choices read back to
 				* the host: a wait for the device between the attention and the MLP) */
 	int64_t *lcounts;      /* [L E]: tokens routed to each expert by the last step's (or eval's) forwards */

@@ -93,7 +93,7 @@ int tier_moe_combine_dw(tier_dev *dev, int T, int k, const int32_t *pair_row, co
 	MOE_NONNULL(d_topk_w, fn);
 	for (int p = 0; p < T * k; p++) {
 		float w = topk_w[p];
-		d_topk_w[p] = pair_row[p] >= 0 && fabsf(w) >= FLT_MIN ? row_dot[pair_row[p]] / w : 0.0f;
+		d_topk_w[p] = pair_row[p] >= 0 && !(fabsf(w) < FLT_MIN) ? row_dot[pair_row[p]] / w : 0.0f; /* NaN stays */
 	}
 	return 0;
 }

@@ -45,7 +45,7 @@ __global__ void combine_dw_kernel(int n, const int32_t *pair_row, const float *w
 	for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < n; p += gridDim.x * blockDim.x) {
 		int r = pair_row[p];
 		float wp = w[p];
-		d_topk_w[p] = r >= 0 && fabsf(wp) >= FLT_MIN ? row_dot[r] / wp : 0.0f;
+		d_topk_w[p] = r >= 0 && !(fabsf(wp) < FLT_MIN) ? row_dot[r] / wp : 0.0f; /* a NaN weight stays NaN */
 	}
 }
 

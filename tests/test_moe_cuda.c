@@ -1114,7 +1114,7 @@ static void test_layer_bad_input(void **state)
 	tier_moe_experts w = { .gate = wp, .up = wp, .down = wp };
 	tier_moe_saved s;
 	size_t wb = tier_moe_workspace_bytes(&b16, 3, NULL);
-	assert_true(wb > 0 && tier_moe_saved_bytes(&b16, 3) < tier_moe_saved_bytes(&f32, 3)); /* y in bf16 */
+	assert_true(wb > 0 && tier_moe_saved_bytes(&b16, 3) < tier_moe_saved_bytes(&f32, 3)); /* g and u in bf16 */
 	assert_int_equal(tier_moe_saved_bind(&b16, 3, p, tier_moe_saved_bytes(&b16, 3), &s), 0);
 	/* fp32 storage on CUDA, bf16 on the CPU */
 	assert_int_equal(tier_moe_layer_fwd(gpu, &f32, 3, p, p, NULL, &w, NULL, p, &s, p, wb), -EINVAL);

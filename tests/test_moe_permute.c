@@ -117,14 +117,20 @@ static void run_case(int T, int k, int E, int H, int how, float cf)
 	assert_int_equal(tier_moe_combine_bwd(dev, T, k, H, pr, tw, NULL, dout, dy2, NULL), 0);
 	assert_memory_equal(dy2, dy, 4 * (size_t)row * H);
 	assert_int_equal(tier_moe_combine_bwd(dev, T, k, H, pr, tw, y, dout, dy2, NULL), -EINVAL);
-	tw[n - 1] = 0.0f, dtwr[n - 1] = 0.0;
+	int z = -1; /* a kept pair's weight zeroed: its gradient is 0 */
+	for (int p = n - 1; p >= 0 && z < 0; p--)
+		z = ref_pr[p] >= 0 ? p : -1;
+	if (z >= 0)
+		tw[z] = 0.0f, dtwr[z] = 0.0;
 	for (int p = 0; p < n; p++)
 		if (ref_pr[p] >= 0)
 			dot[ref_pr[p]] = (float)(tw[p] * dtwr[p]);
 	ref_poison(dtw2, 4 * (size_t)n);
 	assert_int_equal(tier_moe_combine_dw(dev, T, k, pr, tw, dot, dtw2), 0);
 	assert_true(ref_relerr(dtw2, dtwr, (size_t)n) <= REF_TOL);
-	assert_true(dtw2[n - 1] == 0.0f);
+	assert_true(z < 0 || dtw2[z] == 0.0f);
+	assert_int_equal(tier_moe_combine_dw(dev, T, k, pr, tw, NULL, dtw2), -EINVAL);
+	assert_int_equal(tier_moe_combine_dw(dev, T, k, pr, tw, dot, NULL), -EINVAL);
 	free(dy2), free(dot), free(dtw2);
 	free(idx), free(off), free(rp), free(pr), free(cnt), free(ref_pr), free(ref_cnt), free(x), free(xg), free(dx);
 	free(tw), free(out), free(dout), free(dy), free(dtw), free(dxr), free(outr), free(dyr), free(dtwr);

@@ -199,9 +199,10 @@ typedef struct {
 	 * until the next one's kernels were queued ($TIER_PIPELINE=0: none); of them, those finished
 	 * early because the next one's pin needed their room or an object they were filling. */
 	int ops_pipelined, ops_finished_early;
-	/* MoE layer forwards that routed to learn which experts to fetch (the router's choices read
-	 * back to the host, a wait for the device): one per MoE layer and micro-batch. A backward's
-	 * recompute pins its forward's experts instead (the MoE chunks' too). */
+	/* Routings to learn which experts to fetch (the router's choices read back to the host, a wait
+	 * for the device): one per MoE layer and micro-batch forward. A backward's recompute pins its
+	 * forward's experts instead (the MoE chunks' too), routing only where that forward's counts
+	 * are missing. */
 	int routes;
 } tier_step_result;
 enum { TIER_PART_EMBED, TIER_PART_ATTN_FWD, TIER_PART_ROUTE, TIER_PART_MLP_FWD, TIER_PART_LOSS,

@@ -153,9 +153,10 @@ int tier_moe_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair
 			 const float *y, const float *d_out, float *dy, float *d_topk_w);
 /* d_topk_w [T, k] (written) = row_dot[row] / w for every kept pair (row_dot from
  * tier_moe_experts_bwd, dy from combine_bwd: row_dot = w d_out[t] . y[row]); 0 for dropped pairs and
- * for weights that are 0 or subnormal, where it cannot be recovered and does not matter: every
- * router form multiplies a weight's gradient by that weight's own derivative, which carries the
- * weight (softmax p (..), sigmoid s (1 - s)), so the logits get nothing from it either way. */
+ * for weights that are 0 or subnormal, where it cannot be recovered and hardly matters: every
+ * router form multiplies a weight's gradient by the weight or its score (softmax p (..), sigmoid
+ * s (1 - s)), so the logits lose nothing for w = 0 and less than FLT_MIN |d_topk_w| for a subnormal
+ * w. A NaN weight gives NaN. */
 int tier_moe_combine_dw(tier_dev *dev, int T, int k, const int32_t *pair_row, const float *topk_w,
 			const float *row_dot, float *d_topk_w);
 
