@@ -203,7 +203,12 @@ static void plan_time(const tier_plan_model *m, const tier_plan_cluster *c, tier
 	const double N = (double)r->accum, passes = r->layer_major ? 1 : N;
 	double mm = 2.0 * p->matmul_active * T, lora = 2.0 * p->lora_active * T;
 	r->flops[0] = N * (mm + am + ai + lora);
-	r->flops[1] = r->flops[0] * (1 - r->opcache_hit);
+	/* the recompute runs the layers again, not the output head, and makes only the state the
+	 * backward reads: not the MLPs' down products (a third of each SwiGLU's weights) */
+	const int64_t moe_layers = m->layers - m->dense_layers;
+	double head = (double)(m->tie_embeddings ? p->embed : p->lm_head);
+	double downs = ((double)p->dense_mlp + (double)p->shared + (double)p->expert_one * m->top_k * moe_layers) / 3;
+	r->flops[1] = N * (mm - 2.0 * T * (head + downs) + am + ai + lora) * (1 - r->opcache_hit);
 	r->flops[2] = N * (mm + 2.5 * am + 2 * lora);
 	r->flops[3] = 12.0 * p->lora / g;
 	r->flops_total = r->flops[0] + r->flops[1] + r->flops[2] + r->flops[3];
@@ -231,7 +236,6 @@ static void plan_time(const tier_plan_model *m, const tier_plan_cluster *c, tier
 	 * node); between nodes a token travels once per node that holds one of its experts (DeepEP's
 	 * dedup), e_nodes (1 - (1 - 1/e_nodes)^k) nodes in expectation under uniform routing, less
 	 * its own. */
-	const int64_t moe_layers = m->layers - m->dense_layers;
 	const double vol = N * 3.0 * 2 * moe_layers * T * h * 2;
 	double a2a_intra = r->ep > 1 ? vol * m->top_k * (r->ep - 1) / r->ep : 0, a2a_inter = 0;
 	if (r->ep > c->gpus_per_node) {
