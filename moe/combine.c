@@ -66,14 +66,10 @@ int tier_moe_combine_bwd(tier_dev *dev, int T, int k, int H, const int32_t *pair
 		for (int j = 0; j < k; j++) {
 			int p = t * k + j, r = pair_row[p];
 			double dot = 0.0;
-			if (r >= 0) {
-				const float *s = y ? y + (size_t)r * H : NULL;
-				float *d = dy + (size_t)r * H;
-				for (int h = 0; h < H; h++) {
-					dot += s ? (double)g[h] * s[h] : 0.0;
-					d[h] = topk_w[p] * g[h];
-				}
-			}
+			for (int h = 0; r >= 0 && h < H; h++)
+				dy[(size_t)r * H + h] = topk_w[p] * g[h];
+			for (int h = 0; r >= 0 && y && h < H; h++)
+				dot += (double)g[h] * y[(size_t)r * H + h];
 			if (d_topk_w)
 				d_topk_w[p] = (float)dot;
 		}

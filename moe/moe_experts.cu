@@ -63,21 +63,36 @@ static __device__ __forceinline__ float2 swiglu_d(float x, float u, float d)
 	return make_float2(d * u * s * (1.0f + x * (1.0f - s)), d * x * s); /* dG, dU */
 }
 
+/* The backward at element i (V = 1) or the pair i, i + 1 (V = 2): dg, du written; with DOT, the
+ * element's (pair's) share of dh . silu(g) u returned. */
+template <int V, bool DOT>
+static __device__ __forceinline__ float swiglu_bwd_at(const bf16 *g, const bf16 *u, const float *dh, size_t i, bf16 *dg,
+						      bf16 *du)
+{
+	if (V == 2) {
+		float2 x = moe_get2(g + i), y = moe_get2(u + i);
+		float d0 = dh[i], d1 = dh[i + 1];
+		float2 a = swiglu_d(x.x, y.x, d0), b = swiglu_d(x.y, y.y, d1);
+		moe_set2(dg + i, a.x, b.x);
+		moe_set2(du + i, a.y, b.y);
+		return DOT ? d0 * silu_mul(x.x, y.x) + d1 * silu_mul(x.y, y.y) : 0.0f;
+	}
+	float x = __bfloat162float(g[i]), y = __bfloat162float(u[i]), d = dh[i];
+	float2 a = swiglu_d(x, y, d);
+	dg[i] = __float2bfloat16(a.x);
+	du[i] = __float2bfloat16(a.y);
+	return DOT ? d * silu_mul(x, y) : 0.0f;
+}
+
 template <int V>
 __global__ void swiglu_bwd_kernel(const bf16 *g, const bf16 *u, const float *dh, size_t n, bf16 *dg, bf16 *du)
 {
 	size_t step = V * (size_t)gridDim.x * blockDim.x;
 	for (size_t i = V * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += step) {
-		if (V == 2 && i + 1 < n) {
-			float2 x = moe_get2(g + i), y = moe_get2(u + i);
-			float2 a = swiglu_d(x.x, y.x, dh[i]), b = swiglu_d(x.y, y.y, dh[i + 1]);
-			moe_set2(dg + i, a.x, b.x);
-			moe_set2(du + i, a.y, b.y);
-		} else {
-			float2 a = swiglu_d(__bfloat162float(g[i]), __bfloat162float(u[i]), dh[i]);
-			dg[i] = __float2bfloat16(a.x);
-			du[i] = __float2bfloat16(a.y);
-		}
+		if (V == 2 && i + 1 < n)
+			swiglu_bwd_at<2, false>(g, u, dh, i, dg, du);
+		else
+			swiglu_bwd_at<1, false>(g, u, dh, i, dg, du);
 	}
 }
 
@@ -90,24 +105,9 @@ __global__ void swiglu_bwd_rows_kernel(const bf16 *g, const bf16 *u, const float
 	int lane = threadIdx.x & 31;
 	size_t warps = (size_t)gridDim.x * (blockDim.x >> 5);
 	for (size_t r = blockIdx.x * (size_t)(blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
-		size_t o = r * I;
 		float dot = 0.0f;
-		for (int i = V * lane; i < I; i += 32 * V) {
-			if (V == 2) {
-				float2 x = moe_get2(g + o + i), y = moe_get2(u + o + i);
-				float d0 = dh[o + i], d1 = dh[o + i + 1];
-				float2 a = swiglu_d(x.x, y.x, d0), b = swiglu_d(x.y, y.y, d1);
-				dot += d0 * silu_mul(x.x, y.x) + d1 * silu_mul(x.y, y.y);
-				moe_set2(dg + o + i, a.x, b.x);
-				moe_set2(du + o + i, a.y, b.y);
-			} else {
-				float x = __bfloat162float(g[o + i]), y = __bfloat162float(u[o + i]), d = dh[o + i];
-				float2 a = swiglu_d(x, y, d);
-				dot += d * silu_mul(x, y);
-				dg[o + i] = __float2bfloat16(a.x);
-				du[o + i] = __float2bfloat16(a.y);
-			}
-		}
+		for (int i = V * lane; i < I; i += 32 * V)
+			dot += swiglu_bwd_at<V, true>(g, u, dh, r * I + i, dg, du);
 		for (int m = 16; m; m >>= 1)
 			dot += __shfl_xor_sync(0xffffffffu, dot, m);
 		if (lane == 0)

@@ -123,25 +123,37 @@ static void waitq_append(waitq *w, chunk *head, chunk *tail)
 	w->tail = tail;
 }
 
+static chunk *waitq_pop(waitq *w)
+{
+	chunk *c = w->head;
+	if ((w->head = c->next) == NULL)
+		w->tail = NULL;
+	return c;
+}
+
+static void waitq_push_front(waitq *w, chunk *c)
+{
+	c->next = w->head;
+	w->head = c;
+	if (!w->tail)
+		w->tail = c;
+}
+
 /* Stopping: queued requests are cancelled; the remainders of running ones stay to finish. */
 static void cancel_waiting(waitq *w)
 {
-	chunk *keep = NULL, **kt = &keep;
-	w->tail = NULL;
+	waitq keep = { NULL, NULL };
 	while (w->head) {
-		chunk *c = w->head;
-		w->head = c->next;
+		chunk *c = waitq_pop(w);
 		if (c->done) { /* the remainder of a running request finishes */
-			*kt = c;
-			kt = &c->next;
-			w->tail = c;
+			c->next = NULL;
+			waitq_append(&keep, c, c);
 			continue;
 		}
 		job_chunk_done(c->job, -ECANCELED, "%s transfer cancelled: the offload engine was destroyed before it ran",
 			       tier_link_name(c->job->link));
 	}
-	*kt = NULL;
-	w->head = keep;
+	*w = keep;
 }
 
 /* Move waiting chunks into the ring up to its depth (a chunk whose preparation fails, by an
@@ -152,10 +164,7 @@ static void submit_waiting(tier_offload *off, off_uring *u, waitq *w, unsigned *
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
 		if (!sqe)
 			break;
-		chunk *c = w->head;
-		w->head = c->next;
-		if (!w->head)
-			w->tail = NULL;
+		chunk *c = waitq_pop(w);
 		offload_jitter_sleep(off);
 		job_chunk_start(c->job);
 		int rc = prep_chunk(off, u, c, sqe);
@@ -190,12 +199,8 @@ static void reap(tier_offload *off, off_uring *u, waitq *w, unsigned *inflight)
 		if (data && data != (void *)1) {
 			chunk *c = data;
 			(*inflight)--;
-			if (complete_chunk(off, c, res)) { /* the remainder goes first */
-				c->next = w->head;
-				w->head = c;
-				if (!w->tail)
-					w->tail = c;
-			}
+			if (complete_chunk(off, c, res)) /* the remainder goes first */
+				waitq_push_front(w, c);
 		}
 	}
 	io_uring_cq_advance(&u->ring, seen);

@@ -148,8 +148,13 @@ static int fail_lib(const char *what)
 	return 1;
 }
 
-/* Model, store, data, trainer; 0, or 1 with a message printed. */
-static void fmt_eta(double s, char *buf, size_t len);
+static void fmt_eta(double s, char *buf, size_t len)
+{
+	if (s >= 3600)
+		snprintf(buf, len, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+	else
+		snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+}
 
 /* An HBM budget with room for the free space to split among pinned copies: the step's need counts
  * bytes, not their places. On the default model and the layer-major and MoE-chunk configs of
@@ -363,6 +368,7 @@ static int job_logs(job *j, const run_opts *o, const tier_hf_config *cfg, const 
 	return stats_log_open(&j->slog, o->out, &si) ? 1 : 0;
 }
 
+/* Model, store, data, trainer; 0, or 1 with a message printed. */
 static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 {
 	const char *data = NULL;
@@ -374,14 +380,6 @@ static int job_open(job *j, const run_opts *o, tier_hf_config *cfg)
 		return rc;
 	job_report(j, o, cfg, data, bytes);
 	return job_logs(j, o, cfg, data, bytes);
-}
-
-static void fmt_eta(double s, char *buf, size_t len)
-{
-	if (s >= 3600)
-		snprintf(buf, len, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
-	else
-		snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
 }
 
 /* ,"name":{"embed":ns,...} of the first n parts. */
