@@ -35,6 +35,11 @@ struct tier_dev {
 	cudaStream_t lane[TIER_DEV_LANES];
 	cudaEvent_t lane_done[TIER_DEV_LANES], forked;
 	void *lane_ws[TIER_DEV_LANES];
+	/* the copy stream (tier_dev_copy_async), made on first use: an operator's output on its way
+	 * to the op cache in DDR while the compute stream goes on */
+	int copy_on;
+	cudaStream_t copy;
+	cudaEvent_t copy_from, copy_done;
 #endif
 };
 
@@ -161,6 +166,12 @@ void tier_dev_close(tier_dev *d)
 		}
 		if (d->lanes)
 			cudaEventDestroy(d->forked);
+		if (d->copy_on) {
+			cudaStreamSynchronize(d->copy);
+			cudaEventDestroy(d->copy_from);
+			cudaEventDestroy(d->copy_done);
+			cudaStreamDestroy(d->copy);
+		}
 		if (d->workspace)
 			cudaFree(d->workspace);
 		if (d->blaslt)
@@ -294,6 +305,57 @@ void *tier_dev_lane_stream(const tier_dev *d, int i, void **ws, size_t *ws_bytes
 	return tier_dev_stream(d);
 }
 
+#ifdef TIER_HAVE_CUDA
+static int copy_make(tier_dev *d)
+{
+	if (d->copy_on)
+		return 0;
+	CUDA_TRY(cudaStreamCreateWithFlags(&d->copy, cudaStreamNonBlocking), -EIO);
+	if (cudaEventCreateWithFlags(&d->copy_from, cudaEventDisableTiming) != cudaSuccess ||
+	    cudaEventCreateWithFlags(&d->copy_done, cudaEventDisableTiming) != cudaSuccess) {
+		cudaStreamDestroy(d->copy);
+		return tier_fail(-EIO, "CUDA: no events for the copy stream on %s", d->name);
+	}
+	d->copy_on = 1;
+	return 0;
+}
+#endif
+
+int tier_dev_copy_async(tier_dev *d, void *dst, const void *src, size_t n)
+{
+	if (!dst || !src)
+		return tier_fail(-EINVAL, "tier_dev_copy_async: NULL destination or source");
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		pthread_mutex_lock(&d->lane_lock);
+		int rc = copy_make(d);
+		pthread_mutex_unlock(&d->lane_lock);
+		if (rc)
+			return rc;
+		CUDA_TRY(cudaEventRecord(d->copy_from, d->stream), -EIO);
+		CUDA_TRY(cudaStreamWaitEvent(d->copy, d->copy_from, 0), -EIO);
+		CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, d->copy), -EIO);
+		return 0;
+	}
+#endif
+	memcpy(dst, src, n);
+	return 0;
+}
+
+int tier_dev_copy_join(tier_dev *d)
+{
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA && d->copy_on &&
+	    (cudaEventRecord(d->copy_done, d->copy) != cudaSuccess ||
+	     cudaStreamWaitEvent(d->stream, d->copy_done, 0) != cudaSuccess)) {
+		cudaStreamSynchronize(d->copy); /* unordered now: done before the caller reuses anything */
+		return tier_fail(-EIO, "copy stream: join failed on %s: %s", d->name, cudaGetErrorString(cudaGetLastError()));
+	}
+#endif
+	(void)d;
+	return 0;
+}
+
 int tier_dev_profiler(tier_dev *d, int on)
 {
 #ifdef TIER_HAVE_CUDA
@@ -309,8 +371,11 @@ int tier_dev_profiler(tier_dev *d, int on)
 int tier_dev_sync(tier_dev *d)
 {
 #ifdef TIER_HAVE_CUDA
-	if (d->kind == TIER_DEV_CUDA) /* lanes are joined into the stream (a failed join waits itself) */
+	if (d->kind == TIER_DEV_CUDA) { /* lanes are joined into the stream (a failed join waits itself) */
 		CUDA_TRY(cudaStreamSynchronize(d->stream), -EIO);
+		if (d->copy_on) /* copies not joined yet are done too */
+			CUDA_TRY(cudaStreamSynchronize(d->copy), -EIO);
+	}
 #endif
 	(void)d;
 	return 0;

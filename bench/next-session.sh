@@ -39,11 +39,14 @@ am=(--batch 1 --steps ${A_STEPS:-6} --ddr 4G --op-cache all:hbm=48G)
 has a && step 150 train-a "${run[@]}" "${am[@]}"
 has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
 lm=(--batch 8 --micro-batches 4 --layer-major --steps ${B_STEPS:-3} --hbm 24G --ddr 110G)
-has b && step 300 train-b "${run[@]}" "${lm[@]}"
+# B_CACHE: op-cache rules for (b) (e.g. attention:hbm=3G:ddr=16G, the attention's output kept in
+# DDR); (b) then runs with them and, as their peer in the same call, without (train-b-nocache)
+has b && step 300 train-b "${run[@]}" "${lm[@]}" ${B_CACHE:+--op-cache "$B_CACHE"}
+has b && [ -n "${B_CACHE:-}" ] && step 300 train-b-nocache "${run[@]}" "${lm[@]}"
 has b && [ -n "${RUN_OLD:-}" ] && step 300 train-b-old "${old[@]}" "${lm[@]}"
 has c && step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing \
 	--seq 4096 --batch 8 --steps 4 --warmup 2
-for n in train-a train-a-old train-b train-b-old; do
+for n in train-a train-a-old train-b train-b-nocache train-b-old; do
 	[ -f "$out/$n.log" ] && { echo "== $n"; grep -E "^# (done|MFU|hbm|op cache|time by|pinned)|^ +[0-9]+ |rror" "$out/$n.log" | tail -11; }
 done
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }

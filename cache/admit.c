@@ -22,7 +22,7 @@ double cache_ddr_ns(const tier_cache *c, uint64_t bytes)
 double cache_density(const tier_cache *c, const cache_entry *e, tier_id t)
 {
 	double saved = e->recompute_ns;
-	if (t == TIER_DDR)
+	if (t == TIER_DDR && !e->overlapped)
 		saved -= cache_ddr_ns(c, e->bytes);
 	return saved / (double)e->bytes;
 }
@@ -139,6 +139,9 @@ tier_id cache_choose(tier_cache *c, cache_entry *e)
 	case TIER_CACHE_FCFS:
 		return room_for(c, e, TIER_HBM, 0) ? TIER_HBM : TIER_NTIERS;
 	case TIER_CACHE_VALUE:
+		/* overlapped copies: DDR first, the HBM budget left to the fetches back */
+		if (e->overlapped && e->bytes <= c->cfg.budget[0] && room_for(c, e, TIER_DDR, 1))
+			return TIER_DDR;
 		if (room_for(c, e, TIER_HBM, 1))
 			return TIER_HBM;
 		/* DDR only for what a get can bring into the HBM budget later */

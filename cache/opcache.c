@@ -286,6 +286,7 @@ static int offer(tier_cache *c, tier_cache_key key, const void *src, uint64_t by
 	e->bytes = bytes;
 	e->flops = cost->flops;
 	e->recompute_ns = cache_recompute_ns(c, cost->flops, cost->bytes);
+	e->overlapped = cost->overlapped != 0;
 	size_t h = key_hash(key) & (c->nbuckets - 1);
 	e->next = c->buckets[h];
 	c->buckets[h] = e;
@@ -343,6 +344,23 @@ int tier_cache_reserve(tier_cache *c, tier_cache_key key, uint64_t bytes, const 
 	if (!rc && w == TIER_HBM)
 		*ptr = find(c, key)->fill_at;
 	return rc;
+}
+
+int tier_cache_offer_target(tier_cache *c, tier_cache_key key, void **dst)
+{
+	cache_entry *e = c ? find(c, key) : NULL;
+	if (!dst || !e)
+		return tier_fail(-EINVAL, "tier_cache_offer_target: layer %u op %u micro-batch %u was not reserved, or "
+				 "a NULL output", key.layer, key.op, key.microbatch);
+	*dst = NULL;
+	if (!e->held) /* not admitted */
+		return 0;
+	if (!e->fill_at)
+		return tier_fail(-EINVAL, "tier_cache_offer_target: layer %u op %u micro-batch %u is filled already",
+				 key.layer, key.op, key.microbatch);
+	*dst = e->fill_at;
+	e->fill_at = NULL;
+	return 0;
 }
 
 int tier_cache_offer_fill(tier_cache *c, tier_cache_key key, const void *src, void *stream)

@@ -19,6 +19,7 @@ typedef struct cache_entry {
 	unsigned char in[2];
 	unsigned char pinned; /* between a hit and its release */
 	unsigned char held;   /* an asynchronous offer's copy: pinned in home until tier_cache_offer_done */
+	unsigned char overlapped; /* tier_op_cost.overlapped: DDR first, its round trip free */
 	void *fill_at;        /* a reservation's copy, until written (tier_cache_reserve) */
 	struct cache_entry *next;
 } cache_entry;

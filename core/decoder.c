@@ -192,7 +192,7 @@ static int qk_norm_bwd(const tier_model *m, int T, dec_bufs *b, const dec_weight
 	return rc ? rc : dop_norm_bwd(m, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->rk, b->dk, b->dkp);
 }
 
-int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
+int dec_attn_fwd_in(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
 {
 	tier_dev *d = m->dev;
 	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
@@ -204,12 +204,44 @@ int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const
 	    (rc = dop_linear(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->kp, ws)) ||
 	    (rc = dop_linear(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], v32, ws)) ||
 	    (rc = dop_to_act(m, (size_t)T * kvd, v32, b->v)) || (rc = qk_norm_fwd(m, T, b, w)) ||
-	    (rc = tier_attn_rope_fwd(d, &sh->rq, NULL, b->q)) || (rc = tier_attn_rope_fwd(d, &sh->rk, NULL, b->k)) ||
-	    (rc = tier_attn_fwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, b->ws, b->ws_bytes)) ||
-	    (rc = dop_linear(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->h1, ws)) ||
+	    (rc = tier_attn_rope_fwd(d, &sh->rq, NULL, b->q)))
+		return rc;
+	return tier_attn_rope_fwd(d, &sh->rk, NULL, b->k);
+}
+
+int dec_attn_fwd_core(const tier_model *m, const dec_shape *sh, dec_bufs *b)
+{
+	return tier_attn_fwd(m->dev, &sh->ap, b->q, b->k, b->v, b->o, b->lse, b->ws, b->ws_bytes);
+}
+
+int dec_attn_fwd_out(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
+{
+	int T = sh->T, H = m->H, qd = m->nh * m->hd, rc;
+	if ((rc = dop_linear(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->h1, b->ws)) ||
 	    (rc = dop_add(m, (size_t)T * H, b->h1, x, b->h1)))
 		return rc;
 	return dop_norm(m, T, H, b->h1, w->w[W_LN2], b->b, b->r2);
+}
+
+int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
+{
+	int rc = dec_attn_fwd_in(m, sh, x, w, b);
+	if (!rc)
+		rc = dec_attn_fwd_core(m, sh, b);
+	return rc ? rc : dec_attn_fwd_out(m, sh, x, w, b);
+}
+
+size_t dec_attn_core_bytes(const tier_model *m, const dec_shape *sh, size_t *lse_at)
+{
+	*lse_at = al((size_t)sh->T * m->nh * m->hd * dop_act_size(m)); /* layout's o piece */
+	return *lse_at + sizeof(float) * (size_t)sh->T * m->nh;
+}
+
+void dec_attn_core_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, void *at)
+{
+	size_t lse_at;
+	(void)dec_attn_core_bytes(m, sh, &lse_at);
+	b->o = (float *)at, b->lse = (float *)((char *)at + lse_at);
 }
 
 /* Rows from row0 on of a [T, H] activation (bf16 on CUDA) or fp32 buffer: a MoE chunk's tokens. */

@@ -50,8 +50,17 @@ void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs
  * the backward reads it there); NULL puts it back in the bound buffer. The rest stays. */
 void dec_bufs_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, int h, void *at);
 
-/* Attention half: x -> h1 = x + attn(norm1(x)), b = norm2(h1). */
+/* Attention half: x -> h1 = x + attn(norm1(x)), b = norm2(h1). In three parts: in (norm, q, k, v,
+ * q/k norms, RoPE), core (the attention: o and lse), out (the o projection, residual, norm). */
 int dec_attn_fwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b);
+int dec_attn_fwd_in(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b);
+int dec_attn_fwd_core(const tier_model *m, const dec_shape *sh, dec_bufs *b);
+int dec_attn_fwd_out(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b);
+/* The attention's output as one block: o, then lse at *lse_at (the layout's order, so that the
+ * bound buffers' o..lse are such a block too); its bytes. core_place points b->o and b->lse into
+ * a block at `at` (the operator cache's entry); dec_bufs_place(.., 0, NULL) puts them back. */
+size_t dec_attn_core_bytes(const tier_model *m, const dec_shape *sh, size_t *lse_at);
+void dec_attn_core_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, void *at);
 /* The router into b->ms: counts [E] on the host; hidx: host scratch of T * k int32 (CUDA copies
  * the choices there). */
 int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int32_t *counts,

@@ -218,6 +218,9 @@ static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nc
 	 * alone fitted */
 	uint64_t op = 2 * t->nck * tier_align_up(ta, 4096) + most;
 	uint64_t held = t->c.opcache && *t->c.opcache ? 2 * t->nck * (uint64_t)(save[0] + save[1]) : 0;
+	tier_cache_config cc; /* the cache holds no more than its HBM budget (parse errors: at its open) */
+	if (held && tier_cache_config_parse(t->c.opcache, &cc) == 0 && cc.budget[0] < held)
+		held = cc.budget[0];
 	if (t->hbm_cap < t->min_hbm + op + held && !t->pipe_force)
 		t->pipeline = 0;
 	if (t->hbm_cap >= t->min_hbm)
@@ -586,8 +589,14 @@ static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *o
 {
 	tier_model *m = t->m;
 	int rc = pin_dense(t, l, grads, w), bwd = out == NULL;
-	if (!(bwd && trainer_cache_restore(t, l, 0, &rc)) && !rc)
-		rc = dec_attn_fwd(m, &t->sh, x, w, &t->b);
+	if (!(bwd && trainer_cache_restore(t, l, 0, &rc)) && !rc && !(rc = dec_attn_fwd_in(m, &t->sh, x, w, &t->b))) {
+		/* the attention half not kept: its output alone may be (OP_CORE) */
+		if (!(bwd && trainer_cache_restore_core(t, l, &rc)) && !rc && !(rc = dec_attn_fwd_core(m, &t->sh, &t->b)) &&
+		    !bwd)
+			rc = trainer_cache_offer_core(t, l);
+		if (!rc)
+			rc = dec_attn_fwd_out(m, &t->sh, x, w, &t->b);
+	}
 	if (rc)
 		return rc;
 	trainer_charge(t, TIER_PART_ATTN_FWD);

@@ -1,5 +1,6 @@
-/* train_cache.c - the operator cache under the training step: two entries per layer and
- * micro-batch, the halves of dec_bufs.save (docs/trainer.md). */
+/* train_cache.c - the operator cache under the training step: per layer and micro-batch the two
+ * halves of dec_bufs.save and, when the attention half is not kept, the attention's output alone
+ * (o and lse: a recompute then runs the projections but not the attention; docs/trainer.md). */
 #include "config.h"
 #include <errno.h>
 #include <math.h>
@@ -18,6 +19,9 @@ int trainer_cache_open(tier_trainer *t)
 		return tier_fail(rc, "--op-cache: %s", tier_last_error());
 	return tier_cache_create(&t->cache, t->m->s, t->m->dev, &cc, NULL);
 }
+
+/* The key of the attention's output (op 0 and 1 are the halves). */
+#define OP_CORE 2
 
 static tier_cache_key ckey(const tier_trainer *t, int l, int half)
 {
@@ -40,6 +44,15 @@ static tier_op_cost half_cost(const tier_trainer *t, int l, int half)
 	return c;
 }
 
+/* The attention's output: its recompute is the attention alone (the causal half of QK^T and PV).
+ * Its copies overlap the step: out on the copy stream, back a layer ahead (bwd_body). */
+static tier_op_cost core_cost(const tier_trainer *t, size_t bytes)
+{
+	double T = t->sh.T, qd = (double)t->m->nh * t->m->hd;
+	return (tier_op_cost){ .kind = TIER_OP_ATTENTION, .flops = 2 * T * t->sh.seq * qd, .bytes = (double)bytes,
+			       .overlapped = 1 };
+}
+
 /* Whether half h of layer l goes to the cache: not MoE's in chunks (its backward runs each
  * chunk's forward again), not an empty one. */
 static int half_cached(const tier_trainer *t, int l, int h)
@@ -52,17 +65,18 @@ static int half_cached(const tier_trainer *t, int l, int h)
  * (tier_cache_offer_fill), finished at the operation's end (train_pending.c). */
 int trainer_cache_reserve(tier_trainer *t, int l)
 {
-	t->reserved[0] = t->reserved[1] = 0;
+	t->reserved[0] = t->reserved[1] = t->kept[0] = t->kept[1] = 0;
 	for (int h = 0; h < 2 && t->cache && t->pipeline; h++) {
 		if (!half_cached(t, l, h) || t->opc.nkeys == OP_KEYS)
 			continue;
 		tier_op_cost c = half_cost(t, l, h);
 		void *at;
-		int rc = tier_cache_reserve(t->cache, ckey(t, l, h), t->b.save_bytes[h], &c, &at, NULL);
+		tier_id where;
+		int rc = tier_cache_reserve(t->cache, ckey(t, l, h), t->b.save_bytes[h], &c, &at, &where);
 		if (rc)
 			return rc;
 		(void)trainer_op_key(t, ckey(t, l, h), 0); /* room checked above */
-		t->reserved[h] = 1;
+		t->reserved[h] = 1, t->kept[h] = where != TIER_NTIERS;
 		if (at)
 			trainer_cache_place(t, h, at);
 	}
@@ -80,6 +94,28 @@ void trainer_cache_unplace(tier_trainer *t)
 	for (int h = 0; h < 2; h++)
 		if (t->placed[h])
 			trainer_cache_place(t, h, NULL);
+	if (t->core_placed) /* o and lse back home with the rest of the attention half */
+		dec_bufs_place(t->m, &t->sh, &t->b, 0, NULL), t->core_placed = 0;
+}
+
+int trainer_cache_offer_core(tier_trainer *t, int l)
+{
+	if (!t->cache || !t->offer || !t->pipeline || t->kept[0] || t->opc.nkeys == OP_KEYS)
+		return 0;
+	size_t lse_at, n = dec_attn_core_bytes(t->m, &t->sh, &lse_at);
+	tier_op_cost c = core_cost(t, n);
+	tier_cache_key k = ckey(t, l, OP_CORE);
+	void *at, *dst;
+	tier_id where;
+	int rc = tier_cache_reserve(t->cache, k, n, &c, &at, &where);
+	if (rc || where == TIER_NTIERS)
+		return rc;
+	(void)trainer_op_key(t, k, 0); /* offer_done at the operation's end: the copy is joined by then */
+	if ((rc = tier_cache_offer_target(t->cache, k, &dst)) || !dst)
+		return rc;
+	rc = tier_dev_copy_async(t->m->dev, dst, t->b.o, n);
+	t->core_copy = !rc;
+	return rc;
 }
 
 int trainer_cache_offer(tier_trainer *t, int l)
@@ -101,12 +137,18 @@ int trainer_cache_offer(tier_trainer *t, int l)
 			return rc;
 	}
 	t->reserved[0] = t->reserved[1] = 0;
+	if (t->core_copy) { /* before the next micro-batch's attention writes o, and before the
+			     * operation's waypoint (its end releases the entry) */
+		t->core_copy = 0;
+		return tier_dev_copy_join(t->m->dev);
+	}
 	return 0;
 }
 
-/* Backward: bring half h of layer l's forward back from the cache. 1 when restored, 0 when it
- * must be recomputed (a miss) or on an error (*rc set). */
-int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc)
+/* Backward: bring half h of layer l's forward back from the cache (h = OP_CORE through
+ * trainer_cache_restore_core). 1 when restored, 0 when it must be recomputed (a miss) or on an
+ * error (*rc set). */
+static int restore(tier_trainer *t, int l, int h, int *rc)
 {
 	void *p;
 	if (!t->cache || *rc)
@@ -114,16 +156,30 @@ int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc)
 	int r = tier_cache_get(t->cache, ckey(t, l, h), &p);
 	if (r)
 		return *rc = r < 0 ? r : 0, 0;
+	size_t lse_at, n = h == OP_CORE ? dec_attn_core_bytes(t->m, &t->sh, &lse_at) : t->b.save_bytes[h];
 	/* pipelined: the backward reads the entry where it is, pinned until the operation's end */
 	if (t->pipeline && !trainer_op_key(t, ckey(t, l, h), 1)) {
-		trainer_cache_place(t, h, p);
+		if (h == OP_CORE)
+			dec_attn_core_place(t->m, &t->sh, &t->b, p), t->core_placed = 1;
+		else
+			trainer_cache_place(t, h, p);
 		return 1;
 	}
 	/* else copied: the entry is freed on release, so the copy must be done by then */
-	*rc = dop_copy(t->m, t->b.save[h], p, t->b.save_bytes[h]);
+	*rc = dop_copy(t->m, h == OP_CORE ? (void *)t->b.o : t->b.save[h], p, n);
 	if (!*rc)
 		*rc = tier_dev_sync(t->m->dev);
 	int r2 = tier_cache_release(t->cache, ckey(t, l, h), 1);
 	*rc = *rc ? *rc : r2;
 	return !*rc;
+}
+
+int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc)
+{
+	return restore(t, l, h, rc);
+}
+
+int trainer_cache_restore_core(tier_trainer *t, int l, int *rc)
+{
+	return restore(t, l, OP_CORE, rc);
 }

@@ -95,6 +95,9 @@ struct tier_trainer {
 	int offer;                        /* a training forward: offer its results to the cache */
 	int reserved[2], placed[2];       /* the current forward's halves reserved in the cache; the
 					   * halves whose buffers are in a cache entry now */
+	int kept[2];                      /* reserved and admitted */
+	int core_copy;                    /* the attention's output is on the copy stream to its entry */
+	int core_placed;                  /* b.o and b.lse are in a cache entry (a backward's restore) */
 	int training;                     /* a training step (LoRA dropout on), not an evaluation */
 	uint64_t op_seq;                  /* operations ended (pin_group's cache key); starts at 1 */
 	uint32_t mb;                      /* the current micro-batch (the cache's key) */
@@ -161,5 +164,10 @@ int trainer_cache_reserve(tier_trainer *t, int l);
 void trainer_cache_place(tier_trainer *t, int h, void *at);
 void trainer_cache_unplace(tier_trainer *t);
 int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc);
+/* The attention's output alone, kept when the attention half is not (train_cache.c's OP_CORE):
+ * offer_core after a forward's attention queues its copy to the entry (joined by
+ * trainer_cache_offer); restore_core as restore, placing b.o and b.lse. */
+int trainer_cache_offer_core(tier_trainer *t, int l);
+int trainer_cache_restore_core(tier_trainer *t, int l, int *rc);
 
 #endif

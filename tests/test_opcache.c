@@ -91,7 +91,7 @@ static void layer_free(mm_layer *l)
 
 static tier_op_cost layer_cost(const mm_layer *l)
 {
-	tier_op_cost c = { TIER_OP_MATMUL, 2.0 * l->T * l->K * l->N, 4.0 * (l->T * l->K + l->K * l->N + l->T * l->N) };
+	tier_op_cost c = { TIER_OP_MATMUL, 2.0 * l->T * l->K * l->N, 4.0 * (l->T * l->K + l->K * l->N + l->T * l->N), 0 };
 	return c;
 }
 
@@ -159,7 +159,7 @@ static void test_hit_equals_recompute(void **state)
 		tier_cache_rates rates = fixed_rates(1e9, 1e12, 1e10);
 		open_cache(&ts, &c, 1 << 20, 1 << 20, rules, &rates);
 		tier_cache_key key = { 3, 1, 0 }, dense = { 3, 0, 0 };
-		tier_op_cost cost = layer_cost(&l), dense_cost = { TIER_OP_MATMUL, 1e12, 0 };
+		tier_op_cost cost = layer_cost(&l), dense_cost = { TIER_OP_MATMUL, 1e12, 0, 0 };
 		tier_id got;
 		if (where) {
 			static unsigned char other[6000];
@@ -214,7 +214,7 @@ static void offer_pattern(tier_cache *c, uint32_t op, double flops, tier_id expe
 {
 	static unsigned char buf[E];
 	tier_cache_key key = { 0, op, 0 };
-	tier_op_cost cost = { TIER_OP_MATMUL, flops, 0 };
+	tier_op_cost cost = { TIER_OP_MATMUL, flops, 0, 0 };
 	tier_id got;
 	tier_pattern_fill(buf, E, op, 0);
 	assert_int_equal(tier_cache_offer(c, key, buf, E, &cost, NULL, &got), 0);
@@ -399,7 +399,7 @@ static void test_random_budgets(void **state)
 				tier_cache_key key = { layer, op, mb };
 				uint64_t bytes = size[layer][op] = 1 + tier_rng_below(&r, sizeof buf);
 				tier_op_cost cost = { (tier_op_kind)tier_rng_below(&r, TIER_NOPKINDS),
-						      tier_rng_uniform(&r) * 1e6, tier_rng_uniform(&r) * 1e5 };
+						      tier_rng_uniform(&r) * 1e6, tier_rng_uniform(&r) * 1e5, 0 };
 				tier_pattern_fill(buf, bytes, key_seed(key), 0);
 				assert_int_equal(tier_cache_offer(c, key, buf, bytes, &cost, NULL, NULL), 0);
 				assert_int_equal(tier_cache_check(c), 0);
@@ -463,7 +463,7 @@ static void test_hit_content(void **state)
 	for (uint32_t op = 0; op < 40; op++) {
 		tier_cache_key key = { op % 5, op, 0 };
 		uint64_t bytes = size[op] = 1 + tier_rng_below(&r, sizeof buf);
-		tier_op_cost cost = { TIER_OP_GROUPED_GEMM, tier_rng_uniform(&r) * 1e6, 0 };
+		tier_op_cost cost = { TIER_OP_GROUPED_GEMM, tier_rng_uniform(&r) * 1e6, 0, 0 };
 		tier_pattern_fill(buf, bytes, key_seed(key), 0);
 		assert_int_equal(tier_cache_offer(c, key, buf, bytes, &cost, NULL, NULL), 0);
 	}
@@ -487,7 +487,7 @@ static void test_offer_async(void **state)
 	tier_cache_rates rates = fixed_rates(1e9, 1e10, 2e9);
 	open_cache(&ts, &c, 256 << 10, 1 << 20, "all:hbm=64K:ddr=64K", &rates);
 	static unsigned char buf[48 << 10];
-	tier_op_cost cost = { TIER_OP_GROUPED_GEMM, 1e9, 0 };
+	tier_op_cost cost = { TIER_OP_GROUPED_GEMM, 1e9, 0, 0 };
 	tier_cache_key k0 = { 0, 0, 0 }, k1 = { 0, 1, 0 }, k2 = { 1, 0, 0 }, kx = { 9, 9, 9 };
 	tier_id where;
 	tier_pattern_fill(buf, sizeof buf, key_seed(k0), 0);
@@ -498,7 +498,7 @@ static void test_offer_async(void **state)
 	assert_int_equal(tier_cache_get(c, k0, &p), -EBUSY);
 	assert_non_null(strstr(tier_last_error(), "tier_cache_offer_done"));
 	/* a more valuable offer cannot take the held entry's HBM room */
-	tier_op_cost dear = { TIER_OP_GROUPED_GEMM, 1e12, 0 };
+	tier_op_cost dear = { TIER_OP_GROUPED_GEMM, 1e12, 0, 0 };
 	tier_pattern_fill(buf, sizeof buf, key_seed(k1), 0);
 	assert_int_equal(tier_cache_offer_async(c, k1, buf, sizeof buf, &dear, NULL, &where), 0);
 	assert_true(where != TIER_HBM);
@@ -533,7 +533,7 @@ static void test_reserve(void **state)
 	tier_cache_rates rates = fixed_rates(1e9, 1e10, 2e9);
 	open_cache(&ts, &c, 256 << 10, 1 << 20, "all:hbm=64K:ddr=64K", &rates);
 	static unsigned char buf[40 << 10];
-	tier_op_cost cost = { TIER_OP_GROUPED_GEMM, 1e9, 0 };
+	tier_op_cost cost = { TIER_OP_GROUPED_GEMM, 1e9, 0, 0 };
 	tier_cache_key k0 = { 0, 0, 0 }, k1 = { 0, 1, 0 }, k2 = { 1, 0, 0 }, kx = { 9, 9, 9 };
 	tier_id where;
 	void *at, *p;
@@ -669,8 +669,8 @@ static void test_bad_input(void **state)
 
 	char buf[256] = { 0 };
 	tier_cache_key key = { 1, 2, 3 };
-	tier_op_cost cost = { TIER_OP_MATMUL, 1e6, 0 };
-	tier_op_cost bad_kind = { (tier_op_kind)99, 1e6, 0 }, nan_cost = { TIER_OP_MATMUL, NAN, 0 };
+	tier_op_cost cost = { TIER_OP_MATMUL, 1e6, 0, 0 };
+	tier_op_cost bad_kind = { (tier_op_kind)99, 1e6, 0, 0 }, nan_cost = { TIER_OP_MATMUL, NAN, 0, 0 };
 	assert_int_equal(tier_cache_offer(c, key, NULL, sizeof buf, &cost, NULL, NULL), -EINVAL);
 	assert_int_equal(tier_cache_offer(c, key, buf, 0, &cost, NULL, NULL), -EINVAL);
 	assert_int_equal(tier_cache_offer(c, key, buf, sizeof buf, &bad_kind, NULL, NULL), -EINVAL);
@@ -690,7 +690,7 @@ static void test_bad_input(void **state)
 	tier_cache_key other = { 9, 9, 9 };
 	assert_int_equal(tier_cache_get(c, other, &p), 1); /* never offered */
 	assert_null(p);
-	tier_op_cost attn = { TIER_OP_ATTENTION, 1e9, 0 };
+	tier_op_cost attn = { TIER_OP_ATTENTION, 1e9, 0, 0 };
 	assert_int_equal(tier_cache_offer(c, other, buf, sizeof buf, &attn, NULL, &got), 0);
 	assert_int_equal(got, TIER_NTIERS); /* no rule for attention */
 	tier_cache_stats st;

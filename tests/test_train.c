@@ -197,6 +197,8 @@ static void test_lora_grads_fd_mixtral(void **state)
 	check_grads_fd(&c, 2 * 4 + 2 * 3 * 4);
 }
 
+static tier_cache_stats last_cs; /* run_losses': its op cache's (zero without one) */
+
 /* Returns the HBM evictions of the run. */
 static uint64_t run_losses(const tier_hf_config *c, uint64_t hbm, int steps, float *out)
 {
@@ -216,8 +218,9 @@ static uint64_t run_losses(const tier_hf_config *c, uint64_t hbm, int steps, flo
 		out[s] = res.loss;
 	}
 	tier_cache_stats cs;
+	memset(&last_cs, 0, sizeof last_cs);
 	if (!tier_trainer_cache_stats(r.t, &cs))
-		printf("# op cache %s: %llu hits (%llu from ddr), %llu misses, %llu dropped\n", rig_opcache,
+		last_cs = cs, printf("# op cache %s: %llu hits (%llu from ddr), %llu misses, %llu dropped\n", rig_opcache,
 		       (unsigned long long)(cs.total.hits[0] + cs.total.hits[1]), (unsigned long long)cs.total.hits[1],
 		       (unsigned long long)cs.total.misses, (unsigned long long)cs.total.dropped);
 	if (rig_opcache) { /* the runs below keep some results: make sure the test exercises hits */
@@ -752,6 +755,33 @@ static void test_opcache_transparent(void **state)
 	assert_non_null(strstr(tier_last_error(), "op-cache"));
 	rig_close(&r);
 	rig_opcache = NULL, rig_micro = 1;
+}
+
+/* The attention's output alone (train_cache.c's OP_CORE): under an HBM budget (7 KiB) that cannot
+ * hold the tiny model's attention half (7.9 KiB), nor therefore keep it in DDR, o and lse (1.1 KiB)
+ * go to DDR by the copy stream and come back for the backward, whose recompute then skips the
+ * attention: every attention hit is one of them. The losses equal full recomputation's bit for
+ * bit, over 2 micro-batches in order and 3 layer-major. */
+static void test_opcache_attention_output(void **state)
+{
+	(void)state;
+	tier_hf_config c;
+	tiny_config(&c);
+	for (int lm = 0; lm < 2; lm++) {
+		float a[6], b[6];
+		rig_micro = lm ? 3 : 2, rig_lmajor = lm, rig_opcache = NULL;
+		run_losses(&c, 64u << 20, 6, a);
+		rig_opcache = "attention:hbm=7k:ddr=1M";
+		run_losses(&c, 64u << 20, 6, b);
+		const tier_cache_kind_stats *at = &last_cs.kind[TIER_OP_ATTENTION];
+		printf("# %s: attention offers %llu, into ddr %llu, hits from ddr %llu, misses %llu\n",
+		       lm ? "layer-major" : "in order", (unsigned long long)at->offers, (unsigned long long)at->admitted[1],
+		       (unsigned long long)at->hits[1], (unsigned long long)at->misses);
+		assert_true(at->admitted[1] > 0 && at->hits[1] > 0);
+		assert_int_equal(at->admitted[0] + at->hits[0], 0);
+		assert_memory_equal(a, b, sizeof a);
+	}
+	rig_opcache = NULL, rig_micro = 1, rig_lmajor = 0;
 }
 
 static void test_bad_input(void **state)
@@ -1407,6 +1437,7 @@ int main(void)
 		cmocka_unit_test(test_layer_major),
 		cmocka_unit_test(test_pipeline_transparent),
 		cmocka_unit_test(test_opcache_transparent),
+		cmocka_unit_test(test_opcache_attention_output),
 		cmocka_unit_test(test_lora_dropout),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_data),

@@ -110,7 +110,7 @@ static size_t zbytes(const oc_model *m, unsigned l) { return (size_t)m->o.T * ln
 static tier_op_cost layer_cost(const oc_model *m, unsigned l)
 {
 	double T = m->o.T, K = lk(m, l), N = ln(m, l);
-	tier_op_cost c = { TIER_OP_MATMUL, 2 * T * K * N, m->el * (T * K + K * N + T * N) };
+	tier_op_cost c = { TIER_OP_MATMUL, 2 * T * K * N, m->el * (T * K + K * N + T * N), 0 };
 	return c;
 }
 

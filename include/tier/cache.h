@@ -10,7 +10,8 @@
  * An offer goes into HBM when it fits in the cache's HBM budget after evicting only entries of
  * lower HBM density (which move to DDR when they are worth it there, else are dropped); else into
  * DDR when link_ns < recompute_ns, it is no larger than the HBM budget (a get brings it back there)
- * and it fits after evicting lower DDR density; else it is dropped.
+ * and it fits after evicting lower DDR density; else it is dropped. An offer whose copies overlap
+ * the caller's compute (tier_op_cost.overlapped) tries DDR first, with link_ns taken as 0, then HBM.
  * In the backward, get() returns a hit (the data in HBM, fetched from DDR if it was spilled there;
  * tier_cache_prefetch_backward starts those fetches ahead of use) or a miss: the caller recomputes.
  *
@@ -53,6 +54,10 @@ typedef struct {
 	tier_op_kind kind;
 	double flops;   /* floating-point operations to recompute the output */
 	double bytes;   /* device-memory traffic of the recompute (inputs read, output written) */
+	int overlapped; /* 1: the caller's copies overlap its compute (out on a side stream, back by
+			 * tier_cache_prefetch_backward a layer ahead): the offer goes to DDR first,
+			 * leaving the HBM budget to the fetches back, and a DDR hit saves the whole
+			 * recompute (the link's time is not the step's) */
 } tier_op_cost;
 
 /* Device rates that turn costs into time. Measured by the caller; tier_cache_rates_default gives
@@ -137,6 +142,10 @@ int tier_cache_offer_async(tier_cache *c, tier_cache_key key, const void *src, u
  * tier_cache_offer_done. The same returns as tier_cache_offer. */
 int tier_cache_reserve(tier_cache *c, tier_cache_key key, uint64_t bytes, const tier_op_cost *cost, void **ptr,
 		       tier_id *where);
+/* A reservation's memory (HBM or DDR) for the caller's own copy, e.g. tier_dev_copy_async: *dst
+ * NULL when it was not admitted. The copy must be done before tier_cache_offer_done. 0, -EINVAL
+ * (never reserved, or filled already). */
+int tier_cache_offer_target(tier_cache *c, tier_cache_key key, void **dst);
 /* Queue the copy of a reservation's bytes from src on `stream` (src unchanged until done). 0
  * (also when not admitted), -EINVAL (never reserved, filled already, NULL src), -EIO. */
 int tier_cache_offer_fill(tier_cache *c, tier_cache_key key, const void *src, void *stream);
