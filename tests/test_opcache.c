@@ -578,6 +578,55 @@ static void test_reserve(void **state)
 	close_cache(&ts, c);
 }
 
+/* An overlapped offer (its copies beside the caller's compute) goes to DDR first, though HBM has
+ * room and its round trip (41 us) costs more than its recompute (10 us), which drops the same
+ * offer unmarked once HBM is full; tier_cache_offer_target hands the caller the entry's memory
+ * once, and a get brings it back. */
+static void test_overlapped(void **state)
+{
+	(void)state;
+	test_store ts;
+	tier_cache *c;
+	tier_cache_rates rates = fixed_rates(1e9, 1e10, 2e9);
+	open_cache(&ts, &c, 256 << 10, 1 << 20, "all:hbm=64K:ddr=128K", &rates);
+	const uint64_t n = 40 << 10;
+	tier_op_cost cheap = { TIER_OP_ATTENTION, 1e4, 0, 0 }, ov = cheap;
+	ov.overlapped = 1;
+	tier_cache_key k0 = { 0, 2, 0 }, k1 = { 1, 2, 0 }, k2 = { 2, 2, 0 }, kx = { 9, 9, 9 };
+	tier_id where;
+	void *at, *dst;
+	assert_int_equal(tier_cache_reserve(c, k0, n, &ov, &at, &where), 0);
+	assert_int_equal(where, TIER_DDR);
+	assert_null(at);
+	assert_int_equal(tier_cache_offer_target(c, k0, &dst), 0);
+	assert_non_null(dst);
+	tier_pattern_fill(dst, n, key_seed(k0), 0); /* the caller's own copy */
+	assert_int_equal(tier_cache_offer_target(c, k0, &dst), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "filled already"));
+	assert_int_equal(tier_cache_reserve(c, k1, n, &cheap, &at, &where), 0);
+	assert_int_equal(where, TIER_HBM);
+	tier_pattern_fill(at, n, key_seed(k1), 0);
+	assert_int_equal(tier_cache_reserve(c, k2, n, &cheap, &at, &where), 0);
+	assert_int_equal(where, TIER_NTIERS); /* HBM held, DDR not worth it unmarked */
+	assert_int_equal(tier_cache_offer_target(c, k2, &dst), 0);
+	assert_null(dst);
+	assert_int_equal(tier_cache_offer_target(c, kx, &dst), -EINVAL);
+	assert_int_equal(tier_cache_offer_target(c, k0, NULL), -EINVAL);
+	tier_cache_key ks[3] = { k0, k1, k2 };
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(tier_cache_offer_done(c, ks[i]), 0);
+	assert_int_equal(tier_cache_check(c), 0);
+	assert_int_equal(hit_holds_pattern(c, k1, n), 1); /* freed: room for k0's fetch */
+	assert_int_equal(hit_holds_pattern(c, k0, n), 1);
+	void *p;
+	assert_int_equal(tier_cache_get(c, k2, &p), 1);
+	tier_cache_stats st;
+	tier_cache_stats_get(c, &st);
+	assert_int_equal(st.kind[TIER_OP_ATTENTION].hits[1], 1);
+	assert_int_equal(tier_cache_check(c), 0);
+	close_cache(&ts, c);
+}
+
 /* ---- Rules ------------------------------------------------------------------------------------ */
 static void test_rules_good(void **state)
 {
@@ -714,6 +763,7 @@ int main(void)
 		cmocka_unit_test(test_hit_content),
 		cmocka_unit_test(test_offer_async),
 		cmocka_unit_test(test_reserve),
+		cmocka_unit_test(test_overlapped),
 		cmocka_unit_test(test_rules_good),
 		cmocka_unit_test(test_rules_bad),
 		cmocka_unit_test(test_bad_input),
