@@ -37,9 +37,9 @@ struct tier_dev {
 	void *lane_ws[TIER_DEV_LANES];
 	/* the copy stream (tier_dev_copy_async), made on first use: an operator's output on its way
 	 * to the op cache in DDR while the compute stream goes on */
-	int copy_on;
-	cudaStream_t copy;
-	cudaEvent_t copy_from, copy_done;
+	int copy_on[TIER_DEV_COPY_LANES];
+	cudaStream_t copy[TIER_DEV_COPY_LANES];
+	cudaEvent_t copy_from[TIER_DEV_COPY_LANES], copy_done[TIER_DEV_COPY_LANES];
 #endif
 };
 
@@ -166,12 +166,13 @@ void tier_dev_close(tier_dev *d)
 		}
 		if (d->lanes)
 			cudaEventDestroy(d->forked);
-		if (d->copy_on) {
-			cudaStreamSynchronize(d->copy);
-			cudaEventDestroy(d->copy_from);
-			cudaEventDestroy(d->copy_done);
-			cudaStreamDestroy(d->copy);
-		}
+		for (int i = 0; i < TIER_DEV_COPY_LANES; i++)
+			if (d->copy_on[i]) {
+				cudaStreamSynchronize(d->copy[i]);
+				cudaEventDestroy(d->copy_from[i]);
+				cudaEventDestroy(d->copy_done[i]);
+				cudaStreamDestroy(d->copy[i]);
+			}
 		if (d->workspace)
 			cudaFree(d->workspace);
 		if (d->blaslt)
@@ -306,35 +307,49 @@ void *tier_dev_lane_stream(const tier_dev *d, int i, void **ws, size_t *ws_bytes
 }
 
 #ifdef TIER_HAVE_CUDA
-static int copy_make(tier_dev *d)
+static int copy_make(tier_dev *d, int i)
 {
-	if (d->copy_on)
+	if (d->copy_on[i])
 		return 0;
-	CUDA_TRY(cudaStreamCreateWithFlags(&d->copy, cudaStreamNonBlocking), -EIO);
-	if (cudaEventCreateWithFlags(&d->copy_from, cudaEventDisableTiming) != cudaSuccess ||
-	    cudaEventCreateWithFlags(&d->copy_done, cudaEventDisableTiming) != cudaSuccess) {
-		cudaStreamDestroy(d->copy);
-		return tier_fail(-EIO, "CUDA: no events for the copy stream on %s", d->name);
+	CUDA_TRY(cudaStreamCreateWithFlags(&d->copy[i], cudaStreamNonBlocking), -EIO);
+	if (cudaEventCreateWithFlags(&d->copy_from[i], cudaEventDisableTiming) != cudaSuccess) {
+		cudaStreamDestroy(d->copy[i]);
+		return tier_fail(-EIO, "CUDA: no events for copy lane %d on %s", i, d->name);
 	}
-	d->copy_on = 1;
+	if (cudaEventCreateWithFlags(&d->copy_done[i], cudaEventDisableTiming) != cudaSuccess) {
+		cudaEventDestroy(d->copy_from[i]);
+		cudaStreamDestroy(d->copy[i]);
+		return tier_fail(-EIO, "CUDA: no events for copy lane %d on %s", i, d->name);
+	}
+	d->copy_on[i] = 1;
 	return 0;
 }
 #endif
 
-int tier_dev_copy_async(tier_dev *d, void *dst, const void *src, size_t n)
+static int copy_lane_ok(int lane)
+{
+	if (lane < 0 || lane >= TIER_DEV_COPY_LANES)
+		return tier_fail(-EINVAL, "copy lanes: lane %d asked, 0..%d exist", lane, TIER_DEV_COPY_LANES - 1);
+	return 0;
+}
+
+int tier_dev_copy_async(tier_dev *d, void *dst, const void *src, size_t n, int lane)
 {
 	if (!dst || !src)
 		return tier_fail(-EINVAL, "tier_dev_copy_async: NULL destination or source");
+	int rc = copy_lane_ok(lane);
+	if (rc)
+		return rc;
 #ifdef TIER_HAVE_CUDA
 	if (d->kind == TIER_DEV_CUDA) {
 		pthread_mutex_lock(&d->lane_lock);
-		int rc = copy_make(d);
+		rc = copy_make(d, lane);
 		pthread_mutex_unlock(&d->lane_lock);
 		if (rc)
 			return rc;
-		CUDA_TRY(cudaEventRecord(d->copy_from, d->stream), -EIO);
-		CUDA_TRY(cudaStreamWaitEvent(d->copy, d->copy_from, 0), -EIO);
-		CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, d->copy), -EIO);
+		CUDA_TRY(cudaEventRecord(d->copy_from[lane], d->stream), -EIO);
+		CUDA_TRY(cudaStreamWaitEvent(d->copy[lane], d->copy_from[lane], 0), -EIO);
+		CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, d->copy[lane]), -EIO);
 		return 0;
 	}
 #endif
@@ -342,14 +357,18 @@ int tier_dev_copy_async(tier_dev *d, void *dst, const void *src, size_t n)
 	return 0;
 }
 
-int tier_dev_copy_join(tier_dev *d)
+int tier_dev_copy_join(tier_dev *d, int lane)
 {
+	int rc = copy_lane_ok(lane);
+	if (rc)
+		return rc;
 #ifdef TIER_HAVE_CUDA
-	if (d->kind == TIER_DEV_CUDA && d->copy_on &&
-	    (cudaEventRecord(d->copy_done, d->copy) != cudaSuccess ||
-	     cudaStreamWaitEvent(d->stream, d->copy_done, 0) != cudaSuccess)) {
-		cudaStreamSynchronize(d->copy); /* unordered now: done before the caller reuses anything */
-		return tier_fail(-EIO, "copy stream: join failed on %s: %s", d->name, cudaGetErrorString(cudaGetLastError()));
+	if (d->kind == TIER_DEV_CUDA && d->copy_on[lane] &&
+	    (cudaEventRecord(d->copy_done[lane], d->copy[lane]) != cudaSuccess ||
+	     cudaStreamWaitEvent(d->stream, d->copy_done[lane], 0) != cudaSuccess)) {
+		cudaStreamSynchronize(d->copy[lane]); /* unordered now: done before the caller reuses anything */
+		return tier_fail(-EIO, "copy lane %d: join failed on %s: %s", lane, d->name,
+				 cudaGetErrorString(cudaGetLastError()));
 	}
 #endif
 	(void)d;
@@ -373,8 +392,9 @@ int tier_dev_sync(tier_dev *d)
 #ifdef TIER_HAVE_CUDA
 	if (d->kind == TIER_DEV_CUDA) { /* lanes are joined into the stream (a failed join waits itself) */
 		CUDA_TRY(cudaStreamSynchronize(d->stream), -EIO);
-		if (d->copy_on) /* copies not joined yet are done too */
-			CUDA_TRY(cudaStreamSynchronize(d->copy), -EIO);
+		for (int i = 0; i < TIER_DEV_COPY_LANES; i++) /* copies not joined yet are done too */
+			if (d->copy_on[i])
+				CUDA_TRY(cudaStreamSynchronize(d->copy[i]), -EIO);
 	}
 #endif
 	(void)d;

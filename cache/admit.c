@@ -139,8 +139,9 @@ tier_id cache_choose(tier_cache *c, cache_entry *e)
 	case TIER_CACHE_FCFS:
 		return room_for(c, e, TIER_HBM, 0) ? TIER_HBM : TIER_NTIERS;
 	case TIER_CACHE_VALUE:
-		/* overlapped copies: DDR first, the HBM budget left to the fetches back */
-		if (e->overlapped && e->bytes <= c->cfg.budget[0] && room_for(c, e, TIER_DDR, 1))
+		/* overlapped copies: DDR first, the HBM budget left to the fetches back (or none:
+		 * tier_cache_get_home) */
+		if (e->overlapped && room_for(c, e, TIER_DDR, 1))
 			return TIER_DDR;
 		if (room_for(c, e, TIER_HBM, 1))
 			return TIER_HBM;

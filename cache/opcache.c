@@ -178,7 +178,7 @@ static void unlink_all(tier_cache *c, uint32_t mb, int *busy, int *freed)
 				continue;
 			}
 			if (e->pinned)
-				tier_release(c->s, e->obj, TIER_HBM, 0);
+				tier_release(c->s, e->obj, e->got_at, 0);
 			if (e->held)
 				tier_release(c->s, e->obj, e->home, 0);
 			e->pinned = e->held = 0;
@@ -472,9 +472,40 @@ int tier_cache_get(tier_cache *c, tier_cache_key key, void **ptr)
 	cache_set_in(c, e, TIER_DDR, present(c, e, TIER_DDR));
 	st->hits[e->home == TIER_DDR]++;
 	st->flops_saved += e->flops;
-	e->pinned = 1;
+	e->pinned = 1, e->got_at = TIER_HBM;
 	update_link(c);
 	*ptr = p;
+	return 0;
+}
+
+int tier_cache_get_home(tier_cache *c, tier_cache_key key, void **ptr, tier_id *where)
+{
+	if (!c || !ptr || !where)
+		return tier_fail(-EINVAL, "tier_cache_get_home: NULL cache or output");
+	*ptr = NULL, *where = TIER_NTIERS;
+	cache_entry *e = find(c, key);
+	if (!e) {
+		c->unknown_misses++;
+		return 1;
+	}
+	if (!e->obj)
+		return miss(c, e, 0);
+	if (e->pinned || e->held)
+		return tier_fail(-EBUSY, "tier_cache_get_home: layer %u op %u micro-batch %u is held", key.layer, key.op,
+				 key.microbatch);
+	tier_id t = e->in[TIER_HBM] ? TIER_HBM : TIER_DDR;
+	void *p;
+	int rc = tier_acquire(c->s, e->obj, t, 0, &p, NULL);
+	if (rc == -ENODATA || rc == -ENOSPC) /* gone: the store dropped it */
+		return miss(c, e, 1);
+	if (rc) {
+		cache_free_obj(c, e);
+		return rc;
+	}
+	c->st[e->kind].hits[t == TIER_DDR]++;
+	c->st[e->kind].flops_saved += e->flops;
+	e->pinned = 1, e->got_at = t;
+	*ptr = p, *where = t;
 	return 0;
 }
 
@@ -484,7 +515,7 @@ int tier_cache_release(tier_cache *c, tier_cache_key key, int done)
 	if (!e || !e->pinned)
 		return tier_fail(-EINVAL, "tier_cache_release: layer %u op %u micro-batch %u is not held by a get",
 				 key.layer, key.op, key.microbatch);
-	int rc = tier_release(c->s, e->obj, TIER_HBM, 0);
+	int rc = tier_release(c->s, e->obj, e->got_at, 0);
 	e->pinned = 0;
 	if (done || rc)
 		cache_free_obj(c, e);

@@ -18,6 +18,7 @@ typedef struct cache_entry {
 	tier_id home;         /* where the data was admitted or spilled to: HBM or DDR */
 	unsigned char in[2];
 	unsigned char pinned; /* between a hit and its release */
+	tier_id got_at;       /* the tier its get pinned (tier_cache_get_home: where it lived) */
 	unsigned char held;   /* an asynchronous offer's copy: pinned in home until tier_cache_offer_done */
 	unsigned char overlapped; /* tier_op_cost.overlapped: DDR first, its round trip free */
 	void *fill_at;        /* a reservation's copy, until written (tier_cache_reserve) */

@@ -92,6 +92,7 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 		{ &b->dq, T * qd, 0 }, { &b->dk, T * kvd, 0 }, { &b->dv, T * kvd, 0 }, { &b->dO, T * qd, 0 },
 		{ &b->dkp, T * kvd, 0 }, { &b->dact, T * I, 0 }, { &b->dg, T * I, 0 }, { &b->du, T * I, 0 },
 		{ &b->v32, cu * T * kvd, 0 }, { &b->dO16, cu * T * qd, A },
+		{ &b->o2, sh->core2 ? T * qd : 0, A }, { &b->lse2, sh->core2 ? T * m->nh : 0, 0 }, /* as o, lse */
 	};
 	carve(fa, sizeof fa / sizeof fa[0], buf, &off, at[0], 0);
 	size_t mlp0 = off;
@@ -235,6 +236,15 @@ size_t dec_attn_core_bytes(const tier_model *m, const dec_shape *sh, size_t *lse
 {
 	*lse_at = al((size_t)sh->T * m->nh * m->hd * dop_act_size(m)); /* layout's o piece */
 	return *lse_at + sizeof(float) * (size_t)sh->T * m->nh;
+}
+
+void *dec_attn_core_home(const tier_model *m, const dec_shape *sh, const dec_bufs *b, int i)
+{
+	dec_bufs n;
+	char *nowhere[2] = { NULL, NULL };
+	memset(&n, 0, sizeof n);
+	layout(m, sh, b->home, &n, nowhere);
+	return i ? (void *)n.o2 : (void *)n.o;
 }
 
 void dec_attn_core_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, void *at)

@@ -24,6 +24,7 @@ typedef struct {
 	float *a, *r1, *qp, *kp, *v, *rq, *rk, *q, *k, *o, *lse, *h1, *b, *r2, *g, *u, *act, *mo, *v32;
 	tier_moe_saved ms;
 	float *dh1, *dtmp, *db, *dq, *dk, *dv, *dO, *dkp, *dact, *dg, *du, *dO16;
+	float *o2, *lse2;       /* dec_shape.core2: a second block for the attention's output */
 	void *ws;
 	size_t ws_bytes;
 	void *save[2];          /* what the backward reads of the forward: [0] attention, [1] MLP / MoE */
@@ -37,6 +38,8 @@ typedef struct {
 	tier_moe_cfg moe;
 	tier_attn_params ap;
 	tier_rope_params rq, rk;
+	int core2;              /* the buffers hold a second o, lse block (o2, lse2): the backward reads
+				 * one while the op cache's copy fills the other */
 } dec_shape;
 
 /* Fill the shape of a micro-batch (moe_chunks: tier_train_cfg's); the byte count of the buffers
@@ -60,6 +63,9 @@ int dec_attn_fwd_out(const tier_model *m, const dec_shape *sh, const float *x, c
  * bound buffers' o..lse are such a block too); its bytes. core_place points b->o and b->lse into
  * a block at `at` (the operator cache's entry); dec_bufs_place(.., 0, NULL) puts them back. */
 size_t dec_attn_core_bytes(const tier_model *m, const dec_shape *sh, size_t *lse_at);
+/* Block i of the attention's output in the bound buffer: 0 the o, lse of the attention half, 1
+ * the second (o2; NULL without dec_shape.core2). */
+void *dec_attn_core_home(const tier_model *m, const dec_shape *sh, const dec_bufs *b, int i);
 void dec_attn_core_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, void *at);
 /* The router into b->ms: counts [E] on the host; hidx: host scratch of T * k int32 (CUDA copies
  * the choices there). */

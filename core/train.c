@@ -252,6 +252,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 		goto fail;
 	if ((rc = dec_shape_init(m, c->batch, c->seq, c->moe_chunks, &t->sh)))
 		goto fail;
+	t->sh.core2 = c->opcache && *c->opcache; /* the attention's output may come from the op cache */
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
 	if ((rc = tier_attn_workspace_bytes(m->dev, &t->sh.ap, &aws))) {
 		rc = tier_fail(rc, "%s; this model cannot train on this device (use --device cpu)", tier_last_error());
@@ -763,12 +764,16 @@ static int bwd_body(tier_trainer *t, int l, float d_aux)
 	dec_weights w;
 	if (t->cache && l > 0) /* the next layer's entries, if they spilled to DDR, come back meanwhile */
 		tier_cache_prefetch_backward(t->cache, (uint32_t)l - 1, t->mb);
-	int rc = trainer_pin(t, t->ck[l], 0, 0, &x);
+	int rc = trainer_cache_bwd_begin(t, l);
+	if (!rc)
+		rc = trainer_pin(t, t->ck[l], 0, 0, &x);
 	if (!rc && !(rc = input_f32(t, x, t->hn, &x)) && !(rc = layer_fwd(t, l, 1, x, NULL, &w)) &&
 	    !(rc = dec_mlp_bwd(t->m, &t->sh, t->m->layers[l].moe, &w, &t->b, t->gcur, d_aux))) {
 		trainer_charge(t, TIER_PART_MLP_BWD);
 		rc = dec_attn_bwd(t->m, &t->sh, x, &w, &t->b, t->gcur, t->gnext);
 	}
+	if (!rc) /* the attention's output for the slot after next, into the block this one used */
+		rc = trainer_cache_bwd_end(t, l);
 	trainer_cache_unplace(t);
 	if (!rc && t->last_mb)
 		rc = trainer_grads_done(t, l);
@@ -841,9 +846,12 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 	}
 	if (!rc)
 		rc = op_loss(t, lab, dloss, grads, loss, hidden ? hidden + (m->L + 1) * th : NULL);
+	if (!rc && grads)
+		rc = trainer_cache_core_drop(t); /* the backward's slots from the first */
 	for (int l = m->L - 1; l >= 0 && !rc && grads; l--)
 		rc = op_bwd(t, l, dloss);
-	return trainer_op_end(t, rc); /* what follows pins the same objects and reads results */
+	int r2 = trainer_cache_core_drop(t); /* pending only after a failure */
+	return trainer_op_end(t, rc ? rc : r2); /* what follows pins the same objects and reads results */
 }
 
 /* Micro-batch mb's running gradient in a layer-major step (th-aligned rows of the scratch). */
@@ -892,6 +900,8 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 	}
 	rc = trainer_op_close(t, rc, POST_LOSS, 0, 0, nm, -1);
 	trainer_charge(t, TIER_PART_LOSS);
+	if (!rc)
+		rc = trainer_cache_core_drop(t); /* the backward's slots from the first */
 	for (int l = m->L - 1; l >= 0 && !rc; l--) {
 		trainer_at_op(t);
 		for (int mb = 0; mb < nm && !rc; mb++) {
@@ -906,7 +916,8 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 		trainer_charge(t, TIER_PART_ATTN_BWD);
 	}
 	t->gcur = t->g0, t->gnext = t->g1, t->training = 0;
-	return trainer_op_end(t, rc);
+	int r2 = trainer_cache_core_drop(t); /* pending only after a failure */
+	return trainer_op_end(t, rc ? rc : r2);
 }
 
 static int check_tokens(const tier_trainer *t, const int32_t *tokens, const int32_t *labels, size_t n)

@@ -100,7 +100,7 @@ void trainer_cache_unplace(tier_trainer *t)
 
 int trainer_cache_offer_core(tier_trainer *t, int l)
 {
-	if (!t->cache || !t->offer || !t->pipeline || t->kept[0] || t->opc.nkeys == OP_KEYS)
+	if (!t->cache || !t->sh.core2 || !t->offer || !t->pipeline || t->kept[0] || t->opc.nkeys == OP_KEYS)
 		return 0;
 	size_t lse_at, n = dec_attn_core_bytes(t->m, &t->sh, &lse_at);
 	tier_op_cost c = core_cost(t, n);
@@ -113,7 +113,7 @@ int trainer_cache_offer_core(tier_trainer *t, int l)
 	(void)trainer_op_key(t, k, 0); /* offer_done at the operation's end: the copy is joined by then */
 	if ((rc = tier_cache_offer_target(t->cache, k, &dst)) || !dst)
 		return rc;
-	rc = tier_dev_copy_async(t->m->dev, dst, t->b.o, n);
+	rc = tier_dev_copy_async(t->m->dev, dst, t->b.o, n, 0);
 	t->core_copy = !rc;
 	return rc;
 }
@@ -140,15 +140,14 @@ int trainer_cache_offer(tier_trainer *t, int l)
 	if (t->core_copy) { /* before the next micro-batch's attention writes o, and before the
 			     * operation's waypoint (its end releases the entry) */
 		t->core_copy = 0;
-		return tier_dev_copy_join(t->m->dev);
+		return tier_dev_copy_join(t->m->dev, 0);
 	}
 	return 0;
 }
 
-/* Backward: bring half h of layer l's forward back from the cache (h = OP_CORE through
- * trainer_cache_restore_core). 1 when restored, 0 when it must be recomputed (a miss) or on an
- * error (*rc set). */
-static int restore(tier_trainer *t, int l, int h, int *rc)
+/* Backward: bring half h of layer l's forward back from the cache. 1 when restored, 0 when it
+ * must be recomputed (a miss) or on an error (*rc set). */
+int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc)
 {
 	void *p;
 	if (!t->cache || *rc)
@@ -156,17 +155,13 @@ static int restore(tier_trainer *t, int l, int h, int *rc)
 	int r = tier_cache_get(t->cache, ckey(t, l, h), &p);
 	if (r)
 		return *rc = r < 0 ? r : 0, 0;
-	size_t lse_at, n = h == OP_CORE ? dec_attn_core_bytes(t->m, &t->sh, &lse_at) : t->b.save_bytes[h];
 	/* pipelined: the backward reads the entry where it is, pinned until the operation's end */
 	if (t->pipeline && !trainer_op_key(t, ckey(t, l, h), 1)) {
-		if (h == OP_CORE)
-			dec_attn_core_place(t->m, &t->sh, &t->b, p), t->core_placed = 1;
-		else
-			trainer_cache_place(t, h, p);
+		trainer_cache_place(t, h, p);
 		return 1;
 	}
 	/* else copied: the entry is freed on release, so the copy must be done by then */
-	*rc = dop_copy(t->m, h == OP_CORE ? (void *)t->b.o : t->b.save[h], p, n);
+	*rc = dop_copy(t->m, t->b.save[h], p, t->b.save_bytes[h]);
 	if (!*rc)
 		*rc = tier_dev_sync(t->m->dev);
 	int r2 = tier_cache_release(t->cache, ckey(t, l, h), 1);
@@ -174,12 +169,104 @@ static int restore(tier_trainer *t, int l, int h, int *rc)
 	return !*rc;
 }
 
-int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc)
+/* The attention's output in the backward. Its entries live in DDR and go straight into one of
+ * two blocks of the scratch (dec_shape.core2) on copy lane p = the backward slot's parity: the
+ * copy for slot s + 2 is queued once slot s's kernels are, into slot s's block, and runs while
+ * slot s + 1 computes; no HBM copy of the entry is made (under --hbm 24G every GiB the cache
+ * takes in HBM the experts' prefetches miss). The entry stays pinned in DDR until the operation
+ * that reads it ends. */
+
+/* The backward slot k after the current one: a layer-major step runs every micro-batch of a
+ * layer, in order, before the layer below; otherwise the micro-batch's layers. 0 when none. */
+static int slot_ahead(const tier_trainer *t, int l, int k, int *l2, int *mb2)
 {
-	return restore(t, l, h, rc);
+	int lm = t->nck > 1, nm = lm ? t->c.micro_batches : 1;
+	int idx = (t->m->L - 1 - l) * nm + (lm ? (int)t->mb : 0) + k;
+	*l2 = t->m->L - 1 - idx / nm;
+	*mb2 = lm ? idx % nm : (int)t->mb;
+	return *l2 >= 0;
+}
+
+/* Start the copy of (l, mb)'s entry into block p (a miss: nothing; tried either way). */
+static int core_fetch(tier_trainer *t, int l, int mb, int p)
+{
+	trainer_core_pend *c = &t->core_pend[p];
+	c->key = (tier_cache_key){ .layer = (uint32_t)l, .op = OP_CORE, .microbatch = (uint32_t)mb };
+	c->tried = 1, c->on = 0;
+	void *src;
+	tier_id where;
+	int r = tier_cache_get_home(t->cache, c->key, &src, &where);
+	if (r)
+		return r < 0 ? r : 0;
+	size_t lse_at, n = dec_attn_core_bytes(t->m, &t->sh, &lse_at);
+	int rc = tier_dev_copy_async(t->m->dev, dec_attn_core_home(t->m, &t->sh, &t->b, p), src, n, p);
+	if (rc) { /* nothing may still read the entry when it goes */
+		(void)tier_dev_sync(t->m->dev);
+		(void)tier_cache_release(t->cache, c->key, 1);
+		return rc;
+	}
+	c->on = 1;
+	return 0;
+}
+
+static int core_on(const tier_trainer *t)
+{
+	return t->cache && t->sh.core2 && t->pipeline;
+}
+
+int trainer_cache_bwd_begin(tier_trainer *t, int l)
+{
+	if (!core_on(t))
+		return 0;
+	int p = t->bslot & 1;
+	trainer_core_pend *c = &t->core_pend[p];
+	if (p) /* block 0 is the attention half's own o, lse */
+		dec_attn_core_place(t->m, &t->sh, &t->b, dec_attn_core_home(t->m, &t->sh, &t->b, 1)), t->core_placed = 1;
+	if (c->tried && c->key.layer == (uint32_t)l && c->key.microbatch == t->mb)
+		return 0;
+	if (c->on) /* a slot skipped (cannot happen in a step's order): let its entry go */
+		return trainer_cache_core_drop(t);
+	return core_fetch(t, l, (int)t->mb, p); /* the first two slots: nothing came ahead */
+}
+
+int trainer_cache_bwd_end(tier_trainer *t, int l)
+{
+	if (!core_on(t))
+		return 0;
+	int p = t->bslot++ & 1, l2, mb2;
+	return slot_ahead(t, l, 2, &l2, &mb2) ? core_fetch(t, l2, mb2, p) : (t->core_pend[p].tried = 0, 0);
 }
 
 int trainer_cache_restore_core(tier_trainer *t, int l, int *rc)
 {
-	return restore(t, l, OP_CORE, rc);
+	if (*rc || !core_on(t))
+		return 0;
+	trainer_core_pend *c = &t->core_pend[t->bslot & 1];
+	if (!c->on || c->key.layer != (uint32_t)l || c->key.microbatch != t->mb)
+		return 0;
+	c->on = c->tried = 0;
+	if ((*rc = tier_dev_copy_join(t->m->dev, t->bslot & 1)))
+		return 0;
+	if (!trainer_op_key(t, c->key, 1)) /* released at the operation's end */
+		return 1;
+	*rc = tier_dev_sync(t->m->dev); /* the list is full: done with the entry's bytes here */
+	int r2 = tier_cache_release(t->cache, c->key, 1);
+	*rc = *rc ? *rc : r2;
+	return !*rc;
+}
+
+int trainer_cache_core_drop(tier_trainer *t)
+{
+	int rc = 0;
+	for (int p = 0; p < 2; p++) {
+		trainer_core_pend *c = &t->core_pend[p];
+		if (c->on) {
+			int r = tier_dev_sync(t->m->dev);
+			int r2 = tier_cache_release(t->cache, c->key, 1);
+			rc = rc ? rc : r ? r : r2;
+		}
+		c->on = c->tried = 0;
+	}
+	t->bslot = 0;
+	return rc;
 }

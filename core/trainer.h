@@ -26,6 +26,13 @@ typedef struct {
 	unsigned char got[OP_KEYS]; /* 1: a get, 0: an offer */
 } trainer_opdesc;
 
+/* An op cache entry of the attention's output on its way to a block of the scratch. */
+typedef struct {
+	tier_cache_key key;
+	int tried;             /* its get was made (on: a hit, whose copy is queued) */
+	int on;
+} trainer_core_pend;
+
 struct tier_trainer {
 	tier_model *m;
 	tier_train_cfg c;
@@ -97,7 +104,9 @@ struct tier_trainer {
 					   * halves whose buffers are in a cache entry now */
 	int kept[2];                      /* reserved and admitted */
 	int core_copy;                    /* the attention's output is on the copy stream to its entry */
-	int core_placed;                  /* b.o and b.lse are in a cache entry (a backward's restore) */
+	int core_placed;                  /* b.o and b.lse are not the attention half's own */
+	int bslot;                        /* the backward's slot (layer, micro-batch) in order */
+	trainer_core_pend core_pend[2];   /* the attention's output coming for the slot of each parity */
 	int training;                     /* a training step (LoRA dropout on), not an evaluation */
 	uint64_t op_seq;                  /* operations ended (pin_group's cache key); starts at 1 */
 	uint32_t mb;                      /* the current micro-batch (the cache's key) */
@@ -166,8 +175,14 @@ void trainer_cache_unplace(tier_trainer *t);
 int trainer_cache_restore(tier_trainer *t, int l, int h, int *rc);
 /* The attention's output alone, kept when the attention half is not (train_cache.c's OP_CORE):
  * offer_core after a forward's attention queues its copy to the entry (joined by
- * trainer_cache_offer); restore_core as restore, placing b.o and b.lse. */
+ * trainer_cache_offer). In the backward: bwd_begin before a slot's recompute (its block of the
+ * scratch placed, its copy started unless one came ahead), restore_core in place of the
+ * attention (1: the copy joined, o and lse there), bwd_end after the slot's kernels (the copy for
+ * the slot after next started); core_drop at a backward's end or failure (pending entries go). */
 int trainer_cache_offer_core(tier_trainer *t, int l);
+int trainer_cache_bwd_begin(tier_trainer *t, int l);
 int trainer_cache_restore_core(tier_trainer *t, int l, int *rc);
+int trainer_cache_bwd_end(tier_trainer *t, int l);
+int trainer_cache_core_drop(tier_trainer *t);
 
 #endif

@@ -359,8 +359,14 @@ static char case_name[96];
 static void check_close(const float *got, const float *want, size_t n, double tol, const char *what)
 {
 	double *w = ref_dup(want, n), e = ref_relerr(got, w, n);
-	if (!(e <= tol) || getenv("TIER_TEST_VERBOSE"))
-		fprintf(stderr, "# %s: relative error %g (tolerance %g)%s\n", what, e, tol, case_name);
+	if (!(e <= tol) || getenv("TIER_TEST_VERBOSE")) {
+		size_t at = 0; /* the worst element, to tell a lone outlier from a spread error */
+		for (size_t i = 1; i < n; i++)
+			if (fabs((double)got[i] - w[i]) > fabs((double)got[at] - w[at]))
+				at = i;
+		fprintf(stderr, "# %s: relative error %g (tolerance %g)%s; worst at %zu of %zu: %g for %g\n", what, e, tol,
+			case_name, at, n, n ? got[at] : 0.0, n ? w[at] : 0.0);
+	}
 	assert_true(e <= tol);
 	free(w);
 }

@@ -92,13 +92,15 @@ void *tier_dev_blaslt_workspace(const tier_dev *dev, size_t *bytes);
 int tier_dev_lanes_fork(tier_dev *dev, int n);
 int tier_dev_lanes_join(tier_dev *dev, int n);
 void *tier_dev_lane_stream(const tier_dev *dev, int i, void **ws, size_t *ws_bytes);
-/* The copy stream: a copy that overlaps the compute stream's work (an operator's output on its
- * way to DDR). copy_async queues n bytes from src to dst after the work queued so far on the
- * compute stream; src must not change, nor dst be read, until a join: copy_join makes the compute
- * stream wait for every copy queued so far. tier_dev_sync waits for them too. A CPU context copies
- * at once (join does nothing). 0, -EINVAL or -EIO. */
-int tier_dev_copy_async(tier_dev *dev, void *dst, const void *src, size_t n);
-int tier_dev_copy_join(tier_dev *dev);
+/* Copy lanes: copies that overlap the compute stream's work (an operator's output on its way to
+ * DDR and back), each lane a stream of its own. copy_async queues n bytes from src to dst on
+ * `lane` after the work queued so far on the compute stream; src must not change, nor dst be
+ * read, until a join: copy_join makes the compute stream wait for every copy queued so far on the
+ * lane (the other lane's go on). tier_dev_sync waits for them too. A CPU context copies at once
+ * (join does nothing). 0, -EINVAL (NULL pointer, lane outside 0..TIER_DEV_COPY_LANES-1) or -EIO. */
+#define TIER_DEV_COPY_LANES 2
+int tier_dev_copy_async(tier_dev *dev, void *dst, const void *src, size_t n, int lane);
+int tier_dev_copy_join(tier_dev *dev, int lane);
 /* CUDA: wait for the queued work, then start (on 1) or stop (0) the profiler's collection
  * (cudaProfilerStart/Stop: what `ncu --profile-from-start off` or `nsys --capture-range=cudaProfilerApi`
  * record). 0 or -EIO; nothing on a CPU context. */

@@ -11,7 +11,8 @@
  * lower HBM density (which move to DDR when they are worth it there, else are dropped); else into
  * DDR when link_ns < recompute_ns, it is no larger than the HBM budget (a get brings it back there)
  * and it fits after evicting lower DDR density; else it is dropped. An offer whose copies overlap
- * the caller's compute (tier_op_cost.overlapped) tries DDR first, with link_ns taken as 0, then HBM.
+ * the caller's compute (tier_op_cost.overlapped) tries DDR first, with link_ns taken as 0 and no
+ * bound by the HBM budget (the caller may bring it back itself: tier_cache_get_home), then HBM.
  * In the backward, get() returns a hit (the data in HBM, fetched from DDR if it was spilled there;
  * tier_cache_prefetch_backward starts those fetches ahead of use) or a miss: the caller recomputes.
  *
@@ -161,6 +162,11 @@ int tier_cache_offer_drop(tier_cache *c, tier_cache_key key);
  * < 0 on an error (-EBUSY: the entry is pinned by an earlier get; the store's fetch errors, after
  * which the entry is gone). */
 int tier_cache_get(tier_cache *c, tier_cache_key key, void **ptr);
+/* A get that fetches nothing: the entry pinned where it lives, *ptr its data there and *where
+ * TIER_HBM or TIER_DDR (pinned host memory on CUDA), for the caller to copy with its own means
+ * (e.g. an overlapped entry straight into its operator's buffer). The same returns as get;
+ * tier_cache_release ends it. */
+int tier_cache_get_home(tier_cache *c, tier_cache_key key, void **ptr, tier_id *where);
 /* Unpin after a hit. done=1: the entry is not needed again and is freed now. 0 or -EINVAL (not
  * pinned; nothing changed). */
 int tier_cache_release(tier_cache *c, tier_cache_key key, int done);
