@@ -614,7 +614,7 @@ static void check_one(tier_cache *c, cache_entry *e, void *arg)
 	}
 	if (!e->obj && (e->in[0] || e->in[1] || e->pinned || e->held) && !a->msg[0])
 		snprintf(a->msg, sizeof a->msg, "layer %u op %u counts copies without an object", e->key.layer, e->key.op);
-	int hbm_pin = e->pinned || (e->held && e->home == TIER_HBM);
+	int hbm_pin = (e->pinned && e->got_at == TIER_HBM) || (e->held && e->home == TIER_HBM);
 	if (e->obj && (tier_obj_pins(c->s, e->obj, TIER_HBM) > 0) != hbm_pin && !a->msg[0])
 		snprintf(a->msg, sizeof a->msg, "layer %u op %u: pinned %d but the store has %u pins", e->key.layer,
 			 e->key.op, hbm_pin, tier_obj_pins(c->s, e->obj, TIER_HBM));

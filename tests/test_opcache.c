@@ -581,7 +581,7 @@ static void test_reserve(void **state)
 /* An overlapped offer (its copies beside the caller's compute) goes to DDR first, though HBM has
  * room and its round trip (41 us) costs more than its recompute (10 us), which drops the same
  * offer unmarked once HBM is full; tier_cache_offer_target hands the caller the entry's memory
- * once, and a get brings it back. */
+ * once; tier_cache_get_home pins it in DDR, and a get brings it back. */
 static void test_overlapped(void **state)
 {
 	(void)state;
@@ -616,13 +616,25 @@ static void test_overlapped(void **state)
 	for (int i = 0; i < 3; i++)
 		assert_int_equal(tier_cache_offer_done(c, ks[i]), 0);
 	assert_int_equal(tier_cache_check(c), 0);
+	/* get_home: pinned in DDR where it lives, nothing fetched (HBM stays as it was) */
+	void *p;
+	tier_id at_tier;
+	assert_int_equal(tier_cache_get_home(c, k0, &p, &at_tier), 0);
+	assert_int_equal(at_tier, TIER_DDR);
+	assert_int_equal(tier_pattern_check(p, n, key_seed(k0), 0), n);
+	assert_int_equal(tier_cache_get_home(c, k0, &p, &at_tier), -EBUSY);
+	assert_int_equal(tier_cache_get(c, k0, &p), -EBUSY);
+	assert_int_equal(tier_cache_check(c), 0);
+	assert_int_equal(tier_cache_release(c, k0, 0), 0); /* kept: a get can still bring it in */
 	assert_int_equal(hit_holds_pattern(c, k1, n), 1); /* freed: room for k0's fetch */
 	assert_int_equal(hit_holds_pattern(c, k0, n), 1);
-	void *p;
 	assert_int_equal(tier_cache_get(c, k2, &p), 1);
+	assert_int_equal(tier_cache_get_home(c, k2, &p, &at_tier), 1);
+	assert_int_equal(tier_cache_get_home(c, kx, &p, &at_tier), 1);
+	assert_int_equal(tier_cache_get_home(c, kx, NULL, &at_tier), -EINVAL);
 	tier_cache_stats st;
 	tier_cache_stats_get(c, &st);
-	assert_int_equal(st.kind[TIER_OP_ATTENTION].hits[1], 1);
+	assert_int_equal(st.kind[TIER_OP_ATTENTION].hits[1], 2);
 	assert_int_equal(tier_cache_check(c), 0);
 	close_cache(&ts, c);
 }
