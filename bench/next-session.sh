@@ -6,7 +6,8 @@
 # With BIN_U1 (a tier-bench built with NVCCFLAGS=-DTIER_WG_SERIAL_COPY=1) the MoE benchmark runs
 # that build too; with RUN_OLD (the tier-run of an earlier build) each trainer job runs it as well,
 # right after the new one, as the peer of a change in the same call. Stages by STAGES (default
-# tests,moe,a,b,c); A_STEPS and B_STEPS (6, 3) the trainer jobs' steps. Fits one 600 s call only in
+# tests,moe,a,b,c); A_STEPS and B_STEPS (6, 3) the trainer jobs' steps; TESTS the CUDA tests to run
+# (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
 # Staging (carry limit 64 MiB): build here with `../configure --disable-shared` (static libtier), copy
@@ -23,7 +24,7 @@ if has tests; then
 	# test now names the case: rerun it verbose, then the fresh-seeded runs below
 	[ -x "$b/tests/test_moe_cuda" ] && TIER_TEST_SEED=94820450014262 TIER_TEST_VERBOSE=1 \
 		step 120 test_moe_cuda_s13 "$b/tests/test_moe_cuda"
-	for t in test_moe_cuda test_moe_wgmma test_moe_skinny test_ops_cuda test_golden_cuda test_attn_cuda; do
+	for t in ${TESTS:-test_moe_cuda test_moe_wgmma test_moe_skinny test_ops_cuda test_golden_cuda test_attn_cuda}; do
 		[ -x "$b/tests/$t" ] && step 120 "$t" "$b/tests/$t"
 	done
 fi
