@@ -191,6 +191,12 @@ static int slot_ahead(const tier_trainer *t, int l, int k, int *l2, int *mb2)
 static int core_fetch(tier_trainer *t, int l, int mb, int p)
 {
 	trainer_core_pend *c = &t->core_pend[p];
+	if (c->on) { /* one that came for a slot that did not read it (its half restored instead) */
+		int r1 = tier_dev_sync(t->m->dev), r2 = tier_cache_release(t->cache, c->key, 1);
+		c->on = 0;
+		if (r1 || r2)
+			return r1 ? r1 : r2;
+	}
 	c->key = (tier_cache_key){ .layer = (uint32_t)l, .op = OP_CORE, .microbatch = (uint32_t)mb };
 	c->tried = 1, c->on = 0;
 	void *src;
@@ -224,8 +230,6 @@ int trainer_cache_bwd_begin(tier_trainer *t, int l)
 		dec_attn_core_place(t->m, &t->sh, &t->b, dec_attn_core_home(t->m, &t->sh, &t->b, 1)), t->core_placed = 1;
 	if (c->tried && c->key.layer == (uint32_t)l && c->key.microbatch == t->mb)
 		return 0;
-	if (c->on) /* a slot skipped (cannot happen in a step's order): let its entry go */
-		return trainer_cache_core_drop(t);
 	return core_fetch(t, l, (int)t->mb, p); /* the first two slots: nothing came ahead */
 }
 
