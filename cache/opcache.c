@@ -346,37 +346,35 @@ int tier_cache_reserve(tier_cache *c, tier_cache_key key, uint64_t bytes, const 
 	return rc;
 }
 
-int tier_cache_offer_target(tier_cache *c, tier_cache_key key, void **dst)
+/* A reservation's memory, handed over once (fn: the caller's name for the messages). */
+static int take_target(tier_cache *c, tier_cache_key key, const char *fn, void **dst)
 {
 	cache_entry *e = c ? find(c, key) : NULL;
 	if (!dst || !e)
-		return tier_fail(-EINVAL, "tier_cache_offer_target: layer %u op %u micro-batch %u was not reserved, or "
-				 "a NULL output", key.layer, key.op, key.microbatch);
+		return tier_fail(-EINVAL, "%s: layer %u op %u micro-batch %u was not reserved, or a NULL argument", fn,
+				 key.layer, key.op, key.microbatch);
 	*dst = NULL;
 	if (!e->held) /* not admitted */
 		return 0;
 	if (!e->fill_at)
-		return tier_fail(-EINVAL, "tier_cache_offer_target: layer %u op %u micro-batch %u is filled already",
-				 key.layer, key.op, key.microbatch);
+		return tier_fail(-EINVAL, "%s: layer %u op %u micro-batch %u is filled already", fn, key.layer, key.op,
+				 key.microbatch);
 	*dst = e->fill_at;
 	e->fill_at = NULL;
 	return 0;
 }
 
+int tier_cache_offer_target(tier_cache *c, tier_cache_key key, void **dst)
+{
+	return take_target(c, key, "tier_cache_offer_target", dst);
+}
+
 int tier_cache_offer_fill(tier_cache *c, tier_cache_key key, const void *src, void *stream)
 {
-	cache_entry *e = c ? find(c, key) : NULL;
-	if (!e || !src)
-		return tier_fail(-EINVAL, "tier_cache_offer_fill: layer %u op %u micro-batch %u was not reserved, or "
-				 "a NULL source", key.layer, key.op, key.microbatch);
-	if (!e->held) /* not admitted */
-		return 0;
-	if (!e->fill_at)
-		return tier_fail(-EINVAL, "tier_cache_offer_fill: layer %u op %u micro-batch %u is filled already",
-				 key.layer, key.op, key.microbatch);
-	int rc = cache_copy_in(c->dev, e->fill_at, src, e->bytes, stream, 0);
-	e->fill_at = NULL;
-	return rc;
+	void *dst = NULL;
+	int rc = src ? take_target(c, key, "tier_cache_offer_fill", &dst)
+		     : tier_fail(-EINVAL, "tier_cache_offer_fill: a NULL source");
+	return rc || !dst ? rc : cache_copy_in(c->dev, dst, src, find(c, key)->bytes, stream, 0);
 }
 
 int tier_cache_offer_done(tier_cache *c, tier_cache_key key)
@@ -418,12 +416,10 @@ static int miss(tier_cache *c, cache_entry *e, int lost)
 	return 1;
 }
 
-int tier_cache_get(tier_cache *c, tier_cache_key key, void **ptr)
+/* The entry a get may pin: 0 with *out, 1 a miss (counted), -EBUSY when it is held. */
+static int get_entry(tier_cache *c, tier_cache_key key, const char *fn, cache_entry **out)
 {
-	if (!c || !ptr)
-		return tier_fail(-EINVAL, "tier_cache_get: NULL cache or output");
-	*ptr = NULL;
-	cache_entry *e = find(c, key);
+	cache_entry *e = *out = find(c, key);
 	if (!e) {
 		c->unknown_misses++;
 		return 1;
@@ -431,9 +427,21 @@ int tier_cache_get(tier_cache *c, tier_cache_key key, void **ptr)
 	if (!e->obj)
 		return miss(c, e, 0);
 	if (e->pinned || e->held)
-		return tier_fail(-EBUSY, "tier_cache_get: layer %u op %u micro-batch %u is held by %s: %s first", key.layer,
-				 key.op, key.microbatch, e->pinned ? "an earlier get" : "its asynchronous offer",
+		return tier_fail(-EBUSY, "%s: layer %u op %u micro-batch %u is held by %s: %s first", fn, key.layer, key.op,
+				 key.microbatch, e->pinned ? "an earlier get" : "its asynchronous offer",
 				 e->pinned ? "release it" : "call tier_cache_offer_done");
+	return 0;
+}
+
+int tier_cache_get(tier_cache *c, tier_cache_key key, void **ptr)
+{
+	if (!c || !ptr)
+		return tier_fail(-EINVAL, "tier_cache_get: NULL cache or output");
+	*ptr = NULL;
+	cache_entry *e;
+	int r = get_entry(c, key, "tier_cache_get", &e);
+	if (r)
+		return r;
 	tier_cache_kind_stats *st = &c->st[e->kind];
 	tier_copy_state was = tier_obj_state(c->s, e->obj, TIER_HBM);
 	if (was == TIER_COPY_ABSENT && !e->in[TIER_HBM]) {
@@ -483,16 +491,10 @@ int tier_cache_get_home(tier_cache *c, tier_cache_key key, void **ptr, tier_id *
 	if (!c || !ptr || !where)
 		return tier_fail(-EINVAL, "tier_cache_get_home: NULL cache or output");
 	*ptr = NULL, *where = TIER_NTIERS;
-	cache_entry *e = find(c, key);
-	if (!e) {
-		c->unknown_misses++;
-		return 1;
-	}
-	if (!e->obj)
-		return miss(c, e, 0);
-	if (e->pinned || e->held)
-		return tier_fail(-EBUSY, "tier_cache_get_home: layer %u op %u micro-batch %u is held", key.layer, key.op,
-				 key.microbatch);
+	cache_entry *e;
+	int r = get_entry(c, key, "tier_cache_get_home", &e);
+	if (r)
+		return r;
 	tier_id t = e->in[TIER_HBM] ? TIER_HBM : TIER_DDR;
 	void *p;
 	int rc = tier_acquire(c->s, e->obj, t, 0, &p, NULL);
