@@ -132,6 +132,26 @@ static void sleep_ms(int ms)
 
 /* Waypoints on a CPU context: the work is done when queued, so a put is passed at once; pending
  * says whether a put awaits its wait; a wait without a put returns at once; bad arguments. */
+/* Copy lanes on a CPU context: the copy is made at once, joins do nothing; bad lanes and NULL
+ * pointers are refused. */
+static void test_cpu_copy_lanes(void **state)
+{
+	(void)state;
+	tier_dev *d;
+	char src[100], dst[100];
+	assert_int_equal(tier_dev_open(&d, TIER_DEV_CPU, 0), 0);
+	memset(src, 7, sizeof src), memset(dst, 0, sizeof dst);
+	assert_int_equal(tier_dev_copy_async(d, dst, src, sizeof src, 1), 0);
+	assert_memory_equal(dst, src, sizeof src);
+	assert_int_equal(tier_dev_copy_join(d, 0), 0);
+	assert_int_equal(tier_dev_copy_join(d, 1), 0);
+	assert_int_equal(tier_dev_copy_async(d, dst, src, sizeof src, TIER_DEV_COPY_LANES), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "lane"));
+	assert_int_equal(tier_dev_copy_async(d, dst, NULL, sizeof src, 0), -EINVAL);
+	assert_int_equal(tier_dev_copy_join(d, -1), -EINVAL);
+	tier_dev_close(d);
+}
+
 static void test_cpu_waypoint(void **state)
 {
 	(void)state;
@@ -197,6 +217,7 @@ int main(void)
 		cmocka_unit_test(test_format_size), cmocka_unit_test(test_error_message_is_per_thread),
 		cmocka_unit_test(test_pattern_windows_agree), cmocka_unit_test(test_rng_moments),
 		cmocka_unit_test(test_cpu_device), cmocka_unit_test(test_cpu_marks), cmocka_unit_test(test_cpu_waypoint),
+		cmocka_unit_test(test_cpu_copy_lanes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -807,6 +807,42 @@ static void test_waypoint(void **state)
 	tier_dev_free(gpu, buf);
 }
 
+/* Copy lanes (tier_dev_copy_async, _join): a lane's copy waits for the compute stream's work
+ * queued before it (16 memsets of 256 MiB, the last one's 0x0f the only bytes it may read), the
+ * compute stream's work after a join waits for the copy (a memset of 0x77 right after must not
+ * reach it), and the two lanes carry a device-to-host and a host-to-device copy side by side. */
+static void test_copy_lanes(void **state)
+{
+	(void)state;
+	size_t n = (size_t)256 << 20;
+	void *a, *b, *h1, *h2;
+	assert_int_equal(tier_dev_malloc(gpu, n, &a), 0);
+	assert_int_equal(tier_dev_malloc(gpu, n, &b), 0);
+	assert_int_equal(tier_host_malloc(n, 1, &h1), 0);
+	assert_int_equal(tier_host_malloc(n, 1, &h2), 0);
+	memset(h1, 0, n), memset(h2, 0x5a, n);
+	assert_int_equal(tier_dev_memset(gpu, b, 0, n), 0);
+	memsets(a, n, 16);
+	assert_int_equal(tier_dev_copy_async(gpu, h1, a, n, 0), 0);
+	assert_int_equal(tier_dev_copy_async(gpu, b, h2, n, 1), 0);
+	assert_int_equal(tier_dev_copy_join(gpu, 0), 0);
+	assert_int_equal(tier_dev_copy_join(gpu, 1), 0);
+	assert_int_equal(tier_dev_memset(gpu, a, 0x77, n), 0);
+	assert_int_equal(tier_dev_memcpy_d2h(gpu, h2, b, n), 0); /* on the compute stream: after the join */
+	assert_int_equal(tier_dev_sync(gpu), 0);
+	const unsigned char *p1 = h1, *p2 = h2;
+	size_t bad1 = 0, bad2 = 0;
+	for (size_t i = 0; i < n; i++)
+		bad1 += p1[i] != 0x0f, bad2 += p2[i] != 0x5a;
+	assert_int_equal(bad1, 0);
+	assert_int_equal(bad2, 0);
+	assert_int_equal(tier_dev_copy_async(gpu, h1, a, n, TIER_DEV_COPY_LANES), -EINVAL);
+	assert_int_equal(tier_dev_copy_async(gpu, NULL, a, n, 0), -EINVAL);
+	assert_int_equal(tier_dev_copy_join(gpu, -1), -EINVAL);
+	tier_host_free(h1, 1), tier_host_free(h2, 1);
+	tier_dev_free(gpu, a), tier_dev_free(gpu, b);
+}
+
 /* Marks on the GPU measure the device's time, not the host's: 8 memsets of 1 GiB queued between
  * two marks (the host returns at once) take about as long as the same 8 timed with a sync, and 16
  * between the next two about twice that; 600 more marks make the arrays (and their events) grow.
@@ -858,7 +894,7 @@ int main(void)
 		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_adamw_many),
 		cmocka_unit_test(test_fill),        cmocka_unit_test(test_bad_args),
-		cmocka_unit_test(test_marks),       cmocka_unit_test(test_waypoint),
+		cmocka_unit_test(test_marks),       cmocka_unit_test(test_waypoint), cmocka_unit_test(test_copy_lanes),
 	};
 	uint64_t seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
 	int rc;
