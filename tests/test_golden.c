@@ -779,6 +779,7 @@ static int check_grads_bf16(const fixture *f, tier_model *m)
 
 static int golden_chunks; /* tier_train_cfg.moe_chunks of test_model_vs_hf: 0 one piece, else the
 			   * smallest divisor above 1 of the fixture's token count */
+static int golden_opcache; /* test_model_vs_hf with the attention's output kept in DDR (op cache) */
 
 static void test_model_vs_hf(void **state)
 {
@@ -798,6 +799,8 @@ static void test_model_vs_hf(void **state)
 		tc.moe_chunks = f.T % d ? 0 : d;
 	if (golden_chunks)
 		printf("# %s: the MoE half in %d chunks of %d tokens\n", f.c->name, tc.moe_chunks, f.T / tc.moe_chunks);
+	if (golden_opcache) /* no HBM budget: no attention half kept, its output alone from DDR */
+		tc.opcache = "attention:ddr=32M";
 	assert_int_equal(tier_trainer_create(r.m, &tc, &r.t), 0);
 	int64_t *ids = fx_tokens(&f, "input_ids"), *sh = fx_tokens(&f, "shift_labels");
 	int32_t *tok = malloc(sizeof(int32_t) * f.T), *lab = malloc(sizeof(int32_t) * f.T);
@@ -847,10 +850,27 @@ static void test_model_vs_hf(void **state)
 			export_for_peft(&f, r.m, hid, ids);
 	}
 	assert_true(ok);
+	if (golden_opcache) { /* the gradients above came through the kept outputs */
+		tier_cache_stats cs;
+		assert_int_equal(tier_trainer_cache_stats(r.t, &cs), 0);
+		printf("# %s: op cache: %llu attention outputs kept in ddr, %llu hits from there\n", f.c->name,
+		       (unsigned long long)cs.kind[TIER_OP_ATTENTION].admitted[1],
+		       (unsigned long long)cs.kind[TIER_OP_ATTENTION].hits[1]);
+		assert_true(cs.kind[TIER_OP_ATTENTION].hits[1] > 0);
+	}
 	tier_peft_free(a);
 	free(ids), free(sh), free(tok), free(lab), free(hid);
 	rig_close(&r);
 	fixture_close(&f);
+}
+
+/* The same comparison, the backward's recompute taking the attention's output from the op cache
+ * in DDR (train_cache.c's OP_CORE) instead of running the attention. */
+static void test_model_vs_hf_opcache(void **state)
+{
+	golden_opcache = 1;
+	test_model_vs_hf(state);
+	golden_opcache = 0;
 }
 
 /* The same comparison with the MoE half run in token chunks (tier_train_cfg.moe_chunks). */
@@ -915,6 +935,10 @@ int main(void)
 		{ "mixtral_c: model_vs_hf (cuda)", test_model_vs_hf, NULL, NULL, (void *)&cases[4] },
 		{ "qwen3_moe_c: model_vs_hf, MoE in chunks (cuda)", test_model_vs_hf_chunked, NULL, NULL, (void *)&cases[3] },
 		{ "mixtral_c: model_vs_hf, MoE in chunks (cuda)", test_model_vs_hf_chunked, NULL, NULL, (void *)&cases[4] },
+		{ "qwen3_moe_c: model_vs_hf, attention output from DDR (cuda)", test_model_vs_hf_opcache, NULL, NULL,
+		  (void *)&cases[3] },
+		{ "mixtral_c: model_vs_hf, attention output from DDR (cuda)", test_model_vs_hf_opcache, NULL, NULL,
+		  (void *)&cases[4] },
 	};
 #else
 #define CASE_TESTS(i, n)                                                                          \
@@ -929,6 +953,9 @@ int main(void)
 		CASE_TESTS(3, "qwen3_moe_c"), CASE_TESTS(4, "mixtral_c"),
 		{ "qwen3_moe_a: model_vs_hf, MoE in chunks", test_model_vs_hf_chunked, NULL, NULL, (void *)&cases[0] },
 		{ "mixtral: model_vs_hf, MoE in chunks", test_model_vs_hf_chunked, NULL, NULL, (void *)&cases[2] },
+		{ "qwen3_moe_a: model_vs_hf, attention output from DDR", test_model_vs_hf_opcache, NULL, NULL,
+		  (void *)&cases[0] },
+		{ "mixtral: model_vs_hf, attention output from DDR", test_model_vs_hf_opcache, NULL, NULL, (void *)&cases[2] },
 		cmocka_unit_test(test_wrong_checkpoint),
 	};
 #endif
