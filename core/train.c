@@ -163,6 +163,7 @@ static int trainer_tables(tier_trainer *t, size_t nckpt)
 	size_t E = m->E > 0 ? (size_t)m->E : 1, T = (size_t)t->sh.T;
 	if (!(t->ckpt = calloc(nckpt, sizeof *t->ckpt)) || !(t->counts = calloc(E, sizeof(int32_t))) ||
 	    !(t->fcounts = calloc(nckpt * E, sizeof(int32_t))) || !(t->fvalid = calloc(nckpt, 1)) ||
+	    !(t->core_kept = calloc((size_t)t->c.micro_batches * m->L, 1)) ||
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->prevcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
@@ -320,6 +321,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	free(t->prevcounts);
 	free(t->fcounts);
 	free(t->fvalid);
+	free(t->core_kept);
 	free(t->ptr);
 	free(t->cv_src);
 	free(t->cv_dst);
@@ -966,6 +968,7 @@ static int pass_begin(tier_trainer *t)
 {
 	if (t->cache) /* entries a failed step left behind must not stand in for this pass's */
 		tier_cache_end_microbatch(t->cache, UINT32_MAX);
+	memset(t->core_kept, 0, (size_t)t->c.micro_batches * t->m->L);
 	memset(t->lcounts, 0, sizeof *t->lcounts * (size_t)t->m->L * (t->m->E > 0 ? t->m->E : 1));
 	zero_grads(t);
 	t->op = 0;

@@ -111,6 +111,7 @@ int trainer_cache_offer_core(tier_trainer *t, int l)
 	if (rc || where == TIER_NTIERS)
 		return rc;
 	(void)trainer_op_key(t, k, 0); /* offer_done at the operation's end: the copy is joined by then */
+	t->core_kept[(size_t)t->mb * t->m->L + (size_t)l] = 1;
 	if ((rc = tier_cache_offer_target(t->cache, k, &dst)) || !dst)
 		return rc;
 	rc = tier_dev_copy_async(t->m->dev, dst, t->b.o, n, 0);
@@ -199,6 +200,10 @@ static int core_fetch(tier_trainer *t, int l, int mb, int p)
 	}
 	c->key = (tier_cache_key){ .layer = (uint32_t)l, .op = OP_CORE, .microbatch = (uint32_t)mb };
 	c->tried = 1, c->on = 0;
+	uint8_t *kept = &t->core_kept[(size_t)mb * t->m->L + (size_t)l];
+	if (!*kept) /* never kept (the attention half was, or no room): not a miss to count */
+		return 0;
+	*kept = 0;
 	void *src;
 	tier_id where;
 	int r = tier_cache_get_home(t->cache, c->key, &src, &where);

@@ -107,6 +107,7 @@ struct tier_trainer {
 	int core_placed;                  /* b.o and b.lse are not the attention half's own */
 	int bslot;                        /* the backward's slot (layer, micro-batch) in order */
 	trainer_core_pend core_pend[2];   /* the attention's output coming for the slot of each parity */
+	uint8_t *core_kept;               /* [micro_batches L]: this pass's forward had the cache keep it */
 	int training;                     /* a training step (LoRA dropout on), not an evaluation */
 	uint64_t op_seq;                  /* operations ended (pin_group's cache key); starts at 1 */
 	uint32_t mb;                      /* the current micro-batch (the cache's key) */

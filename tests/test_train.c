@@ -744,6 +744,7 @@ static void test_opcache_transparent(void **state)
 	rig_opcache = "all:hbm=16M";
 	run_losses(&c, 64u << 20, 6, b);
 	assert_memory_equal(a, b, sizeof a);
+	assert_int_equal(last_cs.total.misses, 0); /* all kept: nothing else looked up (the outputs alone) */
 	rig_opcache = "attention,grouped_gemm:hbm=48k:ddr=8M";
 	run_losses(&c, 64u << 20, 6, d);
 	assert_memory_equal(a, d, sizeof a);
