@@ -35,8 +35,8 @@ struct tier_dev {
 	cudaStream_t lane[TIER_DEV_LANES];
 	cudaEvent_t lane_done[TIER_DEV_LANES], forked;
 	void *lane_ws[TIER_DEV_LANES];
-	/* the copy stream (tier_dev_copy_async), made on first use: an operator's output on its way
-	 * to the op cache in DDR while the compute stream goes on */
+	/* copy lanes (tier_dev_copy_async), each made on first use: an operator's output on its way
+	 * to the op cache in DDR and back while the compute stream goes on */
 	int copy_on[TIER_DEV_COPY_LANES];
 	cudaStream_t copy[TIER_DEV_COPY_LANES];
 	cudaEvent_t copy_from[TIER_DEV_COPY_LANES], copy_done[TIER_DEV_COPY_LANES];

@@ -433,6 +433,14 @@ static int get_entry(tier_cache *c, tier_cache_key key, const char *fn, cache_en
 	return 0;
 }
 
+/* A hit, counted by where the entry lives (home), pinned in tier `at` until its release. */
+static void pin_hit(tier_cache *c, cache_entry *e, tier_id at)
+{
+	c->st[e->kind].hits[e->home == TIER_DDR]++;
+	c->st[e->kind].flops_saved += e->flops;
+	e->pinned = 1, e->got_at = at;
+}
+
 int tier_cache_get(tier_cache *c, tier_cache_key key, void **ptr)
 {
 	if (!c || !ptr)
@@ -478,9 +486,7 @@ int tier_cache_get(tier_cache *c, tier_cache_key key, void **ptr)
 		st->bytes_fetched += e->bytes;
 	cache_set_in(c, e, TIER_HBM, 1);
 	cache_set_in(c, e, TIER_DDR, present(c, e, TIER_DDR));
-	st->hits[e->home == TIER_DDR]++;
-	st->flops_saved += e->flops;
-	e->pinned = 1, e->got_at = TIER_HBM;
+	pin_hit(c, e, TIER_HBM);
 	update_link(c);
 	*ptr = p;
 	return 0;
@@ -504,9 +510,7 @@ int tier_cache_get_home(tier_cache *c, tier_cache_key key, void **ptr, tier_id *
 		cache_free_obj(c, e);
 		return rc;
 	}
-	c->st[e->kind].hits[t == TIER_DDR]++;
-	c->st[e->kind].flops_saved += e->flops;
-	e->pinned = 1, e->got_at = t;
+	pin_hit(c, e, t);
 	*ptr = p, *where = t;
 	return 0;
 }

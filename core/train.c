@@ -218,10 +218,12 @@ static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nc
 	 * refused, or split the free space so that a large object no longer fits where the operation
 	 * alone fitted */
 	uint64_t op = 2 * t->nck * tier_align_up(ta, 4096) + most;
-	uint64_t held = t->c.opcache && *t->c.opcache ? 2 * t->nck * (uint64_t)(save[0] + save[1]) : 0;
-	tier_cache_config cc; /* the cache holds no more than its HBM budget (parse errors: at its open) */
-	if (held && tier_cache_config_parse(t->c.opcache, &cc) == 0 && cc.budget[0] < held)
-		held = cc.budget[0];
+	uint64_t held = t->cache ? 2 * t->nck * (uint64_t)(save[0] + save[1]) : 0;
+	if (held) { /* the cache holds no more than its HBM budget */
+		tier_cache_stats cs;
+		tier_cache_stats_get(t->cache, &cs);
+		held = cs.budget[0] < held ? cs.budget[0] : held;
+	}
 	if (t->hbm_cap < t->min_hbm + op + held && !t->pipe_force)
 		t->pipeline = 0;
 	if (t->hbm_cap >= t->min_hbm)
@@ -287,7 +289,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 		if ((rc = tier_obj_create(m->s, ta, TIER_CLASS_ACT, 0, &t->ckpt[i])))
 			goto fail;
 	t->ck = t->ckpt;
-	if ((rc = trainer_budget(t, sbytes, ta, nckpt, save)) || (rc = trainer_set_schedule(t)) || (rc = trainer_cache_open(t)))
+	if ((rc = trainer_cache_open(t)) || (rc = trainer_budget(t, sbytes, ta, nckpt, save)) || (rc = trainer_set_schedule(t)))
 		goto fail;
 	*out = t;
 	return 0;
@@ -586,20 +588,27 @@ static int pin_experts(tier_trainer *t, int l, int grads, int bwd, dec_weights *
 	return lora_convert(t);
 }
 
+/* The attention itself, or in a backward's recompute its output from the op cache when kept
+ * there alone (train_cache.c's OP_CORE); a training forward offers it. */
+static int attn_core(tier_trainer *t, int l, int bwd)
+{
+	int rc = 0;
+	if (bwd && trainer_cache_restore_core(t, l, &rc))
+		return 0;
+	if (rc || (rc = dec_attn_fwd_core(t->m, &t->sh, &t->b)))
+		return rc;
+	return bwd ? 0 : trainer_cache_offer_core(t, l);
+}
+
 /* Forward of layer l from its input x into out (NULL: the backward's recompute, which makes only
  * the state the backward reads, each half taken from the operator cache when it kept it). */
 static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *out, dec_weights *w)
 {
 	tier_model *m = t->m;
 	int rc = pin_dense(t, l, grads, w), bwd = out == NULL;
-	if (!(bwd && trainer_cache_restore(t, l, 0, &rc)) && !rc && !(rc = dec_attn_fwd_in(m, &t->sh, x, w, &t->b))) {
-		/* the attention half not kept: its output alone may be (OP_CORE) */
-		if (!(bwd && trainer_cache_restore_core(t, l, &rc)) && !rc && !(rc = dec_attn_fwd_core(m, &t->sh, &t->b)) &&
-		    !bwd)
-			rc = trainer_cache_offer_core(t, l);
-		if (!rc)
-			rc = dec_attn_fwd_out(m, &t->sh, x, w, &t->b);
-	}
+	if (!(bwd && trainer_cache_restore(t, l, 0, &rc)) && !rc && !(rc = dec_attn_fwd_in(m, &t->sh, x, w, &t->b)) &&
+	    !(rc = attn_core(t, l, bwd)))
+		rc = dec_attn_fwd_out(m, &t->sh, x, w, &t->b);
 	if (rc)
 		return rc;
 	trainer_charge(t, TIER_PART_ATTN_FWD);

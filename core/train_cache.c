@@ -98,9 +98,15 @@ void trainer_cache_unplace(tier_trainer *t)
 		dec_bufs_place(t->m, &t->sh, &t->b, 0, NULL), t->core_placed = 0;
 }
 
+/* Whether this pass's forward had the cache keep (l, mb)'s attention output. */
+static uint8_t *kept_at(const tier_trainer *t, int l, int mb)
+{
+	return &t->core_kept[(size_t)mb * t->m->L + (size_t)l];
+}
+
 int trainer_cache_offer_core(tier_trainer *t, int l)
 {
-	if (!t->cache || !t->sh.core2 || !t->offer || !t->pipeline || t->kept[0] || t->opc.nkeys == OP_KEYS)
+	if (!t->cache || !t->offer || !t->pipeline || t->kept[0] || t->opc.nkeys == OP_KEYS)
 		return 0;
 	size_t lse_at, n = dec_attn_core_bytes(t->m, &t->sh, &lse_at);
 	tier_op_cost c = core_cost(t, n);
@@ -111,7 +117,7 @@ int trainer_cache_offer_core(tier_trainer *t, int l)
 	if (rc || where == TIER_NTIERS)
 		return rc;
 	(void)trainer_op_key(t, k, 0); /* offer_done at the operation's end: the copy is joined by then */
-	t->core_kept[(size_t)t->mb * t->m->L + (size_t)l] = 1;
+	*kept_at(t, l, (int)t->mb) = 1;
 	if ((rc = tier_cache_offer_target(t->cache, k, &dst)) || !dst)
 		return rc;
 	rc = tier_dev_copy_async(t->m->dev, dst, t->b.o, n, 0);
@@ -188,21 +194,25 @@ static int slot_ahead(const tier_trainer *t, int l, int k, int *l2, int *mb2)
 	return *l2 >= 0;
 }
 
-/* Start the copy of (l, mb)'s entry into block p (a miss: nothing; tried either way). */
+/* Let an entry on its way go: its copy done first (nothing may still read it). */
+static int pend_drop(tier_trainer *t, trainer_core_pend *c)
+{
+	if (!c->on)
+		return 0;
+	c->on = 0;
+	int r1 = tier_dev_sync(t->m->dev), r2 = tier_cache_release(t->cache, c->key, 1);
+	return r1 ? r1 : r2;
+}
+
+/* Start the copy of (l, mb)'s entry into block p (nothing when it was not kept, or is gone). */
 static int core_fetch(tier_trainer *t, int l, int mb, int p)
 {
 	trainer_core_pend *c = &t->core_pend[p];
-	if (c->on) { /* one that came for a slot that did not read it (its half restored instead) */
-		int r1 = tier_dev_sync(t->m->dev), r2 = tier_cache_release(t->cache, c->key, 1);
-		c->on = 0;
-		if (r1 || r2)
-			return r1 ? r1 : r2;
-	}
+	int rc = pend_drop(t, c); /* one that came for a slot that did not read it (its half restored) */
 	c->key = (tier_cache_key){ .layer = (uint32_t)l, .op = OP_CORE, .microbatch = (uint32_t)mb };
-	c->tried = 1, c->on = 0;
-	uint8_t *kept = &t->core_kept[(size_t)mb * t->m->L + (size_t)l];
-	if (!*kept) /* never kept (the attention half was, or no room): not a miss to count */
-		return 0;
+	uint8_t *kept = kept_at(t, l, mb);
+	if (rc || !*kept) /* never kept (the attention half was, or no room): not a miss to count */
+		return rc;
 	*kept = 0;
 	void *src;
 	tier_id where;
@@ -210,19 +220,20 @@ static int core_fetch(tier_trainer *t, int l, int mb, int p)
 	if (r)
 		return r < 0 ? r : 0;
 	size_t lse_at, n = dec_attn_core_bytes(t->m, &t->sh, &lse_at);
-	int rc = tier_dev_copy_async(t->m->dev, dec_attn_core_home(t->m, &t->sh, &t->b, p), src, n, p);
-	if (rc) { /* nothing may still read the entry when it goes */
-		(void)tier_dev_sync(t->m->dev);
-		(void)tier_cache_release(t->cache, c->key, 1);
-		return rc;
-	}
 	c->on = 1;
-	return 0;
+	if ((rc = tier_dev_copy_async(t->m->dev, dec_attn_core_home(t->m, &t->sh, &t->b, p), src, n, p)))
+		(void)pend_drop(t, c);
+	return rc;
 }
 
 static int core_on(const tier_trainer *t)
 {
-	return t->cache && t->sh.core2 && t->pipeline;
+	return t->cache && t->pipeline;
+}
+
+static int pend_for(const trainer_core_pend *c, int l, uint32_t mb)
+{
+	return c->on && c->key.layer == (uint32_t)l && c->key.microbatch == mb;
 }
 
 int trainer_cache_bwd_begin(tier_trainer *t, int l)
@@ -230,12 +241,10 @@ int trainer_cache_bwd_begin(tier_trainer *t, int l)
 	if (!core_on(t))
 		return 0;
 	int p = t->bslot & 1;
-	trainer_core_pend *c = &t->core_pend[p];
 	if (p) /* block 0 is the attention half's own o, lse */
 		dec_attn_core_place(t->m, &t->sh, &t->b, dec_attn_core_home(t->m, &t->sh, &t->b, 1)), t->core_placed = 1;
-	if (c->tried && c->key.layer == (uint32_t)l && c->key.microbatch == t->mb)
-		return 0;
-	return core_fetch(t, l, (int)t->mb, p); /* the first two slots: nothing came ahead */
+	/* the first two slots: nothing came ahead */
+	return pend_for(&t->core_pend[p], l, t->mb) ? 0 : core_fetch(t, l, (int)t->mb, p);
 }
 
 int trainer_cache_bwd_end(tier_trainer *t, int l)
@@ -243,24 +252,20 @@ int trainer_cache_bwd_end(tier_trainer *t, int l)
 	if (!core_on(t))
 		return 0;
 	int p = t->bslot++ & 1, l2, mb2;
-	return slot_ahead(t, l, 2, &l2, &mb2) ? core_fetch(t, l2, mb2, p) : (t->core_pend[p].tried = 0, 0);
+	return slot_ahead(t, l, 2, &l2, &mb2) ? core_fetch(t, l2, mb2, p) : 0;
 }
 
 int trainer_cache_restore_core(tier_trainer *t, int l, int *rc)
 {
-	if (*rc || !core_on(t))
+	int p = t->bslot & 1;
+	trainer_core_pend *c = &t->core_pend[p];
+	if (*rc || !core_on(t) || !pend_for(c, l, t->mb))
 		return 0;
-	trainer_core_pend *c = &t->core_pend[t->bslot & 1];
-	if (!c->on || c->key.layer != (uint32_t)l || c->key.microbatch != t->mb)
-		return 0;
-	c->on = c->tried = 0;
-	if ((*rc = tier_dev_copy_join(t->m->dev, t->bslot & 1)))
+	if ((*rc = tier_dev_copy_join(t->m->dev, p)))
 		return 0;
 	if (!trainer_op_key(t, c->key, 1)) /* released at the operation's end */
-		return 1;
-	*rc = tier_dev_sync(t->m->dev); /* the list is full: done with the entry's bytes here */
-	int r2 = tier_cache_release(t->cache, c->key, 1);
-	*rc = *rc ? *rc : r2;
+		return c->on = 0, 1;
+	*rc = pend_drop(t, c); /* the list is full: done with the entry's bytes here */
 	return !*rc;
 }
 
@@ -268,13 +273,8 @@ int trainer_cache_core_drop(tier_trainer *t)
 {
 	int rc = 0;
 	for (int p = 0; p < 2; p++) {
-		trainer_core_pend *c = &t->core_pend[p];
-		if (c->on) {
-			int r = tier_dev_sync(t->m->dev);
-			int r2 = tier_cache_release(t->cache, c->key, 1);
-			rc = rc ? rc : r ? r : r2;
-		}
-		c->on = c->tried = 0;
+		int r = pend_drop(t, &t->core_pend[p]);
+		rc = rc ? rc : r;
 	}
 	t->bslot = 0;
 	return rc;

@@ -29,8 +29,7 @@ typedef struct {
 /* An op cache entry of the attention's output on its way to a block of the scratch. */
 typedef struct {
 	tier_cache_key key;
-	int tried;             /* its get was made (on: a hit, whose copy is queued) */
-	int on;
+	int on;                /* a hit, pinned in DDR, whose copy is queued */
 } trainer_core_pend;
 
 struct tier_trainer {
