@@ -269,6 +269,9 @@ int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, de
 	      int32_t *hidx)
 {
 	size_t n = (size_t)sh->mT * m->k;
+	if (sh->routed)
+		return tier_moe_layer_route(m->dev, &sh->moe, sh->T, b->b, w->w[W_ROUTER], NULL, &b->ms, b->ws, b->ws_bytes,
+					    counts);
 	memset(counts, 0, sizeof(int32_t) * (size_t)m->E);
 	for (int c = 0; c < sh->mchunks; c++) { /* the saved state holds one chunk's routing */
 		int rc = tier_moe_router_fwd(m->dev, &sh->moe.router, sh->mT, m->H, act_rows(m, b->b, (size_t)c * sh->mT),
@@ -287,11 +290,22 @@ int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, de
 }
 
 /* The MoE block's forward over chunk c: its state into b->ms, and unless state_only (a backward's
- * recompute) its output rows into b->mo. */
+ * recompute) its output rows into b->mo. Routed (one chunk): a forward's dec_route has routed; a
+ * recompute routes again on the device, to the forward's counts. */
 static int moe_chunk_fwd(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int c,
 			 int state_only)
 {
 	size_t r0 = (size_t)c * sh->mT;
+	if (sh->routed) {
+		int rc = 0;
+		if (!b->routed)
+			return tier_fail(-EINVAL, "decoder: the routed MoE block has no counts (dec_bufs.routed)");
+		if (state_only && (rc = tier_moe_layer_route(m->dev, &sh->moe, sh->T, b->b, w->w[W_ROUTER], NULL, &b->ms,
+							     b->ws, b->ws_bytes, NULL)))
+			return rc;
+		return tier_moe_layer_fwd_routed(m->dev, &sh->moe, sh->T, b->b, &w->ex, w->has_elora ? &w->elora : NULL,
+						 b->routed, state_only ? NULL : b->mo, &b->ms, b->ws, b->ws_bytes);
+	}
 	return tier_moe_layer_fwd(m->dev, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], NULL, &w->ex,
 				  w->has_elora ? &w->elora : NULL, state_only ? NULL : f32_rows(m, b->mo, r0), &b->ms,
 				  b->ws, b->ws_bytes);
@@ -326,7 +340,11 @@ static int moe_bwd(const tier_model *m, const dec_shape *sh, const dec_weights *
 	int rc = 0;
 	for (int c = 0; c < sh->mchunks && !rc; c++) {
 		size_t r0 = (size_t)c * sh->mT;
-		if (!(sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c, 1))))
+		if (sh->routed)
+			rc = tier_moe_layer_bwd_routed(m->dev, &sh->moe, sh->T, b->b, w->w[W_ROUTER], &w->ex,
+						       w->has_elora ? &w->elora : NULL, &b->ms, b->routed, dout, d_aux,
+						       b->db, NULL, b->ws, b->ws_bytes);
+		else if (!(sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c, 1))))
 			rc = tier_moe_layer_bwd(m->dev, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], &w->ex,
 						w->has_elora ? &w->elora : NULL, &b->ms, dout + r0 * (size_t)m->H,
 						d_aux, f32_rows(m, b->db, r0), NULL, b->ws, b->ws_bytes);

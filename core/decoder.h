@@ -30,6 +30,9 @@ typedef struct {
 	void *save[2];          /* what the backward reads of the forward: [0] attention, [1] MLP / MoE */
 	size_t save_bytes[2];
 	void *home;             /* the buffer the bind carved (where each half lives unless placed) */
+	const int32_t *routed;  /* with dec_shape.routed: the host's counts [E] of the routing in ms,
+				 * dec_route's (a forward) or the forward's (a backward), set before the
+				 * MLP half runs */
 } dec_bufs;
 
 typedef struct {
@@ -40,6 +43,10 @@ typedef struct {
 	tier_rope_params rq, rk;
 	int core2;              /* the buffers hold a second o, lse block (o2, lse2): the backward reads
 				 * one while the op cache's copy fills the other */
+	int routed;             /* the MoE block in routed halves (one chunk only): dec_route reads the
+				 * counts back once, and the block runs on them (dec_bufs.routed) with no
+				 * synchronisation of its own; a recompute routes again on the device and
+				 * takes its forward's counts. 0: the block routes and reads back itself */
 } dec_shape;
 
 /* Fill the shape of a micro-batch (moe_chunks: tier_train_cfg's); the byte count of the buffers
@@ -68,7 +75,7 @@ size_t dec_attn_core_bytes(const tier_model *m, const dec_shape *sh, size_t *lse
 void *dec_attn_core_home(const tier_model *m, const dec_shape *sh, const dec_bufs *b, int i);
 void dec_attn_core_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, void *at);
 /* The router into b->ms: counts [E] on the host; hidx: host scratch of T * k int32 (CUDA copies
- * the choices there). */
+ * the choices there; not with dec_shape.routed, which reads back the counts alone). */
 int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int32_t *counts,
 	      int32_t *hidx);
 /* MLP half (moe: the router must have run into b->ms by dec_route): out = h1 + mlp(b); out NULL:

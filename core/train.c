@@ -143,7 +143,8 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
  * backward's, whose routing is known; "all" the forwards' too, from the latest two forwards'
  * routing (an expert routed outside that prediction is fetched when the layer has routed, behind
  * the prefetches queued on the link: on the H200 that stalled more than the unused forward
- * prefetches it saved cost); "0" none. */
+ * prefetches it saved cost); "0" none. $TIER_MOE_ROUTED=0 has the MoE block route and read its
+ * offsets back itself, as before the routed halves (dec_shape.routed), for comparison. */
 static void trainer_env(tier_trainer *t)
 {
 	const char *prof = getenv("TIER_PROFILE");
@@ -154,6 +155,8 @@ static void trainer_env(tier_trainer *t)
 	t->pipe_force = t->pipeline && pipe && !strcmp(pipe, "force");
 	const char *routed = getenv("TIER_SCHED_ROUTED");
 	t->sched_routed = !routed || !strcmp(routed, "bwd") ? 1 : !strcmp(routed, "all") ? 2 : 0;
+	const char *mr = getenv("TIER_MOE_ROUTED");
+	t->moe_routed = !(mr && !strcmp(mr, "0"));
 }
 
 /* The host tables sized by the experts and the tokens, and the checkpoint slots. */
@@ -256,6 +259,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	if ((rc = dec_shape_init(m, c->batch, c->seq, c->moe_chunks, &t->sh)))
 		goto fail;
 	t->sh.core2 = c->opcache && *c->opcache; /* the attention's output may come from the op cache */
+	t->sh.routed = t->moe_routed && t->sh.mchunks == 1; /* chunks route each chunk in the block */
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
 	if ((rc = tier_attn_workspace_bytes(m->dev, &t->sh.ap, &aws))) {
 		rc = tier_fail(rc, "%s; this model cannot train on this device (use --device cpu)", tier_last_error());
@@ -382,6 +386,7 @@ static int scratch_begin(tier_trainer *t)
 	char *c = t->scratch_p;
 	size_t th = t->th;
 	dec_bufs_bind(t->m, &t->sh, c, &t->b);
+	t->b.routed = t->counts; /* the layer's, as pin_experts' route_counts left them */
 	c += t->dec_bytes;
 	t->gcur = (float *)c, t->gnext = (float *)(c + th), t->hn = (float *)(c + 2 * th);
 	t->lse = (float *)(c + 3 * th);
@@ -1023,12 +1028,14 @@ static int step_passes(tier_trainer *t, const int32_t *tokens, const int32_t *la
 	return rc;
 }
 
-/* A step's end: the gradient norm, the scratch released (kept when the budget allows), AdamW with
+/* A step's end: the gradient norm, the routed MoE blocks' check, the scratch released (kept when the budget allows), AdamW with
  * clipping, the time by part into r. */
 static int step_end(tier_trainer *t, int rc, double *norm, float *lr, tier_step_result *r)
 {
 	if (!rc)
 		rc = trainer_grad_norm(t, norm);
+	if (!rc && t->sh.routed) /* a recompute's routing against its forward's, before any update */
+		rc = tier_moe_routing_check(t->m->dev);
 	int r2 = scratch_end(t, !rc && t->scratch_keep); /* else its room goes to the LoRA state */
 	rc = rc ? rc : r2;
 	*lr = trainer_lr_at(&t->c, t->step);

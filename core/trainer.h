@@ -76,6 +76,7 @@ struct tier_trainer {
 	int64_t *prevcounts;   /* forward before it: the step schedule lists the experts the latest routed
 				* to for the backward, and those either routed to for the next forwards */
 	int sched_routed;      /* $TIER_SCHED_ROUTED: 0 none, 1 backward (default), 2 all operations */
+	int moe_routed;        /* $TIER_MOE_ROUTED (default 1; 0 off): dec_shape.routed where one chunk */
 	int have_mbcounts;     /* 0 before the first forward (and with $TIER_SCHED_ROUTED=0): all experts */
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
 	uint64_t min_hbm, hbm_cap;

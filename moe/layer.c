@@ -146,45 +146,127 @@ int moe_saved_check(const char *fn, const tier_moe_saved *s, int T)
 	return 0;
 }
 
-int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
-		       const float *bias, const tier_moe_experts *w, const tier_moe_loras *lora, float *out,
-		       tier_moe_saved *s, void *ws, size_t ws_bytes)
+/* Checks every entry of the block makes before its CUDA version takes over. */
+static int entry_checks(const char *fn, tier_dev *dev, const tier_moe_cfg *c, int T)
 {
-	const char *fn = "tier_moe_layer_fwd";
 	int rc = moe_cfg_check(fn, c, T);
-	if (rc || (rc = dtype_check(fn, dev, c)))
+	return rc ? rc : dtype_check(fn, dev, c);
+}
+
+/* The CPU's checks after the CUDA dispatch: device, saved, workspace, and the given pointers. */
+static int cpu_checks(const char *fn, tier_dev *dev, const tier_moe_cfg *c, int T, const tier_moe_loras *lora,
+		      const tier_moe_saved *s, void *ws, size_t ws_bytes)
+{
+	int rc = moe_check_dev(dev, fn);
+	if (rc || (rc = moe_saved_check(fn, s, T)) || (rc = moe_ws_check(fn, c, T, lora, ws, ws_bytes)))
 		return rc;
-	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_fwd(dev, c, T, x, w_r, bias, w, lora, out, s, ws, ws_bytes));
-	if ((rc = moe_check_dev(dev, fn)) || (rc = moe_saved_check(fn, s, T)) || (rc = moe_ws_check(fn, c, T, lora, ws, ws_bytes)))
+	return 0;
+}
+
+/* The router into s, and with counts its histogram and the aux losses. */
+static int route_cpu(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
+		     const float *bias, tier_moe_saved *s, int32_t *counts)
+{
+	int E = c->router.n_experts, k = c->router.top_k, n = T * k;
+	int rc = tier_moe_router_fwd(dev, &c->router, T, c->hidden, x, w_r, bias, s->logits, s->topk_idx, s->topk_w);
+	if (rc || !counts)
 		return rc;
-	MOE_NONNULL(x, fn);
-	MOE_NONNULL(w_r, fn);
-	MOE_NONNULL(w, fn);
-	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k;
+	if ((rc = tier_moe_aux_fwd(dev, T, E, k, c->aux_coef, c->z_coef, s->logits, s->topk_idx, &s->aux, &s->z, NULL)))
+		return rc;
+	memset(counts, 0, sizeof(int32_t) * (size_t)E);
+	for (int p = 0; p < n; p++) /* the router's indices are in 0..E-1 */
+		counts[s->topk_idx[p]]++;
+	return 0;
+}
+
+/* -EIO unless the routing in s (its counts, made by tier_moe_permute) is the one counts describe. */
+static int counts_agree(const char *fn, int E, const int32_t *counts, const int32_t *have)
+{
+	for (int e = 0; e < E; e++)
+		if (counts[e] != have[e])
+			return tier_fail(-EIO, "%s: the routing in saved sends %d pairs to expert %d, the counts given %d: "
+					 "they are not this routing's (a recompute that routed differently?); route "
+					 "again with tier_moe_layer_route", fn, have[e], e, counts[e]);
+	return 0;
+}
+
+/* The forward after the routing: permute, experts, combine (out NULL: not combined). */
+static int fwd_cpu(const char *fn, tier_dev *dev, const tier_moe_cfg *c, int T, const float *x,
+		   const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, float *out,
+		   tier_moe_saved *s, void *ws)
+{
+	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k, rc;
 	char *p = ws;
 	float *xg = take(&p, 4 * (size_t)n * H), *y = out ? take(&p, 4 * (size_t)n * H) : NULL;
-	if ((rc = tier_moe_router_fwd(dev, &c->router, T, H, x, w_r, bias, s->logits, s->topk_idx, s->topk_w)) ||
-	    (rc = tier_moe_aux_fwd(dev, T, E, k, c->aux_coef, c->z_coef, s->logits, s->topk_idx, &s->aux, &s->z, NULL)))
-		return rc;
 	int cap = tier_moe_capacity(T, k, E, c->capacity_factor);
 	if ((rc = tier_moe_permute(dev, T, k, E, H, cap, s->topk_idx, x, s->offsets, s->row_pair, s->pair_row,
 				   s->counts, xg)) ||
+	    (rc = counts_agree(fn, E, counts, s->counts)) ||
 	    (rc = tier_moe_experts_fwd(dev, E, H, c->inter, s->offsets, w, lora, xg, s->g, s->u, y, p)))
 		return rc;
 	return out ? tier_moe_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, y, out) : 0;
 }
 
-int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
-		       const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *s,
-		       const float *d_out, float d_aux, float *dx, float *dw_r, void *ws, size_t ws_bytes)
+int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
+		       const float *bias, const tier_moe_experts *w, const tier_moe_loras *lora, float *out,
+		       tier_moe_saved *s, void *ws, size_t ws_bytes)
 {
-	const char *fn = "tier_moe_layer_bwd";
-	int rc = moe_cfg_check(fn, c, T);
-	if (rc || (rc = dtype_check(fn, dev, c)))
+	const char *fn = "tier_moe_layer_fwd";
+	int rc = entry_checks(fn, dev, c, T);
+	if (rc)
 		return rc;
-	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_bwd(dev, c, T, x, w_r, w, lora, s, d_out, d_aux, dx, dw_r, ws, ws_bytes));
-	if ((rc = moe_check_dev(dev, fn)) || (rc = moe_saved_check(fn, s, T)) || (rc = moe_ws_check(fn, c, T, lora, ws, ws_bytes)))
+	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_fwd(dev, c, T, x, w_r, bias, w, lora, out, s, ws, ws_bytes));
+	if ((rc = cpu_checks(fn, dev, c, T, lora, s, ws, ws_bytes)))
 		return rc;
+	MOE_NONNULL(x, fn);
+	MOE_NONNULL(w_r, fn);
+	MOE_NONNULL(w, fn);
+	int32_t counts[TIER_MOE_MAX_EXPERTS];
+	if ((rc = route_cpu(dev, c, T, x, w_r, bias, s, counts)))
+		return rc;
+	return fwd_cpu(fn, dev, c, T, x, w, lora, counts, out, s, ws);
+}
+
+int tier_moe_layer_route(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
+			 const float *bias, tier_moe_saved *s, void *ws, size_t ws_bytes, int32_t *counts)
+{
+	const char *fn = "tier_moe_layer_route";
+	int rc = entry_checks(fn, dev, c, T);
+	if (rc)
+		return rc;
+	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_route(dev, c, T, x, w_r, bias, s, ws, ws_bytes, counts));
+	if ((rc = cpu_checks(fn, dev, c, T, NULL, s, ws, ws_bytes)))
+		return rc;
+	MOE_NONNULL(x, fn);
+	MOE_NONNULL(w_r, fn);
+	return route_cpu(dev, c, T, x, w_r, bias, s, counts);
+}
+
+int tier_moe_layer_fwd_routed(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x,
+			      const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, float *out,
+			      tier_moe_saved *s, void *ws, size_t ws_bytes)
+{
+	const char *fn = "tier_moe_layer_fwd_routed";
+	int rc = entry_checks(fn, dev, c, T);
+	if (rc)
+		return rc;
+	MOE_NONNULL(counts, fn);
+	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_fwd_routed(dev, c, T, x, w, lora, counts, out, s, ws, ws_bytes));
+	if ((rc = cpu_checks(fn, dev, c, T, lora, s, ws, ws_bytes)))
+		return rc;
+	MOE_NONNULL(x, fn);
+	MOE_NONNULL(w, fn);
+	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
+	int E = c->router.n_experts, k = c->router.top_k;
+	if ((rc = moe_offsets_of(fn, counts, E, T * k, tier_moe_capacity(T, k, E, c->capacity_factor), off)))
+		return rc;
+	return fwd_cpu(fn, dev, c, T, x, w, lora, counts, out, s, ws);
+}
+
+static int bwd_cpu(const char *fn, tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
+		   const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *s, const float *d_out,
+		   float d_aux, float *dx, float *dw_r, void *ws)
+{
 	MOE_NONNULL(x, fn);
 	MOE_NONNULL(w_r, fn);
 	MOE_NONNULL(w, fn);
@@ -192,7 +274,7 @@ int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float 
 	MOE_NONNULL(dx, fn);
 	if (!isfinite(d_aux))
 		return tier_fail(-EINVAL, "%s: d_aux is not finite", fn);
-	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k;
+	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k, rc;
 	char *p = ws;
 	float *xg = take(&p, 4 * (size_t)n * H), *dy = take(&p, 4 * (size_t)n * H), *dxg = take(&p, 4 * (size_t)n * H);
 	float *dtw = take(&p, 4 * (size_t)n), *dot = take(&p, 4 * (size_t)n), *dl = take(&p, 4 * (size_t)T * E);
@@ -210,4 +292,51 @@ int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float 
 	    (rc = tier_moe_aux_bwd(dev, T, E, k, c->aux_coef, c->z_coef, s->logits, s->topk_idx, d_aux, dl)))
 		return rc;
 	return tier_moe_router_linear_bwd(dev, T, H, E, x, w_r, dl, dx, dw_r);
+}
+
+int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
+		       const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *s,
+		       const float *d_out, float d_aux, float *dx, float *dw_r, void *ws, size_t ws_bytes)
+{
+	const char *fn = "tier_moe_layer_bwd";
+	int rc = entry_checks(fn, dev, c, T);
+	if (rc)
+		return rc;
+	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_bwd(dev, c, T, x, w_r, w, lora, s, NULL, d_out, d_aux, dx, dw_r, ws,
+						  ws_bytes));
+	if ((rc = cpu_checks(fn, dev, c, T, lora, s, ws, ws_bytes)))
+		return rc;
+	return bwd_cpu(fn, dev, c, T, x, w_r, w, lora, s, d_out, d_aux, dx, dw_r, ws);
+}
+
+int tier_moe_layer_bwd_routed(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
+			      const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *s,
+			      const int32_t *counts, const float *d_out, float d_aux, float *dx, float *dw_r, void *ws,
+			      size_t ws_bytes)
+{
+	const char *fn = "tier_moe_layer_bwd_routed";
+	int rc = entry_checks(fn, dev, c, T);
+	if (rc)
+		return rc;
+	MOE_NONNULL(counts, fn);
+	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_bwd(dev, c, T, x, w_r, w, lora, s, counts, d_out, d_aux, dx, dw_r, ws,
+						  ws_bytes));
+	if ((rc = cpu_checks(fn, dev, c, T, lora, s, ws, ws_bytes)))
+		return rc;
+	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
+	int E = c->router.n_experts, k = c->router.top_k;
+	if ((rc = moe_offsets_of(fn, counts, E, T * k, tier_moe_capacity(T, k, E, c->capacity_factor), off)))
+		return rc;
+	for (int e = 0; e <= E; e++)
+		if (off[e] != s->offsets[e])
+			return tier_fail(-EIO, "%s: saved's expert offsets differ from the counts' at expert %d (%d, %d): "
+					 "the counts are not this forward's; pass the ones its tier_moe_layer_route gave",
+					 fn, e > 0 ? e - 1 : 0, s->offsets[e], off[e]);
+	return bwd_cpu(fn, dev, c, T, x, w_r, w, lora, s, d_out, d_aux, dx, dw_r, ws);
+}
+
+int tier_moe_routing_check(tier_dev *dev)
+{
+	MOE_CUDA_DISPATCH(dev, moe_cuda_routing_check(dev));
+	return 0;
 }

@@ -493,6 +493,29 @@ extern "C" int moe_cuda_permute(tier_dev *dev, int T, int k, int E, int H, int c
 	return launch_scatter(st, T, k, H, pair_row, offsets + E, row_pair, x, xg);
 }
 
+extern "C" int moe_cuda_expert_counts(tier_dev *dev, int T, int k, int E, const int32_t *topk_idx, int32_t *counts,
+				      int32_t *scratch)
+{
+	const char *fn = "moe_cuda_expert_counts";
+	int rc = moe_cuda_dev(dev, fn);
+	if (rc || (rc = moe_check_tk(fn, T, k, E)))
+		return rc;
+	MOE_NONNULL(topk_idx, fn);
+	MOE_NONNULL(counts, fn);
+	MOE_NONNULL(scratch, fn);
+	cudaStream_t st = moe_stream(dev);
+	int n = T * k, seg, nseg;
+	pm_plan(n, E, &seg, &nseg);
+	int32_t *cnt = nseg > 1 ? scratch : counts;
+	pm_count_kernel<<<(nseg + PM_WARPS - 1) / PM_WARPS, 32 * PM_WARPS, 0, st>>>(topk_idx, n, E, seg, nseg, cnt);
+	CUDA_LAUNCHED();
+	if (nseg > 1) {
+		pm_scan_kernel<<<(E + PM_WARPS - 1) / PM_WARPS, 32 * PM_WARPS, 0, st>>>(E, nseg, cnt, counts);
+		CUDA_LAUNCHED();
+	}
+	return 0;
+}
+
 /* ---- combine ---- */
 __global__ void combine_kernel(int k, int H, const int32_t *pair_row, const float *w, const __nv_bfloat16 *y, float *out)
 {

@@ -26,6 +26,10 @@ int moe_cuda_permute(tier_dev *dev, int T, int k, int E, int H, int capacity, co
 		     void *xg);
 /* xg [pair_row[p]] = x[p / k] for every kept pair p (the gather alone, as backward redoes it: one
  * warp per token reads its row once); rows of no pair are left alone. */
+/* The pairs routed to each expert, counts [E] (device), from topk_idx [T*k]; scratch: T*k int32
+ * (permute's row_pair will do). The first steps of moe_cuda_permute. */
+int moe_cuda_expert_counts(tier_dev *dev, int T, int k, int E, const int32_t *topk_idx, int32_t *counts,
+			   int32_t *scratch);
 int moe_cuda_gather(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const void *x, void *xg);
 int moe_cuda_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
 			 const void *y, float *out);
@@ -149,13 +153,21 @@ int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, const int32_t 
 			      const tier_moe_loras *lora, const void *xg, const void *g, const void *u, const void *dy,
 			      float *dxg, float *row_dot, void *ws);
 
-/* ---- the block (moe_layer.cu): the CUDA side of tier_moe_layer_fwd / _bwd ---- */
+/* ---- the block (moe_layer.cu): the CUDA side of tier_moe_layer_fwd / _route / _fwd_routed / _bwd
+ * / _bwd_routed (counts NULL: the offsets read back) and tier_moe_routing_check ---- */
 int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x, const void *w_r,
 		       const float *bias, const tier_moe_experts *w, const tier_moe_loras *lora, float *out,
 		       tier_moe_saved *saved, void *ws, size_t ws_bytes);
+int moe_cuda_layer_route(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x, const void *w_r,
+			 const float *bias, tier_moe_saved *saved, void *ws, size_t ws_bytes, int32_t *counts);
+int moe_cuda_layer_fwd_routed(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x,
+			      const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, float *out,
+			      tier_moe_saved *saved, void *ws, size_t ws_bytes);
 int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x, const void *w_r,
 		       const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *saved,
-		       const float *d_out, float d_aux, float *dx, float *dw_r, void *ws, size_t ws_bytes);
+		       const int32_t *counts, const float *d_out, float d_aux, float *dx, float *dw_r, void *ws,
+		       size_t ws_bytes);
+int moe_cuda_routing_check(tier_dev *dev);
 
 #ifdef __cplusplus
 }

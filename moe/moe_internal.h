@@ -79,6 +79,10 @@ static inline const tier_moe_lora *moe_lora_of(const tier_moe_loras *lo, int whi
 					 fn, #p);                                                  \
 	} while (0)
 
+/* off[0..E] as tier_moe_permute makes them from the routed counts (host [E], before the drops) and
+ * the capacity (0: dropless); -EINVAL naming the expert if a count is negative or the sum passes n. */
+int moe_offsets_of(const char *fn, const int32_t *counts, int E, int n, int cap, int32_t *off);
+
 /* T, H, E, k ranges (H or I may be passed as 'dim'). */
 int moe_check_tk(const char *fn, int T, int k, int E);
 int moe_check_dim(const char *fn, const char *name, int v);

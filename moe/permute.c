@@ -15,6 +15,23 @@ int tier_moe_capacity(int T, int k, int E, float cf)
 	return c > (double)T * k ? T * k : (int)c;
 }
 
+int moe_offsets_of(const char *fn, const int32_t *counts, int E, int n, int cap, int32_t *off)
+{
+	long long sum = 0;
+	off[0] = 0;
+	for (int e = 0; e < E; e++) {
+		if (counts[e] < 0)
+			return tier_fail(-EINVAL, "%s: counts[%d] = %d; pass the counts tier_moe_layer_route gave", fn, e,
+					 counts[e]);
+		sum += counts[e];
+		off[e + 1] = off[e] + (cap > 0 && counts[e] > cap ? cap : counts[e]);
+	}
+	if (sum > n)
+		return tier_fail(-EINVAL, "%s: the counts add up to %lld pairs, more than T*k = %d; pass the counts "
+				 "tier_moe_layer_route gave for these tokens", fn, sum, n);
+	return 0;
+}
+
 int tier_moe_permute(tier_dev *dev, int T, int k, int E, int H, int capacity, const int32_t *topk_idx,
 		     const float *x, int32_t *offsets, int32_t *row_pair, int32_t *pair_row, int32_t *counts,
 		     float *xg)

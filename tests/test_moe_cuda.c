@@ -425,6 +425,64 @@ static void check_selection(const tier_moe_router_cfg *c, int T, const float *lc
 	free(bd), free(ld);
 }
 
+/* Offsets of the routed counts under capacity cap (0: dropless), as the permute makes them. */
+static void offsets_from(int E, const int32_t *cnt, int cap, int32_t *off)
+{
+	off[0] = 0;
+	for (int e = 0; e < E; e++)
+		off[e + 1] = off[e] + (cap > 0 && cnt[e] > cap ? cap : cnt[e]);
+}
+
+/* The forward in routed halves against tier_moe_layer_fwd's (saved s; its counts cntg, offsets og,
+ * g gg and output outg on the host): the route reads back the same counts and losses, the rest on
+ * them gives the same state and output; a recompute (route without counts, state only) the same
+ * state; counts that are not the routing's leave the call answering 0 and tier_moe_routing_check
+ * -EIO, once. */
+static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const void *dwr, const void *dbias,
+			const tier_moe_experts *gwts, const tier_moe_loras *glo, const tier_moe_saved *s,
+			const int32_t *cntg, const int32_t *og, const float *gg, const float *outg, void *dws, size_t wb)
+{
+	int E = gcfg->router.n_experts, k = gcfg->router.top_k, H = gcfg->hidden, I = gcfg->inter, n = T * k;
+	size_t TH = (size_t)T * H, sb = tier_moe_saved_bytes(gcfg, T);
+	void *dsv2 = up(NULL, sb), *dout2 = up(NULL, 4 * TH);
+	int32_t cnt[TIER_MOE_MAX_EXPERTS], o2[TIER_MOE_MAX_EXPERTS + 1], o3[TIER_MOE_MAX_EXPERTS + 1];
+	tier_moe_saved s2;
+	assert_int_equal(tier_moe_saved_bind(gcfg, T, dsv2, sb, &s2), 0);
+	for (int recompute = 0; recompute < 2; recompute++) {
+		poison_dev(dsv2, sb), poison_dev(dout2, 4 * TH);
+		s2.aux = s2.z = -1.0f;
+		assert_int_equal(tier_moe_layer_route(gpu, gcfg, T, dx, dwr, dbias, &s2, dws, wb, recompute ? NULL : cnt), 0);
+		if (!recompute) {
+			assert_memory_equal(cnt, cntg, 4 * (size_t)E);
+			assert_true(fabs(s2.aux - s->aux) <= 1e-6 * fabs(s->aux) && fabs(s2.z - s->z) <= 1e-6 * fabs(s->z));
+		} else {
+			assert_true(s2.aux == -1.0f && s2.z == -1.0f);
+		}
+		assert_int_equal(tier_moe_layer_fwd_routed(gpu, gcfg, T, dx, gwts, glo, cnt, recompute ? NULL : dout2, &s2,
+							   dws, wb), 0);
+		assert_int_equal(tier_moe_routing_check(gpu), 0);
+		down(o2, s2.offsets, 4 * (size_t)(E + 1));
+		assert_memory_equal(o2, og, 4 * (size_t)(E + 1));
+		float *g2 = dl_bf16(s2.g, (size_t)n * I), *out2 = dl_f32(dout2, TH);
+		check_close(g2, gg, (size_t)og[E] * I, CUDA_TOL, recompute ? "g, routed recompute" : "g, routed");
+		if (!recompute)
+			check_close(out2, outg, TH, CUDA_TOL, "out, routed");
+		free(g2), free(out2);
+	}
+	int e0 = 0, cap = tier_moe_capacity(T, k, E, gcfg->capacity_factor);
+	while (e0 < E && !cnt[e0])
+		e0++;
+	cnt[e0]--, cnt[(e0 + 1) % E]++; /* one pair moved: the same total */
+	offsets_from(E, cnt, cap, o3);
+	int moved = memcmp(o3, og, 4 * (size_t)(E + 1)) != 0;
+	assert_int_equal(tier_moe_layer_fwd_routed(gpu, gcfg, T, dx, gwts, glo, cnt, NULL, &s2, dws, wb), 0);
+	assert_int_equal(tier_moe_routing_check(gpu), moved ? -EIO : 0);
+	if (moved)
+		assert_non_null(strstr(tier_last_error(), "counts it was given"));
+	assert_int_equal(tier_moe_routing_check(gpu), 0); /* cleared */
+	tier_dev_free(gpu, dsv2), tier_dev_free(gpu, dout2);
+}
+
 static void layer_case(const gcase *c)
 {
 	const tier_moe_router_cfg *rc = &c->rc;
@@ -520,6 +578,8 @@ static void layer_case(const gcase *c)
 		free(g2), free(u2), free(o2);
 		tier_dev_free(gpu, dsv2);
 	}
+
+	routed_case(&gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL, &s, cntg, og, gg, outg, dws, wb);
 
 	/* routing: the CPU router and permute, the weights of the GPU's selection */
 	float *lc = malloc(4 * TE), *twc = malloc(4 * (size_t)n), *twr = malloc(4 * (size_t)n);
@@ -666,6 +726,16 @@ static void layer_case(const gcase *c)
 			}
 			free(ga), free(gb);
 		}
+
+	{ /* the backward on the forward's counts (no read back): the same dx */
+		poison_dev(ddx, 4 * TH);
+		assert_int_equal(tier_moe_layer_bwd_routed(gpu, &gcfg, T, dx, dwr, &gwts, r ? &glo : NULL, &s, cntg, ddout,
+							   1.0f, ddx, NULL, dws, wb), 0);
+		float *dx2 = dl_f32(ddx, TH);
+		check_close(dx2, dxg_, TH, CUDA_TOL, "dx, routed backward");
+		assert_int_equal(tier_moe_routing_check(gpu), 0);
+		free(dx2);
+	}
 
 	void *dp[] = { dsv, dws, dx, dwr, dbias, dout_, ddout, ddx, ddwr };
 	for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)

@@ -88,6 +88,68 @@ static void check_grad(layer *L, const float *g, const double *g0, double *pd, s
 	free(ref);
 }
 
+/* The forward in routed halves gives tier_moe_layer_fwd's saved state (sbuf, sb bytes), out and
+ * losses bit for bit; a recompute's route (no counts) the same state with the losses untouched;
+ * counts that are not the routing's -EIO. */
+static void routed_fwd_same(const tier_moe_cfg *cfg, int T, const layer *L, const float *bias,
+			    const tier_moe_experts *w, const tier_moe_loras *lo, const tier_moe_saved *s,
+			    const void *sbuf, size_t sb, const float *out, void *ws, size_t wb)
+{
+	int E = L->E, H = L->H;
+	void *sbuf2 = malloc(sb);
+	float *out2 = malloc(4 * (size_t)T * H);
+	int32_t cnt[TIER_MOE_MAX_EXPERTS];
+	tier_moe_saved s2;
+	assert_int_equal(tier_moe_saved_bind(cfg, T, sbuf2, sb, &s2), 0);
+	ref_poison(sbuf2, sb);
+	ref_poison(out2, 4 * (size_t)T * H);
+	assert_int_equal(tier_moe_layer_route(dev, cfg, T, L->x, L->wr, bias, &s2, ws, wb, cnt), 0);
+	for (int e = 0; e < E; e++)
+		assert_int_equal(cnt[e], s->counts[e]);
+	assert_int_equal(tier_moe_layer_fwd_routed(dev, cfg, T, L->x, w, lo, cnt, out2, &s2, ws, wb), 0);
+	assert_memory_equal(sbuf, sbuf2, sb);
+	assert_memory_equal(out, out2, 4 * (size_t)T * H);
+	assert_true(s2.aux == s->aux && s2.z == s->z);
+	ref_poison(sbuf2, sb);
+	s2.aux = s2.z = -1.0f;
+	assert_int_equal(tier_moe_layer_route(dev, cfg, T, L->x, L->wr, bias, &s2, ws, wb, NULL), 0);
+	assert_int_equal(tier_moe_layer_fwd_routed(dev, cfg, T, L->x, w, lo, cnt, NULL, &s2, ws, wb), 0);
+	assert_memory_equal(sbuf, sbuf2, sb);
+	assert_true(s2.aux == -1.0f && s2.z == -1.0f);
+	int e0 = s->topk_idx[0], e1 = (e0 + 1) % E; /* one pair moved to another expert: same total */
+	cnt[e0]--, cnt[e1]++;
+	assert_int_equal(tier_moe_layer_fwd_routed(dev, cfg, T, L->x, w, lo, cnt, out2, &s2, ws, wb), -EIO);
+	assert_non_null(strstr(tier_last_error(), "expert"));
+	free(sbuf2), free(out2);
+}
+
+/* The backward on the forward's counts gives tier_moe_layer_bwd's dx and dw_r bit for bit (the
+ * LoRA gradients, accumulated by both, come from the same code); other counts -EIO. */
+static void routed_bwd_same(const tier_moe_cfg *cfg, int T, const layer *L, const tier_moe_experts *w,
+			    const tier_moe_loras *lo, const tier_moe_saved *s, void *ws, size_t wb)
+{
+	int E = L->E, H = L->H;
+	size_t nx = (size_t)T * H, nw = (size_t)E * H;
+	float *dx = malloc(4 * nx), *dx2 = malloc(4 * nx), *dwr = calloc(nw, 4), *dwr2 = calloc(nw, 4);
+	ref_poison(dx, 4 * nx);
+	ref_poison(dx2, 4 * nx);
+	assert_int_equal(tier_moe_layer_bwd(dev, cfg, T, L->x, L->wr, w, lo, s, L->R, 1.0f, dx, dwr, ws, wb), 0);
+	assert_int_equal(tier_moe_layer_bwd_routed(dev, cfg, T, L->x, L->wr, w, lo, s, s->counts, L->R, 1.0f, dx2, dwr2,
+						   ws, wb), 0);
+	assert_memory_equal(dx, dx2, 4 * nx);
+	assert_memory_equal(dwr, dwr2, 4 * nw);
+	int32_t cnt[TIER_MOE_MAX_EXPERTS];
+	memcpy(cnt, s->counts, sizeof(int32_t) * (size_t)E);
+	int e0 = s->topk_idx[0], e1 = (e0 + 1) % E;
+	cnt[e0]--, cnt[e1]++;
+	int cap = tier_moe_capacity(T, L->k, E, cfg->capacity_factor);
+	/* with a capacity both experts may be full: the kept counts, so the offsets, may not change */
+	int moved = !(cap > 0 && cnt[e0] >= cap && cnt[e1] - 1 >= cap);
+	assert_int_equal(tier_moe_layer_bwd_routed(dev, cfg, T, L->x, L->wr, w, lo, s, cnt, L->R, 1.0f, dx2, NULL, ws,
+						   wb), moved ? -EIO : 0);
+	free(dx), free(dx2), free(dwr), free(dwr2);
+}
+
 static void run_case(const lcase *c)
 {
 	const tier_moe_cfg *cfg = &c->cfg;
@@ -142,6 +204,7 @@ static void run_case(const lcase *c)
 		assert_true(s2.aux == s.aux && s2.z == s.z);
 		free(sbuf2);
 	}
+	routed_fwd_same(cfg, T, &L, bias, &w, &lo, &s, sbuf, sb, out, ws, wb);
 	L.idx = s.topk_idx, L.pair_row = s.pair_row;
 	L.xd = ref_dup(L.x, (size_t)T * H), L.wrd = ref_dup(L.wr, (size_t)E * H), L.Rd = ref_dup(L.R, (size_t)T * H);
 
@@ -194,6 +257,7 @@ static void run_case(const lcase *c)
 			check_grad(&L, L.da[q][e], da0[q][e], L.ad[q][e], r * ins[q]);
 			check_grad(&L, L.db[q][e], db0[q][e], L.bdd[q][e], outs[q] * r);
 		}
+	routed_bwd_same(cfg, T, &L, &w, &lo, &s, ws, wb);
 	for (int q = 0; q < 3; q++) {
 		afree((void **)L.w[q], E), afree((void **)L.wd[q], E);
 		afree((void **)L.a[q], E), afree((void **)L.b[q], E), afree((void **)L.da[q], E), afree((void **)L.db[q], E);
@@ -274,6 +338,23 @@ static void test_layer_bad_input(void **state)
 	assert_int_equal(tier_moe_layer_bwd(dev, &cfg, T, x, wr, &w, NULL, &s, NULL, 1.0f, out, NULL, ws, wb), -EINVAL);
 	assert_int_equal(tier_moe_layer_bwd(dev, &cfg, T, x, wr, &w, NULL, &s, x, NAN, out, NULL, ws, wb), -EINVAL);
 	assert_int_equal(tier_moe_layer_bwd(dev, &cfg, T, x, wr, &w, NULL, &s, x, 1.0f, out, NULL, ws, wb), 0);
+	{ /* the routed halves' counts: NULL, negative, more pairs than T k */
+		int32_t cnt[4] = { 0 };
+		assert_int_equal(tier_moe_layer_route(dev, &cfg, T, x, wr, NULL, &s, ws, wb, cnt), 0);
+		assert_int_equal(cnt[0] + cnt[1] + cnt[2] + cnt[3], T * 2);
+		assert_int_equal(tier_moe_layer_fwd_routed(dev, &cfg, T, x, &w, NULL, NULL, out, &s, ws, wb), -EINVAL);
+		int32_t neg[4] = { -1, 0, 0, 0 }, many[4] = { 4, 1, 0, 0 };
+		assert_int_equal(tier_moe_layer_fwd_routed(dev, &cfg, T, x, &w, NULL, neg, out, &s, ws, wb), -EINVAL);
+		assert_non_null(strstr(tier_last_error(), "counts[0] = -1"));
+		assert_int_equal(tier_moe_layer_fwd_routed(dev, &cfg, T, x, &w, NULL, many, out, &s, ws, wb), -EINVAL);
+		assert_non_null(strstr(tier_last_error(), "more than T*k"));
+		assert_int_equal(tier_moe_layer_bwd_routed(dev, &cfg, T, x, wr, &w, NULL, &s, many, x, 1.0f, out, NULL, ws,
+							   wb), -EINVAL);
+		assert_int_equal(tier_moe_layer_bwd_routed(dev, &cfg, T, x, wr, &w, NULL, &s, NULL, x, 1.0f, out, NULL, ws,
+							   wb), -EINVAL);
+		assert_int_equal(tier_moe_layer_route(dev, &cfg, T, NULL, wr, NULL, &s, ws, wb, cnt), -EINVAL);
+		assert_int_equal(tier_moe_routing_check(dev), 0);
+	}
 	bad = cfg; /* bf16 storage is CUDA's; a CPU context refuses it */
 	bad.dtype = TIER_MOE_BF16;
 	assert_int_equal(tier_moe_layer_fwd(dev, &bad, T, x, wr, NULL, &w, NULL, out, &s, ws, wb), -EINVAL);

@@ -785,6 +785,42 @@ static void test_opcache_attention_output(void **state)
 	rig_opcache = NULL, rig_micro = 1, rig_lmajor = 0;
 }
 
+/* The MoE block in routed halves (dec_shape.routed: one read back of the counts a layer's forward,
+ * none in its backward or recompute) computes what the block routing and reading back by itself
+ * ($TIER_MOE_ROUTED=0) does: the losses equal bit for bit with the router's aux loss on, under
+ * full recomputation, with the op cache keeping the MoE half, layer-major with the attention's
+ * output in DDR, and under a budget that evicts. MoE chunks (not routed) are test_moe_chunks'. */
+static void test_moe_routed_transparent(void **state)
+{
+	(void)state;
+	tier_hf_config c;
+	tiny_config(&c);
+	c.output_router_logits = 1, c.router_aux_loss_coef = 0.02;
+	struct {
+		const char *cache;
+		int micro, lmajor;
+		uint64_t hbm;
+	} runs[] = { { NULL, 2, 0, 64u << 20 }, { "all:hbm=16M", 2, 0, 64u << 20 },
+		     { "attention:ddr=1M", 3, 1, 64u << 20 }, { NULL, 1, 0, 0 } };
+	tier_lora_cfg lc; /* run_losses' */
+	tier_lora_cfg_init(&lc);
+	lc.seed = seed, lc.r = 4;
+	runs[3].hbm = min_hbm_of(&c, &lc) * 5 / 4;
+	for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+		float a[4], b[4];
+		rig_opcache = runs[i].cache, rig_micro = runs[i].micro, rig_lmajor = runs[i].lmajor;
+		setenv("TIER_MOE_ROUTED", "0", 1);
+		run_losses(&c, runs[i].hbm, 4, a);
+		unsetenv("TIER_MOE_ROUTED");
+		uint64_t ev = run_losses(&c, runs[i].hbm, 4, b);
+		printf("# routed, run %zu: losses %.7f .. %.7f, %llu evictions\n", i, b[0], b[3], (unsigned long long)ev);
+		if (i == 3)
+			assert_true(ev > 0);
+		assert_memory_equal(a, b, sizeof a);
+	}
+	rig_opcache = NULL, rig_micro = 1, rig_lmajor = 0;
+}
+
 static void test_bad_input(void **state)
 {
 	(void)state;
@@ -1439,6 +1475,7 @@ int main(void)
 		cmocka_unit_test(test_pipeline_transparent),
 		cmocka_unit_test(test_opcache_transparent),
 		cmocka_unit_test(test_opcache_attention_output),
+		cmocka_unit_test(test_moe_routed_transparent),
 		cmocka_unit_test(test_lora_dropout),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_data),

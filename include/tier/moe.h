@@ -175,7 +175,9 @@ int tier_moe_combine_dw(tier_dev *dev, int T, int k, const int32_t *pair_row, co
  * _bwd run on CUDA;
  * tier_moe_router_linear_bwd and tier_moe_aux_fwd / _bwd answer -ENOTSUP there (the layer does
  * them). The layer and the experts steps synchronise the stream once per call to read the expert
- * offsets (and the layer's aux statistics) on the host; the other steps do not synchronise. Limits on CUDA: H up to
+ * offsets (and the layer's aux statistics) on the host, tier_moe_layer_route once to read the
+ * counts and aux statistics, tier_moe_routing_check once; the other steps, the _routed calls
+ * among them, do not synchronise. Limits on CUDA: H up to
  * 2^20 (the router's product runs on cuBLASLt, its selection keeps one token's E scores in a warp's registers); any I
  * and LoRA rank (no multiple-of-8 rule: cuBLASLt is told the real alignment). docs/moe.md. */
 typedef enum {
@@ -229,6 +231,34 @@ int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const floa
 int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x, const float *w_r,
 		       const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *saved,
 		       const float *d_out, float d_aux, float *dx, float *dw_r, void *ws, size_t ws_bytes);
+
+/* The forward in two halves, for a caller that needs the routing on the host between them (a
+ * trainer pinning the routed experts): tier_moe_layer_route then tier_moe_layer_fwd_routed do what
+ * tier_moe_layer_fwd does, with one synchronisation on CUDA (the route's) instead of the layer's.
+ *
+ * tier_moe_layer_route: the router into saved (logits, topk_idx, topk_w) and, with counts (host
+ * [E]), the pairs routed to each expert before the capacity's drops, and saved->aux and ->z.
+ * counts NULL: the router alone, with no synchronisation (a backward's recompute, whose counts are
+ * its forward's; saved->aux and ->z are left as they are). */
+int tier_moe_layer_route(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x, const float *w_r,
+			 const float *bias, tier_moe_saved *saved, void *ws, size_t ws_bytes, int32_t *counts);
+/* The rest of the forward after tier_moe_layer_route on the same saved, given that routing's counts
+ * (host [E]; the expert offsets follow from them and the capacity, so none are read back). If the
+ * routing in saved does not give these counts (a recompute that routed differently) the CPU answers
+ * -EIO; CUDA finishes the call on the host's offsets (written over the device's), within the
+ * buffers but with wrong results, and records the mismatch for tier_moe_routing_check. */
+int tier_moe_layer_fwd_routed(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x,
+			      const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, float *out,
+			      tier_moe_saved *saved, void *ws, size_t ws_bytes);
+/* tier_moe_layer_bwd given the forward's counts (as tier_moe_layer_fwd_routed): no synchronisation. */
+int tier_moe_layer_bwd_routed(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x, const float *w_r,
+			      const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *saved,
+			      const int32_t *counts, const float *d_out, float d_aux, float *dx, float *dw_r, void *ws,
+			      size_t ws_bytes);
+/* Whether every _routed call on dev since the last check found the offsets its counts give: 0, or
+ * -EIO naming the first mismatch (then cleared). On CUDA a synchronisation; on the CPU always 0
+ * (the calls answer -EIO themselves). */
+int tier_moe_routing_check(tier_dev *dev);
 
 #ifdef __cplusplus
 }
