@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "attn/attn_impl.h"
+#include "attn/attn_cu.cuh"
 #include "base/mma_sm80.cuh"
 
 typedef __nv_bfloat16 bf16;
@@ -97,18 +98,6 @@ __device__ __forceinline__ void load_tile(bf16 *sm, const bf16 *gm, int64_t row0
 		bool ok = r < nvalid;
 		cp_async16(sm + r * (D + 8) + c * 8, ok ? gm + (row0 + r) * stride + c * 8 : gm, ok);
 	}
-}
-
-__device__ __forceinline__ float quad_max(float x)
-{
-	x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-	return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x)
-{
-	x += __shfl_xor_sync(0xffffffffu, x, 1);
-	return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 __device__ __forceinline__ void add2(float *p, float x, float y)
@@ -502,13 +491,6 @@ __device__ __forceinline__ void ldsm2ta(uint32_t r[2], uint32_t addr)
 {
 	asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
 		     : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
-}
-
-__device__ __forceinline__ float ex2(float x)
-{
-	float y;
-	asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-	return y;
 }
 
 /* 4 bytes global -> shared, zero when !valid. */
@@ -1204,6 +1186,10 @@ int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
  *          if v2 is latency-bound rather than shared-memory-bound. 20 bytes of loop-invariant
  *          stack as in v2.
  *      v1: the original kernel (255 regs, 120 bytes of spills, runtime masks on every block).
+ *      wg: attn_wgmma.cu's kernel on wgmma and TMA (head_dim 128 on compute capability 9.0; v2
+ *          elsewhere): 2 consumer warpgroups x 64 rows and a loading warp, 128-key blocks, 168
+ *          regs (8 bytes of spill), 164864 B: 1 CTA per SM. Not yet run on a GPU (written in
+ *          session 15 without one): opt in until test_attn_cuda and tier-bench attn have.
  * bwd  k128: 8 warps x 16 keys (128 keys per CTA), 32-query steps, 240 regs, 115200 B: 1 CTA
  *          (8 warps) per SM. Half the fp32 dQ atomics per FLOP of 64-key CTAs (each step adds
  *          a 32 x D tile per CTA) and half the Q and dO traffic; flash-attention 2 also uses 128
@@ -1223,6 +1209,13 @@ int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
  * 7 products instead of 5, and with 16-row warps it loads K twice and V once per product step,
  * ~1 ldmatrix per mma against ~0.6 here, so shared memory bounds it below k128 unless the dQ
  * atomics are the bottleneck (ncu: lts__t_sectors_op_red against the L2 peak would tell). */
+/* wg: the wgmma forward (attn_wgmma.cu) where it applies, else v2. */
+int fwd_wg(const fwd_args &a, const tier_attn_params *p, cudaStream_t s)
+{
+	int rc = attn_wgmma_fwd(p, a.q, a.k, a.v, a.o, a.lse, a.sl2, s);
+	return rc == -ENOTSUP ? fwd_v2<4, 2, 2>(a, p, s) : rc;
+}
+
 typedef int (*fwd_fn)(const fwd_args &, const tier_attn_params *, cudaStream_t);
 typedef int (*bwd_fn)(const bwd_args &, const tier_attn_params *, cudaStream_t);
 struct fwd_variant {
@@ -1237,6 +1230,7 @@ const fwd_variant fwd_variants[] = {
 	{ "v2", fwd_v2<4, 2, 2> },
 	{ "w8", fwd_v2<8, 1, 2> },
 	{ "v1", fwd_v1 },
+	{ "wg", fwd_wg },
 };
 const bwd_variant bwd_variants[] = {
 	{ "q64", bwd_v2<8, 64, 1> },

@@ -12,6 +12,11 @@
 # tests,moe,a,b,c); A_STEPS and B_STEPS (6, 3) the trainer jobs' steps; TESTS the CUDA tests to run
 # (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
+# Session 15 (no GPU) added, untried: the MoE block's routed halves (default; TIER_MOE_ROUTED=0 is
+# the old path) and the wgmma attention forward (TIER_ATTN_FWD=wg, opt in). Its plan:
+# STAGES=tests,attn,a A_ALT="TIER_MOE_ROUTED=0 TIER_ATTN_FWD=wg" (test_attn_cuda covers wg; the
+# attn stage times v2 against wg against torch; A_ALT runs (a) again under each setting, same
+# call), then STAGES=b,c B_ALT=TIER_MOE_ROUTED=0 B_CACHE=attention:ddr=16G.
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
 # Staging (carry limit 64 MiB): build here with `../configure --disable-shared` (static libtier), copy
 # tier-run, tier-bench and the tests named below into .device/bin/tests, stage the shared libraries
@@ -31,6 +36,10 @@ if has tests; then
 		[ -x "$b/tests/$t" ] && step 120 "$t" "$b/tests/$t"
 	done
 fi
+if has attn; then # the forward variants against torch's SDPA on the trainer's shape
+	for f in v2 wg; do TIER_ATTN_FWD=$f step 60 "attn-f$f" "$b/tier-bench" attn --json; done
+	step 90 attn-torch python3 bench/attn_torch.py --tier "$out/attn-fwg.log"
+fi
 if has moe; then
 	step 200 moe "$b/tier-bench" moe --model qwen3-30b --model seed-896 --json
 	[ -n "${BIN_U1:-}" ] && step 200 moe-u1 "$BIN_U1" moe --model qwen3-30b --model seed-896 --json
@@ -42,17 +51,21 @@ old=("${RUN_OLD:-}" "${job_args[@]}" --config "$cfg")
 am=(--batch 1 --steps ${A_STEPS:-6} --ddr 4G --op-cache all:hbm=48G)
 has a && step 150 train-a "${run[@]}" "${am[@]}"
 has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
+# A_ALT / B_ALT: VAR=VALUE settings, each a run of (a) / (b) of its own right after the default one
+for kv in ${A_ALT:-}; do has a && step 150 "train-a-${kv%%=*}" env "$kv" "${run[@]}" "${am[@]}"; done
 lm=(--batch 8 --micro-batches 4 --layer-major --steps ${B_STEPS:-3} --hbm 24G --ddr 110G)
 # B_CACHE: op-cache rules for (b) (e.g. attention:hbm=3G:ddr=16G, the attention's output kept in
 # DDR); (b) then runs with them and, as their peer in the same call, without (train-b-nocache)
 has b && step 300 train-b "${run[@]}" "${lm[@]}" ${B_CACHE:+--op-cache "$B_CACHE"}
 has b && [ -n "${B_CACHE:-}" ] && step 300 train-b-nocache "${run[@]}" "${lm[@]}"
 has b && [ -n "${RUN_OLD:-}" ] && step 300 train-b-old "${old[@]}" "${lm[@]}"
+for kv in ${B_ALT:-}; do has b && step 300 "train-b-${kv%%=*}" env "$kv" "${run[@]}" "${lm[@]}"; done
 has c && step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing \
 	--seq 4096 --batch 8 --steps 4 --warmup 2
-for n in train-a train-a-old train-b train-b-nocache train-b-old; do
-	[ -f "$out/$n.log" ] && { echo "== $n"; grep -E "^# (done|MFU|hbm|op cache|time by|pinned)|^ +[0-9]+ |rror" "$out/$n.log" | tail -11; }
+for f in "$out"/train-*.log; do
+	[ -f "$f" ] && { n=${f##*/}; echo "== ${n%.log}"; grep -E "^# (done|MFU|hbm|op cache|time by|pinned)|^ +[0-9]+ |rror" "$f" | tail -11; }
 done
+for f in "$out"/attn-*.log; do [ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd|ratio" | head -8; }; done
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }
 [ -f "$out/moe-torch.log" ] && { echo "== moe-torch"; grep -iE "ratio|x torch" "$out/moe-torch.log" | head -30; }
 cat "$sum"

@@ -719,8 +719,8 @@ template <class CFG>
 static int wg_b_tmpl(CUtensorMap *m, const void *w, int N, int K)
 {
 	if (CFG::MODE == WG_KN)
-		return moe_tmap_bf16(m, w, (uint64_t)K, (uint64_t)N, 64);
-	return moe_tmap_bf16(m, w, (uint64_t)N, (uint64_t)K, CFG::MODE == WG_GU ? CFG::BN / 2 : CFG::BN);
+		return base_tmap_bf16(m, w, (uint64_t)K, (uint64_t)N, 64);
+	return base_tmap_bf16(m, w, (uint64_t)N, (uint64_t)K, CFG::MODE == WG_GU ? CFG::BN / 2 : CFG::BN);
 }
 
 /* The TMA maps of a launch: x's into a.amap; an extra segment with one half (K0 or K1 0; not in
@@ -734,7 +734,7 @@ static int wg_tma_maps(tier_dev *dev, typename CFG::args &a, int rows_bound, con
 	constexpr int GU = CFG::MODE == WG_GU;
 	wg_map_tmpl m;
 	memset(&m, 0, sizeof m);
-	int rc = moe_tmap_bf16(&a.amap, a.x, (uint64_t)rows_bound, (uint64_t)a.K, CFG::BM);
+	int rc = base_tmap_bf16(&a.amap, a.x, (uint64_t)rows_bound, (uint64_t)a.K, CFG::BM);
 	if (rc || (rc = wg_b_tmpl<CFG>(&m.t[0], wg_first((const void *const *)a.w, a.E, a.x), a.N, a.K)))
 		return rc;
 	m.kinds = 1;
@@ -747,7 +747,7 @@ static int wg_tma_maps(tier_dev *dev, typename CFG::args &a, int rows_bound, con
 		if (GU || (sg->K0 && sg->K1))
 			continue;
 		const void *const *hw = h ? sg->w1 : sg->w0;
-		if ((rc = moe_tmap_bf16(&a.xmap[q], h ? sg->x1 : sg->x0, (uint64_t)rows_bound, (uint64_t)Kq, CFG::BM)) ||
+		if ((rc = base_tmap_bf16(&a.xmap[q], h ? sg->x1 : sg->x0, (uint64_t)rows_bound, (uint64_t)Kq, CFG::BM)) ||
 		    (rc = wg_b_tmpl<CFG>(&m.t[m.kinds], wg_first(hw, a.E, a.x), a.N, Kq)))
 			return rc;
 		m.tab[m.kinds] = h ? a.seg[q].w1 : a.seg[q].w0;
@@ -886,7 +886,7 @@ static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, const wg_plan_t &pl, int
 	int shape = pl.shape, ctas = pl.ctas, dbg = pl.dbg, tma = pl.tma;
 	/* gate/up with a segment: its TMA form hung or faulted on the H200 (test_gate_up_segment, the
 	 * trainer), cause not found; W_e [N, K] and [K, N] with cp.async segments passed */
-	int tma_fits = !dbg && !(MODE == WG_GU && (shape == WG_64x256 || (a.nseg && tma != 3))) && moe_tmap_ok();
+	int tma_fits = !dbg && !(MODE == WG_GU && (shape == WG_64x256 || (a.nseg && tma != 3))) && base_tmap_ok();
 	if (tma == 2 && !tma_fits)
 		return tier_fail(-EINVAL, "TIER_MOE_WGMMA_TMA=require: this product takes cp.async "
 				 "(TIER_MOE_WGMMA_DEBUG, gate/up's 64x256 tiles or segments, or a driver without "

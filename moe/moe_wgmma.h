@@ -55,7 +55,7 @@
  *       whose results are never stored: nostore can time the loads alone.)
  *   TIER_MOE_WGMMA_TMA=1|0|require|all
  *       1 (the default, also unset or empty): the loads go through TMA, one producer thread and a
- *       tensor map per expert (moe_tmap.h), where they apply: every product but gate/up on its
+ *       tensor map per expert (base/tmap_cuda.h), where they apply: every product but gate/up on its
  *       cooperative 64x256 tiles (its two consumers would split g from u), gate/up with a segment
  *       (its TMA form hung or faulted on the H200, cause not found) and the measurement kernels.
  *       The main part and the extra segments with one half (K0 or K1 0) load by TMA, the other

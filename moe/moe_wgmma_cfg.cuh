@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 #include "moe/moe_cu.cuh"
-#include "moe/moe_tmap.h"
+#include "base/tmap_cuda.h"
 #include "moe/moe_wgmma.h"
 
 #define WG_BK 64             /* k per stage: 64 bf16, one 128-byte swizzle row */

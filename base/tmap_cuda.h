@@ -1,11 +1,11 @@
-/* moe_tmap.h - tensor maps for TMA loads (Hopper's tensor memory accelerator) of bf16 row-major
+/* tmap_cuda.h - tensor maps for TMA loads (Hopper's tensor memory accelerator) of bf16 row-major
  * matrices, in the 128-byte swizzle the wgmma kernels read (moe_wgmma.cu): a box is 64 columns (128
  * bytes, one swizzle row) by box_rows rows, and reads past the matrix's edges fill zeros.
  *
  * The encoder lives in the driver (cuTensorMapEncodeTiled); it is looked up once through the
  * runtime's cudaGetDriverEntryPointByVersion, so libtier does not link libcuda itself. Host only. */
-#ifndef TIER_MOE_TMAP_H
-#define TIER_MOE_TMAP_H
+#ifndef TIER_BASE_TMAP_CUDA_H
+#define TIER_BASE_TMAP_CUDA_H
 
 #include <cuda.h>
 #include <stdint.h>
@@ -14,13 +14,13 @@
 extern "C" {
 #endif
 
-/* 1 when the driver has the encoder (then moe_tmap_bf16 fails only for bad arguments), else 0. */
-int moe_tmap_ok(void);
+/* 1 when the driver has the encoder (then base_tmap_bf16 fails only for bad arguments), else 0. */
+int base_tmap_ok(void);
 
 /* m describes base as bf16 [rows, cols] (row stride cols; base 16-byte aligned, cols a multiple of
  * 8, 1 <= rows, cols < 2^32), boxes of 64 columns by box_rows (1..256). 0, or -EINVAL / -ENOTSUP
  * with the reason in tier_last_error(). */
-int moe_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows);
+int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows);
 
 #ifdef __cplusplus
 }

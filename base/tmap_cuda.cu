@@ -1,11 +1,11 @@
-/* moe_tmap.cu - tensor maps for the wgmma kernels' TMA loads (moe_tmap.h). */
+/* tmap_cuda.cu - tensor maps for the wgmma kernels' TMA loads (base/tmap_cuda.h). */
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include "tier/base.h"
-#include "moe/moe_tmap.h"
+#include "base/tmap_cuda.h"
 
 static PFN_cuTensorMapEncodeTiled_v12000 encode_fn;
 static pthread_once_t tmap_once = PTHREAD_ONCE_INIT;
@@ -25,19 +25,19 @@ static int tmap_ready(const char *fn)
 	pthread_once(&tmap_once, tmap_lookup);
 	if (!encode_fn)
 		return tier_fail(-ENOTSUP, "%s: the CUDA driver has no cuTensorMapEncodeTiled (12.0 or later needed); "
-				 "set TIER_MOE_WGMMA_TMA=0", fn);
+				 "the MoE products load without TMA with TIER_MOE_WGMMA_TMA=0, attention with TIER_ATTN_FWD=v2", fn);
 	return 0;
 }
 
-extern "C" int moe_tmap_ok(void)
+extern "C" int base_tmap_ok(void)
 {
 	pthread_once(&tmap_once, tmap_lookup);
 	return encode_fn != NULL;
 }
 
-extern "C" int moe_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows)
+extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows)
 {
-	const char *fn = "moe_tmap_bf16";
+	const char *fn = "base_tmap_bf16";
 	int rc = tmap_ready(fn);
 	if (rc)
 		return rc;

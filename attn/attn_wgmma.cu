@@ -1,0 +1,296 @@
+/* attn_wgmma.cu - the attention forward on Hopper's warpgroup products (wgmma, sm_90a): the "wg"
+ * variant of TIER_ATTN_FWD (attn_cuda.cu's table), head_dim 128 only.
+ *
+ * Why: the mma.sync forward (fwd2_kernel) brings every K and V fragment through ldmatrix into each
+ * warp's registers, so shared memory's bandwidth bounds it at about a third of the H200's dense
+ * peak. wgmma reads both operands of S = Q K^T and the V of O = P V straight from shared memory,
+ * once per 64-row warpgroup, and TMA fills that memory without the threads.
+ *
+ * One CTA per (128 query rows, head, sequence): two consumer warpgroups of 64 rows each and one
+ * producer warp. The producer loads the CTA's Q once, then walks the key blocks of 128 up to the
+ * diagonal through a two-stage ring of (K, V) (mbarriers full[s] and empty[s]). Each consumer
+ * warpgroup, per key block: S (64 x 128 fp32) = Q K^T by 8 wgmma m64n128k16 from shared memory;
+ * the online softmax on S in registers (ex2; masked only on the diagonal block and the sequence's
+ * end); P rounded to bf16 into the A fragments of O += P V, 8 wgmma m64n128k16 with A from
+ * registers (the accumulator's layout is the A operand's, as in fwd2_kernel's mma.sync); then the
+ * stage goes back to the producer. The end divides by the row sums and stores o (bf16) and lse as
+ * fwd2_kernel does. Scores, probabilities and sums round as there; only the order of the
+ * products' internal sums differs.
+ *
+ * Shared memory (1024-byte aligned for the 128B swizzle that TMA writes and wgmma reads):
+ *   Q    [warpgroup 2][d half 2][64 rows][64 d]       32 KiB, K-major A
+ *   K_s  [d half 2][128 keys][64 d]                   32 KiB, K-major B of S = Q K^T
+ *   V_s  [key half 2][d half 2][64 keys][64 d]        32 KiB, MN-major B of O = P V
+ * per stage s of 2: 160 KiB in all, one CTA (9 warps) per SM.
+ *
+ * Not yet: the producer's next block overlapping the softmax inside a warpgroup (the two
+ * warpgroups already overlap each other's softmax and products), and head_dim other than 128. */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include "attn/attn_cu.cuh"
+#include "attn/attn_impl.h"
+#include "base/mma_sm80.cuh"
+#include "base/sm90.cuh"
+#include "base/tmap_cuda.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define AW_D 128          /* head_dim */
+#define AW_BQ 128         /* query rows per CTA: two warpgroups of 64 */
+#define AW_BK 128         /* keys per block */
+#define AW_THREADS 288    /* warps 0-7 consume (warpgroups 0 and 1), warp 8 loads */
+#define AW_Q_BYTES (2 * 2 * 64 * 128)
+#define AW_K_BYTES (2 * AW_BK * 128)
+#define AW_V_BYTES (2 * 2 * 64 * 128)
+#define AW_STAGE (AW_K_BYTES + AW_V_BYTES)
+#define AW_SMEM (AW_Q_BYTES + 2 * AW_STAGE + 1024) /* + the alignment's slack */
+#define AW_LN2 0.6931471805599453f
+
+namespace {
+
+struct aw_args {
+	bf16 *o;
+	float *lse;
+	int S, H, KH, G, causal;
+	float sl2; /* scale * log2(e) */
+};
+
+#ifdef TIER_SM90A
+/* D (64 x 128 fp32) += A (64 x 16 bf16 in registers, each warp's 16 rows in the A layout of
+ * mma.m16n8k16) B (16 x 128 from shared memory, MN-major). */
+__device__ __forceinline__ void wgmma_rs_mn(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+		     "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+		     : WG_D64(0)
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+__device__ __forceinline__ void aw_wait(uint32_t b, uint32_t parity)
+{
+	while (!mbar_try(b, parity)) {
+	}
+}
+
+/* The producer (one thread): the CTA's Q, then each key block's K and V into stage kb % 2 once
+ * the consumers have released that stage's previous block. */
+__device__ __forceinline__ void aw_produce(const CUtensorMap *qm, const CUtensorMap *km, const CUtensorMap *vm,
+					   uint32_t base, uint32_t bars, int h, int kvh, int row0, int i0, int nkb)
+{
+	const uint32_t qbar = bars + 32;
+	bar_expect_tx(qbar, AW_Q_BYTES);
+	for (int w = 0; w < 2; w++)
+		for (int dc = 0; dc < 2; dc++)
+			tma_load(base + (w * 2 + dc) * 8192, qm, h * AW_D + dc * 64, row0 + i0 + 64 * w, qbar);
+	bar_arrive(qbar);
+	for (int kb = 0; kb < nkb; kb++) {
+		const int s = kb & 1;
+		const uint32_t full = bars + 8 * s, empty = bars + 16 + 8 * s, st = base + AW_Q_BYTES + s * AW_STAGE;
+		if (kb >= 2)
+			aw_wait(empty, ((kb >> 1) - 1) & 1);
+		bar_expect_tx(full, AW_STAGE);
+		const int j0 = row0 + kb * AW_BK;
+		for (int dc = 0; dc < 2; dc++)
+			tma_load(st + dc * (AW_BK * 128), km, kvh * AW_D + dc * 64, j0, full);
+		for (int kh = 0; kh < 2; kh++)
+			for (int dc = 0; dc < 2; dc++)
+				tma_load(st + AW_K_BYTES + (kh * 2 + dc) * 8192, vm, kvh * AW_D + dc * 64, j0 + 64 * kh, full);
+		bar_arrive(full);
+	}
+}
+
+/* The online softmax of one key block on this thread's two rows (g and g + 8 of its warp): s holds
+ * the raw scores, 16 chunks of 8 keys (element e: row e >> 1, key 8 i + 2 t + (e & 1)); m (raw
+ * units) and l the running max and sum; o the output, rescaled. With MASK key c of the block (c
+ * relative to the thread's first key 2 t) is visible iff c < lim[row]. */
+template <bool MASK>
+__device__ __forceinline__ void aw_softmax(float (&s)[64], float (&o)[64], float (&m)[2], float (&l)[2],
+					   const int (&lim)[2], float sl2)
+{
+	float mx[2] = { m[0], m[1] }, ms[2];
+#pragma unroll
+	for (int i = 0; i < 16; i++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			if (MASK && i * 8 + (e & 1) >= lim[e >> 1])
+				s[4 * i + e] = -INFINITY;
+			mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * i + e]);
+		}
+#pragma unroll
+	for (int r = 0; r < 2; r++) {
+		mx[r] = quad_max(mx[r]);
+		/* a row with no visible key yet keeps max -inf; 0 keeps exp2 away from inf - inf */
+		ms[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
+		const float alpha = ex2(m[r] * sl2 - ms[r]);
+		m[r] = mx[r];
+		l[r] *= alpha;
+#pragma unroll
+		for (int i = 0; i < 16; i++)
+			o[4 * i + 2 * r] *= alpha, o[4 * i + 2 * r + 1] *= alpha;
+	}
+#pragma unroll
+	for (int i = 0; i < 16; i++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			s[4 * i + e] = ex2(fmaf(s[4 * i + e], sl2, -ms[e >> 1]));
+			l[e >> 1] += s[4 * i + e];
+		}
+}
+
+/* One key block for one consumer warpgroup: S = Q K^T, softmax, O += P V. q: the warpgroup's Q;
+ * st: the stage. */
+template <bool MASK>
+__device__ __forceinline__ void aw_block(float (&o)[64], float (&m)[2], float (&l)[2], uint32_t q, uint32_t st,
+					 const int (&lim)[2], float sl2)
+{
+	float s[64];
+	acc_fence(o);
+	wgmma_fence();
+#pragma unroll
+	for (int kk = 0; kk < AW_D / 16; kk++) /* k + 16 within a 64-d half: 32 bytes = 2 in the start address */
+		wgmma_op<0>(s, wg_desc(q + (kk >> 2) * 8192) + 2 * (kk & 3),
+			    wg_desc(st + (kk >> 2) * (AW_BK * 128)) + 2 * (kk & 3), kk > 0);
+	wgmma_commit();
+	wgmma_wait<0>();
+	acc_fence(s);
+	aw_softmax<MASK>(s, o, m, l, lim, sl2);
+	uint32_t pa[AW_BK / 16][4];
+#pragma unroll
+	for (int kt = 0; kt < AW_BK / 16; kt++) {
+		pa[kt][0] = pack(s[8 * kt + 0], s[8 * kt + 1]);
+		pa[kt][1] = pack(s[8 * kt + 2], s[8 * kt + 3]);
+		pa[kt][2] = pack(s[8 * kt + 4], s[8 * kt + 5]);
+		pa[kt][3] = pack(s[8 * kt + 6], s[8 * kt + 7]);
+	}
+	const uint32_t v = st + AW_K_BYTES;
+	wgmma_fence();
+#pragma unroll
+	for (int kt = 0; kt < AW_BK / 16; kt++) /* keys + 16 within a 64-key half: 16 rows = 2048 bytes */
+		wgmma_rs_mn(o, pa[kt], wg_desc_mn_at(v + (kt >> 2) * 16384, 8192) + 128 * (kt & 3));
+	wgmma_commit();
+	wgmma_wait<0>();
+	acc_fence(o);
+}
+
+/* The end: o / l in bf16 and lse = (m sl2 + log2 l) ln 2, rows below S. */
+__device__ __forceinline__ void aw_store(const aw_args &a, const float (&o)[64], const float (&m)[2],
+					 const float (&l)[2], int64_t t0, int row, int h, int t)
+{
+#pragma unroll
+	for (int r = 0; r < 2; r++) {
+		const float sum = quad_sum(l[r]), inv = 1.f / sum;
+		const int qi = row + 8 * r;
+		if (qi >= a.S)
+			continue;
+		bf16 *dst = a.o + ((t0 + qi) * a.H + h) * AW_D;
+#pragma unroll
+		for (int i = 0; i < 16; i++)
+			*reinterpret_cast<__nv_bfloat162 *>(dst + 8 * i + 2 * t) =
+				__floats2bfloat162_rn(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+		if (t == 0)
+			a.lse[(t0 + qi) * a.H + h] = (m[r] * a.sl2 + log2f(sum)) * AW_LN2;
+	}
+}
+#endif /* TIER_SM90A */
+
+__global__ void __launch_bounds__(AW_THREADS, 1)
+	aw_fwd_kernel(const __grid_constant__ CUtensorMap qm, const __grid_constant__ CUtensorMap km,
+		      const __grid_constant__ CUtensorMap vm, const aw_args a)
+{
+#ifdef TIER_SM90A
+	extern __shared__ __align__(1024) unsigned char smem[];
+	__shared__ __align__(8) uint64_t bars[5]; /* full[2], empty[2], Q */
+	const uint32_t raw = wg_saddr(smem), base = raw + ((1024u - (raw & 1023u)) & 1023u), b = wg_saddr(bars);
+	const int h = blockIdx.x % a.H, kvh = h / a.G, qb = gridDim.y - 1 - blockIdx.y, i0 = qb * AW_BQ;
+	const int row0 = (blockIdx.x / a.H) * a.S; /* the sequence's first token */
+	const int nkb_all = (a.S + AW_BK - 1) / AW_BK, nkb = a.causal ? min(nkb_all, qb + 1) : nkb_all;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < 2; s++) {
+			bar_init(b + 8 * s, 1);       /* full: the producer's arrival and the bytes */
+			bar_init(b + 16 + 8 * s, 8); /* empty: one arrival per consumer warp */
+		}
+		bar_init(b + 32, 1);
+		fence_barrier_init();
+	}
+	__syncthreads();
+	if (warp == 8) {
+		if (lane == 0)
+			aw_produce(&qm, &km, &vm, base, b, h, kvh, row0, i0, nkb);
+		return;
+	}
+	const int wg = warp >> 2, g = lane >> 2, t = lane & 3;
+	const int r0 = i0 + 64 * wg, row = r0 + 16 * (warp & 3) + g; /* this thread's rows: row, row + 8 */
+	const uint32_t q = base + wg * 16384;
+	float o[64], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.f, 0.f };
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		o[i] = 0.f;
+	aw_wait(b + 32, 0);
+	for (int kb = 0; kb < nkb; kb++) {
+		const int s = kb & 1, j0 = kb * AW_BK;
+		const uint32_t st = base + AW_Q_BYTES + s * AW_STAGE;
+		aw_wait(b + 8 * s, (kb >> 1) & 1);
+		__syncwarp(); /* converged for the .aligned instructions */
+		/* only the block crossing this warpgroup's diagonal, or the sequence's end, masks */
+		if ((a.causal && j0 + AW_BK - 1 > r0) || j0 + AW_BK > a.S) {
+			int lim[2];
+#pragma unroll
+			for (int r = 0; r < 2; r++)
+				lim[r] = (a.causal ? min(row + 8 * r + 1, a.S) : a.S) - j0 - 2 * t;
+			aw_block<true>(o, m, l, q, st, lim, a.sl2);
+		} else {
+			const int lim[2] = { 0, 0 };
+			aw_block<false>(o, m, l, q, st, lim, a.sl2);
+		}
+		__syncwarp();
+		if (lane == 0)
+			bar_arrive(b + 16 + 8 * s);
+	}
+	aw_store(a, o, m, l, (int64_t)row0, row, h, t);
+#endif
+}
+
+} /* namespace */
+
+extern "C" int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const void *k, const void *v, void *o,
+			      float *lse, float sl2, void *stream)
+{
+	if (p->head_dim != AW_D || !base_tmap_ok())
+		return -ENOTSUP;
+	int dev = 0, major = 0, minor = 0;
+	if (cudaGetDevice(&dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+	    major != 9 || minor != 0) {
+		(void)cudaGetLastError();
+		return -ENOTSUP; /* the sm_90a code runs on compute capability 9.0 only */
+	}
+	const uint64_t rows = (uint64_t)(p->batch * p->seq);
+	if (rows >= (1ull << 31) || p->n_heads * p->batch > INT32_MAX || (p->seq + AW_BQ - 1) / AW_BQ > 65535)
+		return -ENOTSUP;
+	CUtensorMap qm, km, vm;
+	int rc;
+	if ((rc = base_tmap_bf16(&qm, q, rows, (uint64_t)(p->n_heads * AW_D), 64)) ||
+	    (rc = base_tmap_bf16(&km, k, rows, (uint64_t)(p->n_kv_heads * AW_D), AW_BK)) ||
+	    (rc = base_tmap_bf16(&vm, v, rows, (uint64_t)(p->n_kv_heads * AW_D), 64)))
+		return rc;
+	aw_args a = { (bf16 *)o, lse, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads,
+		      (int)(p->n_heads / p->n_kv_heads), p->causal, sl2 };
+	dim3 grid((unsigned)(p->n_heads * p->batch), (unsigned)((p->seq + AW_BQ - 1) / AW_BQ));
+	cudaStream_t s = (cudaStream_t)stream;
+	if (cudaFuncSetAttribute(aw_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, AW_SMEM) != cudaSuccess)
+		return tier_fail(-EIO, "attention forward (wgmma): %s", cudaGetErrorString(cudaGetLastError()));
+	aw_fwd_kernel<<<grid, AW_THREADS, AW_SMEM, s>>>(qm, km, vm, a);
+	cudaError_t e = cudaGetLastError();
+	return e == cudaSuccess ? 0 : tier_fail(-EIO, "attention forward (wgmma): %s", cudaGetErrorString(e));
+}

@@ -1,0 +1,158 @@
+/* sm90.cuh - the sm_90a (Hopper) instructions of the wgmma kernels (moe/moe_wgmma.cu,
+ * attn/attn_wgmma.cu), one copy: mbarriers, cp.async into an mbarrier, TMA tile loads, proxy
+ * fences, wgmma with its fences and shared-memory descriptors. Everything is defined only where
+ * TIER_SM90A is (device code for sm_90a); include from .cu files only. */
+#ifndef TIER_BASE_SM90_CUH
+#define TIER_BASE_SM90_CUH
+
+#include <cuda.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TIER_SM90A 1
+#endif
+
+#ifdef TIER_SM90A
+__device__ __forceinline__ uint32_t wg_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void bar_init(uint32_t b, int count)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(count) : "memory");
+}
+
+/* One test of whether the phase of parity `parity` has completed (parity 1 on a fresh barrier: at
+ * once); the waits loop on it. */
+__device__ __forceinline__ bool mbar_try(uint32_t b, uint32_t parity)
+{
+	uint32_t done;
+	asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+		     "selp.u32 %0, 1, 0, p;\n}\n"
+		     : "=r"(done)
+		     : "r"(b), "r"(parity)
+		     : "memory");
+	return done != 0;
+}
+
+__device__ __forceinline__ void bar_arrive(uint32_t b)
+{
+	asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(b) : "memory");
+}
+
+/* This thread's arrival, made when all its cp.async issued so far have landed (noinc: the arrival is
+ * one of the count the barrier was initialised with). */
+__device__ __forceinline__ void bar_arrive_copies(uint32_t b)
+{
+	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(b) : "memory");
+}
+
+/* 16 bytes global -> shared; !valid reads nothing (gm need only be a valid address) and writes zeros. */
+__device__ __forceinline__ void cp_async16(uint32_t sm, const void *gm, bool valid)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sm), "l"(gm), "r"(valid ? 16 : 0)
+		     : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/* Generic-proxy writes (the copies) -> async-proxy reads (wgmma) of shared memory. */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* A full barrier's current phase also waits for `bytes` from TMA copies (no arrival). */
+__device__ __forceinline__ void bar_expect_tx(uint32_t b, uint32_t bytes)
+{
+	asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+}
+
+/* n arrivals at once: the TMA thread stands for every producer thread of a stage it loads alone. */
+__device__ __forceinline__ void bar_arrive_n(uint32_t b, uint32_t n)
+{
+	asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(n) : "memory");
+}
+
+/* A TMA copy of the box at (column c0, row c1) of map (generic address: parameter or global space)
+ * into shared memory at dst (1024-byte aligned for the 128B swizzle), completing bytes on bar. */
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+		     ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+		     : "memory");
+}
+
+__device__ __forceinline__ void fence_barrier_init()
+{
+	asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait()
+{
+	asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* Keeps the compiler from moving accumulator reads or writes across the asynchronous products. */
+template <int NR>
+__device__ __forceinline__ void acc_fence(float (&d)[NR])
+{
+#pragma unroll
+	for (int i = 0; i < NR; i++)
+		asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* The shared matrix descriptor of a K-major operand in the 128B swizzle: start address >> 4 (bits
+ * 0-13), leading byte offset unused by this layout (1, bits 16-29), stride byte offset 1024 >> 4
+ * between 8-row groups (bits 32-45), swizzle mode 1 = 128B (bits 62-63). */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr)
+{
+	return (uint64_t)((saddr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+/* The descriptor of an MN-major operand in the 128B swizzle: leading byte offset lbo >> 4 between
+ * its 64-column blocks (bits 16-29), stride byte offset 1024 >> 4 between 8-row (k) groups (bits
+ * 32-45), swizzle mode 1 = 128B. */
+__device__ __forceinline__ uint64_t wg_desc_mn_at(uint32_t saddr, uint32_t lbo)
+{
+	return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | (64ull << 32) | (1ull << 62);
+}
+
+#define WG_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define WG_D16(i) WG_D4(i), WG_D4(i + 4), WG_D4(i + 8), WG_D4(i + 12)
+#define WG_D64(i) WG_D16(i), WG_D16(i + 16), WG_D16(i + 32), WG_D16(i + 48)
+
+/* D (64 x 128 fp32: 64 registers a thread) += A (64 x 16) B (16 x 128), both from shared memory;
+ * acc 0 drops D's old value instead (a tile's first product: no zeroing pass). TB: B is MN-major. */
+template <int TB>
+__device__ __forceinline__ void wgmma_op(float (&d)[64], uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+		     "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+		     : WG_D64(0)
+		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+
+/* The same with 256 columns (128 registers a thread). */
+template <int TB>
+__device__ __forceinline__ void wgmma_op(float (&d)[128], uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+		     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+		     "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+		     "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+		     "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+		     "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+		     : WG_D64(0), WG_D64(64)
+		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+#endif /* TIER_SM90A */
+#endif
