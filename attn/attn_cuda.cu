@@ -1190,6 +1190,9 @@ int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
  *          elsewhere): 2 consumer warpgroups x 64 rows and a loading warp, 128-key blocks, 168
  *          regs (8 bytes of spill), 164864 B: 1 CTA per SM. Not yet run on a GPU (written in
  *          session 15 without one): opt in until test_attn_cuda and tier-bench attn have.
+ * bwd  wg: attn_wgmma_bwd.cu's kernel (the same conditions, else q64): 2 consumer warpgroups x 64
+ *          keys and a loading warp, 64-query steps in a 3-stage TMA ring, dS through shared memory
+ *          for dQ; not yet run on a GPU either.
  * bwd  k128: 8 warps x 16 keys (128 keys per CTA), 32-query steps, 240 regs, 115200 B: 1 CTA
  *          (8 warps) per SM. Half the fp32 dQ atomics per FLOP of 64-key CTAs (each step adds
  *          a 32 x D tile per CTA) and half the Q and dO traffic; flash-attention 2 also uses 128
@@ -1216,6 +1219,13 @@ int fwd_wg(const fwd_args &a, const tier_attn_params *p, cudaStream_t s)
 	return rc == -ENOTSUP ? fwd_v2<4, 2, 2>(a, p, s) : rc;
 }
 
+/* wg: the wgmma backward (attn_wgmma_bwd.cu) where it applies, else q64. */
+int bwd_wg(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
+{
+	int rc = attn_wgmma_bwd(p, a.q, a.k, a.v, a.dout, a.lse, a.Di, a.dq, a.dk, a.dv, a.scale, a.sl2, a.atomic_kv, s);
+	return rc == -ENOTSUP ? bwd_v2<8, 64, 1>(a, p, s) : rc;
+}
+
 typedef int (*fwd_fn)(const fwd_args &, const tier_attn_params *, cudaStream_t);
 typedef int (*bwd_fn)(const bwd_args &, const tier_attn_params *, cudaStream_t);
 struct fwd_variant {
@@ -1237,6 +1247,7 @@ const bwd_variant bwd_variants[] = {
 	{ "k128", bwd_v2<8, 32, 1> },
 	{ "v2", bwd_v2<4, 32, 2> },
 	{ "v1", bwd_v1 },
+	{ "wg", bwd_wg },
 };
 
 /* Index of the variant named by env in table (n entries): 0 when unset or empty; -EINVAL with the

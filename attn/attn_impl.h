@@ -41,6 +41,11 @@ int attn_cuda_rope(tier_dev *dev, const tier_rope_params *r, const int32_t *pos,
  * errors as usual. sl2: scale * log2(e). */
 int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const void *k, const void *v, void *o, float *lse,
 		   float sl2, void *stream);
+/* The backward on wgmma (attn_wgmma_bwd.cu), the same terms; Di: rowsum(dout o) [T x n_heads],
+ * dq (and with atomic_kv dk, dv) cleared by the caller. */
+int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const void *k, const void *v, const void *dout,
+		   const float *lse, const float *Di, float *dq, float *dk, float *dv, float scale, float sl2,
+		   int atomic_kv, void *stream);
 #endif
 
 #ifdef __cplusplus

@@ -60,27 +60,6 @@ struct aw_args {
 };
 
 #ifdef TIER_SM90A
-/* D (64 x 128 fp32) += A (64 x 16 bf16 in registers, each warp's 16 rows in the A layout of
- * mma.m16n8k16) B (16 x 128 from shared memory, MN-major). */
-__device__ __forceinline__ void wgmma_rs_mn(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-		     "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-		     : WG_D64(0)
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-__device__ __forceinline__ void aw_wait(uint32_t b, uint32_t parity)
-{
-	while (!mbar_try(b, parity)) {
-	}
-}
-
 /* The producer (one thread): the CTA's Q, then each key block's K and V into stage kb % 2 once
  * the consumers have released that stage's previous block. */
 __device__ __forceinline__ void aw_produce(const CUtensorMap *qm, const CUtensorMap *km, const CUtensorMap *vm,
@@ -96,7 +75,7 @@ __device__ __forceinline__ void aw_produce(const CUtensorMap *qm, const CUtensor
 		const int s = kb & 1;
 		const uint32_t full = bars + 8 * s, empty = bars + 16 + 8 * s, st = base + AW_Q_BYTES + s * AW_STAGE;
 		if (kb >= 2)
-			aw_wait(empty, ((kb >> 1) - 1) & 1);
+			mbar_wait(empty, ((kb >> 1) - 1) & 1);
 		bar_expect_tx(full, AW_STAGE);
 		const int j0 = row0 + kb * AW_BK;
 		for (int dc = 0; dc < 2; dc++)
@@ -175,7 +154,7 @@ __device__ __forceinline__ void aw_block(float (&o)[64], float (&m)[2], float (&
 	wgmma_fence();
 #pragma unroll
 	for (int kt = 0; kt < AW_BK / 16; kt++) /* keys + 16 within a 64-key half: 16 rows = 2048 bytes */
-		wgmma_rs_mn(o, pa[kt], wg_desc_mn_at(v + (kt >> 2) * 16384, 8192) + 128 * (kt & 3));
+		wgmma_rs<1>(o, pa[kt], wg_desc_mn_at(v + (kt >> 2) * 16384, 8192) + 128 * (kt & 3));
 	wgmma_commit();
 	wgmma_wait<0>();
 	acc_fence(o);
@@ -235,11 +214,11 @@ __global__ void __launch_bounds__(AW_THREADS, 1)
 #pragma unroll
 	for (int i = 0; i < 64; i++)
 		o[i] = 0.f;
-	aw_wait(b + 32, 0);
+	mbar_wait(b + 32, 0);
 	for (int kb = 0; kb < nkb; kb++) {
 		const int s = kb & 1, j0 = kb * AW_BK;
 		const uint32_t st = base + AW_Q_BYTES + s * AW_STAGE;
-		aw_wait(b + 8 * s, (kb >> 1) & 1);
+		mbar_wait(b + 8 * s, (kb >> 1) & 1);
 		__syncwarp(); /* converged for the .aligned instructions */
 		/* only the block crossing this warpgroup's diagonal, or the sequence's end, masks */
 		if ((a.causal && j0 + AW_BK - 1 > r0) || j0 + AW_BK > a.S) {

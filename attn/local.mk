@@ -2,9 +2,9 @@
 libtier_la_SOURCES += attn/attn.c attn/attn_cpu.c attn/attn_impl.h
 tierinclude_HEADERS += include/tier/attn.h
 if HAVE_CUDA
-libtier_la_SOURCES += attn/attn_cuda.cu attn/attn_wgmma.cu
+libtier_la_SOURCES += attn/attn_cuda.cu attn/attn_wgmma.cu attn/attn_wgmma_bwd.cu
 endif
-EXTRA_DIST += attn/attn_cuda.cu attn/attn_wgmma.cu attn/attn_cu.cuh
+EXTRA_DIST += attn/attn_cuda.cu attn/attn_wgmma.cu attn/attn_wgmma_bwd.cu attn/attn_cu.cuh
 
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_attn tests/test_attn_cuda

@@ -33,6 +33,13 @@ __device__ __forceinline__ bool mbar_try(uint32_t b, uint32_t parity)
 	return done != 0;
 }
 
+/* Returns once that phase has completed. */
+__device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t parity)
+{
+	while (!mbar_try(b, parity)) {
+	}
+}
+
 __device__ __forceinline__ void bar_arrive(uint32_t b)
 {
 	asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(b) : "memory");
@@ -119,6 +126,39 @@ __device__ __forceinline__ uint64_t wg_desc_mn_at(uint32_t saddr, uint32_t lbo)
 #define WG_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define WG_D16(i) WG_D4(i), WG_D4(i + 4), WG_D4(i + 8), WG_D4(i + 12)
 #define WG_D64(i) WG_D16(i), WG_D16(i + 16), WG_D16(i + 32), WG_D16(i + 48)
+
+#define WG_D32(i) WG_D16(i), WG_D16(i + 16)
+
+/* D (64 x 64 fp32: 32 registers a thread) += A (64 x 16) B (16 x 64), both from shared memory; acc
+ * 0 drops D's old value. TB: B is MN-major. */
+template <int TB>
+__device__ __forceinline__ void wgmma_op(float (&d)[32], uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+		     "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+		     : WG_D32(0)
+		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+
+/* D (64 x 128 fp32) += A (64 x 16 bf16 in registers: each warp's 16 rows in the A layout of
+ * mma.m16n8k16, which is also the layout of a wgmma accumulator's 16 x 16 piece) B (16 x 128 from
+ * shared memory); TB: B is MN-major. */
+template <int TB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+		     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+		     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+		     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+		     "}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
+		     : WG_D64(0)
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+}
 
 /* D (64 x 128 fp32: 64 registers a thread) += A (64 x 16) B (16 x 128), both from shared memory;
  * acc 0 drops D's old value instead (a tile's first product: no zeroing pass). TB: B is MN-major. */

@@ -13,10 +13,12 @@
 # (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
 # Session 15 (no GPU) added, untried: the MoE block's routed halves (default; TIER_MOE_ROUTED=0 is
-# the old path) and the wgmma attention forward (TIER_ATTN_FWD=wg, opt in). Its plan:
-# STAGES=tests,attn,a A_ALT="TIER_MOE_ROUTED=0 TIER_ATTN_FWD=wg" (test_attn_cuda covers wg; the
-# attn stage times v2 against wg against torch; A_ALT runs (a) again under each setting, same
-# call), then STAGES=b,c B_ALT=TIER_MOE_ROUTED=0 B_CACHE=attention:ddr=16G.
+# the old path) and the wgmma attention kernels (TIER_ATTN_FWD=wg, TIER_ATTN_BWD=wg, opt in). Its
+# plan: TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn,a
+# A_ALT="TIER_MOE_ROUTED=0 TIER_ATTN_FWD=wg TIER_ATTN_BWD=wg" (test_attn_cuda runs wg on every
+# head-dim-128 case; the attn stage times the default pair against wg against torch; A_ALT runs (a)
+# again under each setting, same call), then STAGES=b,c B_ALT=TIER_MOE_ROUTED=0
+# B_CACHE=attention:ddr=16G.
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
 # Staging (carry limit 64 MiB): build here with `../configure --disable-shared` (static libtier), copy
 # tier-run, tier-bench and the tests named below into .device/bin/tests, stage the shared libraries
@@ -36,9 +38,10 @@ if has tests; then
 		[ -x "$b/tests/$t" ] && step 120 "$t" "$b/tests/$t"
 	done
 fi
-if has attn; then # the forward variants against torch's SDPA on the trainer's shape
-	for f in v2 wg; do TIER_ATTN_FWD=$f step 60 "attn-f$f" "$b/tier-bench" attn --json; done
-	step 90 attn-torch python3 bench/attn_torch.py --tier "$out/attn-fwg.log"
+if has attn; then # the default kernels and the wgmma ones against torch's SDPA on the trainer's shape
+	TIER_ATTN_FWD=v2 TIER_ATTN_BWD=q64 step 60 attn-v2 "$b/tier-bench" attn --json
+	TIER_ATTN_FWD=wg TIER_ATTN_BWD=wg step 60 attn-wg "$b/tier-bench" attn --json
+	step 90 attn-torch python3 bench/attn_torch.py --tier "$out/attn-wg.log"
 fi
 if has moe; then
 	step 200 moe "$b/tier-bench" moe --model qwen3-30b --model seed-896 --json

@@ -23,7 +23,7 @@ static tier_dev *cpu, *gpu;
  * runs max(NFWD, NBWD) times with the pairs (fwd[i % NFWD], bwd[i % NBWD]), so every variant of
  * both lists runs on every shape. */
 static const char *const fwd_variants[] = { "v2", "w8", "v1", "wg" };
-static const char *const bwd_variants[] = { "k128", "q64", "v2", "v1" };
+static const char *const bwd_variants[] = { "k128", "q64", "v2", "v1", "wg" };
 #define NFWD (sizeof fwd_variants / sizeof fwd_variants[0])
 #define NBWD (sizeof bwd_variants / sizeof bwd_variants[0])
 #define NVAR (NFWD > NBWD ? NFWD : NBWD)

@@ -1,0 +1,373 @@
+/* attn_wgmma_bwd.cu - the attention backward on wgmma (sm_90a): the "wg" variant of TIER_ATTN_BWD
+ * (attn_cuda.cu's table), head_dim 128 only. The math and its rounding points are bwd2_kernel's
+ * (attn_cuda.cu): P^T from lse, dS^T = P^T (dP^T - D) with D = rowsum(dO o) (the caller's
+ * rowdot_kernel), dV += P^T dO, dK += dS^T Q, dQ += scale dS K added to fp32 dq with atomics.
+ *
+ * One CTA per (128 keys, query head, sequence): two warpgroups of 64 keys each. Warp 0 also loads:
+ * the CTA's K and V once, then each 64-query step's Q and dO by TMA and its lse and D by cp.async
+ * into a three-stage ring, two steps ahead (a loading warp of its own would leave each thread 168
+ * registers: 9 warps put 3 on one of the SM's four quarters of the register file). Each
+ * warpgroup, per step:
+ *   S^T = K_w Q^T and dP^T = V_w dO^T (64 keys x 64 queries): 8 + 8 wgmma m64n64k16, K, V, Q and
+ *     dO all K-major from shared memory;
+ *   P^T and dS^T in registers (the step's lse and D from the stage);
+ *   dV += P^T dO and dK += dS^T Q: 4 + 4 wgmma m64n128k16, P^T and dS^T as the register A operand,
+ *     dO and Q MN-major from the same stage;
+ *   dS^T written transposed into shared memory as dS [64 queries][128 keys] (this warpgroup's 64-key
+ *     half, in the 128B swizzle by hand), a CTA barrier, then
+ *   dQ [64 x 64] (this warpgroup's half of head_dim) = dS K_half: 8 wgmma m64n64k16, dS K-major and
+ *     K MN-major from shared memory (the K tile serves both ways), added to dq with atomics.
+ * One CTA barrier per step orders everything shared: dS is double-buffered (a warpgroup writes step
+ * n + 1's buffer after both passed step n's barrier, which each reaches after its step n - 1
+ * products), and step n + 2's loads go into step n - 1's stage right after step n's barrier.
+ * With the causal mask a warpgroup whose 64 keys all follow the step's queries computes nothing but
+ * still writes its (zero) half of dS.
+ *
+ * Shared memory (1024-byte aligned): K, V [d half 2][128 keys][64 d] 32 KiB each; three stages of
+ * Q, dO [d half 2][64 queries][64 d] 32 KiB; dS [2][key half 2][64 queries][64 keys] 32 KiB; the
+ * stages' lse and D, 512 bytes each: 193.5 KiB, one CTA per SM. Registers: 236 a thread (ptxas,
+ * no spills): dK and dV accumulators (64 + 64) and S^T and dP^T (32 + 32). The dK and dV products
+ * are waited for before dQ's: with their register A operands still live beside dQ's accumulator,
+ * ptxas serialised every wgmma of the kernel for want of registers.
+ *
+ * Written without a GPU (2026-12-05): opt in until tests/test_attn_cuda (every head-dim-128 case
+ * runs it) and tier-bench attn have run on one. */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include "attn/attn_cu.cuh"
+#include "attn/attn_impl.h"
+#include "base/mma_sm80.cuh"
+#include "base/sm90.cuh"
+#include "base/tmap_cuda.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define AB_D 128          /* head_dim */
+#define AB_BC 128         /* keys per CTA: two warpgroups of 64 */
+#define AB_BR 64          /* queries per step */
+#define AB_THREADS 256    /* two warpgroups; warp 0 also loads */
+#define AB_STAGES 3
+#define AB_KV_BYTES (2 * AB_BC * 128)              /* K or V: 32 KiB */
+#define AB_STAGE (2 * 2 * AB_BR * 128)             /* Q then dO: 32 KiB */
+#define AB_DS_BYTES (2 * AB_BR * 128)              /* one dS buffer: 16 KiB */
+#define AB_STAGE_AT (2 * AB_KV_BYTES)
+#define AB_DS_AT (AB_STAGE_AT + AB_STAGES * AB_STAGE)
+#define AB_LD_AT (AB_DS_AT + 2 * AB_DS_BYTES)      /* per stage: lse [64], then D [64] */
+#define AB_LD_BYTES (2 * AB_BR * 4)
+#define AB_SMEM (AB_LD_AT + AB_STAGES * AB_LD_BYTES + 1024) /* + the alignment's slack */
+#define AB_LOG2E 1.4426950408889634f
+
+namespace {
+
+struct ab_args {
+	const float *lse, *Di;
+	float *dq, *dk, *dv;
+	int S, H, KH, G, causal, atomic_kv;
+	float scale, sl2;
+};
+
+#ifdef TIER_SM90A
+/* 4 bytes global -> shared by cp.async; !valid writes a zero and reads nothing. */
+__device__ __forceinline__ void ab_cp4(uint32_t sm, const float *gm, bool valid)
+{
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sm), "l"(gm), "r"(valid ? 4 : 0) : "memory");
+}
+
+/* Warp 0: K and V (on bars + 8 AB_STAGES; lane 0). */
+__device__ __forceinline__ void ab_load_kv(const CUtensorMap *km, const CUtensorMap *vm, uint32_t base, uint32_t kvbar,
+					   int kvh, int row0, int j0)
+{
+	bar_expect_tx(kvbar, 2 * AB_KV_BYTES);
+	for (int dc = 0; dc < 2; dc++) {
+		tma_load(base + dc * (AB_BC * 128), km, kvh * AB_D + dc * 64, row0 + j0, kvbar);
+		tma_load(base + AB_KV_BYTES + dc * (AB_BC * 128), vm, kvh * AB_D + dc * 64, row0 + j0, kvbar);
+	}
+	bar_arrive(kvbar);
+}
+
+/* Warp 0: step n's Q and dO (lane 0, TMA) and lse and D (every lane, cp.async; 0 past the end) into
+ * stage n % AB_STAGES, whose full barrier takes lane 0's arrival and the bytes, and each lane's
+ * arrival once its copies have landed (33). The caller knows the stage free. */
+__device__ __forceinline__ void ab_load_step(const ab_args &a, const CUtensorMap *qm, const CUtensorMap *om,
+					     uint32_t base, uint32_t bars, int h, int row0, int ibeg, int n, int lane)
+{
+	const int s = n % AB_STAGES, i0 = ibeg + n * AB_BR;
+	const uint32_t full = bars + 8 * s, st = base + AB_STAGE_AT + s * AB_STAGE, ld = base + AB_LD_AT + s * AB_LD_BYTES;
+	if (lane == 0) {
+		bar_expect_tx(full, AB_STAGE);
+		for (int dc = 0; dc < 2; dc++) {
+			tma_load(st + dc * 8192, qm, h * AB_D + dc * 64, row0 + i0, full);
+			tma_load(st + 16384 + dc * 8192, om, h * AB_D + dc * 64, row0 + i0, full);
+		}
+		bar_arrive(full);
+	}
+	for (int j = lane; j < 2 * AB_BR; j += 32) {
+		const int q = i0 + (j & (AB_BR - 1));
+		const bool ok = q < a.S;
+		const int64_t at = ok ? ((int64_t)row0 + q) * a.H + h : 0;
+		ab_cp4(ld + 4 * j, (j < AB_BR ? a.lse : a.Di) + at, ok);
+	}
+	bar_arrive_copies(full);
+}
+
+/* P^T and dS^T in place on one step's 64 keys x 64 queries of this thread: st the raw scores, dp
+ * dP^T; element e of chunk i: key row e >> 1, query 8 i + 2 t + (e & 1) of the step (its lse in base
+ * 2 and D at ld). With MASK the pair is visible iff lo[row] <= c < hi, c = 8 i + (e & 1) (relative
+ * to the thread's first query, as in bwd2_probs: query >= key under the causal mask, query and key
+ * below S). */
+template <bool MASK>
+__device__ __forceinline__ void ab_probs(float (&st)[32], float (&dp)[32], uint32_t ld, int t, const int (&lo)[2],
+					 int hi, float sl2)
+{
+#pragma unroll
+	for (int i = 0; i < 8; i++) {
+		float l2[2], dd[2];
+		asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(l2[0]), "=f"(l2[1]) : "r"(ld + 4 * (8 * i + 2 * t)));
+		l2[0] *= AB_LOG2E, l2[1] *= AB_LOG2E;
+		asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+			     : "=f"(dd[0]), "=f"(dd[1])
+			     : "r"(ld + 4 * (AB_BR + 8 * i + 2 * t)));
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int c = i * 8 + (e & 1);
+			float p = ex2(fmaf(st[4 * i + e], sl2, -l2[e & 1]));
+			if (MASK && !(c >= lo[e >> 1] && c < hi))
+				p = 0.f;
+			st[4 * i + e] = p;
+			dp[4 * i + e] = p * (dp[4 * i + e] - dd[e & 1]);
+		}
+	}
+}
+
+/* dS^T of this thread (rows: keys 16 wi + g, + 8 of the warpgroup's 64; columns: queries) into
+ * dS [query][key] of this warpgroup's key half at ds (64 rows of 128 bytes, 128B swizzle: the
+ * 16-byte chunk c of row r sits at chunk c ^ (r & 7)). */
+__device__ __forceinline__ void ab_store_ds(uint32_t ds, const float (&v)[32], int wi, int g, int t)
+{
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int q = 8 * i + 2 * t + (e & 1), key = 16 * wi + g + 8 * (e >> 1);
+			const uint32_t at = ds + q * 128 + ((((key >> 3) ^ (q & 7)) << 4) | ((key & 7) << 1));
+			const bf16 x = __float2bfloat16_rn(v[4 * i + e]);
+			asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(at), "h"(*reinterpret_cast<const unsigned short *>(&x))
+				     : "memory");
+		}
+}
+
+/* The four k-steps (16 queries each) of a 64 x 64 accumulator as register A fragments. */
+__device__ __forceinline__ void ab_frags(uint32_t (&f)[4][4], const float (&v)[32])
+{
+#pragma unroll
+	for (int kt = 0; kt < 4; kt++) {
+		f[kt][0] = pack(v[8 * kt + 0], v[8 * kt + 1]);
+		f[kt][1] = pack(v[8 * kt + 2], v[8 * kt + 3]);
+		f[kt][2] = pack(v[8 * kt + 4], v[8 * kt + 5]);
+		f[kt][3] = pack(v[8 * kt + 6], v[8 * kt + 7]);
+	}
+}
+
+/* One step of one warpgroup (its keys kw0.., the step's queries i0..): S^T, dP^T, the
+ * probabilities, dV and dK, and dS^T into ds_half. */
+template <bool MASK>
+__device__ __forceinline__ void ab_step(float (&dk)[64], float (&dv)[64], const ab_args &a, uint32_t kw, uint32_t vw,
+					uint32_t st, uint32_t ld, uint32_t ds_half, int kr0, int i0, int wi, int g, int t)
+{
+	float s[32], dp[32];
+	wgmma_fence();
+#pragma unroll
+	for (int kk = 0; kk < AB_D / 16; kk++) /* k + 16 within a 64-d half: 2 in the start address */
+		wgmma_op<0>(s, wg_desc(kw + (kk >> 2) * (AB_BC * 128)) + 2 * (kk & 3),
+			    wg_desc(st + (kk >> 2) * 8192) + 2 * (kk & 3), kk > 0);
+#pragma unroll
+	for (int kk = 0; kk < AB_D / 16; kk++)
+		wgmma_op<0>(dp, wg_desc(vw + (kk >> 2) * (AB_BC * 128)) + 2 * (kk & 3),
+			    wg_desc(st + 16384 + (kk >> 2) * 8192) + 2 * (kk & 3), kk > 0);
+	wgmma_commit();
+	wgmma_wait<0>();
+	acc_fence(s);
+	acc_fence(dp);
+	if (MASK) {
+		const int big = 1 << 30, k0 = kr0 + g, k1 = k0 + 8;
+		const int lo[2] = { k0 < a.S ? (a.causal ? k0 - i0 - 2 * t : -big) : big,
+				    k1 < a.S ? (a.causal ? k1 - i0 - 2 * t : -big) : big };
+		ab_probs<true>(s, dp, ld, t, lo, a.S - i0 - 2 * t, a.sl2);
+	} else {
+		const int lo[2] = { 0, 0 };
+		ab_probs<false>(s, dp, ld, t, lo, 0, a.sl2);
+	}
+	ab_store_ds(ds_half, dp, wi, g, t);
+	uint32_t pf[4][4], df[4][4];
+	ab_frags(pf, s);
+	ab_frags(df, dp);
+	acc_fence(dv);
+	acc_fence(dk);
+	wgmma_fence();
+#pragma unroll
+	for (int kt = 0; kt < AB_BR / 16; kt++) /* queries + 16: 16 rows = 2048 bytes = 128 */
+		wgmma_rs<1>(dv, pf[kt], wg_desc_mn_at(st + 16384, 8192) + 128 * kt);
+#pragma unroll
+	for (int kt = 0; kt < AB_BR / 16; kt++)
+		wgmma_rs<1>(dk, df[kt], wg_desc_mn_at(st, 8192) + 128 * kt);
+	wgmma_commit();
+	/* done before dQ: its accumulator beside the fragments still read would not fit the registers */
+	wgmma_wait<0>();
+	acc_fence(dk);
+	acc_fence(dv);
+}
+
+/* dQ [64 queries x this warpgroup's 64 d] = dS K_half, added to dq with the softmax scale. */
+__device__ __forceinline__ void ab_dq(const ab_args &a, uint32_t ds, uint32_t khalf, int64_t qrow0, int h, int i0,
+				      int w, int wi, int g, int t)
+{
+	float acc[32];
+	wgmma_fence();
+#pragma unroll
+	for (int kk = 0; kk < AB_BC / 16; kk++) /* keys + 16: in dS 32 bytes (2), in K 16 rows (128) */
+		wgmma_op<1>(acc, wg_desc(ds + (kk >> 2) * 8192) + 2 * (kk & 3), wg_desc_mn_at(khalf, 8192) + 128 * kk,
+			    kk > 0);
+	wgmma_commit();
+	wgmma_wait<0>();
+	acc_fence(acc);
+#pragma unroll
+	for (int r = 0; r < 2; r++) {
+		const int qi = i0 + 16 * wi + g + 8 * r;
+		if (qi >= a.S)
+			continue;
+		float *row = a.dq + ((qrow0 + qi) * a.H + h) * AB_D + 64 * w + 2 * t;
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			atomicAdd(reinterpret_cast<float2 *>(row + 8 * i),
+				  make_float2(acc[4 * i + 2 * r] * a.scale, acc[4 * i + 2 * r + 1] * a.scale));
+	}
+}
+
+/* dK (times the scale) and dV of this thread's two keys into the fp32 outputs; added with atomics
+ * when the query heads of a kv head share them (GQA). */
+__device__ __forceinline__ void ab_store_kv(const ab_args &a, const float (&dk)[64], const float (&dv)[64],
+					    int64_t krow0, int kvh, int key, int t)
+{
+#pragma unroll
+	for (int r = 0; r < 2; r++) {
+		const int kr = key + 8 * r;
+		if (kr >= a.S)
+			continue;
+		const int64_t at = ((krow0 + kr) * a.KH + kvh) * AB_D + 2 * t;
+#pragma unroll
+		for (int i = 0; i < 16; i++) {
+			const float2 k2 = make_float2(dk[4 * i + 2 * r] * a.scale, dk[4 * i + 2 * r + 1] * a.scale);
+			const float2 v2 = make_float2(dv[4 * i + 2 * r], dv[4 * i + 2 * r + 1]);
+			if (a.atomic_kv) {
+				atomicAdd(reinterpret_cast<float2 *>(a.dk + at + 8 * i), k2);
+				atomicAdd(reinterpret_cast<float2 *>(a.dv + at + 8 * i), v2);
+			} else {
+				*reinterpret_cast<float2 *>(a.dk + at + 8 * i) = k2;
+				*reinterpret_cast<float2 *>(a.dv + at + 8 * i) = v2;
+			}
+		}
+	}
+}
+#endif /* TIER_SM90A */
+
+__global__ void __launch_bounds__(AB_THREADS, 1)
+	ab_bwd_kernel(const __grid_constant__ CUtensorMap qm, const __grid_constant__ CUtensorMap km,
+		      const __grid_constant__ CUtensorMap vm, const __grid_constant__ CUtensorMap om, const ab_args a)
+{
+#ifdef TIER_SM90A
+	extern __shared__ __align__(1024) unsigned char smem[];
+	__shared__ __align__(8) uint64_t bars[AB_STAGES + 1]; /* full[], K and V */
+	const uint32_t raw = wg_saddr(smem), base = raw + ((1024u - (raw & 1023u)) & 1023u), b = wg_saddr(bars);
+	const int kvh = blockIdx.z % a.KH, h = kvh * a.G + blockIdx.x, j0 = blockIdx.y * AB_BC;
+	const int row0 = (blockIdx.z / a.KH) * a.S, ibeg = a.causal ? j0 : 0;
+	const int nsteps = (a.S - ibeg + AB_BR - 1) / AB_BR;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	if (threadIdx.x == 0) {
+		for (int s = 0; s < AB_STAGES; s++)
+			bar_init(b + 8 * s, 33); /* lane 0's arrival with the bytes, each lane's copies */
+		bar_init(b + 8 * AB_STAGES, 1);
+		fence_barrier_init();
+	}
+	__syncthreads();
+	if (warp == 0) {
+		if (lane == 0)
+			ab_load_kv(&km, &vm, base, b + 8 * AB_STAGES, kvh, row0, j0);
+		for (int n = 0; n < AB_STAGES - 1 && n < nsteps; n++)
+			ab_load_step(a, &qm, &om, base, b, h, row0, ibeg, n, lane);
+	}
+	const int w = warp >> 2, wi = warp & 3, g = lane >> 2, t = lane & 3;
+	const int kw0 = j0 + 64 * w; /* this warpgroup's first key */
+	const uint32_t kw = base + 64 * w * 128, vw = base + AB_KV_BYTES + 64 * w * 128;
+	float dk[64], dv[64];
+#pragma unroll
+	for (int i = 0; i < 64; i++)
+		dk[i] = dv[i] = 0.f;
+	mbar_wait(b + 8 * AB_STAGES, 0);
+	for (int n = 0; n < nsteps; n++) {
+		const int s = n % AB_STAGES, i0 = ibeg + n * AB_BR;
+		const uint32_t st = base + AB_STAGE_AT + s * AB_STAGE, ds = base + AB_DS_AT + (n & 1) * AB_DS_BYTES;
+		const uint32_t ld = base + AB_LD_AT + s * AB_LD_BYTES;
+		mbar_wait(b + 8 * s, (n / AB_STAGES) & 1);
+		__syncwarp();
+		if (a.causal && kw0 > i0 + AB_BR - 1) {
+			/* every key of this warpgroup follows every query of the step: its dS half is zero */
+			const float zero[32] = {};
+			ab_store_ds(ds + w * 8192, zero, wi, g, t);
+		} else if ((a.causal && kw0 + 63 > i0) || i0 + AB_BR > a.S || kw0 + 64 > a.S) {
+			ab_step<true>(dk, dv, a, kw, vw, st, ld, ds + w * 8192, kw0 + 16 * wi, i0, wi, g, t);
+		} else {
+			ab_step<false>(dk, dv, a, kw, vw, st, ld, ds + w * 8192, kw0 + 16 * wi, i0, wi, g, t);
+		}
+		fence_proxy_async(); /* dS's plain stores, then the products' reads */
+		__syncthreads();
+		/* step n - 1's stage is free: both warpgroups waited for its products before this barrier */
+		if (warp == 0 && n + AB_STAGES - 1 < nsteps)
+			ab_load_step(a, &qm, &om, base, b, h, row0, ibeg, n + AB_STAGES - 1, lane);
+		ab_dq(a, ds, base + w * (AB_BC * 128), row0, h, i0, w, wi, g, t);
+	}
+	acc_fence(dk);
+	acc_fence(dv);
+	ab_store_kv(a, dk, dv, row0, kvh, kw0 + 16 * wi + g, t);
+#endif
+}
+
+} /* namespace */
+
+extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const void *k, const void *v,
+			      const void *dout, const float *lse, const float *Di, float *dq, float *dk, float *dv,
+			      float scale, float sl2, int atomic_kv, void *stream)
+{
+	if (p->head_dim != AB_D || !base_tmap_ok())
+		return -ENOTSUP;
+	int dev = 0, major = 0, minor = 0;
+	if (cudaGetDevice(&dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+	    major != 9 || minor != 0) {
+		(void)cudaGetLastError();
+		return -ENOTSUP; /* the sm_90a code runs on compute capability 9.0 only */
+	}
+	const uint64_t rows = (uint64_t)(p->batch * p->seq);
+	if (rows >= (1ull << 31) || p->n_kv_heads * p->batch > 65535 || (p->seq + AB_BC - 1) / AB_BC > 65535)
+		return -ENOTSUP;
+	CUtensorMap qm, km, vm, om;
+	int rc;
+	if ((rc = base_tmap_bf16(&qm, q, rows, (uint64_t)(p->n_heads * AB_D), AB_BR)) ||
+	    (rc = base_tmap_bf16(&om, dout, rows, (uint64_t)(p->n_heads * AB_D), AB_BR)) ||
+	    (rc = base_tmap_bf16(&km, k, rows, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)) ||
+	    (rc = base_tmap_bf16(&vm, v, rows, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)))
+		return rc;
+	ab_args a = { lse, Di, dq, dk, dv, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads,
+		      (int)(p->n_heads / p->n_kv_heads), p->causal, atomic_kv, scale, sl2 };
+	dim3 grid((unsigned)(p->n_heads / p->n_kv_heads), (unsigned)((p->seq + AB_BC - 1) / AB_BC),
+		  (unsigned)(p->n_kv_heads * p->batch));
+	if (cudaFuncSetAttribute(ab_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, AB_SMEM) != cudaSuccess)
+		return tier_fail(-EIO, "attention backward (wgmma): %s", cudaGetErrorString(cudaGetLastError()));
+	ab_bwd_kernel<<<grid, AB_THREADS, AB_SMEM, (cudaStream_t)stream>>>(qm, km, vm, om, a);
+	cudaError_t e = cudaGetLastError();
+	return e == cudaSuccess ? 0 : tier_fail(-EIO, "attention backward (wgmma): %s", cudaGetErrorString(e));
+}
