@@ -2,6 +2,14 @@
 #ifndef TIER_BASE_CUDA_REDUCE_CUH
 #define TIER_BASE_CUDA_REDUCE_CUH
 
+/* Sum of v over the warp; every lane gets it. */
+__device__ static inline float warp_sum(float v)
+{
+	for (int d = 16; d; d >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, d);
+	return v;
+}
+
 /* Sum of v over the block (blockDim.x a multiple of 32, <= 1024); red: 33 floats of shared memory.
  * Every thread gets the sum; red may be reused after the call. */
 __device__ static inline float block_sum(float v, float *red)

@@ -45,6 +45,26 @@ int dop_linear_bwd(const tier_model *m, int T, int in, int out, const void *x, c
 	return tier_linear_bwd(m->dev, T, in, out, x, w, l, dy, dx, accumulate, ws);
 }
 
+int dop_linear_bwd_act(const tier_model *m, int T, int in, int out, const void *x, const void *w,
+		       const tier_lora_ref *l, const void *dy, float *dx, int accumulate, void *ws)
+{
+	if (m->cuda)
+		return opsc_linear_bwd_bf16(m->dev, T, in, out, x, w, l, dy, dx, accumulate, ws);
+	return tier_linear_bwd(m->dev, T, in, out, x, w, l, dy, dx, accumulate, ws);
+}
+
+int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
+		const float *rstd, void *out)
+{
+	if (m->cuda)
+		return opsc_qk_grad(m->dev, r, dq, x, w, rstd, out);
+	int rows = (int)(r->tokens * r->n_heads), dim = (int)r->head_dim;
+	int rc = tier_attn_rope_bwd(m->dev, r, NULL, dq);
+	if (rc || !w)
+		return rc ? rc : dop_copy(m, out, dq, sizeof(float) * (size_t)rows * dim);
+	return tier_rmsnorm_bwd(m->dev, rows, dim, x, w, rstd, dq, out, NULL);
+}
+
 int dop_swiglu(const tier_model *m, size_t n, const float *g, const float *u, void *h)
 {
 	if (m->cuda)

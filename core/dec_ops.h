@@ -6,6 +6,7 @@
 #define TIER_CORE_DEC_OPS_H
 
 #include "core/core_internal.h"
+#include "tier/attn.h"
 
 /* Bytes per activation element that feeds a product: 4 on the CPU, 2 on CUDA. */
 static inline size_t dop_act_size(const tier_model *m) { return m->cuda ? 2 : sizeof(float); }
@@ -20,6 +21,15 @@ int dop_linear(const tier_model *m, int T, int in, int out, const void *x, const
 	       float *y, void *ws);
 int dop_linear_bwd(const tier_model *m, int T, int in, int out, const void *x, const void *w,
 		   const tier_lora_ref *l, const float *dy, float *dx, int accumulate, void *ws);
+/* dop_linear_bwd from dy in the activations' type (bf16 on CUDA: no conversion; fp32 on the CPU). */
+int dop_linear_bwd_act(const tier_model *m, int T, int in, int out, const void *x, const void *w,
+		       const tier_lora_ref *l, const void *dy, float *dx, int accumulate, void *ws);
+/* The q or k gradient for its projection's backward: dq [tokens * heads, head_dim] taken back
+ * through RoPE (r: the forward's parameters) and the q/k RMSNorm (x its input, w, rstd; w NULL:
+ * no norm) into out, in the activations' type. The CPU rotates dq in place first; CUDA leaves dq
+ * as it is and does all in one kernel (opsc_qk_grad). */
+int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
+		const float *rstd, void *out);
 int dop_swiglu(const tier_model *m, size_t n, const float *g, const float *u, void *h);
 int dop_swiglu_bwd(const tier_model *m, size_t n, const float *g, const float *u, const float *dh, float *dg,
 		   float *du);

@@ -182,15 +182,22 @@ static int qk_norm_fwd(const tier_model *m, int T, dec_bufs *b, const dec_weight
 	return rc ? rc : dop_norm(m, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->k, b->rk);
 }
 
-/* Backward of qk_norm_fwd: d qp into b->dO (free by then), d kp into b->dkp. */
-static int qk_norm_bwd(const tier_model *m, int T, dec_bufs *b, const dec_weights *w)
+/* The gradients of the q, k, v projections' outputs from the attention's (dq, dk, dv), back
+ * through RoPE and the q/k norms, in the activations' type: on the CPU (fp32) d qp into b->dO
+ * (free by then), d kp into b->dkp and dv as it is; on CUDA (bf16) d qp into b->dO16 (the
+ * attention's backward has read it), d kp and dv in the two halves of b->dkp. */
+static int qkv_grads(const tier_model *m, const dec_shape *sh, dec_bufs *b, const dec_weights *w, void **gq,
+		     void **gk, void **gv)
 {
-	if (m->mixtral) {
-		int rc = dop_copy(m, b->dO, b->dq, sizeof(float) * (size_t)T * m->nh * m->hd);
-		return rc ? rc : dop_copy(m, b->dkp, b->dk, sizeof(float) * (size_t)T * m->nkv * m->hd);
-	}
-	int rc = dop_norm_bwd(m, T * m->nh, m->hd, b->qp, w->w[W_QN], b->rq, b->dq, b->dO);
-	return rc ? rc : dop_norm_bwd(m, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->rk, b->dk, b->dkp);
+	size_t nkv = (size_t)sh->T * m->nkv * m->hd;
+	const void *wq = m->mixtral ? NULL : w->w[W_QN], *wk = m->mixtral ? NULL : w->w[W_KN];
+	*gq = m->cuda ? (void *)b->dO16 : (void *)b->dO;
+	*gk = b->dkp;
+	*gv = m->cuda ? (void *)((uint16_t *)b->dkp + nkv) : (void *)b->dv;
+	int rc = dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq);
+	if (!rc)
+		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk);
+	return rc ? rc : dop_to_act(m, nkv, b->dv, *gv);
 }
 
 int dec_attn_fwd_in(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
@@ -384,15 +391,15 @@ int dec_attn_bwd(const tier_model *m, const dec_shape *sh, const float *x, const
 	if ((rc = dop_norm_bwd(m, T, H, b->h1, w->w[W_LN2], b->r2, b->db, b->dtmp)) ||
 	    (rc = dop_add(m, n, dout, b->dtmp, b->dh1)))
 		return rc;
+	void *gq, *gk, *gv;
 	if ((rc = dop_linear_bwd(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->dh1, b->dO, 0, ws)) ||
 	    (rc = dop_to_act(m, (size_t)T * qd, b->dO, dO16)) ||
 	    (rc = tier_attn_bwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, dO16, b->dq, b->dk, b->dv, b->ws,
 				b->ws_bytes)) ||
-	    (rc = tier_attn_rope_bwd(d, &sh->rq, NULL, b->dq)) || (rc = tier_attn_rope_bwd(d, &sh->rk, NULL, b->dk)) ||
-	    (rc = qk_norm_bwd(m, T, b, w)) ||
-	    (rc = dop_linear_bwd(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->dO, b->db, 0, ws)) ||
-	    (rc = dop_linear_bwd(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->dkp, b->db, 1, ws)) ||
-	    (rc = dop_linear_bwd(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], b->dv, b->db, 1, ws)) ||
+	    (rc = qkv_grads(m, sh, b, w, &gq, &gk, &gv)) ||
+	    (rc = dop_linear_bwd_act(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], gq, b->db, 0, ws)) ||
+	    (rc = dop_linear_bwd_act(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], gk, b->db, 1, ws)) ||
+	    (rc = dop_linear_bwd_act(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], gv, b->db, 1, ws)) ||
 	    (rc = dop_norm_bwd(m, T, H, x, w->w[W_LN1], b->r1, b->db, b->dtmp)))
 		return rc;
 	return dop_add(m, n, b->dh1, b->dtmp, dx);

@@ -61,11 +61,11 @@ tierinclude_HEADERS += include/tier/model.h
 ## the trainer's CUDA operations (stubs that return -ENOTSUP without CUDA)
 libtier_la_SOURCES += core/ops_cuda.h
 if HAVE_CUDA
-libtier_la_SOURCES += core/ops_cuda.cu
+libtier_la_SOURCES += core/ops_cuda.cu core/ops_qk_cuda.cu
 else
 libtier_la_SOURCES += core/ops_nocuda.c
 endif
-EXTRA_DIST += core/ops_cuda.cu
+EXTRA_DIST += core/ops_cuda.cu core/ops_qk_cuda.cu
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_ops_cuda
 TESTS += tests/test_ops_cuda

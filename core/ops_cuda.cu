@@ -91,12 +91,6 @@ __global__ void rmsnorm_bwd_kernel(int dim, const float *x, const bf16 *w, const
 
 struct bf16x4 { __nv_bfloat162 a, b; };
 
-__device__ static inline float warp_sum(float v)
-{
-	for (int d = 16; d; d >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, d);
-	return v;
-}
 
 __device__ static inline float4 bf16x4_load(const bf16 *p)
 {
@@ -755,19 +749,45 @@ static int linear_bwd_lora(tier_dev *d, int T, int in, int out, const opsc_bf16 
 	return dx ? lora_dx(d, T, in, l, dx, s) : 0;
 }
 
+/* The backward's products from dy in bf16 (s->dy16: the workspace's piece, or the caller's). */
+static int linear_bwd_from16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+			     const tier_lora_ref *lora, float *dx, int accumulate, const lin_ws *s)
+{
+	int rc;
+	/* dx^T [in, T] (+)= W^T (W stored [in, out]) dy^T (stored [out, T]) */
+	if (dx && (rc = opsc_gemm(d, in, T, out, 1.0f, bf(0, w, in), bf(0, s->dy16, out), accumulate ? 1.0f : 0.0f, dx,
+				  in)))
+		return rc;
+	return lora_on(lora) ? linear_bwd_lora(d, T, in, out, x, lora, dx, s) : 0;
+}
+
+/* Whether a backward has anything to compute: dx, or a LoRA gradient. */
+static int linear_bwd_wanted(const tier_lora_ref *lora, const float *dx)
+{
+	return dx || (lora_on(lora) && (lora->da || lora->db));
+}
+
 int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 		    const tier_lora_ref *lora, const float *dy, float *dx, int accumulate, void *ws)
 {
 	int rc = linear_check("opsc_linear_bwd", d, T, in, out, x, w, lora, ws, 1);
-	int on = lora_on(lora);
-	if (rc || T == 0 || (!dx && (!on || (!lora->da && !lora->db))))
+	if (rc || T == 0 || !linear_bwd_wanted(lora, dx))
 		return rc;
-	lin_ws s = ws_split(ws, T, out, on ? lora->rank : 0);
+	lin_ws s = ws_split(ws, T, out, lora_on(lora) ? lora->rank : 0);
 	if ((rc = opsc_to_bf16(d, (size_t)T * out, dy, (opsc_bf16 *)s.dy16)))
 		return rc;
-	/* dx^T [in, T] (+)= W^T (W stored [in, out]) dy^T (stored [out, T]) */
-	if (dx && (rc = opsc_gemm(d, in, T, out, 1.0f, bf(0, w, in), bf(0, s.dy16, out), accumulate ? 1.0f : 0.0f, dx,
-				  in)))
+	return linear_bwd_from16(d, T, in, out, x, w, lora, dx, accumulate, &s);
+}
+
+int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+			 const tier_lora_ref *lora, const opsc_bf16 *dy16, float *dx, int accumulate, void *ws)
+{
+	int rc = linear_check("opsc_linear_bwd_bf16", d, T, in, out, x, w, lora, ws, 0);
+	if (rc || T == 0 || !linear_bwd_wanted(lora, dx))
 		return rc;
-	return on ? linear_bwd_lora(d, T, in, out, x, lora, dx, &s) : 0;
+	if (!dy16)
+		return tier_fail(-EINVAL, "opsc_linear_bwd_bf16: dy16 is NULL (T=%d in=%d out=%d)", T, in, out);
+	lin_ws s = ws_split(ws, T, out, lora_on(lora) ? lora->rank : 0); /* its dy piece unused */
+	s.dy16 = (bf16 *)dy16;
+	return linear_bwd_from16(d, T, in, out, x, w, lora, dx, accumulate, &s);
 }

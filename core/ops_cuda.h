@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include "tier/base.h"
 #include "tier/model.h"
+#include "tier/attn.h"
 #include "base/gemm_cuda.h"
 
 #ifdef __cplusplus
@@ -70,6 +71,19 @@ int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
  * adapter's part of dx goes back through the mask. */
 int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 		    const tier_lora_ref *lora, const float *dy, float *dx, int accumulate, void *ws);
+
+/* opsc_linear_bwd from dy already in bf16 [T, out] (no conversion; ws as there, its dy piece
+ * unused and needed only with an adapter). */
+int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+			 const tier_lora_ref *lora, const opsc_bf16 *dy16, float *dx, int accumulate, void *ws);
+
+/* The q (or k) gradient between the attention's backward and its projection's (ops_qk_cuda.cu):
+ * out [tokens * heads, head_dim] bf16 = the q/k RMSNorm's backward (x: its fp32 input, the
+ * projection; w bf16 [head_dim]; rstd from the forward) of dq [tokens * heads, head_dim] fp32 taken
+ * back through RoPE (r: the forward's parameters, positions t % seq). w NULL: no norm (Mixtral),
+ * the gradient through RoPE alone. dq is read only. head_dim even, up to 256. */
+int opsc_qk_grad(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x, const opsc_bf16 *w,
+		 const float *rstd, opsc_bf16 *out);
 
 /* *acc (device double) += sum x[i]^2 (fp32 x, summed in fp64 per block). */
 int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc);

@@ -80,6 +80,18 @@ int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 	return NOCUDA("opsc_linear_bwd");
 }
 
+int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+			 const tier_lora_ref *lora, const opsc_bf16 *dy16, float *dx, int accumulate, void *ws)
+{
+	return NOCUDA("opsc_linear_bwd_bf16");
+}
+
+int opsc_qk_grad(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x, const opsc_bf16 *w,
+		 const float *rstd, opsc_bf16 *out)
+{
+	return NOCUDA("opsc_qk_grad");
+}
+
 int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc)
 {
 	return NOCUDA("opsc_sumsq");

@@ -23,6 +23,8 @@
 
 static tier_rng rng;
 static tier_dev *cpu, *gpu;
+static float l_dummy[4];
+#define L_NONNULL ((void *)l_dummy) /* a pointer the argument checks refuse on other grounds first */
 
 static void *up(const void *h, size_t n)
 {
@@ -397,6 +399,60 @@ static void test_linear(void **state)
 	linear_case(LORA, 0, 0, 0);
 }
 
+/* opsc_linear_bwd_bf16 from dy in bf16 (the case's dy is exact in bf16) gives opsc_linear_bwd's
+ * dx, da and db bit for bit: the same products after the conversion the latter makes. */
+static void linear_bf16_case(int mode, float p, int accumulate)
+{
+	lin L = { .T = 37, .in = 91, .out = 53, .r = 5, .scale = 2.0 };
+	tier_lora_ref ref, *lr = NULL;
+	lin_init(&L);
+	memset(&ref, 0, sizeof ref);
+	if (mode != NO_LORA) {
+		ref.a = (const float *)L.da_, ref.b = (const float *)L.db_, ref.rank = L.r, ref.scale = (float)L.scale;
+		ref.dropout = p, ref.mask_key = tier_rng_next(&rng) | 1ull << 63;
+		lr = &ref;
+	}
+	size_t nx = (size_t)L.T * L.in, na = (size_t)L.r * L.in, nb = (size_t)L.out * L.r, ny = (size_t)L.T * L.out;
+	size_t wsb = opsc_linear_ws_bytes(L.T, L.in, L.out, lr ? L.r : 0, p);
+	float *dx0 = rand_f32(NULL, nx, 1.0f), *da0 = rand_f32(NULL, na, 0.1f), *db0 = rand_f32(NULL, nb, 0.1f);
+	float *got[2][3];
+	for (int v = 0; v < 2; v++) {
+		void *ddx = up(dx0, 4 * nx), *dda = up(da0, 4 * na), *ddb = up(db0, 4 * nb), *ws = poisoned(wsb);
+		void *dy16 = poisoned(2 * ny);
+		if (lr)
+			lr->da = mode == LORA ? dda : NULL, lr->db = mode == LORA ? ddb : NULL;
+		if (!v) {
+			assert_int_equal(opsc_linear_bwd(gpu, L.T, L.in, L.out, L.dx_, L.dw_, lr, L.ddy, ddx, accumulate, ws), 0);
+		} else {
+			assert_int_equal(opsc_to_bf16(gpu, ny, L.ddy, dy16), 0);
+			assert_int_equal(opsc_linear_bwd_bf16(gpu, L.T, L.in, L.out, L.dx_, L.dw_, lr, dy16, ddx, accumulate, ws),
+					 0);
+		}
+		got[v][0] = malloc(4 * nx), got[v][1] = malloc(4 * na), got[v][2] = malloc(4 * nb);
+		down(got[v][0], ddx, 4 * nx), down(got[v][1], dda, 4 * na), down(got[v][2], ddb, 4 * nb);
+		tier_dev_free(gpu, ddx), tier_dev_free(gpu, dda), tier_dev_free(gpu, ddb), tier_dev_free(gpu, ws);
+		tier_dev_free(gpu, dy16);
+	}
+	print_message("linear bwd from bf16 dy: mode %d dropout %.2g accumulate %d: equal\n", mode, p, accumulate);
+	assert_memory_equal(got[0][0], got[1][0], 4 * nx);
+	assert_memory_equal(got[0][1], got[1][1], 4 * na);
+	assert_memory_equal(got[0][2], got[1][2], 4 * nb);
+	for (int v = 0; v < 2; v++)
+		free(got[v][0]), free(got[v][1]), free(got[v][2]);
+	free(dx0), free(da0), free(db0);
+	lin_free(&L);
+}
+
+static void test_linear_bwd_bf16(void **state)
+{
+	(void)state;
+	linear_bf16_case(NO_LORA, 0, 0);
+	linear_bf16_case(LORA, 0, 1);
+	linear_bf16_case(LORA_FROZEN, 0, 0);
+	linear_bf16_case(LORA, 0.3f, 0);
+	assert_int_equal(opsc_linear_bwd_bf16(gpu, 3, 4, 5, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL, 0, NULL), -EINVAL);
+}
+
 /* The same cases with dropout 0.3; the workspace grows by one 4 T in piece, only with an adapter. */
 static void test_linear_dropout(void **state)
 {
@@ -455,6 +511,72 @@ static void test_rmsnorm(void **state)
 	rmsnorm_case(67, 2048); /* a hidden state */
 	rmsnorm_case(9, 4100);  /* a partial last pass of the warp */
 	rmsnorm_case(3, 4);
+}
+
+/* opsc_qk_grad against fp64: dq taken back through RoPE (positions t % seq, the host's inverse
+ * frequencies), then the norm's backward with the forward's rstd (or none), rounded to bf16; and
+ * against the separate CUDA steps it replaces (tier_attn_rope_bwd, opsc_rmsnorm_bwd, opsc_to_bf16),
+ * which differ from it only in the order of a row's sum. dq must come back unchanged. */
+static void qk_grad_case(int tokens, int seq, int heads, int hd, int with_norm)
+{
+	size_t rows = (size_t)tokens * heads, n = rows * hd;
+	int half = hd / 2;
+	double *x = malloc(8 * n), *dq = malloc(8 * n), *w = malloc(8 * hd), *ref = malloc(8 * n), *d = malloc(8 * hd);
+	float *xf = rand_f32(x, n, 2.0f), *dqf = rand_f32(dq, n, 1.0f), *rg = malloc(4 * rows), *back = malloc(4 * n);
+	uint16_t *wb = rand_bf16(w, hd, 0.1f, 1.0f), *got = malloc(2 * n), *sep = malloc(2 * n);
+	void *dX = up(xf, 4 * n), *dW = up(wb, 2 * hd), *dR = poisoned(4 * rows), *dY = poisoned(2 * n);
+	void *dDQ = up(dqf, 4 * n), *dOut = poisoned(2 * n), *dCopy = up(dqf, 4 * n), *dTmp = poisoned(4 * n);
+	void *dSep = poisoned(2 * n);
+	tier_rope_params rp = { .tokens = tokens, .seq = seq, .n_heads = heads, .head_dim = hd, .theta = 1e6f };
+	assert_int_equal(opsc_rmsnorm_fwd(gpu, (int)rows, hd, 1e-6f, dX, dW, dY, dR), 0);
+	assert_int_equal(opsc_qk_grad(gpu, &rp, dDQ, dX, with_norm ? dW : NULL, dR, dOut), 0);
+	/* the separate steps */
+	assert_int_equal(tier_attn_rope_bwd(gpu, &rp, NULL, dCopy), 0);
+	if (with_norm)
+		assert_int_equal(opsc_rmsnorm_bwd(gpu, (int)rows, hd, dX, dW, dR, dCopy, dTmp), 0);
+	assert_int_equal(opsc_to_bf16(gpu, n, with_norm ? dTmp : dCopy, dSep), 0);
+	down(got, dOut, 2 * n), down(rg, dR, 4 * rows), down(back, dDQ, 4 * n), down(sep, dSep, 2 * n);
+	assert_memory_equal(back, dqf, 4 * n);
+	for (size_t row = 0; row < rows; row++) {
+		const double pos = (double)(int)((row / heads) % seq), *xr = x + row * hd, *g = dq + row * hd;
+		for (int i = 0; i < half; i++) { /* the inverse rotation */
+			float inv = 1.0f / powf(1e6f, (float)(2 * i) / (float)hd);
+			double c = cos(pos * inv), sn = sin(pos * inv);
+			d[i] = g[i] * c + g[i + half] * sn;
+			d[i + half] = g[i + half] * c - g[i] * sn;
+		}
+		double s = 0, r = rg[row];
+		for (int j = 0; j < hd; j++)
+			s += w[j] * d[j] * xr[j];
+		for (int j = 0; j < hd; j++)
+			ref[row * hd + j] = with_norm ? r * w[j] * d[j] - xr[j] * r * r * r / hd * s : d[j];
+	}
+	print_message("qk grad tokens=%d seq=%d heads=%d head_dim=%d %s\n", tokens, seq, heads, hd,
+		      with_norm ? "with norm" : "no norm");
+	check("qk grad (bf16) against fp64", err_bf16(got, ref, n), TOL_BF16);
+	double *sepd = malloc(8 * n);
+	for (size_t i = 0; i < n; i++)
+		sepd[i] = tier_bf16_to_f32(sep[i]);
+	check("qk grad against the separate steps", err_bf16(got, sepd, n), TOL_BF16);
+	void *dp[] = { dX, dW, dR, dY, dDQ, dOut, dCopy, dTmp, dSep };
+	for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+		tier_dev_free(gpu, dp[i]);
+	free(x), free(dq), free(w), free(ref), free(d), free(xf), free(dqf), free(rg), free(back), free(wb), free(got);
+	free(sep), free(sepd);
+}
+
+static void test_qk_grad(void **state)
+{
+	(void)state;
+	qk_grad_case(2 * 77, 77, 32, 128, 1); /* Qwen3's q heads: 2 sequences of 77 */
+	qk_grad_case(37, 37, 4, 128, 1);      /* k heads */
+	qk_grad_case(50, 25, 3, 64, 1);
+	qk_grad_case(9, 9, 5, 8, 1);          /* half below a warp */
+	qk_grad_case(11, 11, 2, 256, 1);      /* the largest head_dim */
+	qk_grad_case(40, 20, 8, 128, 0);      /* Mixtral: RoPE alone */
+	tier_rope_params bad = { .tokens = 4, .seq = 4, .n_heads = 1, .head_dim = 512, .theta = 1e4f };
+	assert_int_equal(opsc_qk_grad(gpu, &bad, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL), -EINVAL);
+	assert_int_equal(opsc_qk_grad(cpu, &bad, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL), -EINVAL);
 }
 
 static void test_swiglu(void **state)
@@ -889,7 +1011,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_linear_dropout),
-		cmocka_unit_test(test_rmsnorm),
+		cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_qk_grad),  cmocka_unit_test(test_linear_bwd_bf16),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
 		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_adamw_many),
