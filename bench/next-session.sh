@@ -13,9 +13,10 @@
 # (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
 # Session 15 (no GPU) added, untried: the MoE block's routed halves (default; TIER_MOE_ROUTED=0 is
-# the old path) and the wgmma attention kernels (TIER_ATTN_FWD=wg, TIER_ATTN_BWD=wg, opt in). Its
+# the old path), the fused q/k gradient (default; TIER_QK_FUSED=0 the separate steps) and the
+# wgmma attention kernels (TIER_ATTN_FWD=wg, TIER_ATTN_BWD=wg, opt in). Its
 # plan: TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn,a
-# A_ALT="TIER_MOE_ROUTED=0 TIER_ATTN_FWD=wg TIER_ATTN_BWD=wg" (test_attn_cuda runs wg on every
+# A_ALT="TIER_MOE_ROUTED=0 TIER_QK_FUSED=0 TIER_ATTN_FWD=wg TIER_ATTN_BWD=wg" (test_attn_cuda runs wg on every
 # head-dim-128 case; the attn stage times the default pair against wg against torch; A_ALT runs (a)
 # again under each setting, same call), then STAGES=b,c B_ALT=TIER_MOE_ROUTED=0
 # B_CACHE=attention:ddr=16G.

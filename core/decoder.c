@@ -182,6 +182,23 @@ static int qk_norm_fwd(const tier_model *m, int T, dec_bufs *b, const dec_weight
 	return rc ? rc : dop_norm(m, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->k, b->rk);
 }
 
+/* qkv_grads' q and k on CUDA in the separate steps opsc_qk_grad fuses ($TIER_QK_FUSED=0, for
+ * comparisons): RoPE's backward in place, the norms' into fp32 (q into b->dO, free by then; k into
+ * b->dq, free once q's is done), then bf16 into gq and gk. */
+static int qk_grads_apart(const tier_model *m, const dec_shape *sh, dec_bufs *b, const void *wq, const void *wk,
+			  void *gq, void *gk)
+{
+	size_t nq = (size_t)sh->T * m->nh * m->hd, nk = (size_t)sh->T * m->nkv * m->hd;
+	int rc = tier_attn_rope_bwd(m->dev, &sh->rq, NULL, b->dq);
+	if (!rc)
+		rc = tier_attn_rope_bwd(m->dev, &sh->rk, NULL, b->dk);
+	if (!rc && wq && !(rc = dop_norm_bwd(m, sh->T * m->nh, m->hd, b->qp, wq, b->rq, b->dq, b->dO)))
+		rc = dop_norm_bwd(m, sh->T * m->nkv, m->hd, b->kp, wk, b->rk, b->dk, b->dq);
+	if (!rc)
+		rc = dop_to_act(m, nq, wq ? b->dO : b->dq, gq);
+	return rc ? rc : dop_to_act(m, nk, wq ? b->dq : b->dk, gk);
+}
+
 /* The gradients of the q, k, v projections' outputs from the attention's (dq, dk, dv), back
  * through RoPE and the q/k norms, in the activations' type: on the CPU (fp32) d qp into b->dO
  * (free by then), d kp into b->dkp and dv as it is; on CUDA (bf16) d qp into b->dO16 (the
@@ -194,8 +211,9 @@ static int qkv_grads(const tier_model *m, const dec_shape *sh, dec_bufs *b, cons
 	*gq = m->cuda ? (void *)b->dO16 : (void *)b->dO;
 	*gk = b->dkp;
 	*gv = m->cuda ? (void *)((uint16_t *)b->dkp + nkv) : (void *)b->dv;
-	int rc = dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq);
-	if (!rc)
+	int rc = m->cuda && !sh->qk_fused ? qk_grads_apart(m, sh, b, wq, wk, *gq, *gk)
+					   : dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq);
+	if (!rc && !(m->cuda && !sh->qk_fused))
 		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk);
 	return rc ? rc : dop_to_act(m, nkv, b->dv, *gv);
 }

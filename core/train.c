@@ -144,7 +144,9 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
  * routing (an expert routed outside that prediction is fetched when the layer has routed, behind
  * the prefetches queued on the link: on the H200 that stalled more than the unused forward
  * prefetches it saved cost); "0" none. $TIER_MOE_ROUTED=0 has the MoE block route and read its
- * offsets back itself, as before the routed halves (dec_shape.routed), for comparison. */
+ * offsets back itself, as before the routed halves (dec_shape.routed), for comparison;
+ * $TIER_QK_FUSED=0 takes the attention's q and k gradients through RoPE and their norms in separate
+ * steps (dec_shape.qk_fused). */
 static void trainer_env(tier_trainer *t)
 {
 	const char *prof = getenv("TIER_PROFILE");
@@ -155,8 +157,9 @@ static void trainer_env(tier_trainer *t)
 	t->pipe_force = t->pipeline && pipe && !strcmp(pipe, "force");
 	const char *routed = getenv("TIER_SCHED_ROUTED");
 	t->sched_routed = !routed || !strcmp(routed, "bwd") ? 1 : !strcmp(routed, "all") ? 2 : 0;
-	const char *mr = getenv("TIER_MOE_ROUTED");
+	const char *mr = getenv("TIER_MOE_ROUTED"), *qf = getenv("TIER_QK_FUSED");
 	t->moe_routed = !(mr && !strcmp(mr, "0"));
+	t->qk_fused = !(qf && !strcmp(qf, "0"));
 }
 
 /* The host tables sized by the experts and the tokens, and the checkpoint slots. */
@@ -260,6 +263,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 		goto fail;
 	t->sh.core2 = c->opcache && *c->opcache; /* the attention's output may come from the op cache */
 	t->sh.routed = t->moe_routed && t->sh.mchunks == 1; /* chunks route each chunk in the block */
+	t->sh.qk_fused = t->qk_fused;
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
 	if ((rc = tier_attn_workspace_bytes(m->dev, &t->sh.ap, &aws))) {
 		rc = tier_fail(rc, "%s; this model cannot train on this device (use --device cpu)", tier_last_error());

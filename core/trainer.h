@@ -77,6 +77,7 @@ struct tier_trainer {
 				* to for the backward, and those either routed to for the next forwards */
 	int sched_routed;      /* $TIER_SCHED_ROUTED: 0 none, 1 backward (default), 2 all operations */
 	int moe_routed;        /* $TIER_MOE_ROUTED (default 1; 0 off): dec_shape.routed where one chunk */
+	int qk_fused;          /* $TIER_QK_FUSED (default 1; 0 off): dec_shape.qk_fused */
 	int have_mbcounts;     /* 0 before the first forward (and with $TIER_SCHED_ROUTED=0): all experts */
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
 	uint64_t min_hbm, hbm_cap;
