@@ -36,6 +36,9 @@ int attn_cuda_bwd(tier_dev *dev, const tier_attn_params *p, const void *q, const
 		  const void *v, const void *o, const float *lse, const void *dout, float *dq, float *dk,
 		  float *dv, void *ws);
 int attn_cuda_rope(tier_dev *dev, const tier_rope_params *r, const int32_t *pos, void *x, int inverse);
+/* Whether the wgmma kernels run here: head_dim 128, the current device of compute capability 9.0
+ * (their code is sm_90a), the driver's TMA map encoder. */
+int attn_wgmma_usable(int head_dim);
 /* The forward on wgmma (attn_wgmma.cu: head_dim 128, compute capability 9.0, TMA): 0 when queued on
  * stream, -ENOTSUP for a shape or device it does not take (the caller runs another kernel), other
  * errors as usual. sl2: scale * log2(e). */

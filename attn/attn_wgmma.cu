@@ -241,19 +241,25 @@ __global__ void __launch_bounds__(AW_THREADS, 1)
 
 } /* namespace */
 
+extern "C" int attn_wgmma_usable(int head_dim)
+{
+	int dev = 0, major = 0, minor = 0;
+	if (head_dim != AW_D || !base_tmap_ok())
+		return 0;
+	if (cudaGetDevice(&dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+		(void)cudaGetLastError();
+		return 0;
+	}
+	return major == 9 && minor == 0; /* the sm_90a code runs on compute capability 9.0 only */
+}
+
 extern "C" int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const void *k, const void *v, void *o,
 			      float *lse, float sl2, void *stream)
 {
-	if (p->head_dim != AW_D || !base_tmap_ok())
+	if (!attn_wgmma_usable((int)p->head_dim))
 		return -ENOTSUP;
-	int dev = 0, major = 0, minor = 0;
-	if (cudaGetDevice(&dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-	    major != 9 || minor != 0) {
-		(void)cudaGetLastError();
-		return -ENOTSUP; /* the sm_90a code runs on compute capability 9.0 only */
-	}
 	const uint64_t rows = (uint64_t)(p->batch * p->seq);
 	if (rows >= (1ull << 31) || p->n_heads * p->batch > INT32_MAX || (p->seq + AW_BQ - 1) / AW_BQ > 65535)
 		return -ENOTSUP;

@@ -341,16 +341,8 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 			      const void *dout, const float *lse, const float *Di, float *dq, float *dk, float *dv,
 			      float scale, float sl2, int atomic_kv, void *stream)
 {
-	if (p->head_dim != AB_D || !base_tmap_ok())
+	if (p->head_dim != AB_D || !attn_wgmma_usable((int)p->head_dim))
 		return -ENOTSUP;
-	int dev = 0, major = 0, minor = 0;
-	if (cudaGetDevice(&dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-	    major != 9 || minor != 0) {
-		(void)cudaGetLastError();
-		return -ENOTSUP; /* the sm_90a code runs on compute capability 9.0 only */
-	}
 	const uint64_t rows = (uint64_t)(p->batch * p->seq);
 	if (rows >= (1ull << 31) || p->n_kv_heads * p->batch > 65535 || (p->seq + AB_BC - 1) / AB_BC > 65535)
 		return -ENOTSUP;

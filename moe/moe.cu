@@ -478,14 +478,10 @@ extern "C" int moe_cuda_permute(tier_dev *dev, int T, int k, int E, int H, int c
 	cudaStream_t st = moe_stream(dev);
 	int n = T * k, seg, nseg;
 	pm_plan(n, E, &seg, &nseg);
-	int32_t *cnt = nseg > 1 ? row_pair : counts; /* [E][nseg]; with one segment: the counts */
+	int32_t *cnt = nseg > 1 ? row_pair : counts; /* [E][nseg] (scanned); with one segment: the counts */
 	int sblocks = (nseg + PM_WARPS - 1) / PM_WARPS;
-	pm_count_kernel<<<sblocks, 32 * PM_WARPS, 0, st>>>(topk_idx, n, E, seg, nseg, cnt);
-	CUDA_LAUNCHED();
-	if (nseg > 1) {
-		pm_scan_kernel<<<(E + PM_WARPS - 1) / PM_WARPS, 32 * PM_WARPS, 0, st>>>(E, nseg, cnt, counts);
-		CUDA_LAUNCHED();
-	}
+	if ((rc = moe_cuda_expert_counts(dev, T, k, E, topk_idx, counts, row_pair)))
+		return rc;
 	pm_offsets_kernel<<<1, (E + 31) / 32 * 32, 0, st>>>(counts, E, capacity, offsets);
 	CUDA_LAUNCHED();
 	pm_place_kernel<<<sblocks, 32 * PM_WARPS, 0, st>>>(topk_idx, n, E, seg, nseg, cnt, offsets, pair_row);

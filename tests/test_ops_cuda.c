@@ -363,18 +363,24 @@ static void lin_bwd(const lin *L, tier_lora_ref *lr, int trainable, int accumula
 	tier_dev_free(gpu, dda), tier_dev_free(gpu, ddb);
 }
 
-/* p > 0: LoRA dropout with a fresh random mask key (its high bits set, as the trainer's are). */
+/* The case's adapter in *ref (NULL without one); p > 0: LoRA dropout with a fresh random mask key
+ * (its high bits set, as the trainer's are). */
+static tier_lora_ref *lin_lora(const lin *L, int mode, float p, tier_lora_ref *ref)
+{
+	memset(ref, 0, sizeof *ref);
+	if (mode == NO_LORA)
+		return NULL;
+	ref->a = (const float *)L->da_, ref->b = (const float *)L->db_, ref->rank = L->r, ref->scale = (float)L->scale;
+	ref->dropout = p, ref->mask_key = tier_rng_next(&rng) | 1ull << 63;
+	return ref;
+}
+
 static void linear_case(int mode, float p, int accumulate, int want_dx)
 {
 	lin L = { .T = 37, .in = 91, .out = 53, .r = 5, .scale = 2.0 };
-	tier_lora_ref ref, *lr = NULL;
+	tier_lora_ref ref, *lr;
 	lin_init(&L);
-	memset(&ref, 0, sizeof ref);
-	if (mode != NO_LORA) {
-		ref.a = (const float *)L.da_, ref.b = (const float *)L.db_, ref.rank = L.r, ref.scale = (float)L.scale;
-		ref.dropout = p, ref.mask_key = tier_rng_next(&rng) | 1ull << 63;
-		lr = &ref;
-	}
+	lr = lin_lora(&L, mode, p, &ref);
 	print_message("linear T=%d in=%d out=%d %s dropout %.2g accumulate %d dx %d\n", L.T, L.in, L.out,
 		      mode == NO_LORA ? "no LoRA" : mode == LORA ? "LoRA r=5" : "frozen LoRA r=5", p, accumulate, want_dx);
 	size_t wsb = opsc_linear_ws_bytes(L.T, L.in, L.out, lr ? L.r : 0, p);
@@ -404,14 +410,9 @@ static void test_linear(void **state)
 static void linear_bf16_case(int mode, float p, int accumulate)
 {
 	lin L = { .T = 37, .in = 91, .out = 53, .r = 5, .scale = 2.0 };
-	tier_lora_ref ref, *lr = NULL;
+	tier_lora_ref ref, *lr;
 	lin_init(&L);
-	memset(&ref, 0, sizeof ref);
-	if (mode != NO_LORA) {
-		ref.a = (const float *)L.da_, ref.b = (const float *)L.db_, ref.rank = L.r, ref.scale = (float)L.scale;
-		ref.dropout = p, ref.mask_key = tier_rng_next(&rng) | 1ull << 63;
-		lr = &ref;
-	}
+	lr = lin_lora(&L, mode, p, &ref);
 	size_t nx = (size_t)L.T * L.in, na = (size_t)L.r * L.in, nb = (size_t)L.out * L.r, ny = (size_t)L.T * L.out;
 	size_t wsb = opsc_linear_ws_bytes(L.T, L.in, L.out, lr ? L.r : 0, p);
 	float *dx0 = rand_f32(NULL, nx, 1.0f), *da0 = rand_f32(NULL, na, 0.1f), *db0 = rand_f32(NULL, nb, 0.1f);
