@@ -1190,9 +1190,9 @@ int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
  *          elsewhere): 2 consumer warpgroups x 64 rows and a loading warp, 128-key blocks, 168
  *          regs (8 bytes of spill), 164864 B: 1 CTA per SM. Not yet run on a GPU (written in
  *          session 15 without one): opt in until test_attn_cuda and tier-bench attn have.
- * bwd  wg: attn_wgmma_bwd.cu's kernel (the same conditions, else q64): 2 consumer warpgroups x 64
- *          keys and a loading warp, 64-query steps in a 3-stage TMA ring, dS through shared memory
- *          for dQ; not yet run on a GPU either.
+ * bwd  wg: attn_wgmma_bwd.cu's kernel (the same conditions, else q64): 2 warpgroups x 64 keys,
+ *          warp 0 also loading, 64-query steps in a 3-stage TMA ring, dS through shared memory for
+ *          dQ; 236 regs, 199168 B; not yet run on a GPU either.
  * bwd  k128: 8 warps x 16 keys (128 keys per CTA), 32-query steps, 240 regs, 115200 B: 1 CTA
  *          (8 warps) per SM. Half the fp32 dQ atomics per FLOP of 64-key CTAs (each step adds
  *          a 32 x D tile per CTA) and half the Q and dO traffic; flash-attention 2 also uses 128

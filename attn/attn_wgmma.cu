@@ -17,6 +17,9 @@
  * fwd2_kernel does. Scores, probabilities and sums round as there; only the order of the
  * products' internal sums differs.
  *
+ * TMA reads through 3-D maps (columns, row in the sequence, sequence): rows past a sequence's end
+ * arrive as zeros, as fwd2_kernel's loads make them, never the next sequence's.
+ *
  * Shared memory (1024-byte aligned for the 128B swizzle that TMA writes and wgmma reads):
  *   Q    [warpgroup 2][d half 2][64 rows][64 d]       32 KiB, K-major A
  *   K_s  [d half 2][128 keys][64 d]                   32 KiB, K-major B of S = Q K^T
@@ -61,15 +64,16 @@ struct aw_args {
 
 #ifdef TIER_SM90A
 /* The producer (one thread): the CTA's Q, then each key block's K and V into stage kb % 2 once
- * the consumers have released that stage's previous block. */
+ * the consumers have released that stage's previous block; seq: the sequence (rows past its end
+ * read as zeros). */
 __device__ __forceinline__ void aw_produce(const CUtensorMap *qm, const CUtensorMap *km, const CUtensorMap *vm,
-					   uint32_t base, uint32_t bars, int h, int kvh, int row0, int i0, int nkb)
+					   uint32_t base, uint32_t bars, int h, int kvh, int seq, int i0, int nkb)
 {
 	const uint32_t qbar = bars + 32;
 	bar_expect_tx(qbar, AW_Q_BYTES);
 	for (int w = 0; w < 2; w++)
 		for (int dc = 0; dc < 2; dc++)
-			tma_load(base + (w * 2 + dc) * 8192, qm, h * AW_D + dc * 64, row0 + i0 + 64 * w, qbar);
+			tma_load3(base + (w * 2 + dc) * 8192, qm, h * AW_D + dc * 64, i0 + 64 * w, seq, qbar);
 	bar_arrive(qbar);
 	for (int kb = 0; kb < nkb; kb++) {
 		const int s = kb & 1;
@@ -77,12 +81,13 @@ __device__ __forceinline__ void aw_produce(const CUtensorMap *qm, const CUtensor
 		if (kb >= 2)
 			mbar_wait(empty, ((kb >> 1) - 1) & 1);
 		bar_expect_tx(full, AW_STAGE);
-		const int j0 = row0 + kb * AW_BK;
+		const int j0 = kb * AW_BK;
 		for (int dc = 0; dc < 2; dc++)
-			tma_load(st + dc * (AW_BK * 128), km, kvh * AW_D + dc * 64, j0, full);
+			tma_load3(st + dc * (AW_BK * 128), km, kvh * AW_D + dc * 64, j0, seq, full);
 		for (int kh = 0; kh < 2; kh++)
 			for (int dc = 0; dc < 2; dc++)
-				tma_load(st + AW_K_BYTES + (kh * 2 + dc) * 8192, vm, kvh * AW_D + dc * 64, j0 + 64 * kh, full);
+				tma_load3(st + AW_K_BYTES + (kh * 2 + dc) * 8192, vm, kvh * AW_D + dc * 64, j0 + 64 * kh, seq,
+					  full);
 		bar_arrive(full);
 	}
 }
@@ -151,6 +156,8 @@ __device__ __forceinline__ void aw_block(float (&o)[64], float (&m)[2], float (&
 		pa[kt][3] = pack(s[8 * kt + 6], s[8 * kt + 7]);
 	}
 	const uint32_t v = st + AW_K_BYTES;
+	acc_fence(o); /* the rescaled o and the packed P written before the fence, as PTX requires */
+	frag_fence(pa);
 	wgmma_fence();
 #pragma unroll
 	for (int kt = 0; kt < AW_BK / 16; kt++) /* keys + 16 within a 64-key half: 16 rows = 2048 bytes */
@@ -186,7 +193,9 @@ __global__ void __launch_bounds__(AW_THREADS, 1)
 		      const __grid_constant__ CUtensorMap vm, const aw_args a)
 {
 #ifdef TIER_SM90A
-	extern __shared__ __align__(1024) unsigned char smem[];
+	/* 16-byte alignment declared, 1024 made here (the slack is in AW_SMEM): declared 1024, the
+	 * compiler folds the pad away and the alignment rests on the linker's placement */
+	extern __shared__ __align__(16) unsigned char smem[];
 	__shared__ __align__(8) uint64_t bars[5]; /* full[2], empty[2], Q */
 	const uint32_t raw = wg_saddr(smem), base = raw + ((1024u - (raw & 1023u)) & 1023u), b = wg_saddr(bars);
 	const int h = blockIdx.x % a.H, kvh = h / a.G, qb = gridDim.y - 1 - blockIdx.y, i0 = qb * AW_BQ;
@@ -204,7 +213,7 @@ __global__ void __launch_bounds__(AW_THREADS, 1)
 	__syncthreads();
 	if (warp == 8) {
 		if (lane == 0)
-			aw_produce(&qm, &km, &vm, base, b, h, kvh, row0, i0, nkb);
+			aw_produce(&qm, &km, &vm, base, b, h, kvh, (int)(blockIdx.x / a.H), i0, nkb);
 		return;
 	}
 	const int wg = warp >> 2, g = lane >> 2, t = lane & 3;
@@ -265,9 +274,10 @@ extern "C" int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const vo
 		return -ENOTSUP;
 	CUtensorMap qm, km, vm;
 	int rc;
-	if ((rc = base_tmap_bf16(&qm, q, rows, (uint64_t)(p->n_heads * AW_D), 64)) ||
-	    (rc = base_tmap_bf16(&km, k, rows, (uint64_t)(p->n_kv_heads * AW_D), AW_BK)) ||
-	    (rc = base_tmap_bf16(&vm, v, rows, (uint64_t)(p->n_kv_heads * AW_D), 64)))
+	const uint64_t B = (uint64_t)p->batch, S = (uint64_t)p->seq;
+	if ((rc = base_tmap_bf16_seq(&qm, q, B, S, (uint64_t)(p->n_heads * AW_D), 64)) ||
+	    (rc = base_tmap_bf16_seq(&km, k, B, S, (uint64_t)(p->n_kv_heads * AW_D), AW_BK)) ||
+	    (rc = base_tmap_bf16_seq(&vm, v, B, S, (uint64_t)(p->n_kv_heads * AW_D), 64)))
 		return rc;
 	aw_args a = { (bf16 *)o, lse, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads,
 		      (int)(p->n_heads / p->n_kv_heads), p->causal, sl2 };

@@ -21,7 +21,8 @@
  * n + 1's buffer after both passed step n's barrier, which each reaches after its step n - 1
  * products), and step n + 2's loads go into step n - 1's stage right after step n's barrier.
  * With the causal mask a warpgroup whose 64 keys all follow the step's queries computes nothing but
- * still writes its (zero) half of dS.
+ * still writes its (zero) half of dS. TMA reads through 3-D maps, so rows past the sequence's end
+ * are zeros (as bwd2_kernel's loads make them), and masked pairs get 0 outright.
  *
  * Shared memory (1024-byte aligned): K, V [d half 2][128 keys][64 d] 32 KiB each; three stages of
  * Q, dO [d half 2][64 queries][64 d] 32 KiB; dS [2][key half 2][64 queries][64 keys] 32 KiB; the
@@ -77,14 +78,14 @@ __device__ __forceinline__ void ab_cp4(uint32_t sm, const float *gm, bool valid)
 	asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sm), "l"(gm), "r"(valid ? 4 : 0) : "memory");
 }
 
-/* Warp 0: K and V (on bars + 8 AB_STAGES; lane 0). */
+/* Warp 0: K and V of sequence seq (on bars + 8 AB_STAGES; lane 0; keys past its end read as zeros). */
 __device__ __forceinline__ void ab_load_kv(const CUtensorMap *km, const CUtensorMap *vm, uint32_t base, uint32_t kvbar,
-					   int kvh, int row0, int j0)
+					   int kvh, int seq, int j0)
 {
 	bar_expect_tx(kvbar, 2 * AB_KV_BYTES);
 	for (int dc = 0; dc < 2; dc++) {
-		tma_load(base + dc * (AB_BC * 128), km, kvh * AB_D + dc * 64, row0 + j0, kvbar);
-		tma_load(base + AB_KV_BYTES + dc * (AB_BC * 128), vm, kvh * AB_D + dc * 64, row0 + j0, kvbar);
+		tma_load3(base + dc * (AB_BC * 128), km, kvh * AB_D + dc * 64, j0, seq, kvbar);
+		tma_load3(base + AB_KV_BYTES + dc * (AB_BC * 128), vm, kvh * AB_D + dc * 64, j0, seq, kvbar);
 	}
 	bar_arrive(kvbar);
 }
@@ -100,8 +101,8 @@ __device__ __forceinline__ void ab_load_step(const ab_args &a, const CUtensorMap
 	if (lane == 0) {
 		bar_expect_tx(full, AB_STAGE);
 		for (int dc = 0; dc < 2; dc++) {
-			tma_load(st + dc * 8192, qm, h * AB_D + dc * 64, row0 + i0, full);
-			tma_load(st + 16384 + dc * 8192, om, h * AB_D + dc * 64, row0 + i0, full);
+			tma_load3(st + dc * 8192, qm, h * AB_D + dc * 64, i0, row0 / a.S, full);
+			tma_load3(st + 16384 + dc * 8192, om, h * AB_D + dc * 64, i0, row0 / a.S, full);
 		}
 		bar_arrive(full);
 	}
@@ -134,11 +135,11 @@ __device__ __forceinline__ void ab_probs(float (&st)[32], float (&dp)[32], uint3
 #pragma unroll
 		for (int e = 0; e < 4; e++) {
 			const int c = i * 8 + (e & 1);
-			float p = ex2(fmaf(st[4 * i + e], sl2, -l2[e & 1]));
-			if (MASK && !(c >= lo[e >> 1] && c < hi))
-				p = 0.f;
+			const bool vis = !MASK || (c >= lo[e >> 1] && c < hi);
+			const float p = vis ? ex2(fmaf(st[4 * i + e], sl2, -l2[e & 1])) : 0.f;
 			st[4 * i + e] = p;
-			dp[4 * i + e] = p * (dp[4 * i + e] - dd[e & 1]);
+			/* masked: 0 outright (0 (dp - D) would be NaN for a non-finite dp) */
+			dp[4 * i + e] = vis ? p * (dp[4 * i + e] - dd[e & 1]) : 0.f;
 		}
 	}
 }
@@ -207,6 +208,8 @@ __device__ __forceinline__ void ab_step(float (&dk)[64], float (&dv)[64], const 
 	ab_frags(df, dp);
 	acc_fence(dv);
 	acc_fence(dk);
+	frag_fence(pf); /* the packed P^T and dS^T written before the fence, as PTX requires */
+	frag_fence(df);
 	wgmma_fence();
 #pragma unroll
 	for (int kt = 0; kt < AB_BR / 16; kt++) /* queries + 16: 16 rows = 2048 bytes = 128 */
@@ -279,7 +282,7 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 		      const __grid_constant__ CUtensorMap vm, const __grid_constant__ CUtensorMap om, const ab_args a)
 {
 #ifdef TIER_SM90A
-	extern __shared__ __align__(1024) unsigned char smem[];
+	extern __shared__ __align__(16) unsigned char smem[]; /* 1024 made below, as in attn_wgmma.cu */
 	__shared__ __align__(8) uint64_t bars[AB_STAGES + 1]; /* full[], K and V */
 	const uint32_t raw = wg_saddr(smem), base = raw + ((1024u - (raw & 1023u)) & 1023u), b = wg_saddr(bars);
 	const int kvh = blockIdx.z % a.KH, h = kvh * a.G + blockIdx.x, j0 = blockIdx.y * AB_BC;
@@ -295,7 +298,7 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 	__syncthreads();
 	if (warp == 0) {
 		if (lane == 0)
-			ab_load_kv(&km, &vm, base, b + 8 * AB_STAGES, kvh, row0, j0);
+			ab_load_kv(&km, &vm, base, b + 8 * AB_STAGES, kvh, (int)(blockIdx.z / a.KH), j0);
 		for (int n = 0; n < AB_STAGES - 1 && n < nsteps; n++)
 			ab_load_step(a, &qm, &om, base, b, h, row0, ibeg, n, lane);
 	}
@@ -327,6 +330,7 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 		/* step n - 1's stage is free: both warpgroups waited for its products before this barrier */
 		if (warp == 0 && n + AB_STAGES - 1 < nsteps)
 			ab_load_step(a, &qm, &om, base, b, h, row0, ibeg, n + AB_STAGES - 1, lane);
+		__syncwarp(); /* warp 0 converged again (lane 0's copies) for the .aligned products */
 		ab_dq(a, ds, base + w * (AB_BC * 128), row0, h, i0, w, wi, g, t);
 	}
 	acc_fence(dk);
@@ -348,10 +352,11 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 		return -ENOTSUP;
 	CUtensorMap qm, km, vm, om;
 	int rc;
-	if ((rc = base_tmap_bf16(&qm, q, rows, (uint64_t)(p->n_heads * AB_D), AB_BR)) ||
-	    (rc = base_tmap_bf16(&om, dout, rows, (uint64_t)(p->n_heads * AB_D), AB_BR)) ||
-	    (rc = base_tmap_bf16(&km, k, rows, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)) ||
-	    (rc = base_tmap_bf16(&vm, v, rows, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)))
+	const uint64_t B = (uint64_t)p->batch, S = (uint64_t)p->seq;
+	if ((rc = base_tmap_bf16_seq(&qm, q, B, S, (uint64_t)(p->n_heads * AB_D), AB_BR)) ||
+	    (rc = base_tmap_bf16_seq(&om, dout, B, S, (uint64_t)(p->n_heads * AB_D), AB_BR)) ||
+	    (rc = base_tmap_bf16_seq(&km, k, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)) ||
+	    (rc = base_tmap_bf16_seq(&vm, v, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)))
 		return rc;
 	ab_args a = { lse, Di, dq, dk, dv, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads,
 		      (int)(p->n_heads / p->n_kv_heads), p->causal, atomic_kv, scale, sl2 };

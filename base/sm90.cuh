@@ -85,6 +85,14 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, i
 		     : "memory");
 }
 
+/* The same for a 3-D map (base_tmap_bf16_seq): column c0, row c1 of sequence c2. */
+__device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar)
+{
+	asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+		     ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+		     : "memory");
+}
+
 __device__ __forceinline__ void fence_barrier_init()
 {
 	asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -105,6 +113,18 @@ __device__ __forceinline__ void acc_fence(float (&d)[NR])
 #pragma unroll
 	for (int i = 0; i < NR; i++)
 		asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* The same for register A operands (n k-steps of 4 registers): their writes stay before the
+ * wgmma.fence that must follow them. */
+template <int N>
+__device__ __forceinline__ void frag_fence(uint32_t (&f)[N][4])
+{
+#pragma unroll
+	for (int i = 0; i < N; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+			asm volatile("" : "+r"(f[i][j])::"memory");
 }
 
 /* The shared matrix descriptor of a K-major operand in the 128B swizzle: start address >> 4 (bits

@@ -35,6 +35,29 @@ extern "C" int base_tmap_ok(void)
 	return encode_fn != NULL;
 }
 
+extern "C" int base_tmap_bf16_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
+				  uint32_t box_rows)
+{
+	const char *fn = "base_tmap_bf16_seq";
+	int rc = tmap_ready(fn);
+	if (rc)
+		return rc;
+	if (!m || !base || (uintptr_t)base % 16 || batch < 1 || seq < 1 || cols < 8 || cols % 8 || batch >> 31 ||
+	    seq >> 31 || cols >> 32 || box_rows < 1 || box_rows > 256)
+		return tier_fail(-EINVAL, "%s: %llu sequences of %llu x %llu bf16 at %p with %u-row boxes cannot be mapped",
+				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, base,
+				 box_rows);
+	cuuint64_t dims[3] = { cols, seq, batch }, strides[2] = { cols * 2, seq * cols * 2 };
+	cuuint32_t box[3] = { 64, box_rows, 1 }, step[3] = { 1, 1, 1 };
+	CUresult r = encode_fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, step,
+			       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+			       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	if (r != CUDA_SUCCESS)
+		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused %llu sequences of %llu x %llu (CUresult %d)",
+				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, (int)r);
+	return 0;
+}
+
 extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows)
 {
 	const char *fn = "base_tmap_bf16";

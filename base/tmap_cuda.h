@@ -21,6 +21,11 @@ int base_tmap_ok(void);
  * 8, 1 <= rows, cols < 2^32), boxes of 64 columns by box_rows (1..256). 0, or -EINVAL / -ENOTSUP
  * with the reason in tier_last_error(). */
 int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows);
+/* The same matrix as batch sequences of seq rows (a 3-D map: columns, row in the sequence,
+ * sequence; boxes 64 x box_rows x 1), so that a box past a sequence's end reads zeros, not the next
+ * sequence's rows (tma_load3 in base/sm90.cuh; batch, seq < 2^31). */
+int base_tmap_bf16_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
+		       uint32_t box_rows);
 
 #ifdef __cplusplus
 }
