@@ -18,8 +18,9 @@
 # plan: TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn,a
 # A_ALT="TIER_MOE_ROUTED=0 TIER_QK_FUSED=0 TIER_ATTN_FWD=wg TIER_ATTN_BWD=wg" (test_attn_cuda runs wg on every
 # head-dim-128 case; the attn stage times the default pair against wg against torch; A_ALT runs (a)
-# again under each setting, same call), then STAGES=b,c B_ALT=TIER_MOE_ROUTED=0
-# B_CACHE=attention:ddr=16G.
+# again under each setting, same call; A_ARGS="--batch 2" (a) at 8,192 tokens a step, which its
+# gate leaves open: about 107 of the H200's 139 GiB by the batch-1 figures), then STAGES=b,c
+# B_ALT=TIER_MOE_ROUTED=0 B_CACHE=attention:ddr=16G.
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
 # Staging (carry limit 64 MiB): build here with `../configure --disable-shared` (static libtier), copy
 # tier-run, tier-bench and the tests named below into .device/bin/tests, stage the shared libraries
@@ -57,6 +58,13 @@ has a && step 150 train-a "${run[@]}" "${am[@]}"
 has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
 # A_ALT / B_ALT: VAR=VALUE settings, each a run of (a) / (b) of its own right after the default one
 for kv in ${A_ALT:-}; do has a && step 150 "train-a-${kv%%=*}" env "$kv" "${run[@]}" "${am[@]}"; done
+# A_ARGS: ';'-separated extra option sets, each a run of (a) with them appended (later options win),
+# e.g. "--batch 2;--batch 2 --op-cache all:hbm=80G" (the step's fixed costs over more tokens)
+IFS=';' read -r -a a_sets <<< "${A_ARGS:-}"
+for i in "${!a_sets[@]}"; do
+	# shellcheck disable=SC2086 # the set's words are options
+	has a && step 200 "train-a-args$i" "${run[@]}" "${am[@]}" ${a_sets[$i]}
+done
 lm=(--batch 8 --micro-batches 4 --layer-major --steps ${B_STEPS:-3} --hbm 24G --ddr 110G)
 # B_CACHE: op-cache rules for (b) (e.g. attention:hbm=3G:ddr=16G, the attention's output kept in
 # DDR); (b) then runs with them and, as their peer in the same call, without (train-b-nocache)
