@@ -65,6 +65,16 @@ int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const
 	return tier_rmsnorm_bwd(m->dev, rows, dim, x, w, rstd, dq, out, NULL);
 }
 
+int dop_qk_fwd(const tier_model *m, const tier_rope_params *r, const float *x, const void *w, void *out,
+	       float *rstd)
+{
+	if (m->cuda)
+		return opsc_qk_fwd(m->dev, r, x, w, m->eps, out, rstd);
+	int rows = (int)(r->tokens * r->n_heads), dim = (int)r->head_dim;
+	int rc = w ? dop_norm(m, rows, dim, x, w, out, rstd) : dop_to_act(m, (size_t)rows * dim, x, out);
+	return rc ? rc : tier_attn_rope_fwd(m->dev, r, NULL, out);
+}
+
 int dop_swiglu(const tier_model *m, size_t n, const float *g, const float *u, void *h)
 {
 	if (m->cuda)

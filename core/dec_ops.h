@@ -30,6 +30,10 @@ int dop_linear_bwd_act(const tier_model *m, int T, int in, int out, const void *
  * as it is and does all in one kernel (opsc_qk_grad). */
 int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
 		const float *rstd, void *out);
+/* The forward's: out = RoPE(the q/k RMSNorm of x, rstd written; w NULL: x as it is) in the
+ * activations' type; the CPU's are the separate steps, CUDA's one kernel (opsc_qk_fwd). */
+int dop_qk_fwd(const tier_model *m, const tier_rope_params *r, const float *x, const void *w, void *out,
+	       float *rstd);
 int dop_swiglu(const tier_model *m, size_t n, const float *g, const float *u, void *h);
 int dop_swiglu_bwd(const tier_model *m, size_t n, const float *g, const float *u, const float *dh, float *dg,
 		   float *du);

@@ -170,16 +170,23 @@ void dec_bufs_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, int h
 	b->save[h] = n.save[h];
 }
 
-/* Qwen3's per-head q/k RMSNorm; Mixtral has none (q, k are the projections). */
-static int qk_norm_fwd(const tier_model *m, int T, dec_bufs *b, const dec_weights *w)
+/* Qwen3's per-head q/k RMSNorm and RoPE, q and k from their projections; Mixtral has no norm (q, k
+ * are the projections, in the activations' type). On CUDA one kernel each (opsc_qk_fwd) unless
+ * $TIER_QK_FUSED=0. */
+static int qk_fwd(const tier_model *m, const dec_shape *sh, dec_bufs *b, const dec_weights *w)
 {
-	size_t nq = (size_t)T * m->nh * m->hd, nk = (size_t)T * m->nkv * m->hd;
-	if (m->mixtral) {
-		int rc = dop_to_act(m, nq, b->qp, b->q);
-		return rc ? rc : dop_to_act(m, nk, b->kp, b->k);
+	const void *wq = m->mixtral ? NULL : w->w[W_QN], *wk = m->mixtral ? NULL : w->w[W_KN];
+	if (!m->cuda || sh->qk_fused) { /* the CPU's dop_qk_fwd is the separate steps */
+		int rc = dop_qk_fwd(m, &sh->rq, b->qp, wq, b->q, b->rq);
+		return rc ? rc : dop_qk_fwd(m, &sh->rk, b->kp, wk, b->k, b->rk);
 	}
-	int rc = dop_norm(m, T * m->nh, m->hd, b->qp, w->w[W_QN], b->q, b->rq);
-	return rc ? rc : dop_norm(m, T * m->nkv, m->hd, b->kp, w->w[W_KN], b->k, b->rk);
+	size_t nq = (size_t)sh->T * m->nh * m->hd, nk = (size_t)sh->T * m->nkv * m->hd;
+	int rc = wq ? dop_norm(m, sh->T * m->nh, m->hd, b->qp, wq, b->q, b->rq) : dop_to_act(m, nq, b->qp, b->q);
+	if (!rc)
+		rc = wk ? dop_norm(m, sh->T * m->nkv, m->hd, b->kp, wk, b->k, b->rk) : dop_to_act(m, nk, b->kp, b->k);
+	if (!rc)
+		rc = tier_attn_rope_fwd(m->dev, &sh->rq, NULL, b->q);
+	return rc ? rc : tier_attn_rope_fwd(m->dev, &sh->rk, NULL, b->k);
 }
 
 /* qkv_grads' q and k on CUDA in the separate steps opsc_qk_grad fuses ($TIER_QK_FUSED=0, for
@@ -220,7 +227,6 @@ static int qkv_grads(const tier_model *m, const dec_shape *sh, dec_bufs *b, cons
 
 int dec_attn_fwd_in(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
 {
-	tier_dev *d = m->dev;
 	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
 	void *ws = b->ws;
 	/* the v projection is fp32; attention reads bf16 on CUDA (v32 -> v), fp32 in place on the CPU */
@@ -229,10 +235,9 @@ int dec_attn_fwd_in(const tier_model *m, const dec_shape *sh, const float *x, co
 	    (rc = dop_linear(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->qp, ws)) ||
 	    (rc = dop_linear(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->kp, ws)) ||
 	    (rc = dop_linear(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], v32, ws)) ||
-	    (rc = dop_to_act(m, (size_t)T * kvd, v32, b->v)) || (rc = qk_norm_fwd(m, T, b, w)) ||
-	    (rc = tier_attn_rope_fwd(d, &sh->rq, NULL, b->q)))
+	    (rc = dop_to_act(m, (size_t)T * kvd, v32, b->v)))
 		return rc;
-	return tier_attn_rope_fwd(d, &sh->rk, NULL, b->k);
+	return qk_fwd(m, sh, b, w);
 }
 
 int dec_attn_fwd_core(const tier_model *m, const dec_shape *sh, dec_bufs *b)

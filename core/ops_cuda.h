@@ -77,6 +77,11 @@ int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 			 const tier_lora_ref *lora, const opsc_bf16 *dy16, float *dx, int accumulate, void *ws);
 
+/* The q (or k) path from its projection to the attention (ops_qk_cuda.cu): out [tokens * heads,
+ * head_dim] bf16 = RoPE (r: positions t % seq) of bf16(the q/k RMSNorm of x with w, eps), rstd
+ * [tokens * heads] written; w NULL: no norm (Mixtral), RoPE of bf16(x), rstd not touched. */
+int opsc_qk_fwd(tier_dev *d, const tier_rope_params *r, const float *x, const opsc_bf16 *w, float eps,
+		opsc_bf16 *out, float *rstd);
 /* The q (or k) gradient between the attention's backward and its projection's (ops_qk_cuda.cu):
  * out [tokens * heads, head_dim] bf16 = the q/k RMSNorm's backward (x: its fp32 input, the
  * projection; w bf16 [head_dim]; rstd from the forward) of dq [tokens * heads, head_dim] fp32 taken

@@ -1,11 +1,13 @@
-/* ops_qk_cuda.cu - the attention's q and k gradients between the attention backward and their
- * projections' backward in one kernel (opsc_qk_grad, core/ops_cuda.h): the inverse RoPE of the
- * fp32 gradient, the q/k RMSNorm's backward, the bf16 rounding the projection's products read.
+/* ops_qk_cuda.cu - the q and k paths between their projections and the attention, one kernel each
+ * way (core/ops_cuda.h). Forward (opsc_qk_fwd): the q/k RMSNorm of the fp32 projection, the bf16
+ * rounding, RoPE. Backward (opsc_qk_grad): the inverse RoPE of the attention's fp32 gradient, the
+ * norm's backward, the bf16 rounding the projection's products read.
  *
- * Separately these were three passes over [T, heads, head_dim] (RoPE in place on fp32, the norm's
- * backward fp32 to fp32, the projection's conversion to bf16): for q at 4,096 tokens and 32 heads
- * of 128 about 410 MB read and written a layer, here 160 MB. The arithmetic is theirs
- * (attn_cuda.cu's rope_tok_kernel, rmsnorm_bwd4_kernel) but for the order of the row's sum. */
+ * Separately the backward was three passes over [T, heads, head_dim] (RoPE in place on fp32, the
+ * norm's backward fp32 to fp32, the projection's conversion to bf16): for q at 4,096 tokens and 32
+ * heads of 128 about 410 MB read and written a layer, here 160 MB; the forward two (the norm, RoPE
+ * in place on bf16), 160 MB, here 96. The arithmetic is theirs (attn_cuda.cu's rope_tok_kernel,
+ * the rmsnorm kernels), rounding where they round, but for the order of a row's sum. */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <errno.h>
@@ -22,7 +24,8 @@ typedef __nv_bfloat16 bf16;
 
 struct qk_args {
 	float inv[QK_MAX_HALF]; /* RoPE's inverse frequencies, computed on the host as attn_cuda_rope does */
-	const float *dq, *x, *rstd;
+	const float *dq, *x;
+	float *rstd;        /* read by the backward, written by the forward */
 	const bf16 *w;
 	bf16 *out;
 	int64_t tokens;
@@ -90,29 +93,104 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_con
 	}
 }
 
-extern "C" int opsc_qk_grad(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x,
-			    const opsc_bf16 *w, const float *rstd, opsc_bf16 *out)
+/* The forward's counterpart (opsc_qk_fwd): a warp per head row normalises it (the sum of squares by
+ * lanes then the warp), rounds to bf16 as the separate norm did, and rotates the rounded pairs;
+ * x is read once and the result written once. */
+__global__ void __launch_bounds__(32 * QK_WARPS) qk_fwd_kernel(const __grid_constant__ qk_args a, float eps)
 {
-	const char *op = "opsc_qk_grad";
+	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
+	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
+		__syncthreads();
+		for (int i = threadIdx.x; i < a.half; i += blockDim.x) {
+			float pos = (float)(int)(tok % a.S), s, c;
+			sincosf(pos * a.inv[i], &s, &c);
+			cs[i] = c, sn[i] = s;
+		}
+		__syncthreads();
+		for (int hh = warp; hh < a.heads; hh += QK_WARPS) {
+			const int64_t row = tok * a.heads + hh;
+			const float *xr = a.x + row * dim;
+			float x0[QK_PER], x1[QK_PER], ss = 0.0f;
+#pragma unroll
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i < a.half)
+					x0[p] = xr[i], x1[p] = xr[i + a.half], ss += x0[p] * x0[p] + x1[p] * x1[p];
+			}
+			float r = 1.0f;
+			if (a.w) {
+				r = rsqrtf(warp_sum(ss) / (float)dim + eps);
+				if (lane == 0)
+					a.rstd[row] = r;
+			}
+			bf16 *o = a.out + row * dim;
+#pragma unroll
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i >= a.half)
+					continue;
+				/* HF: (x * rstd) times the weight, in bf16 (the separate norm's output), then RoPE */
+				float y0 = x0[p], y1 = x1[p];
+				if (a.w)
+					y0 = x0[p] * r * __bfloat162float(a.w[i]), y1 = x1[p] * r * __bfloat162float(a.w[i + a.half]);
+				y0 = __bfloat162float(__float2bfloat16_rn(y0)), y1 = __bfloat162float(__float2bfloat16_rn(y1));
+				const float c = cs[i], sv = sn[i];
+				o[i] = __float2bfloat16_rn(y0 * c - y1 * sv);
+				o[i + a.half] = __float2bfloat16_rn(y1 * c + y0 * sv);
+			}
+		}
+	}
+}
+
+/* The arguments both kernels take; the checks of both entries. */
+static int qk_setup(const char *op, tier_dev *d, const tier_rope_params *r, const void *in, void *out, int norm,
+		    const void *x, const void *rstd, qk_args *a)
+{
 	if (!d || tier_dev_kind_of(d) != TIER_DEV_CUDA)
 		return tier_fail(-EINVAL, "%s: needs a CUDA device context", op);
 	if (!r || r->head_dim <= 0 || r->head_dim % 2 || r->head_dim / 2 > QK_MAX_HALF || r->tokens < 0 || r->seq <= 0 ||
-	    r->n_heads <= 0 || r->seq > INT32_MAX || r->n_heads > INT32_MAX || !dq || !out || (w && (!x || !rstd)))
-		return tier_fail(-EINVAL, "%s: bad arguments (head_dim even and at most %d, positive seq and heads, dq, "
-				 "out, and with w also x and rstd)", op, 2 * QK_MAX_HALF);
-	if (r->tokens == 0)
-		return 0;
-	qk_args a;
+	    r->n_heads <= 0 || r->seq > INT32_MAX || r->n_heads > INT32_MAX || !in || !out || (norm && (!x || !rstd)))
+		return tier_fail(-EINVAL, "%s: bad arguments (head_dim even and at most %d, positive seq and heads, the "
+				 "input, out, and with a norm also x and rstd)", op, 2 * QK_MAX_HALF);
 	const int64_t half = r->head_dim / 2;
 	for (int64_t i = 0; i < half; i++) /* attn_cuda_rope's table, the same expression */
-		a.inv[i] = 1.0f / powf(r->theta, (float)(2 * i) / (float)r->head_dim);
-	a.dq = dq, a.x = x, a.rstd = rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out;
-	a.tokens = r->tokens, a.S = (int)r->seq, a.heads = (int)r->n_heads, a.half = (int)half;
-	const unsigned grid = (unsigned)(r->tokens < 65536 ? r->tokens : 65536);
-	qk_grad_kernel<<<grid, 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d)>>>(a);
+		a->inv[i] = 1.0f / powf(r->theta, (float)(2 * i) / (float)r->head_dim);
+	a->tokens = r->tokens, a->S = (int)r->seq, a->heads = (int)r->n_heads, a->half = (int)half;
+	return 0;
+}
+
+static int qk_launched(const char *op, const tier_rope_params *r)
+{
 	cudaError_t e = cudaGetLastError();
 	if (e != cudaSuccess)
 		return tier_fail(-EIO, "%s (%lld rows): kernel launch failed: %s", op, (long long)(r->tokens * r->n_heads),
 				 cudaGetErrorString(e));
 	return 0;
+}
+
+static unsigned qk_grid(const tier_rope_params *r) { return (unsigned)(r->tokens < 65536 ? r->tokens : 65536); }
+
+extern "C" int opsc_qk_fwd(tier_dev *d, const tier_rope_params *r, const float *x, const opsc_bf16 *w, float eps,
+			   opsc_bf16 *out, float *rstd)
+{
+	qk_args a;
+	int rc = qk_setup("opsc_qk_fwd", d, r, x, out, w != NULL, x, rstd, &a);
+	if (rc || r->tokens == 0)
+		return rc;
+	a.dq = NULL, a.x = x, a.rstd = rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out;
+	qk_fwd_kernel<<<qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d)>>>(a, eps);
+	return qk_launched("opsc_qk_fwd", r);
+}
+
+extern "C" int opsc_qk_grad(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x,
+			    const opsc_bf16 *w, const float *rstd, opsc_bf16 *out)
+{
+	qk_args a;
+	int rc = qk_setup("opsc_qk_grad", d, r, dq, out, w != NULL, x, rstd, &a);
+	if (rc || r->tokens == 0)
+		return rc;
+	a.dq = dq, a.x = x, a.rstd = (float *)rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out;
+	qk_grad_kernel<<<qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d)>>>(a);
+	return qk_launched("opsc_qk_grad", r);
 }

@@ -566,6 +566,74 @@ static void qk_grad_case(int tokens, int seq, int heads, int hd, int with_norm)
 	free(sep), free(sepd);
 }
 
+/* opsc_qk_fwd against fp64 (the norm, rounded to bf16 as the separate norm rounds, then RoPE) and
+ * against the separate CUDA steps it replaces (opsc_rmsnorm_fwd or opsc_to_bf16, then
+ * tier_attn_rope_fwd); its rstd against opsc_rmsnorm_fwd's. */
+static void qk_fwd_case(int tokens, int seq, int heads, int hd, int with_norm)
+{
+	size_t rows = (size_t)tokens * heads, n = rows * hd;
+	int half = hd / 2;
+	double *x = malloc(8 * n), *w = malloc(8 * hd), *ref = malloc(8 * n), *sepd = malloc(8 * n);
+	float *xf = rand_f32(x, n, 2.0f), *rg = malloc(4 * rows), *rs = malloc(4 * rows);
+	uint16_t *wb = rand_bf16(w, hd, 0.1f, 1.0f), *got = malloc(2 * n), *sep = malloc(2 * n);
+	void *dX = up(xf, 4 * n), *dW = up(wb, 2 * hd), *dR = poisoned(4 * rows), *dRs = poisoned(4 * rows);
+	void *dOut = poisoned(2 * n), *dSep = poisoned(2 * n);
+	tier_rope_params rp = { .tokens = tokens, .seq = seq, .n_heads = heads, .head_dim = hd, .theta = 1e6f };
+	assert_int_equal(opsc_qk_fwd(gpu, &rp, dX, with_norm ? dW : NULL, 1e-6f, dOut, dR), 0);
+	if (with_norm)
+		assert_int_equal(opsc_rmsnorm_fwd(gpu, (int)rows, hd, 1e-6f, dX, dW, dSep, dRs), 0);
+	else
+		assert_int_equal(opsc_to_bf16(gpu, n, dX, dSep), 0);
+	assert_int_equal(tier_attn_rope_fwd(gpu, &rp, NULL, dSep), 0);
+	down(got, dOut, 2 * n), down(sep, dSep, 2 * n);
+	if (with_norm)
+		down(rg, dR, 4 * rows), down(rs, dRs, 4 * rows);
+	for (size_t row = 0; row < rows; row++) {
+		const double pos = (double)(int)((row / heads) % seq), *xr = x + row * hd;
+		double ss = 0, y[512];
+		for (int j = 0; j < hd; j++)
+			ss += xr[j] * xr[j];
+		double r = 1 / sqrt(ss / hd + 1e-6);
+		for (int j = 0; j < hd; j++)
+			y[j] = tier_bf16_to_f32(tier_f32_to_bf16((float)(with_norm ? xr[j] * r * w[j] : xr[j])));
+		for (int i = 0; i < half; i++) {
+			float inv = 1.0f / powf(1e6f, (float)(2 * i) / (float)hd);
+			double c = cos(pos * inv), sn = sin(pos * inv);
+			ref[row * hd + i] = y[i] * c - y[i + half] * sn;
+			ref[row * hd + i + half] = y[i + half] * c + y[i] * sn;
+		}
+	}
+	for (size_t i = 0; i < n; i++)
+		sepd[i] = tier_bf16_to_f32(sep[i]);
+	print_message("qk fwd tokens=%d seq=%d heads=%d head_dim=%d %s\n", tokens, seq, heads, hd,
+		      with_norm ? "with norm" : "no norm");
+	check("qk fwd (bf16) against fp64", err_bf16(got, ref, n), TOL_BF16);
+	check("qk fwd against the separate steps", err_bf16(got, sepd, n), TOL_BF16);
+	if (with_norm) {
+		double *rsd = malloc(8 * rows);
+		for (size_t i = 0; i < rows; i++)
+			rsd[i] = rs[i];
+		check("qk fwd rstd against the norm's", err_f32(rg, rsd, rows, 0), TOL_F32);
+		free(rsd);
+	}
+	void *dp[] = { dX, dW, dR, dRs, dOut, dSep };
+	for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+		tier_dev_free(gpu, dp[i]);
+	free(x), free(w), free(ref), free(sepd), free(xf), free(rg), free(rs), free(wb), free(got), free(sep);
+}
+
+static void test_qk_fwd(void **state)
+{
+	(void)state;
+	qk_fwd_case(2 * 77, 77, 32, 128, 1);
+	qk_fwd_case(37, 37, 4, 128, 1);
+	qk_fwd_case(9, 9, 5, 8, 1);
+	qk_fwd_case(11, 11, 2, 256, 1);
+	qk_fwd_case(40, 20, 8, 128, 0);
+	tier_rope_params bad = { .tokens = 4, .seq = 4, .n_heads = 1, .head_dim = 7, .theta = 1e4f };
+	assert_int_equal(opsc_qk_fwd(gpu, &bad, L_NONNULL, NULL, 1e-6f, L_NONNULL, NULL), -EINVAL);
+}
+
 static void test_qk_grad(void **state)
 {
 	(void)state;
@@ -1012,7 +1080,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_linear_dropout),
-		cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_qk_grad),  cmocka_unit_test(test_linear_bwd_bf16),
+		cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_qk_fwd),   cmocka_unit_test(test_qk_grad),  cmocka_unit_test(test_linear_bwd_bf16),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
 		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_adamw_many),
