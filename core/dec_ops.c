@@ -19,6 +19,15 @@ int dop_norm_bwd(const tier_model *m, int rows, int dim, const float *x, const v
 	return tier_rmsnorm_bwd(m->dev, rows, dim, x, w, rstd, dy, dx, NULL);
 }
 
+int dop_norm_bwd_add(const tier_model *m, int rows, int dim, const float *x, const void *w, const float *rstd,
+		     const float *dy, const float *res, float *dx, float *tmp)
+{
+	if (m->cuda)
+		return opsc_rmsnorm_bwd_add(m->dev, rows, dim, x, w, rstd, dy, res, dx);
+	int rc = dop_norm_bwd(m, rows, dim, x, w, rstd, dy, tmp);
+	return rc ? rc : dop_add(m, (size_t)rows * dim, res, tmp, dx);
+}
+
 size_t dop_linear_ws(const tier_model *m, int T, int in, int out, int r)
 {
 	if (m->cuda)

@@ -407,12 +407,10 @@ int dec_attn_bwd(const tier_model *m, const dec_shape *sh, const float *x, const
 {
 	tier_dev *d = m->dev;
 	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
-	size_t n = (size_t)T * H;
 	void *ws = b->ws;
 	/* attention's backward reads the gradient of o in bf16 on CUDA */
 	float *dO16 = m->cuda ? b->dO16 : b->dO;
-	if ((rc = dop_norm_bwd(m, T, H, b->h1, w->w[W_LN2], b->r2, b->db, b->dtmp)) ||
-	    (rc = dop_add(m, n, dout, b->dtmp, b->dh1)))
+	if ((rc = dop_norm_bwd_add(m, T, H, b->h1, w->w[W_LN2], b->r2, b->db, dout, b->dh1, b->dtmp)))
 		return rc;
 	void *gq, *gk, *gv;
 	if ((rc = dop_linear_bwd(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->dh1, b->dO, 0, ws)) ||
@@ -423,9 +421,9 @@ int dec_attn_bwd(const tier_model *m, const dec_shape *sh, const float *x, const
 	    (rc = dop_linear_bwd_act(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], gq, b->db, 0, ws)) ||
 	    (rc = dop_linear_bwd_act(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], gk, b->db, 1, ws)) ||
 	    (rc = dop_linear_bwd_act(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], gv, b->db, 1, ws)) ||
-	    (rc = dop_norm_bwd(m, T, H, x, w->w[W_LN1], b->r1, b->db, b->dtmp)))
+	    (rc = dop_norm_bwd_add(m, T, H, x, w->w[W_LN1], b->r1, b->db, b->dh1, dx, b->dtmp)))
 		return rc;
-	return dop_add(m, n, b->dh1, b->dtmp, dx);
+	return 0;
 }
 
 int dec_bwd(const tier_model *m, const dec_shape *sh, int moe, const float *x, const dec_weights *w, dec_bufs *b,

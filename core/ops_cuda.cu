@@ -68,19 +68,23 @@ __global__ void rmsnorm_fwd_kernel(int dim, float eps, const float *x, const bf1
 		rstd[row] = r;
 }
 
+/* res not NULL: dx = the norm's gradient + res (a residual's gradient; res may be dx: each element
+ * is read before its thread writes it). */
 __global__ void rmsnorm_bwd_kernel(int dim, const float *x, const bf16 *w, const float *rstd, const float *dy,
-				   float *dx)
+				   const float *res, float *dx)
 {
 	__shared__ float red[33];
 	size_t row = blockIdx.x;
-	const float *xr = x + row * dim, *dyr = dy + row * dim;
+	const float *xr = x + row * dim, *dyr = dy + row * dim, *rr = res ? res + row * dim : NULL;
 	float *dxr = dx + row * dim;
 	float s = 0.0f, r = rstd[row];
 	for (int j = threadIdx.x; j < dim; j += blockDim.x)
 		s += __bfloat162float(w[j]) * dyr[j] * xr[j];
 	float c = block_sum(s, red) * r * r * r / (float)dim;
-	for (int j = threadIdx.x; j < dim; j += blockDim.x)
-		dxr[j] = r * __bfloat162float(w[j]) * dyr[j] - xr[j] * c;
+	for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+		float v = r * __bfloat162float(w[j]) * dyr[j] - xr[j] * c;
+		dxr[j] = rr ? v + rr[j] : v;
+	}
 }
 
 /* The same with one warp per row and 16-byte loads, for dim % 4 == 0 with aligned rows: the
@@ -125,7 +129,7 @@ __global__ void rmsnorm_fwd4_kernel(int rows, int dim, float eps, const float *x
 }
 
 __global__ void rmsnorm_bwd4_kernel(int rows, int dim, const float *x, const bf16 *w, const float *rstd, const float *dy,
-				    float *dx)
+				    const float *res, float *dx)
 {
 	size_t row = (size_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
 	int lane = threadIdx.x & 31;
@@ -140,10 +144,16 @@ __global__ void rmsnorm_bwd4_kernel(int rows, int dim, const float *x, const bf1
 		s += g.x * d.x * a.x + g.y * d.y * a.y + g.z * d.z * a.z + g.w * d.w * a.w;
 	}
 	float c = warp_sum(s) * r * r * r / (float)dim;
+	const float4 *rr = res ? (const float4 *)(res + row * dim) : NULL;
 	for (int j = lane; j < n4; j += 32) {
 		float4 a = xr[j], d = dyr[j], g = bf16x4_load(w + 4 * j);
-		dxr[j] = make_float4(r * g.x * d.x - a.x * c, r * g.y * d.y - a.y * c, r * g.z * d.z - a.z * c,
-				     r * g.w * d.w - a.w * c);
+		float4 v = make_float4(r * g.x * d.x - a.x * c, r * g.y * d.y - a.y * c, r * g.z * d.z - a.z * c,
+				       r * g.w * d.w - a.w * c);
+		if (rr) {
+			float4 q = rr[j];
+			v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
+		}
+		dxr[j] = v;
 	}
 }
 
@@ -178,20 +188,34 @@ int opsc_rmsnorm_fwd(tier_dev *d, int rows, int dim, float eps, const float *x, 
 	return launched("opsc_rmsnorm_fwd", (size_t)rows * dim);
 }
 
-int opsc_rmsnorm_bwd(tier_dev *d, int rows, int dim, const float *x, const opsc_bf16 *w, const float *rstd,
-		     const float *dy, float *dx)
+static int rmsnorm_bwd(const char *op, tier_dev *d, int rows, int dim, const float *x, const opsc_bf16 *w,
+		       const float *rstd, const float *dy, const float *res, float *dx)
 {
-	int rc = rows_check("opsc_rmsnorm_bwd", d, rows, dim);
+	int rc = rows_check(op, d, rows, dim);
 	if (rc || rows == 0)
 		return rc;
 	if (!rstd)
-		return tier_fail(-EINVAL, "opsc_rmsnorm_bwd: rows=%d dim=%d needs the forward's rstd", rows, dim);
-	if (dim % 4 == 0 && al(x, 16) && al(w, 8) && al(dy, 16) && al(dx, 16))
+		return tier_fail(-EINVAL, "%s: rows=%d dim=%d needs the forward's rstd", op, rows, dim);
+	if (dim % 4 == 0 && al(x, 16) && al(w, 8) && al(dy, 16) && al(dx, 16) && (!res || al(res, 16)))
 		rmsnorm_bwd4_kernel<<<norm_blocks(rows), 32 * NORM_WARPS, 0, stream_of(d)>>>(rows, dim, x, (const bf16 *)w,
-											 rstd, dy, dx);
+											 rstd, dy, res, dx);
 	else
-		rmsnorm_bwd_kernel<<<rows, row_threads(dim), 0, stream_of(d)>>>(dim, x, (const bf16 *)w, rstd, dy, dx);
-	return launched("opsc_rmsnorm_bwd", (size_t)rows * dim);
+		rmsnorm_bwd_kernel<<<rows, row_threads(dim), 0, stream_of(d)>>>(dim, x, (const bf16 *)w, rstd, dy, res, dx);
+	return launched(op, (size_t)rows * dim);
+}
+
+int opsc_rmsnorm_bwd(tier_dev *d, int rows, int dim, const float *x, const opsc_bf16 *w, const float *rstd,
+		     const float *dy, float *dx)
+{
+	return rmsnorm_bwd("opsc_rmsnorm_bwd", d, rows, dim, x, w, rstd, dy, NULL, dx);
+}
+
+int opsc_rmsnorm_bwd_add(tier_dev *d, int rows, int dim, const float *x, const opsc_bf16 *w, const float *rstd,
+			 const float *dy, const float *res, float *dx)
+{
+	if (!res)
+		return tier_fail(-EINVAL, "opsc_rmsnorm_bwd_add: res is NULL (rows=%d dim=%d)", rows, dim);
+	return rmsnorm_bwd("opsc_rmsnorm_bwd_add", d, rows, dim, x, w, rstd, dy, res, dx);
 }
 
 /* ---- SwiGLU, embedding, elementwise --------------------------------------------------------- */

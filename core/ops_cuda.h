@@ -32,6 +32,11 @@ int opsc_rmsnorm_fwd(tier_dev *d, int rows, int dim, float eps, const float *x, 
 int opsc_rmsnorm_bwd(tier_dev *d, int rows, int dim, const float *x, const opsc_bf16 *w, const float *rstd,
 		     const float *dy, float *dx);
 
+/* opsc_rmsnorm_bwd plus a residual's gradient: dx = that dx + res (res fp32 [rows, dim]; it may be
+ * dx itself). One pass where a separate add would write and read the norm's dx again. */
+int opsc_rmsnorm_bwd_add(tier_dev *d, int rows, int dim, const float *x, const opsc_bf16 *w, const float *rstd,
+			 const float *dy, const float *res, float *dx);
+
 /* h [n] (bf16) = silu(g) * u; g, u fp32. Backward: dg, du fp32 written from dh fp32. */
 int opsc_swiglu_fwd(tier_dev *d, size_t n, const float *g, const float *u, opsc_bf16 *h);
 int opsc_swiglu_bwd(tier_dev *d, size_t n, const float *g, const float *u, const float *dh, float *dg, float *du);

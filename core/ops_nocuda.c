@@ -31,6 +31,12 @@ int opsc_rmsnorm_bwd(tier_dev *d, int rows, int dim, const float *x, const opsc_
 	return NOCUDA("opsc_rmsnorm_bwd");
 }
 
+int opsc_rmsnorm_bwd_add(tier_dev *d, int rows, int dim, const float *x, const opsc_bf16 *w, const float *rstd,
+			 const float *dy, const float *res, float *dx)
+{
+	return NOCUDA("opsc_rmsnorm_bwd_add");
+}
+
 int opsc_swiglu_fwd(tier_dev *d, size_t n, const float *g, const float *u, opsc_bf16 *h)
 {
 	return NOCUDA("opsc_swiglu_fwd");

@@ -498,6 +498,19 @@ static void rmsnorm_case(int rows, int dim)
 	check("rmsnorm fwd y (bf16)", err_bf16(yg, y, n), TOL_BF16);
 	check("rmsnorm fwd rstd", err_f32(rg, r, rows, 0), TOL_F32);
 	check("rmsnorm bwd dx", err_f32(dxg, dx, n, 0), TOL_F32);
+	/* with a residual's gradient added: into a fresh buffer, then onto the residual itself */
+	double *res = malloc(8 * n);
+	float *resf = rand_f32(res, n, 1.0f);
+	for (size_t i = 0; i < n; i++)
+		res[i] += dx[i];
+	void *dRes = up(resf, 4 * n), *dOut = poisoned(4 * n);
+	assert_int_equal(opsc_rmsnorm_bwd_add(gpu, rows, dim, dX, dW, dR, dDY, dRes, dOut), 0);
+	down(dxg, dOut, 4 * n);
+	check("rmsnorm bwd + residual", err_f32(dxg, res, n, 0), TOL_F32);
+	assert_int_equal(opsc_rmsnorm_bwd_add(gpu, rows, dim, dX, dW, dR, dDY, dRes, dRes), 0);
+	down(dxg, dRes, 4 * n);
+	check("rmsnorm bwd + residual, in place", err_f32(dxg, res, n, 0), TOL_F32);
+	tier_dev_free(gpu, dRes), tier_dev_free(gpu, dOut), free(res), free(resf);
 	tier_dev_free(gpu, dX), tier_dev_free(gpu, dW), tier_dev_free(gpu, dY), tier_dev_free(gpu, dR);
 	tier_dev_free(gpu, dDY), tier_dev_free(gpu, dDX);
 	free(x), free(w), free(dy), free(y), free(dx), free(r), free(xf), free(dyf), free(rg), free(dxg), free(wb), free(yg);
