@@ -1,5 +1,6 @@
 ## base/local.mk - errors, logging, sizes, random numbers, device context
-libtier_la_SOURCES += base/error.c base/log.c base/size.c base/rng.c base/dev.c base/marks.c base/waypoint.c base/blas.c base/blas.h base/gemm_cuda.h base/tmap_cuda.h
+libtier_la_SOURCES += base/error.c base/log.c base/size.c base/rng.c base/dev.c base/marks.c base/waypoint.c \
+	base/blas.c base/blas.h base/gemm_cuda.h base/tmap_cuda.h
 tierinclude_HEADERS += include/tier/base.h include/tier/tier.h
 if HAVE_CUDA
 libtier_la_SOURCES += base/gemm_cuda.cu base/tmap_cuda.cu

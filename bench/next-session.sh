@@ -75,9 +75,13 @@ for kv in ${B_ALT:-}; do has b && step 300 "train-b-${kv%%=*}" env "$kv" "${run[
 has c && step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing \
 	--seq 4096 --batch 8 --steps 4 --warmup 2
 for f in "$out"/train-*.log; do
-	[ -f "$f" ] && { n=${f##*/}; echo "== ${n%.log}"; grep -E "^# (done|MFU|hbm|op cache|time by|pinned)|^ +[0-9]+ |rror" "$f" | tail -11; }
+	[ -f "$f" ] || continue
+	n=${f##*/}; echo "== ${n%.log}"
+	grep -E "^# (done|MFU|hbm|op cache|time by|pinned)|^ +[0-9]+ |rror" "$f" | tail -11
 done
-for f in "$out"/attn-*.log; do [ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd|ratio" | head -8; }; done
+for f in "$out"/attn-*.log; do
+	[ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd|ratio" | head -8; }
+done
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }
 [ -f "$out/moe-torch.log" ] && { echo "== moe-torch"; grep -iE "ratio|x torch" "$out/moe-torch.log" | head -30; }
 cat "$sum"

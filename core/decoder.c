@@ -218,9 +218,9 @@ static int qkv_grads(const tier_model *m, const dec_shape *sh, dec_bufs *b, cons
 	*gq = m->cuda ? (void *)b->dO16 : (void *)b->dO;
 	*gk = b->dkp;
 	*gv = m->cuda ? (void *)((uint16_t *)b->dkp + nkv) : (void *)b->dv;
-	int rc = m->cuda && !sh->qk_fused ? qk_grads_apart(m, sh, b, wq, wk, *gq, *gk)
-					   : dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq);
-	if (!rc && !(m->cuda && !sh->qk_fused))
+	const int apart = m->cuda && !sh->qk_fused;
+	int rc = apart ? qk_grads_apart(m, sh, b, wq, wk, *gq, *gk) : dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq);
+	if (!rc && !apart)
 		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk);
 	return rc ? rc : dop_to_act(m, nkv, b->dv, *gv);
 }

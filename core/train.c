@@ -1032,8 +1032,8 @@ static int step_passes(tier_trainer *t, const int32_t *tokens, const int32_t *la
 	return rc;
 }
 
-/* A step's end: the gradient norm, the routed MoE blocks' check, the scratch released (kept when the budget allows), AdamW with
- * clipping, the time by part into r. */
+/* A step's end: the gradient norm, the routed MoE blocks' check, the scratch released (kept when
+ * the budget allows), AdamW with clipping, the time by part into r. */
 static int step_end(tier_trainer *t, int rc, double *norm, float *lr, tier_step_result *r)
 {
 	if (!rc)

@@ -1093,7 +1093,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_linear_dropout),
-		cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_qk_fwd),   cmocka_unit_test(test_qk_grad),  cmocka_unit_test(test_linear_bwd_bf16),
+		cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_qk_fwd),   cmocka_unit_test(test_qk_grad),
+		cmocka_unit_test(test_linear_bwd_bf16),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
 		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_adamw_many),
