@@ -109,6 +109,11 @@ int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *
  * finite; alpha 0 or no wanted gradient launches nothing. -EINVAL before any launch otherwise. */
 int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound, const void *a,
 			   const void *b, float alpha, float *const *c);
+/* Two of them sharing B in one pass over it: C0_e += alpha0 A0_e^T B_e and C1_e += alpha1 A1_e^T B_e,
+ * each the one-product call's result bit for bit (the gate's and the up adapter's dA, B = X). */
+int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound, const void *a0,
+			    const void *a1, const void *b, float alpha0, float alpha1, float *const *c0,
+			    float *const *c1);
 /* The first interface (no LoRA, separate gate / up / down arrays), kept for tests/test_moe_cuda.c. */
 int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const void *const *gate, const void *const *up, const void *const *down,

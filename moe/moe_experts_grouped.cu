@@ -177,9 +177,10 @@ static int proj_fwd(tier_dev *dev, const tier_moe_lora *l, int E, int I, int H, 
 }
 
 /* One adapter's backward but dX: dZ = s dY B into dZ; dB += s dY^T Z with Z = X A^T (computed into
- * the Z scratch unless have_z: the caller made it); dA += dZ^T X. */
+ * the Z scratch unless have_z: the caller made it); dA += dZ^T X unless no_da (the caller pairs it
+ * with another adapter's). */
 static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
-		      int out, const void *X, const void *dY, bf16 *Z, int have_z, bf16 *dZ, ptrs *a)
+		      int out, const void *X, const void *dY, bf16 *Z, int have_z, bf16 *dZ, ptrs *a, int no_da = 0)
 {
 	if (!moe_lora_on(l))
 		return 0;
@@ -193,7 +194,26 @@ static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_
 	if (l->db && ((!have_z && (rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f))) ||
 		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, l->scale, db.p))))
 		return rc;
-	return l->da ? moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p) : 0;
+	return l->da && !no_da ? moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p) : 0;
+}
+
+/* Whether the gate's and the up adapter's dA go in one pass over X (moe_cuda_grouped_wgrad2): both
+ * trainable, of one rank; TIER_MOE_DA_PAIR=0 keeps two passes (for comparisons). */
+static int da_pair(const tier_moe_lora *lg, const tier_moe_lora *lu)
+{
+	const char *v = getenv("TIER_MOE_DA_PAIR");
+	return moe_lora_on(lg) && moe_lora_on(lu) && lg->da && lu->da && lg->rank == lu->rank && !(v && !strcmp(v, "0"));
+}
+
+/* dA_g += dZ_g^T X and dA_u += dZ_u^T X in one pass over X. */
+static int da_both(tier_dev *dev, const tier_moe_lora *lg, const tier_moe_lora *lu, int E, const int32_t *off,
+		   const int32_t *d_off, int in, const void *X, const bf16 *dzg, const bf16 *dzu)
+{
+	ptrs a, b;
+	gptrs dag, dau;
+	lora_ptrs(lg, E, off, &a, &b, &dag, NULL);
+	lora_ptrs(lu, E, off, &a, &b, &dau, NULL);
+	return moe_cuda_grouped_wgrad2(dev, E, lg->rank, in, d_off, off[E], dzg, dzu, X, 1.0f, 1.0f, dag.p, dau.p);
 }
 
 /* From dY [rows, out] bf16: lora_grads, then dX [rows, in] += dZ A. */
@@ -295,8 +315,10 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 		if ((rc = lora_z2(dev, lg, lu, E, d_off, rows, H, &ag, &au, xg, zg, zu, 1.0f, 1.0f)))
 			return rc;
 	}
-	if ((rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zg, zs, dzg, &ag)) ||
-	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, zs ? zu : zb, zs, dzu, &au)))
+	const int pair = da_pair(lg, lu);
+	if ((rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zg, zs, dzg, &ag, pair)) ||
+	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, zs ? zu : zb, zs, dzu, &au, pair)) ||
+	    (pair && (rc = da_both(dev, lg, lu, E, off, d_off, H, xg, dzg, dzu))))
 		return rc;
 	/* dX = dG gate + dU up + dZ_g A_g + dZ_u A_u in one product (gate_e, up_e [I, H], A [r, H]: [K, N]) */
 	s2[0].x0 = du, s2[0].w0 = upp->w, s2[0].K0 = I;

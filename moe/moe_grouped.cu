@@ -401,21 +401,24 @@ extern "C" int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, cons
 #define GW_STAGES 4    /* the groups are read once: stages in flight hide the memory latency */
 #define GW_THREADS 128 /* 4 warps */
 
+/* NW products sharing B: C_j,e += alpha_j A_j,e^T B_e (two: the gate's and the up adapter's dA from
+ * one pass over X). */
+template <int NW>
 struct gw_args {
-	float *c[TIER_MOE_MAX_EXPERTS]; /* NULL: that expert's gradient is not wanted */
+	float *c[NW][TIER_MOE_MAX_EXPERTS]; /* NULL: that expert's gradient is not wanted */
 	const int32_t *off;
-	const bf16 *a, *b;
-	float alpha;
+	const bf16 *a[NW], *b;
+	float alpha[NW];
 	int M, N;
 };
 
-/* Shared memory: the ring of [GW_BK][BM + PAD] A and [GW_BK][BN + PAD] B stages, reused after the
- * loop for the warps' partial tiles (one float4 per lane and 16 x 8 tile). */
-template <int BM, int BN>
+/* Shared memory: the ring of NW [GW_BK][BM + PAD] A and one [GW_BK][BN + PAD] B stages, reused
+ * after the loop for the warps' partial tiles (one float4 per lane and 16 x 8 tile). */
+template <int BM, int BN, int NW = 1>
 struct gw_smem {
 	static constexpr int LDA = BM + GG_PAD, LDB = BN + GG_PAD, MI = BM / 16, NJ = BN / 8;
 	static constexpr int A = GW_BK * LDA, B = GW_BK * LDB;
-	static constexpr size_t RING = (size_t)GW_STAGES * (A + B) * sizeof(bf16);
+	static constexpr size_t RING = (size_t)GW_STAGES * (NW * A + B) * sizeof(bf16);
 	static constexpr size_t RED = (size_t)GW_THREADS * MI * NJ * sizeof(float4);
 	static constexpr size_t BYTES = RING > RED ? RING : RED;
 	static_assert(LDA % 8 == 0 && LDB % 8 == 0 && A % 8 == 0, "16-byte shared rows");
@@ -454,9 +457,9 @@ __device__ __forceinline__ void gw_mma(float (*acc)[BN / 8][4], const bf16 *sa, 
 /* The 4 partial tiles summed in warp order, then C += alpha sum. Entry q of a warp's part is lane
  * q % 32 of 16 x 8 tile q / 32: rows g, g + 8 (g = lane / 4), columns 2 (lane % 4) and the next.
  * The caller has synchronised after the ring's last read (red overlays it). */
-template <int BM, int BN>
-__device__ __forceinline__ void gw_store(float (*acc)[BN / 8][4], float4 *red, const gw_args &a, float *C, int m0,
-					 int n0, int warp, int lane)
+template <int BM, int BN, int NW>
+__device__ __forceinline__ void gw_store(float (*acc)[BN / 8][4], float4 *red, const gw_args<NW> &a, float alpha,
+					 float *C, int m0, int n0, int warp, int lane)
 {
 	typedef gw_smem<BM, BN> SM;
 	constexpr int PART = SM::MI * SM::NJ * 32; /* float4 per warp */
@@ -478,55 +481,70 @@ __device__ __forceinline__ void gw_store(float (*acc)[BN / 8][4], float4 *red, c
 		if (n >= a.N) /* N % 8 == 0: n + 1 < N too */
 			continue;
 		if (m < a.M)
-			put2(C + (size_t)m * a.N + n, s.x, s.y, a.alpha, 1);
+			put2(C + (size_t)m * a.N + n, s.x, s.y, alpha, 1);
 		if (m + 8 < a.M) /* M % 16 may be 8 */
-			put2(C + (size_t)(m + 8) * a.N + n, s.z, s.w, a.alpha, 1);
+			put2(C + (size_t)(m + 8) * a.N + n, s.z, s.w, alpha, 1);
 	}
 }
 
 /* The ring as in gg_kernel: before stage kt the groups of stages 0..kt are complete, and the barrier
- * also frees slot (kt - 1) % STAGES for the prefetch of stage kt + STAGES - 1. */
-template <int BM, int BN>
-__global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ gw_args a)
+ * also frees slot (kt - 1) % STAGES for the prefetch of stage kt + STAGES - 1. With NW = 2 each
+ * stage of B serves both products; each accumulates exactly as alone (the same tiles, the same
+ * order), so each result is the one-product kernel's bit for bit. */
+template <int BM, int BN, int NW>
+__global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ gw_args<NW> a)
 {
-	typedef gw_smem<BM, BN> SM;
+	typedef gw_smem<BM, BN, NW> SM;
 	extern __shared__ __align__(16) unsigned char smem[];
 	int e = blockIdx.z, row0 = a.off[e], rend = a.off[e + 1];
-	float *C = a.c[e];
-	if (!C || rend <= row0)
+	bool want = false;
+#pragma unroll
+	for (int j = 0; j < NW; j++)
+		want |= a.c[j][e] != NULL;
+	if (!want || rend <= row0)
 		return; /* not wanted, or no rows: C_e stays as it is */
 	int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	bf16 *sa = (bf16 *)smem, *sb = sa + GW_STAGES * SM::A;
-	float acc[SM::MI][SM::NJ][4];
+	bf16 *sa = (bf16 *)smem, *sb = sa + GW_STAGES * NW * SM::A; /* stage s of product j: sa + (s NW + j) A */
+	float acc[NW][SM::MI][SM::NJ][4];
 #pragma unroll
-	for (int mi = 0; mi < SM::MI; mi++)
+	for (int j = 0; j < NW; j++)
 #pragma unroll
-		for (int nj = 0; nj < SM::NJ; nj++)
+		for (int mi = 0; mi < SM::MI; mi++)
 #pragma unroll
-			for (int i = 0; i < 4; i++)
-				acc[mi][nj][i] = 0.0f;
+			for (int nj = 0; nj < SM::NJ; nj++)
+#pragma unroll
+				for (int i = 0; i < 4; i++)
+					acc[j][mi][nj][i] = 0.0f;
 	int nk = (rend - row0 + GW_BK - 1) / GW_BK;
 	auto load = [&](int kt) {
 		int s = kt % GW_STAGES, r = row0 + kt * GW_BK;
-		gw_load<BM>(sa + s * SM::A, a.a, a.M, r, rend, m0);
+#pragma unroll
+		for (int j = 0; j < NW; j++)
+			gw_load<BM>(sa + (s * NW + j) * SM::A, a.a[j], a.M, r, rend, m0);
 		gw_load<BN>(sb + s * SM::B, a.b, a.N, r, rend, n0);
 	};
 	cp_async_ring<GW_STAGES>(nk, load, [&](int s, int kt) {
 		if (row0 + kt * GW_BK + warp * 16 < rend) /* a slice wholly past the group is zeros */
-			gw_mma<BM, BN>(acc, sa + s * SM::A, sb + s * SM::B, warp * 16, lane);
+#pragma unroll
+			for (int j = 0; j < NW; j++)
+				gw_mma<BM, BN>(acc[j], sa + (s * NW + j) * SM::A, sb + s * SM::B, warp * 16, lane);
 	});
 	cp_async_wait<0>();
-	__syncthreads(); /* every warp is done with the ring that red overlays */
-	gw_store<BM, BN>(acc, (float4 *)smem, a, C, m0, n0, warp, lane);
+#pragma unroll
+	for (int j = 0; j < NW; j++) {
+		__syncthreads(); /* every warp is done with the ring (or the last product's sums) that red overlays */
+		if (a.c[j][e])
+			gw_store<BM, BN, NW>(acc[j], (float4 *)smem, a, a.alpha[j], a.c[j][e], m0, n0, warp, lane);
+	}
 }
 
-template <int BM, int BN>
-static int gw_launch(tier_dev *dev, const gw_args &a, int E)
+template <int BM, int BN, int NW>
+static int gw_launch(tier_dev *dev, const gw_args<NW> &a, int E)
 {
-	typedef gw_smem<BM, BN> SM;
+	typedef gw_smem<BM, BN, NW> SM;
 	dim3 grid((unsigned)((a.N + BN - 1) / BN), (unsigned)((a.M + BM - 1) / BM), (unsigned)E);
-	CUDA_TRY(cudaFuncSetAttribute(gw_kernel<BM, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES));
-	gw_kernel<BM, BN><<<grid, GW_THREADS, SM::BYTES, moe_stream(dev)>>>(a);
+	CUDA_TRY(cudaFuncSetAttribute(gw_kernel<BM, BN, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES));
+	gw_kernel<BM, BN, NW><<<grid, GW_THREADS, SM::BYTES, moe_stream(dev)>>>(a);
 	CUDA_LAUNCHED();
 	return 0;
 }
@@ -567,20 +585,52 @@ static int gw_check(const char *fn, tier_dev *dev, int E, int M, int N, const in
 	return 0;
 }
 
+template <int NW>
+static int gw_run(tier_dev *dev, gw_args<NW> &g, int E)
+{
+	if (g.N <= 16)
+		return gw_launch<64, 16, NW>(dev, g, E);
+	if constexpr (NW > 1) /* moe_cuda_grouped_wgrad2 sends no other shape (M <= 16) */
+		return gw_launch<16, 64, NW>(dev, g, E);
+	else
+		return g.M <= 16 ? gw_launch<16, 64, NW>(dev, g, E) : gw_launch<64, 64, NW>(dev, g, E);
+}
+
 extern "C" int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
 				      const void *a, const void *b, float alpha, float *const *c)
 {
 	const char *fn = "moe_cuda_grouped_wgrad";
-	gw_args g; /* 8 KiB */
+	gw_args<1> g; /* 8 KiB */
 	int wanted, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a, b, alpha);
-	if (rc || (rc = gw_table(fn, E, c, g.c, &wanted)))
+	if (rc || (rc = gw_table(fn, E, c, g.c[0], &wanted)))
 		return rc;
 	if (rows_bound == 0 || wanted == 0 || alpha == 0.0f)
 		return 0; /* nothing to add */
-	g.off = d_off, g.a = (const bf16 *)a, g.b = (const bf16 *)b, g.alpha = alpha, g.M = M, g.N = N;
-	if (N <= 16)
-		return gw_launch<64, 16>(dev, g, E);
-	if (M <= 16)
-		return gw_launch<16, 64>(dev, g, E);
-	return gw_launch<64, 64>(dev, g, E);
+	g.off = d_off, g.a[0] = (const bf16 *)a, g.b = (const bf16 *)b, g.alpha[0] = alpha, g.M = M, g.N = N;
+	return gw_run<1>(dev, g, E);
+}
+
+extern "C" int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+				       const void *a0, const void *a1, const void *b, float alpha0, float alpha1,
+				       float *const *c0, float *const *c1)
+{
+	const char *fn = "moe_cuda_grouped_wgrad2";
+	gw_args<2> g; /* 16 KiB */
+	int w0, w1, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a0, b, alpha0);
+	if (rc || (rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a1, b, alpha1)) ||
+	    (rc = gw_table(fn, E, c0, g.c[0], &w0)) || (rc = gw_table(fn, E, c1, g.c[1], &w1)))
+		return rc;
+	if (alpha0 == 0.0f) /* nothing to add to that one: its table emptied */
+		w0 = 0, memset(g.c[0], 0, sizeof g.c[0]);
+	if (alpha1 == 0.0f)
+		w1 = 0, memset(g.c[1], 0, sizeof g.c[1]);
+	if (rows_bound == 0 || w0 + w1 == 0)
+		return 0;
+	if (M > 16 && N > 16) { /* two 64 x 64 accumulators would not fit the registers: one at a time */
+		rc = moe_cuda_grouped_wgrad(dev, E, M, N, d_off, rows_bound, a0, b, alpha0, c0);
+		return rc ? rc : moe_cuda_grouped_wgrad(dev, E, M, N, d_off, rows_bound, a1, b, alpha1, c1);
+	}
+	g.off = d_off, g.a[0] = (const bf16 *)a0, g.a[1] = (const bf16 *)a1, g.b = (const bf16 *)b;
+	g.alpha[0] = alpha0, g.alpha[1] = alpha1, g.M = M, g.N = N;
+	return gw_run<2>(dev, g, E);
 }

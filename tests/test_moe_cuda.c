@@ -1067,6 +1067,67 @@ static void test_grouped_wgrad(void **state)
 	}
 }
 
+/* grouped_wgrad2 (two products sharing B) against two grouped_wgrad calls from the same start: the
+ * same bits in both outputs, with experts wanted by one product only (skip0, skip1), rows past
+ * offsets[E] poisoned, and a second alpha. M x N: the adapters' dA (r x in), and shapes the pair
+ * hands back to one product at a time. */
+static void grouped_wgrad2_case(int E, int M, int N, const int *nrows, int skip0, int skip1)
+{
+	int32_t *off = offsets_of(E, nrows);
+	int rows = off[E], rb = rows + 5;
+	size_t cn = (size_t)M * N;
+	float **as = hrand(2, (size_t)rb * M, 1.0f), **bs = hrand(1, (size_t)rb * N, 1.0f), **c0 = hrand(2 * E, cn, 1.0f);
+	for (int j = 0; j < 2; j++)
+		for (size_t i = (size_t)rows * M; i < (size_t)rb * M; i++)
+			as[j][i] = NAN;
+	for (size_t i = (size_t)rows * N; i < (size_t)rb * N; i++)
+		bs[0][i] = NAN;
+	void *da0 = up_bf16(as[0], (size_t)rb * M), *da1 = up_bf16(as[1], (size_t)rb * M);
+	void *db = up_bf16(bs[0], (size_t)rb * N), *doff = up(off, 4 * (size_t)(E + 1));
+	float *got[2][2][TIER_MOE_MAX_EXPERTS];
+	for (int v = 0; v < 2; v++) { /* v 0: two single calls; v 1: the pair */
+		void **dc = dcopy(2 * E, c0, cn, 1);
+		float **t0 = calloc((size_t)E, sizeof *t0), **t1 = calloc((size_t)E, sizeof *t1);
+		for (int e = 0; e < E; e++)
+			t0[e] = e == skip0 ? NULL : dc[e], t1[e] = e == skip1 ? NULL : dc[E + e];
+		if (!v) {
+			assert_int_equal(moe_cuda_grouped_wgrad(gpu, E, M, N, doff, rb, da0, db, 0.37f, (float *const *)t0), 0);
+			assert_int_equal(moe_cuda_grouped_wgrad(gpu, E, M, N, doff, rb, da1, db, 1.25f, (float *const *)t1), 0);
+		} else {
+			assert_int_equal(moe_cuda_grouped_wgrad2(gpu, E, M, N, doff, rb, da0, da1, db, 0.37f, 1.25f,
+								 (float *const *)t0, (float *const *)t1), 0);
+		}
+		assert_int_equal(tier_dev_sync(gpu), 0);
+		for (int e = 0; e < E; e++)
+			got[v][0][e] = dl_f32(dc[e], cn), got[v][1][e] = dl_f32(dc[E + e], cn);
+		dfree(2 * E, dc), free(t0), free(t1);
+	}
+	for (int j = 0; j < 2; j++)
+		for (int e = 0; e < E; e++) {
+			assert_memory_equal(got[0][j][e], got[1][j][e], 4 * cn);
+			if ((j ? skip1 : skip0) == e || nrows[e] == 0)
+				assert_memory_equal(got[1][j][e], c0[j * E + e], 4 * cn); /* untouched */
+			free(got[0][j][e]), free(got[1][j][e]);
+		}
+	print_message("grouped_wgrad2 E %d M %d N %d: equal to two grouped_wgrad calls\n", E, M, N);
+	tier_dev_free(gpu, da0), tier_dev_free(gpu, da1), tier_dev_free(gpu, db), tier_dev_free(gpu, doff);
+	hfree(2, as), hfree(1, bs), hfree(2 * E, c0), free(off);
+}
+
+static void test_grouped_wgrad2(void **state)
+{
+	(void)state;
+	static const int r3[] = { 2500, 0, 37 };
+	int r40[40];
+	gg_sizes40(r40);
+	r40[2] = 37, r40[5] = 64, r40[20] = 2500;
+	grouped_wgrad2_case(3, 16, 2048, r3, 2, -1); /* the gate's dA of Qwen3's shape, one expert not wanted */
+	grouped_wgrad2_case(40, 16, 768, r40, -1, 7);
+	grouped_wgrad2_case(40, 8, 72, r40, 3, 3);    /* rank 8 */
+	grouped_wgrad2_case(3, 64, 16, r3, -1, -1);   /* N 16: the pair in 64 x 16 tiles */
+	grouped_wgrad2_case(3, 72, 56, r3, -1, 0);    /* both sides over 16: one product at a time */
+}
+
 /* What grouped_wgrad refuses on the host, before any launch. */
 static void test_grouped_wgrad_bad_input(void **state)
 {
@@ -1273,6 +1334,7 @@ int main(void)
 		cmocka_unit_test(test_grouped_gate_up),
 		cmocka_unit_test(test_grouped_bad_input),
 		cmocka_unit_test(test_grouped_wgrad),
+		cmocka_unit_test(test_grouped_wgrad2),
 		cmocka_unit_test(test_grouped_wgrad_bad_input),
 		cmocka_unit_test(test_steps),
 		cmocka_unit_test(test_layer_bad_input),
