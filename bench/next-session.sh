@@ -12,15 +12,20 @@
 # tests,moe,a,b,c); A_STEPS and B_STEPS (6, 3) the trainer jobs' steps; TESTS the CUDA tests to run
 # (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
-# Session 15 (no GPU) added, untried: the MoE block's routed halves (default; TIER_MOE_ROUTED=0 is
-# the old path), the fused q/k gradient (default; TIER_QK_FUSED=0 the separate steps) and the
-# wgmma attention kernels (TIER_ATTN_FWD=wg, TIER_ATTN_BWD=wg, opt in). Its
-# plan: TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn,a
-# A_ALT="TIER_MOE_ROUTED=0 TIER_QK_FUSED=0 TIER_ATTN_FWD=wg TIER_ATTN_BWD=wg" (test_attn_cuda runs wg on every
-# head-dim-128 case; the attn stage times the default pair against wg against torch; A_ALT runs (a)
-# again under each setting, same call; A_ARGS="--batch 2" (a) at 8,192 tokens a step, which its
-# gate leaves open: about 107 of the H200's 139 GiB by the batch-1 figures), then STAGES=b,c
-# B_ALT=TIER_MOE_ROUTED=0 B_CACHE=attention:ddr=16G.
+# Session 15 (no GPU) added, untried on a GPU, each with its switch for a same-call comparison:
+#   the MoE block's routed halves (default; TIER_MOE_ROUTED=0 the old path), the fused q/k paths
+#   (default; TIER_QK_FUSED=0 the separate steps), the paired dA of the gate and up adapters
+#   (default; TIER_MOE_DA_PAIR=0 two passes), the wgmma attention kernels (opt in:
+#   TIER_ATTN_FWD=wg, TIER_ATTN_BWD=wg).
+# Its plan, three calls (about 1,300 s of the 1,800 with the machines' starts):
+#   1. TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn
+#      (test_attn_cuda runs wg on every head-dim-128 case; attn times the default pair, wg and
+#      torch; ~370 s). If test_golden_cuda fails, rerun it with each default switch at 0.
+#   2. STAGES=a A_ALT="TIER_MOE_ROUTED=0 TIER_QK_FUSED=0 TIER_MOE_DA_PAIR=0 TIER_ATTN_FWD=wg
+#      TIER_ATTN_BWD=wg" A_ARGS="--batch 2" (each a run of (a) beside the default one; --batch 2,
+#      which (a)'s gate leaves open, takes about 107 of the H200's 139 GiB by the batch-1 figures;
+#      ~250 s).
+#   3. STAGES=b,c B_ALT=TIER_MOE_ROUTED=0 B_CACHE=attention:ddr=16G (~500 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
 # Staging (carry limit 64 MiB): build here with `../configure --disable-shared` (static libtier), copy
 # tier-run, tier-bench and the tests named below into .device/bin/tests, stage the shared libraries
