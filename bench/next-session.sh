@@ -2,10 +2,8 @@
 # next-session.sh - the first GPU call planned for a build that has not yet run on a GPU: the CUDA
 # tests first (test_moe_cuda: session 14's two-order check of the experts' outputs, rerun with
 # session 13's seed first), then issue 4's grouped GEMMs against torch, then issue 7's jobs in one
-# run: (a) no cap with the op cache in HBM, (b) --hbm 24G layer-major, (c) HF + PEFT. Session 14's
-# plan for the next: TESTS="test_moe_cuda test_ops_cuda test_golden_cuda"
-# B_CACHE=attention:ddr=16G STAGES=tests,b,a,c (the attention's output from DDR against (b)
-# without the cache, in the same call), then STAGES=tests with the other three tests.
+# run: (a) no cap with the op cache in HBM, (b) --hbm 24G layer-major, (c) HF + PEFT. B_CACHE (session
+# 14): the attention's output from DDR in (b), against (b) without the cache in the same call.
 # With BIN_U1 (a tier-bench built with NVCCFLAGS=-DTIER_WG_SERIAL_COPY=1) the MoE benchmark runs
 # that build too; with RUN_OLD (the tier-run of an earlier build) each trainer job runs it as well,
 # right after the new one, as the peer of a change in the same call. Stages by STAGES (default
