@@ -14,12 +14,12 @@ static inline size_t dop_act_size(const tier_model *m) { return m->cuda ? 2 : si
 int dop_norm(const tier_model *m, int rows, int dim, const float *x, const void *w, void *y, float *rstd);
 int dop_norm_bwd(const tier_model *m, int rows, int dim, const float *x, const void *w, const float *rstd,
 		 const float *dy, float *dx);
-/* Workspace bytes of the model's linear layers: at most `in` inputs and `out` outputs, LoRA rank r
- * (0: none) with the model's LoRA dropout. */
 /* dop_norm_bwd plus a residual's gradient: dx = the norm's dx + res (CUDA in one pass; the CPU
  * adds after, through scratch tmp [rows, dim] fp32). */
 int dop_norm_bwd_add(const tier_model *m, int rows, int dim, const float *x, const void *w, const float *rstd,
 		     const float *dy, const float *res, float *dx, float *tmp);
+/* Workspace bytes of the model's linear layers: at most `in` inputs and `out` outputs, LoRA rank r
+ * (0: none) with the model's LoRA dropout. */
 size_t dop_linear_ws(const tier_model *m, int T, int in, int out, int r);
 int dop_linear(const tier_model *m, int T, int in, int out, const void *x, const void *w, const tier_lora_ref *l,
 	       float *y, void *ws);

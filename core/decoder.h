@@ -43,8 +43,8 @@ typedef struct {
 	tier_rope_params rq, rk;
 	int core2;              /* the buffers hold a second o, lse block (o2, lse2): the backward reads
 				 * one while the op cache's copy fills the other */
-	int qk_fused;           /* CUDA: the q and k gradients through RoPE and their norms in one
-				 * kernel (opsc_qk_grad); 0: the separate steps */
+	int qk_fused;           /* CUDA: q and k through their norms and RoPE in one kernel each way
+				 * (opsc_qk_fwd, opsc_qk_grad); 0: the separate steps */
 	int routed;             /* the MoE block in routed halves (one chunk only): dec_route reads the
 				 * counts back once, and the block runs on them (dec_bufs.routed) with no
 				 * synchronisation of its own; a recompute routes again on the device and

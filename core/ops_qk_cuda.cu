@@ -150,9 +150,11 @@ static int qk_setup(const char *op, tier_dev *d, const tier_rope_params *r, cons
 	if (!d || tier_dev_kind_of(d) != TIER_DEV_CUDA)
 		return tier_fail(-EINVAL, "%s: needs a CUDA device context", op);
 	if (!r || r->head_dim <= 0 || r->head_dim % 2 || r->head_dim / 2 > QK_MAX_HALF || r->tokens < 0 || r->seq <= 0 ||
-	    r->n_heads <= 0 || r->seq > INT32_MAX || r->n_heads > INT32_MAX || !in || !out || (norm && (!x || !rstd)))
-		return tier_fail(-EINVAL, "%s: bad arguments (head_dim even and at most %d, positive seq and heads, the "
-				 "input, out, and with a norm also x and rstd)", op, 2 * QK_MAX_HALF);
+	    r->n_heads <= 0 || r->seq > INT32_MAX || r->n_heads > INT32_MAX || !(r->theta > 0 && isfinite(r->theta)) ||
+	    !in || !out || (norm && (!x || !rstd)))
+		return tier_fail(-EINVAL, "%s: bad arguments (head_dim even and at most %d, positive seq and heads, a "
+				 "positive finite theta, the input, out, and with a norm also x and rstd)", op,
+				 2 * QK_MAX_HALF);
 	const int64_t half = r->head_dim / 2;
 	for (int64_t i = 0; i < half; i++) /* attn_cuda_rope's table, the same expression */
 		a->inv[i] = 1.0f / powf(r->theta, (float)(2 * i) / (float)r->head_dim);

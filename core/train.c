@@ -145,7 +145,7 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
  * the prefetches queued on the link: on the H200 that stalled more than the unused forward
  * prefetches it saved cost); "0" none. $TIER_MOE_ROUTED=0 has the MoE block route and read its
  * offsets back itself, as before the routed halves (dec_shape.routed), for comparison;
- * $TIER_QK_FUSED=0 takes the attention's q and k gradients through RoPE and their norms in separate
+ * $TIER_QK_FUSED=0 takes q and k through their norms and RoPE, forward and backward, in separate
  * steps (dec_shape.qk_fused). */
 static void trainer_env(tier_trainer *t)
 {
@@ -532,7 +532,9 @@ static int pin_dense(tier_trainer *t, int l, int grads, dec_weights *w)
 
 /* The experts' token counts of layer l: routed in a forward (and kept), a backward's recompute
  * taking its forward's. The recompute's block routes again on the device, to the same experts: were
- * it not, a routed expert would lack its weights, which the block refuses (-EINVAL). */
+ * it not, the routed block runs on the forward's offsets and tier_moe_routing_check reports it at
+ * the step's end (the block outside the routed halves refuses a routed expert without weights,
+ * -EINVAL). */
 static int route_counts(tier_trainer *t, int l, int bwd, dec_weights *w)
 {
 	tier_model *m = t->m;
@@ -1032,14 +1034,22 @@ static int step_passes(tier_trainer *t, const int32_t *tokens, const int32_t *la
 	return rc;
 }
 
+/* The routed MoE blocks' check (tier_moe_routing_check): whether a backward's recompute routed as
+ * its forward did, which a wrong gradient would otherwise hide. Only where there are routed
+ * blocks; it clears what it reports, so a failure is never blamed on a later pass. */
+static int routing_check(tier_trainer *t)
+{
+	return t->sh.routed && t->m->E > 0 ? tier_moe_routing_check(t->m->dev) : 0;
+}
+
 /* A step's end: the gradient norm, the routed MoE blocks' check, the scratch released (kept when
  * the budget allows), AdamW with clipping, the time by part into r. */
 static int step_end(tier_trainer *t, int rc, double *norm, float *lr, tier_step_result *r)
 {
 	if (!rc)
 		rc = trainer_grad_norm(t, norm);
-	if (!rc && t->sh.routed) /* a recompute's routing against its forward's, before any update */
-		rc = tier_moe_routing_check(t->m->dev);
+	int rk = routing_check(t); /* before any update; cleared even when the step failed otherwise */
+	rc = rc ? rc : rk;
 	int r2 = scratch_end(t, !rc && t->scratch_keep); /* else its room goes to the LoRA state */
 	rc = rc ? rc : r2;
 	*lr = trainer_lr_at(&t->c, t->step);
@@ -1100,6 +1110,8 @@ int tier_trainer_eval(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 		return rc;
 	t->mb = 0, t->last_mb = 1;
 	rc = micro(t, tokens, labels, 1.0f, grads, loss, &aux, hidden);
+	int rk = routing_check(t); /* the gradients' backward recomputed its routing */
+	rc = rc ? rc : rk;
 	int r2 = scratch_end(t, !rc && t->scratch_keep);
 	*loss += aux;
 	return rc ? rc : r2;

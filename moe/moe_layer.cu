@@ -63,14 +63,19 @@ static int route_check(tier_dev *dev, int E, int32_t *d_off, const int32_t *off)
 
 extern "C" int moe_cuda_routing_check(tier_dev *dev)
 {
-	int rc = moe_cuda_dev(dev, "tier_moe_routing_check"), v[4], zero[4] = { 0, 0, 0, 0 };
+	int rc = moe_cuda_dev(dev, "tier_moe_routing_check"), v[4];
 	if (rc)
 		return rc;
-	CUDA_TRY(cudaStreamSynchronize(moe_stream(dev)));
-	CUDA_TRY(cudaMemcpyFromSymbol(v, moe_route_err, sizeof v));
+	/* on the work stream (non-blocking: the legacy stream's symbol copies would not order with it) */
+	cudaStream_t st = moe_stream(dev);
+	void *flag = NULL;
+	CUDA_TRY(cudaGetSymbolAddress(&flag, moe_route_err));
+	CUDA_TRY(cudaMemcpyAsync(v, flag, sizeof v, cudaMemcpyDeviceToHost, st));
+	CUDA_TRY(cudaStreamSynchronize(st));
 	if (!v[0])
 		return 0;
-	CUDA_TRY(cudaMemcpyToSymbol(moe_route_err, zero, sizeof zero));
+	CUDA_TRY(cudaMemsetAsync(flag, 0, sizeof v, st));
+	CUDA_TRY(cudaStreamSynchronize(st));
 	return tier_fail(-EIO, "tier_moe_routing_check: a routed MoE call had offsets[%d] = %d on the device where the "
 			 "counts it was given make %d: those counts were not its routing's (a recompute that routed "
 			 "differently from its forward), so its results are wrong; run without the routed calls "

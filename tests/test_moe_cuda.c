@@ -454,7 +454,9 @@ static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const v
 		assert_int_equal(tier_moe_layer_route(gpu, gcfg, T, dx, dwr, dbias, &s2, dws, wb, recompute ? NULL : cnt), 0);
 		if (!recompute) {
 			assert_memory_equal(cnt, cntg, 4 * (size_t)E);
-			assert_true(fabs(s2.aux - s->aux) <= 1e-6 * fabs(s->aux) && fabs(s2.z - s->z) <= 1e-6 * fabs(s->z));
+			/* the aux statistics' sums are float atomics across blocks: their order may differ */
+			assert_true(fabs(s2.aux - s->aux) <= 1e-5 * fabs(s->aux) + 1e-9 &&
+				    fabs(s2.z - s->z) <= 1e-5 * fabs(s->z) + 1e-9);
 		} else {
 			assert_true(s2.aux == -1.0f && s2.z == -1.0f);
 		}
