@@ -18,7 +18,8 @@
 # Its plan, three calls (about 1,300 s of the 1,800 with the machines' starts):
 #   1. TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn
 #      (test_attn_cuda runs wg on every head-dim-128 case; attn times the default pair, wg and
-#      torch; ~370 s). If test_golden_cuda fails, rerun it with each default switch at 0.
+#      torch, and tier-bench fused each fused step against its separate steps; ~400 s). If
+#      test_golden_cuda fails, rerun it with each default switch at 0.
 #   2. STAGES=a A_ALT="TIER_MOE_ROUTED=0 TIER_QK_FUSED=0 TIER_MOE_DA_PAIR=0 TIER_ATTN_FWD=wg
 #      TIER_ATTN_BWD=wg" A_ARGS="--batch 2" (each a run of (a) beside the default one; --batch 2,
 #      which (a)'s gate leaves open, takes about 107 of the H200's 139 GiB by the batch-1 figures;
@@ -47,6 +48,7 @@ if has attn; then # the default kernels and the wgmma ones against torch's SDPA 
 	TIER_ATTN_FWD=v2 TIER_ATTN_BWD=q64 step 60 attn-v2 "$b/tier-bench" attn --json
 	TIER_ATTN_FWD=wg TIER_ATTN_BWD=wg step 60 attn-wg "$b/tier-bench" attn --json
 	step 90 attn-torch python3 bench/attn_torch.py --tier "$out/attn-wg.log"
+	step 60 fused "$b/tier-bench" fused # the fused q/k, norm and dA steps against the separate ones
 fi
 if has moe; then
 	step 200 moe "$b/tier-bench" moe --model qwen3-30b --model seed-896 --json
@@ -82,7 +84,7 @@ for f in "$out"/train-*.log; do
 	n=${f##*/}; echo "== ${n%.log}"
 	grep -E "^# (done|MFU|hbm|op cache|time by|pinned)|^ +[0-9]+ |rror" "$f" | tail -11
 done
-for f in "$out"/attn-*.log; do
+for f in "$out"/attn-*.log "$out"/fused.log; do
 	[ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd|ratio" | head -8; }
 done
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }

@@ -127,4 +127,12 @@ grep -q ' experts-fwd ' "$tmp/moe.out" || fail "tier-bench moe printed no expert
 if grep -q ' gate-up ' "$tmp/moe.out"; then fail "tier-bench moe timed gate-up on the CPU"; fi
 grep -q '"gate_up_ms":0.0000' "$tmp/moe.out" || fail "tier-bench moe's JSON should mark gate-up not run"
 ./tier-bench moe --device cpu --warmup-ms soon 2>/dev/null; [ $? = 1 ] || fail "tier-bench moe --warmup-ms soon should exit 1"
+# the fused steps are CUDA kernels: without a device it says so (exit 2); bad options exit 1
+./tier-bench fused --tokens 0 2>"$tmp/fz.err"; [ $? = 1 ] || fail "tier-bench fused --tokens 0 should exit 1"
+grep -q 'tokens' "$tmp/fz.err" || fail "tier-bench fused --tokens 0: no message naming the option"
+if ! ./tier-bench fused --help | grep -q -- '--iters'; then fail "tier-bench fused --help lists no options"; fi
+if [ ! -e /dev/nvidia0 ]; then
+	./tier-bench fused --iters 1 >/dev/null 2>"$tmp/fz.err"; [ $? = 2 ] || fail "tier-bench fused without a GPU should exit 2"
+	grep -qi 'cuda' "$tmp/fz.err" || fail "tier-bench fused without a GPU: no message saying why"
+fi
 echo "PASS"

@@ -23,6 +23,7 @@ int bench_nvme_to_hbm(int argc, char **argv);
 int bench_opcache(int argc, char **argv);     /* tools/bench_opcache.c: the selective op cache */
 int bench_prefetch(int argc, char **argv);    /* tools/bench_prefetch.c: prefetch hides the link behind compute */
 int bench_moe(int argc, char **argv);         /* tools/bench_moe.c: MoE steps and block (peer: bench/moe_torch.py) */
+int bench_fused(int argc, char **argv);       /* tools/bench_fused.c: fused CUDA steps vs the separate ones */
 
 /* ---- Table helpers ---- */
 typedef struct {

@@ -23,6 +23,7 @@ static const struct {
 	{ "opcache", "op cache: step time of full recompute vs keep-what-fits vs the selective cache", bench_opcache },
 	{ "prefetch", "layer loop with weights in DDR at 4x the HBM budget: prefetch vs all resident vs demand", bench_prefetch },
 	{ "moe", "MoE block: router, permute, experts, combine, fwd and fwd+bwd, uniform and Zipf routing (peer: bench/moe_torch.py)", bench_moe },
+	{ "fused", "the trainer's fused CUDA steps (q/k norm + RoPE both ways, norm backward + residual, paired dA) vs the separate steps they replaced", bench_fused },
 };
 
 #define NSUB (sizeof subcommands / sizeof subcommands[0])
