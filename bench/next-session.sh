@@ -84,9 +84,10 @@ for f in "$out"/train-*.log; do
 	n=${f##*/}; echo "== ${n%.log}"
 	grep -E "^# (done|MFU|hbm|op cache|time by|pinned)|^ +[0-9]+ |rror" "$f" | tail -11
 done
-for f in "$out"/attn-*.log "$out"/fused.log; do
+for f in "$out"/attn-*.log; do
 	[ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd|ratio" | head -8; }
 done
+[ -f "$out/fused.log" ] && { echo "== fused"; grep -v '^{' "$out/fused.log"; }
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }
 [ -f "$out/moe-torch.log" ] && { echo "== moe-torch"; grep -iE "ratio|x torch" "$out/moe-torch.log" | head -30; }
 cat "$sum"
