@@ -345,7 +345,7 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 			      const void *dout, const float *lse, const float *Di, float *dq, float *dk, float *dv,
 			      float scale, float sl2, int atomic_kv, void *stream)
 {
-	if (p->head_dim != AB_D || !attn_wgmma_usable((int)p->head_dim))
+	if (!attn_wgmma_usable((int)p->head_dim)) /* head_dim 128 = AB_D */
 		return -ENOTSUP;
 	const uint64_t rows = (uint64_t)(p->batch * p->seq);
 	if (rows >= (1ull << 31) || p->n_kv_heads * p->batch > 65535 || (p->seq + AB_BC - 1) / AB_BC > 65535)

@@ -35,6 +35,18 @@ extern "C" int base_tmap_ok(void)
 	return encode_fn != NULL;
 }
 
+/* The 128B-swizzle map of bf16 rows x cols (rank 2), or of batch such matrices one after the other
+ * (rank 3); boxes of 64 columns x box_rows (x 1). */
+static CUresult encode(CUtensorMap *m, const void *base, int rank, uint64_t batch, uint64_t rows, uint64_t cols,
+		       uint32_t box_rows)
+{
+	cuuint64_t dims[3] = { cols, rows, batch }, strides[2] = { cols * 2, rows * cols * 2 };
+	cuuint32_t box[3] = { 64, box_rows, 1 }, step[3] = { 1, 1, 1 };
+	return encode_fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, dims, strides, box, step,
+			 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+			 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 extern "C" int base_tmap_bf16_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
 				  uint32_t box_rows)
 {
@@ -47,11 +59,7 @@ extern "C" int base_tmap_bf16_seq(CUtensorMap *m, const void *base, uint64_t bat
 		return tier_fail(-EINVAL, "%s: %llu sequences of %llu x %llu bf16 at %p with %u-row boxes cannot be mapped",
 				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, base,
 				 box_rows);
-	cuuint64_t dims[3] = { cols, seq, batch }, strides[2] = { cols * 2, seq * cols * 2 };
-	cuuint32_t box[3] = { 64, box_rows, 1 }, step[3] = { 1, 1, 1 };
-	CUresult r = encode_fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, step,
-			       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-			       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	CUresult r = encode(m, base, 3, batch, seq, cols, box_rows);
 	if (r != CUDA_SUCCESS)
 		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused %llu sequences of %llu x %llu (CUresult %d)",
 				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, (int)r);
@@ -68,11 +76,7 @@ extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, u
 	    box_rows < 1 || box_rows > 256)
 		return tier_fail(-EINVAL, "%s: a %llu x %llu bf16 matrix at %p with %u-row boxes cannot be mapped", fn,
 				 (unsigned long long)rows, (unsigned long long)cols, base, box_rows);
-	cuuint64_t dims[2] = { cols, rows }, strides[1] = { cols * 2 };
-	cuuint32_t box[2] = { 64, box_rows }, step[2] = { 1, 1 };
-	CUresult r = encode_fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, step,
-			       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-			       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	CUresult r = encode(m, base, 2, 1, rows, cols, box_rows);
 	if (r != CUDA_SUCCESS)
 		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused a %llu x %llu matrix (CUresult %d)", fn,
 				 (unsigned long long)rows, (unsigned long long)cols, (int)r);

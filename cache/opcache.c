@@ -346,8 +346,9 @@ int tier_cache_reserve(tier_cache *c, tier_cache_key key, uint64_t bytes, const 
 	return rc;
 }
 
-/* A reservation's memory, handed over once (fn: the caller's name for the messages). */
-static int take_target(tier_cache *c, tier_cache_key key, const char *fn, void **dst)
+/* A reservation's memory, handed over once (fn: the caller's name for the messages); its size in
+ * *bytes when bytes is not NULL. */
+static int take_target(tier_cache *c, tier_cache_key key, const char *fn, void **dst, size_t *bytes)
 {
 	cache_entry *e = c ? find(c, key) : NULL;
 	if (!dst || !e)
@@ -361,20 +362,23 @@ static int take_target(tier_cache *c, tier_cache_key key, const char *fn, void *
 				 key.microbatch);
 	*dst = e->fill_at;
 	e->fill_at = NULL;
+	if (bytes)
+		*bytes = e->bytes;
 	return 0;
 }
 
 int tier_cache_offer_target(tier_cache *c, tier_cache_key key, void **dst)
 {
-	return take_target(c, key, "tier_cache_offer_target", dst);
+	return take_target(c, key, "tier_cache_offer_target", dst, NULL);
 }
 
 int tier_cache_offer_fill(tier_cache *c, tier_cache_key key, const void *src, void *stream)
 {
 	void *dst = NULL;
-	int rc = src ? take_target(c, key, "tier_cache_offer_fill", &dst)
+	size_t n = 0;
+	int rc = src ? take_target(c, key, "tier_cache_offer_fill", &dst, &n)
 		     : tier_fail(-EINVAL, "tier_cache_offer_fill: a NULL source");
-	return rc || !dst ? rc : cache_copy_in(c->dev, dst, src, find(c, key)->bytes, stream, 0);
+	return rc || !dst ? rc : cache_copy_in(c->dev, dst, src, n, stream, 0);
 }
 
 int tier_cache_offer_done(tier_cache *c, tier_cache_key key)

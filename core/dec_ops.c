@@ -63,21 +63,22 @@ int dop_linear_bwd_act(const tier_model *m, int T, int in, int out, const void *
 }
 
 int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
-		const float *rstd, void *out)
+		const float *rstd, void *out, float *tmp, int fused)
 {
-	if (m->cuda)
+	if (m->cuda && fused)
 		return opsc_qk_grad(m->dev, r, dq, x, w, rstd, out);
 	int rows = (int)(r->tokens * r->n_heads), dim = (int)r->head_dim;
 	int rc = tier_attn_rope_bwd(m->dev, r, NULL, dq);
-	if (rc || !w)
-		return rc ? rc : dop_copy(m, out, dq, sizeof(float) * (size_t)rows * dim);
-	return tier_rmsnorm_bwd(m->dev, rows, dim, x, w, rstd, dq, out, NULL);
+	const float *g = dq;
+	if (!rc && w && !(rc = dop_norm_bwd(m, rows, dim, x, w, rstd, dq, tmp)))
+		g = tmp;
+	return rc ? rc : dop_to_act(m, (size_t)rows * dim, g, out);
 }
 
 int dop_qk_fwd(const tier_model *m, const tier_rope_params *r, const float *x, const void *w, void *out,
-	       float *rstd)
+	       float *rstd, int fused)
 {
-	if (m->cuda)
+	if (m->cuda && fused)
 		return opsc_qk_fwd(m->dev, r, x, w, m->eps, out, rstd);
 	int rows = (int)(r->tokens * r->n_heads), dim = (int)r->head_dim;
 	int rc = w ? dop_norm(m, rows, dim, x, w, out, rstd) : dop_to_act(m, (size_t)rows * dim, x, out);

@@ -30,14 +30,15 @@ int dop_linear_bwd_act(const tier_model *m, int T, int in, int out, const void *
 		       const tier_lora_ref *l, const void *dy, float *dx, int accumulate, void *ws);
 /* The q or k gradient for its projection's backward: dq [tokens * heads, head_dim] taken back
  * through RoPE (r: the forward's parameters) and the q/k RMSNorm (x its input, w, rstd; w NULL:
- * no norm) into out, in the activations' type. The CPU rotates dq in place first; CUDA leaves dq
- * as it is and does all in one kernel (opsc_qk_grad). */
+ * no norm) into out, in the activations' type. fused on CUDA: one kernel (opsc_qk_grad), dq left
+ * as it is; otherwise the separate steps: RoPE's backward on dq in place, the norm's into the fp32
+ * scratch tmp [tokens * heads, head_dim] (on the CPU out itself), the conversion into out. */
 int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
-		const float *rstd, void *out);
+		const float *rstd, void *out, float *tmp, int fused);
 /* The forward's: out = RoPE(the q/k RMSNorm of x, rstd written; w NULL: x as it is) in the
- * activations' type; the CPU's are the separate steps, CUDA's one kernel (opsc_qk_fwd). */
+ * activations' type; fused on CUDA one kernel (opsc_qk_fwd), otherwise the separate steps. */
 int dop_qk_fwd(const tier_model *m, const tier_rope_params *r, const float *x, const void *w, void *out,
-	       float *rstd);
+	       float *rstd, int fused);
 int dop_swiglu(const tier_model *m, size_t n, const float *g, const float *u, void *h);
 int dop_swiglu_bwd(const tier_model *m, size_t n, const float *g, const float *u, const float *dh, float *dg,
 		   float *du);

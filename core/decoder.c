@@ -147,6 +147,7 @@ void dec_bufs_bind(const tier_model *m, const dec_shape *sh, void *buf, dec_bufs
 	memset(b, 0, sizeof *b);
 	char *const none[2] = { NULL, NULL };
 	layout(m, sh, buf, b, none);
+	b->o_home = b->o;
 }
 
 void dec_bufs_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, int h, void *at)
@@ -176,40 +177,15 @@ void dec_bufs_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, int h
 static int qk_fwd(const tier_model *m, const dec_shape *sh, dec_bufs *b, const dec_weights *w)
 {
 	const void *wq = m->mixtral ? NULL : w->w[W_QN], *wk = m->mixtral ? NULL : w->w[W_KN];
-	if (!m->cuda || sh->qk_fused) { /* the CPU's dop_qk_fwd is the separate steps */
-		int rc = dop_qk_fwd(m, &sh->rq, b->qp, wq, b->q, b->rq);
-		return rc ? rc : dop_qk_fwd(m, &sh->rk, b->kp, wk, b->k, b->rk);
-	}
-	size_t nq = (size_t)sh->T * m->nh * m->hd, nk = (size_t)sh->T * m->nkv * m->hd;
-	int rc = wq ? dop_norm(m, sh->T * m->nh, m->hd, b->qp, wq, b->q, b->rq) : dop_to_act(m, nq, b->qp, b->q);
-	if (!rc)
-		rc = wk ? dop_norm(m, sh->T * m->nkv, m->hd, b->kp, wk, b->k, b->rk) : dop_to_act(m, nk, b->kp, b->k);
-	if (!rc)
-		rc = tier_attn_rope_fwd(m->dev, &sh->rq, NULL, b->q);
-	return rc ? rc : tier_attn_rope_fwd(m->dev, &sh->rk, NULL, b->k);
-}
-
-/* qkv_grads' q and k on CUDA in the separate steps opsc_qk_grad fuses ($TIER_QK_FUSED=0, for
- * comparisons): RoPE's backward in place, the norms' into fp32 (q into b->dO, free by then; k into
- * b->dq, free once q's is done), then bf16 into gq and gk. */
-static int qk_grads_apart(const tier_model *m, const dec_shape *sh, dec_bufs *b, const void *wq, const void *wk,
-			  void *gq, void *gk)
-{
-	size_t nq = (size_t)sh->T * m->nh * m->hd, nk = (size_t)sh->T * m->nkv * m->hd;
-	int rc = tier_attn_rope_bwd(m->dev, &sh->rq, NULL, b->dq);
-	if (!rc)
-		rc = tier_attn_rope_bwd(m->dev, &sh->rk, NULL, b->dk);
-	if (!rc && wq && !(rc = dop_norm_bwd(m, sh->T * m->nh, m->hd, b->qp, wq, b->rq, b->dq, b->dO)))
-		rc = dop_norm_bwd(m, sh->T * m->nkv, m->hd, b->kp, wk, b->rk, b->dk, b->dq);
-	if (!rc)
-		rc = dop_to_act(m, nq, wq ? b->dO : b->dq, gq);
-	return rc ? rc : dop_to_act(m, nk, wq ? b->dq : b->dk, gk);
+	int rc = dop_qk_fwd(m, &sh->rq, b->qp, wq, b->q, b->rq, sh->qk_fused);
+	return rc ? rc : dop_qk_fwd(m, &sh->rk, b->kp, wk, b->k, b->rk, sh->qk_fused);
 }
 
 /* The gradients of the q, k, v projections' outputs from the attention's (dq, dk, dv), back
  * through RoPE and the q/k norms, in the activations' type: on the CPU (fp32) d qp into b->dO
  * (free by then), d kp into b->dkp and dv as it is; on CUDA (bf16) d qp into b->dO16 (the
- * attention's backward has read it), d kp and dv in the two halves of b->dkp. */
+ * attention's backward has read it), d kp and dv in the two halves of b->dkp. The separate steps'
+ * fp32 scratch ($TIER_QK_FUSED=0 on CUDA): b->dO for q, then b->dq (free once q's is done) for k. */
 static int qkv_grads(const tier_model *m, const dec_shape *sh, dec_bufs *b, const dec_weights *w, void **gq,
 		     void **gk, void **gv)
 {
@@ -218,10 +194,9 @@ static int qkv_grads(const tier_model *m, const dec_shape *sh, dec_bufs *b, cons
 	*gq = m->cuda ? (void *)b->dO16 : (void *)b->dO;
 	*gk = b->dkp;
 	*gv = m->cuda ? (void *)((uint16_t *)b->dkp + nkv) : (void *)b->dv;
-	const int apart = m->cuda && !sh->qk_fused;
-	int rc = apart ? qk_grads_apart(m, sh, b, wq, wk, *gq, *gk) : dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq);
-	if (!rc && !apart)
-		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk);
+	int rc = dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq, b->dO, sh->qk_fused);
+	if (!rc)
+		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk, m->cuda ? b->dq : b->dkp, sh->qk_fused);
 	return rc ? rc : dop_to_act(m, nkv, b->dv, *gv);
 }
 
@@ -268,13 +243,9 @@ size_t dec_attn_core_bytes(const tier_model *m, const dec_shape *sh, size_t *lse
 	return *lse_at + sizeof(float) * (size_t)sh->T * m->nh;
 }
 
-void *dec_attn_core_home(const tier_model *m, const dec_shape *sh, const dec_bufs *b, int i)
+void *dec_attn_core_home(const dec_bufs *b, int i)
 {
-	dec_bufs n;
-	char *nowhere[2] = { NULL, NULL };
-	memset(&n, 0, sizeof n);
-	layout(m, sh, b->home, &n, nowhere);
-	return i ? (void *)n.o2 : (void *)n.o;
+	return i ? (void *)b->o2 : b->o_home; /* o2 is never placed elsewhere */
 }
 
 void dec_attn_core_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, void *at)

@@ -25,6 +25,7 @@ typedef struct {
 	tier_moe_saved ms;
 	float *dh1, *dtmp, *db, *dq, *dk, *dv, *dO, *dkp, *dact, *dg, *du, *dO16;
 	float *o2, *lse2;       /* dec_shape.core2: a second block for the attention's output */
+	void *o_home;           /* where the bind put o (and lse after it): block 0, wherever o is placed */
 	void *ws;
 	size_t ws_bytes;
 	void *save[2];          /* what the backward reads of the forward: [0] attention, [1] MLP / MoE */
@@ -74,7 +75,7 @@ int dec_attn_fwd_out(const tier_model *m, const dec_shape *sh, const float *x, c
 size_t dec_attn_core_bytes(const tier_model *m, const dec_shape *sh, size_t *lse_at);
 /* Block i of the attention's output in the bound buffer: 0 the o, lse of the attention half, 1
  * the second (o2; NULL without dec_shape.core2). */
-void *dec_attn_core_home(const tier_model *m, const dec_shape *sh, const dec_bufs *b, int i);
+void *dec_attn_core_home(const dec_bufs *b, int i);
 void dec_attn_core_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, void *at);
 /* The router into b->ms: counts [E] on the host; hidx: host scratch of T * k int32 (CUDA copies
  * the choices there; not with dec_shape.routed, which reads back the counts alone). */

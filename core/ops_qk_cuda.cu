@@ -32,6 +32,20 @@ struct qk_args {
 	int S, heads, half;
 };
 
+/* Token tok's RoPE angles into shared memory, once for its heads: cos, and sin times sign (-1: the
+ * inverse rotation), as rope_tok_kernel makes them. The block's barriers around: the last token's
+ * angles are no longer read, and these are written for everyone. */
+__device__ __forceinline__ void qk_angles(const qk_args &a, int64_t tok, float sign, float *cs, float *sn)
+{
+	__syncthreads();
+	for (int i = threadIdx.x; i < a.half; i += blockDim.x) {
+		float pos = (float)(int)(tok % a.S), s, c;
+		sincosf(pos * a.inv[i], &s, &c);
+		cs[i] = c, sn[i] = s * sign;
+	}
+	__syncthreads();
+}
+
 /* One block per token (grid-stride): its angles once into shared memory, then a warp per head row:
  * lane j holds the pairs (i, i + half) for i = j, j + 32, ..., inverse-rotates them, and with a
  * norm takes the row's sum of w d x by lanes then the warp. */
@@ -40,13 +54,7 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_con
 	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
 	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
-		__syncthreads(); /* the last token's angles are no longer read */
-		for (int i = threadIdx.x; i < a.half; i += blockDim.x) {
-			float pos = (float)(int)(tok % a.S), s, c;
-			sincosf(pos * a.inv[i], &s, &c);
-			cs[i] = c, sn[i] = -s; /* the inverse rotation */
-		}
-		__syncthreads();
+		qk_angles(a, tok, -1.0f, cs, sn); /* the inverse rotation */
 		for (int hh = warp; hh < a.heads; hh += QK_WARPS) {
 			const int64_t row = tok * a.heads + hh;
 			const float *dr = a.dq + row * dim;
@@ -101,13 +109,7 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_fwd_kernel(const __grid_cons
 	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
 	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
-		__syncthreads();
-		for (int i = threadIdx.x; i < a.half; i += blockDim.x) {
-			float pos = (float)(int)(tok % a.S), s, c;
-			sincosf(pos * a.inv[i], &s, &c);
-			cs[i] = c, sn[i] = s;
-		}
-		__syncthreads();
+		qk_angles(a, tok, 1.0f, cs, sn);
 		for (int hh = warp; hh < a.heads; hh += QK_WARPS) {
 			const int64_t row = tok * a.heads + hh;
 			const float *xr = a.x + row * dim;

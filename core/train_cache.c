@@ -221,7 +221,7 @@ static int core_fetch(tier_trainer *t, int l, int mb, int p)
 		return r < 0 ? r : 0;
 	size_t lse_at, n = dec_attn_core_bytes(t->m, &t->sh, &lse_at);
 	c->on = 1;
-	if ((rc = tier_dev_copy_async(t->m->dev, dec_attn_core_home(t->m, &t->sh, &t->b, p), src, n, p)))
+	if ((rc = tier_dev_copy_async(t->m->dev, dec_attn_core_home(&t->b, p), src, n, p)))
 		(void)pend_drop(t, c);
 	return rc;
 }
@@ -242,7 +242,7 @@ int trainer_cache_bwd_begin(tier_trainer *t, int l)
 		return 0;
 	int p = t->bslot & 1;
 	if (p) /* block 0 is the attention half's own o, lse */
-		dec_attn_core_place(t->m, &t->sh, &t->b, dec_attn_core_home(t->m, &t->sh, &t->b, 1)), t->core_placed = 1;
+		dec_attn_core_place(t->m, &t->sh, &t->b, dec_attn_core_home(&t->b, 1)), t->core_placed = 1;
 	/* the first two slots: nothing came ahead */
 	return pend_for(&t->core_pend[p], l, t->mb) ? 0 : core_fetch(t, l, (int)t->mb, p);
 }

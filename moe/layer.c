@@ -190,7 +190,8 @@ static int counts_agree(const char *fn, int E, const int32_t *counts, const int3
 	return 0;
 }
 
-/* The forward after the routing: permute, experts, combine (out NULL: not combined). */
+/* The forward after the routing: permute, experts, combine (out NULL: not combined); counts: the
+ * caller's, checked against the routing in s (NULL: the routing is this call's own). */
 static int fwd_cpu(const char *fn, tier_dev *dev, const tier_moe_cfg *c, int T, const float *x,
 		   const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, float *out,
 		   tier_moe_saved *s, void *ws)
@@ -201,7 +202,7 @@ static int fwd_cpu(const char *fn, tier_dev *dev, const tier_moe_cfg *c, int T, 
 	int cap = tier_moe_capacity(T, k, E, c->capacity_factor);
 	if ((rc = tier_moe_permute(dev, T, k, E, H, cap, s->topk_idx, x, s->offsets, s->row_pair, s->pair_row,
 				   s->counts, xg)) ||
-	    (rc = counts_agree(fn, E, counts, s->counts)) ||
+	    (counts && (rc = counts_agree(fn, E, counts, s->counts))) ||
 	    (rc = tier_moe_experts_fwd(dev, E, H, c->inter, s->offsets, w, lora, xg, s->g, s->u, y, p)))
 		return rc;
 	return out ? tier_moe_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, y, out) : 0;
@@ -222,9 +223,9 @@ int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float 
 	MOE_NONNULL(w_r, fn);
 	MOE_NONNULL(w, fn);
 	int32_t counts[TIER_MOE_MAX_EXPERTS];
-	if ((rc = route_cpu(dev, c, T, x, w_r, bias, s, counts)))
+	if ((rc = route_cpu(dev, c, T, x, w_r, bias, s, counts))) /* counts: the aux losses' */
 		return rc;
-	return fwd_cpu(fn, dev, c, T, x, w, lora, counts, out, s, ws);
+	return fwd_cpu(fn, dev, c, T, x, w, lora, NULL, out, s, ws);
 }
 
 int tier_moe_layer_route(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
