@@ -14,7 +14,9 @@
 #   the MoE block's routed halves (default; TIER_MOE_ROUTED=0 the old path), the fused q/k paths
 #   (default; TIER_QK_FUSED=0 the separate steps), the paired dA of the gate and up adapters
 #   (default; TIER_MOE_DA_PAIR=0 two passes), the wgmma attention kernels (opt in:
-#   TIER_ATTN_FWD=wg, TIER_ATTN_BWD=wg).
+#   TIER_ATTN_FWD=wg, TIER_ATTN_BWD=wg). Session 16 (no GPU): tier-bench lora, in the attn stage,
+#   times the experts' LoRA backward kernels against a device copy, each weight-gradient reduction
+#   under every TIER_MOE_WGRAD_TILE tile.
 # Its plan, three calls (about 1,300 s of the 1,800 with the machines' starts):
 #   1. TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn
 #      (test_attn_cuda runs wg on every head-dim-128 case; attn times the default pair, wg and
@@ -49,6 +51,7 @@ if has attn; then # the default kernels and the wgmma ones against torch's SDPA 
 	TIER_ATTN_FWD=wg TIER_ATTN_BWD=wg step 60 attn-wg "$b/tier-bench" attn --json
 	step 90 attn-torch python3 bench/attn_torch.py --tier "$out/attn-wg.log"
 	step 60 fused "$b/tier-bench" fused # the fused q/k, norm and dA steps against the separate ones
+	step 60 lora "$b/tier-bench" lora # the experts' LoRA kernels (each reduction by tile) against a copy
 fi
 if has moe; then
 	step 200 moe "$b/tier-bench" moe --model qwen3-30b --model seed-896 --json
@@ -88,6 +91,7 @@ for f in "$out"/attn-*.log; do
 	[ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd|ratio" | head -8; }
 done
 [ -f "$out/fused.log" ] && { echo "== fused"; grep -v '^{' "$out/fused.log"; }
+[ -f "$out/lora.log" ] && { echo "== lora"; cat "$out/lora.log"; }
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }
 [ -f "$out/moe-torch.log" ] && { echo "== moe-torch"; grep -iE "ratio|x torch" "$out/moe-torch.log" | head -30; }
 cat "$sum"

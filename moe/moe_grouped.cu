@@ -22,6 +22,7 @@
  * Opt-in for the experts' forward: TIER_MOE_GROUPED=1 (moe_experts.cu, docs/moe.md). */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "moe/moe_cu.cuh"
@@ -585,15 +586,43 @@ static int gw_check(const char *fn, tier_dev *dev, int E, int M, int N, const in
 	return 0;
 }
 
-template <int NW>
-static int gw_run(tier_dev *dev, gw_args<NW> &g, int E)
+/* The C tile: TIER_MOE_WGRAD_TILE=MxN (one of gw_tiles) for measurements, else the rule: 64 x 16
+ * for dB [out, r], 16 x 64 for dA [r, in] (and for every pair, whose two accumulators must fit the
+ * registers), 64 x 64 otherwise. *bm = 0 asks for the rule; a malformed value is -EINVAL. */
+static const int gw_tiles[][2] = { { 64, 16 }, { 128, 16 }, { 16, 64 }, { 16, 128 }, { 64, 64 } };
+
+static int gw_tile(const char *fn, int *bm, int *bn)
 {
-	if (g.N <= 16)
+	const char *v = getenv("TIER_MOE_WGRAD_TILE");
+	*bm = *bn = 0;
+	if (!v || !*v || !strcmp(v, "auto"))
+		return 0;
+	for (size_t i = 0; i < sizeof gw_tiles / sizeof gw_tiles[0]; i++) {
+		char name[16];
+		snprintf(name, sizeof name, "%dx%d", gw_tiles[i][0], gw_tiles[i][1]);
+		if (!strcmp(v, name)) {
+			*bm = gw_tiles[i][0], *bn = gw_tiles[i][1];
+			return 0;
+		}
+	}
+	return tier_fail(-EINVAL, "%s: TIER_MOE_WGRAD_TILE=%s; use auto, 64x16, 128x16, 16x64, 16x128 or 64x64, or "
+			 "unset it", fn, v);
+}
+
+template <int NW>
+static int gw_run(tier_dev *dev, gw_args<NW> &g, int E, int bm, int bn)
+{
+	if (!bm)
+		bm = g.N <= 16 ? 64 : NW > 1 || g.M <= 16 ? 16 : 64, bn = g.N <= 16 ? 16 : 64;
+	if (bm == 64 && bn == 16)
 		return gw_launch<64, 16, NW>(dev, g, E);
-	if constexpr (NW > 1) /* moe_cuda_grouped_wgrad2 sends no other shape (M <= 16) */
-		return gw_launch<16, 64, NW>(dev, g, E);
-	else
-		return g.M <= 16 ? gw_launch<16, 64, NW>(dev, g, E) : gw_launch<64, 64, NW>(dev, g, E);
+	if (bm == 128)
+		return gw_launch<128, 16, NW>(dev, g, E);
+	if (bm == 16)
+		return bn == 64 ? gw_launch<16, 64, NW>(dev, g, E) : gw_launch<16, 128, NW>(dev, g, E);
+	if constexpr (NW == 1) /* moe_cuda_grouped_wgrad2 sends 64 x 64 one product at a time */
+		return gw_launch<64, 64, NW>(dev, g, E);
+	return tier_fail(-EINVAL, "gw_run: a %d x %d tile for %d products", bm, bn, NW);
 }
 
 extern "C" int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
@@ -601,13 +630,13 @@ extern "C" int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const 
 {
 	const char *fn = "moe_cuda_grouped_wgrad";
 	gw_args<1> g; /* 8 KiB */
-	int wanted, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a, b, alpha);
-	if (rc || (rc = gw_table(fn, E, c, g.c[0], &wanted)))
+	int wanted, bm, bn, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a, b, alpha);
+	if (rc || (rc = gw_tile(fn, &bm, &bn)) || (rc = gw_table(fn, E, c, g.c[0], &wanted)))
 		return rc;
 	if (rows_bound == 0 || wanted == 0 || alpha == 0.0f)
 		return 0; /* nothing to add */
 	g.off = d_off, g.a[0] = (const bf16 *)a, g.b = (const bf16 *)b, g.alpha[0] = alpha, g.M = M, g.N = N;
-	return gw_run<1>(dev, g, E);
+	return gw_run<1>(dev, g, E, bm, bn);
 }
 
 extern "C" int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
@@ -616,8 +645,8 @@ extern "C" int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const
 {
 	const char *fn = "moe_cuda_grouped_wgrad2";
 	gw_args<2> g; /* 16 KiB */
-	int w0, w1, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a0, b, alpha0);
-	if (rc || (rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a1, b, alpha1)) ||
+	int w0, w1, bm, bn, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a0, b, alpha0);
+	if (rc || (rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a1, b, alpha1)) || (rc = gw_tile(fn, &bm, &bn)) ||
 	    (rc = gw_table(fn, E, c0, g.c[0], &w0)) || (rc = gw_table(fn, E, c1, g.c[1], &w1)))
 		return rc;
 	if (alpha0 == 0.0f) /* nothing to add to that one: its table emptied */
@@ -626,11 +655,12 @@ extern "C" int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const
 		w1 = 0, memset(g.c[1], 0, sizeof g.c[1]);
 	if (rows_bound == 0 || w0 + w1 == 0)
 		return 0;
-	if (M > 16 && N > 16) { /* two 64 x 64 accumulators would not fit the registers: one at a time */
+	/* two 64 x 64 accumulators would not fit the registers: one at a time */
+	if ((M > 16 && N > 16) || (bm == 64 && bn == 64)) {
 		rc = moe_cuda_grouped_wgrad(dev, E, M, N, d_off, rows_bound, a0, b, alpha0, c0);
 		return rc ? rc : moe_cuda_grouped_wgrad(dev, E, M, N, d_off, rows_bound, a1, b, alpha1, c1);
 	}
 	g.off = d_off, g.a[0] = (const bf16 *)a0, g.a[1] = (const bf16 *)a1, g.b = (const bf16 *)b;
 	g.alpha[0] = alpha0, g.alpha[1] = alpha1, g.M = M, g.N = N;
-	return gw_run<2>(dev, g, E);
+	return gw_run<2>(dev, g, E, bm, bn);
 }

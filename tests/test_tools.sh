@@ -135,4 +135,12 @@ if [ ! -e /dev/nvidia0 ]; then
 	./tier-bench fused --iters 1 >/dev/null 2>"$tmp/fz.err"; [ $? = 2 ] || fail "tier-bench fused without a GPU should exit 2"
 	grep -qi 'cuda' "$tmp/fz.err" || fail "tier-bench fused without a GPU: no message saying why"
 fi
+# the experts' LoRA kernels likewise
+./tier-bench lora --layers x 2>"$tmp/lz.err"; [ $? = 1 ] || fail "tier-bench lora --layers x should exit 1"
+grep -q 'layers' "$tmp/lz.err" || fail "tier-bench lora --layers x: no message naming the option"
+if ! ./tier-bench lora --help | grep -q -- '--tokens'; then fail "tier-bench lora --help lists no options"; fi
+if [ ! -e /dev/nvidia0 ]; then
+	./tier-bench lora --iters 1 >/dev/null 2>"$tmp/lz.err"; [ $? = 2 ] || fail "tier-bench lora without a GPU should exit 2"
+	grep -qi 'cuda' "$tmp/lz.err" || fail "tier-bench lora without a GPU: no message saying why"
+fi
 echo "PASS"

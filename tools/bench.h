@@ -24,6 +24,7 @@ int bench_opcache(int argc, char **argv);     /* tools/bench_opcache.c: the sele
 int bench_prefetch(int argc, char **argv);    /* tools/bench_prefetch.c: prefetch hides the link behind compute */
 int bench_moe(int argc, char **argv);         /* tools/bench_moe.c: MoE steps and block (peer: bench/moe_torch.py) */
 int bench_fused(int argc, char **argv);       /* tools/bench_fused.c: fused CUDA steps vs the separate ones */
+int bench_lora(int argc, char **argv);        /* tools/bench_lora.c: the experts' LoRA kernels vs a device copy */
 
 /* ---- Table helpers ---- */
 typedef struct {

@@ -14,12 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 #ifdef TIER_HAVE_CUDA
-#include <cuda_runtime_api.h>
 #include "core/ops_cuda.h"
 #include "moe/moe_cuda.h"
 #endif
 #include "tier/tier.h"
 #include "tools/bench.h"
+#include "tools/bench_dev.h"
 
 static const char *const cmd = "fused";
 
@@ -51,11 +51,12 @@ typedef struct {
 	void *scratch;
 	int row; /* the row being timed, and whether the fused (1) or the separate (0) form */
 	int fused, rc;
-	cudaEvent_t e0, e1;
+	bench_timer tm;
 } fz;
 
-static int fz_calls(fz *z)
+static int fz_calls(void *arg)
 {
+	fz *z = arg;
 	tier_dev *d = z->dev;
 	int rows = z->T * z->heads, rows_h = z->T, rc;
 	switch (z->row) {
@@ -94,42 +95,7 @@ static int fz_calls(fz *z)
 static double fz_run(void *arg)
 {
 	fz *z = arg;
-	float ms = 0;
-	cudaStream_t s = (cudaStream_t)tier_dev_stream(z->dev);
-	cudaEventRecord(z->e0, s);
-	if ((z->rc = fz_calls(z)))
-		return -1;
-	cudaEventRecord(z->e1, s);
-	if (cudaEventSynchronize(z->e1) != cudaSuccess || cudaEventElapsedTime(&ms, z->e0, z->e1) != cudaSuccess) {
-		z->rc = tier_fail(-EIO, "fused bench: CUDA events failed: %s", cudaGetErrorString(cudaGetLastError()));
-		return -1;
-	}
-	return ms * 1e6;
-}
-
-/* A device buffer of n bytes of small finite values (a bf16 or fp32 pattern by el). */
-static int fz_buf(tier_dev *d, void **p, size_t n, int el)
-{
-	int rc = tier_dev_malloc(d, n ? n : 4, p);
-	if (rc)
-		return rc;
-	uint8_t *h = malloc(n ? n : 4);
-	if (!h)
-		return tier_fail(-ENOMEM, "fused bench: no host memory");
-	uint64_t x = (uintptr_t)*p | 1;
-	for (size_t i = 0; i + (size_t)el <= n; i += (size_t)el) {
-		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-		float f = ((float)(x >> 40) / (float)(1 << 24) - 0.5f) * 0.5f + (el == 4 ? 0.0f : 0.25f);
-		uint32_t u;
-		memcpy(&u, &f, 4);
-		if (el == 2)
-			memcpy(h + i, (uint16_t[]){ (uint16_t)(u >> 16) }, 2);
-		else
-			memcpy(h + i, &f, 4);
-	}
-	rc = tier_dev_memcpy_h2d(d, *p, h, n);
-	free(h);
-	return rc;
+	return bench_timer_run(&z->tm, fz_calls, z, &z->rc);
 }
 
 static int fz_alloc(fz *z)
@@ -138,17 +104,17 @@ static int fz_alloc(fz *z)
 	size_t nq = (size_t)z->T * z->heads * z->hd, nh = (size_t)z->T * z->H, rows_e = (size_t)z->T * z->k;
 	int rc;
 	z->rq = (tier_rope_params){ .tokens = z->T, .seq = z->T, .n_heads = z->heads, .head_dim = z->hd, .theta = 1e6f };
-	if ((rc = fz_buf(d, (void **)&z->qp, 4 * nq, 4)) || (rc = fz_buf(d, (void **)&z->dq, 4 * nq, 4)) ||
-	    (rc = fz_buf(d, (void **)&z->tmp, 4 * (nq > nh ? nq : nh), 4)) || (rc = fz_buf(d, (void **)&z->dx, 4 * (nq > nh ? nq : nh), 4)) ||
-	    (rc = fz_buf(d, (void **)&z->rstd, 4 * (size_t)z->T * z->heads, 4)) || (rc = fz_buf(d, &z->q16, 2 * nq, 2)) ||
-	    (rc = fz_buf(d, &z->w_qn, 2 * (size_t)z->hd, 2)) || (rc = fz_buf(d, &z->w_ln, 2 * (size_t)z->H, 2)) ||
-	    (rc = fz_buf(d, (void **)&z->dy, 4 * nh, 4)) || (rc = fz_buf(d, (void **)&z->res, 4 * nh, 4)) ||
-	    (rc = fz_buf(d, &z->x16, 2 * rows_e * z->H, 2)) || (rc = fz_buf(d, &z->dz0, 2 * rows_e * z->r, 2)) ||
-	    (rc = fz_buf(d, &z->dz1, 2 * rows_e * z->r, 2)))
+	if ((rc = bench_dev_buf(d, (void **)&z->qp, 4 * nq, 4)) || (rc = bench_dev_buf(d, (void **)&z->dq, 4 * nq, 4)) ||
+	    (rc = bench_dev_buf(d, (void **)&z->tmp, 4 * (nq > nh ? nq : nh), 4)) || (rc = bench_dev_buf(d, (void **)&z->dx, 4 * (nq > nh ? nq : nh), 4)) ||
+	    (rc = bench_dev_buf(d, (void **)&z->rstd, 4 * (size_t)z->T * z->heads, 4)) || (rc = bench_dev_buf(d, &z->q16, 2 * nq, 2)) ||
+	    (rc = bench_dev_buf(d, &z->w_qn, 2 * (size_t)z->hd, 2)) || (rc = bench_dev_buf(d, &z->w_ln, 2 * (size_t)z->H, 2)) ||
+	    (rc = bench_dev_buf(d, (void **)&z->dy, 4 * nh, 4)) || (rc = bench_dev_buf(d, (void **)&z->res, 4 * nh, 4)) ||
+	    (rc = bench_dev_buf(d, &z->x16, 2 * rows_e * z->H, 2)) || (rc = bench_dev_buf(d, &z->dz0, 2 * rows_e * z->r, 2)) ||
+	    (rc = bench_dev_buf(d, &z->dz1, 2 * rows_e * z->r, 2)))
 		return rc;
 	for (int e = 0; e < z->E; e++)
-		if ((rc = fz_buf(d, &z->da0[e], 4 * (size_t)z->r * z->H, 4)) ||
-		    (rc = fz_buf(d, &z->da1[e], 4 * (size_t)z->r * z->H, 4)))
+		if ((rc = bench_dev_buf(d, &z->da0[e], 4 * (size_t)z->r * z->H, 4)) ||
+		    (rc = bench_dev_buf(d, &z->da1[e], 4 * (size_t)z->r * z->H, 4)))
 			return rc;
 	int32_t off[129];
 	for (int e = 0; e <= z->E; e++) /* uniform routing */
@@ -242,14 +208,15 @@ int bench_fused(int argc, char **argv)
 		return 2;
 	}
 	int rc = tier_dev_open(&z.dev, TIER_DEV_CUDA, 0);
-	if (!rc && (cudaEventCreate(&z.e0) != cudaSuccess || cudaEventCreate(&z.e1) != cudaSuccess))
-		rc = tier_fail(-EIO, "fused bench: cudaEventCreate failed");
+	if (!rc)
+		rc = bench_timer_open(&z.tm, z.dev);
 	bench_comment("tier-bench fused: fused CUDA steps against the separate steps they replaced");
 	bench_comment("%u tokens, 32 q heads of 128, H 2048, 128 experts x 8, LoRA rank 16; median of %u", T, iters);
 	if (!rc && !(rc = fz_alloc(&z)))
 		rc = fz_rows(&z, iters);
 	if (rc)
 		fprintf(stderr, "tier-bench fused: %s\n", tier_last_error());
+	bench_timer_close(&z.tm);
 	if (z.dev) {
 		fz_free(&z);
 		tier_dev_close(z.dev);

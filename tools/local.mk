@@ -15,7 +15,7 @@ tier_bench_SOURCES += tools/bench_attn.c
 tier_bench_SOURCES += tools/bench_offload.c
 tier_bench_SOURCES += tools/bench_opcache.c tools/bench_opcache.h tools/bench_opcache_dev.c
 tier_bench_SOURCES += tools/bench_prefetch.c tools/bench_prefetch.h tools/bench_prefetch_dev.c
-tier_bench_SOURCES += tools/bench_moe.c tools/bench_fused.c
+tier_bench_SOURCES += tools/bench_moe.c tools/bench_fused.c tools/bench_lora.c tools/bench_dev.c tools/bench_dev.h
 tier_bench_LDADD = libtier.la $(TIER_DEP_LIBS)
 dist_man1_MANS += man/tier-stat.1
 

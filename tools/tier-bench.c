@@ -24,6 +24,7 @@ static const struct {
 	{ "prefetch", "layer loop with weights in DDR at 4x the HBM budget: prefetch vs all resident vs demand", bench_prefetch },
 	{ "moe", "MoE block: router, permute, experts, combine, fwd and fwd+bwd, uniform and Zipf routing (peer: bench/moe_torch.py)", bench_moe },
 	{ "fused", "the trainer's fused CUDA steps (q/k norm + RoPE both ways, norm backward + residual, paired dA) vs the separate steps they replaced", bench_fused },
+	{ "lora", "the experts' LoRA backward kernels (rank products, weight-gradient reductions by tile) vs a device-to-device copy", bench_lora },
 };
 
 #define NSUB (sizeof subcommands / sizeof subcommands[0])

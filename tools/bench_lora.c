@@ -1,0 +1,274 @@
+/* bench_lora.c - tier-bench lora: the experts' LoRA kernels of the trainer's backward, one row each, on
+ * the trainer's shape (Qwen3-30B-A3B: 4,096 tokens, 128 experts of 8 a token, H 2048, I 768, LoRA
+ * rank 16, uniform routing), each as the bytes it must move, its time and the rate against a device-
+ * to-device copy measured in the same run (the peer: these kernels read each operand once and are
+ * bound by memory, so the copy's rate is their ceiling). The weight-gradient reductions
+ * (moe_cuda_grouped_wgrad, _wgrad2) run again under each C tile of TIER_MOE_WGRAD_TILE, so that one
+ * run says which tile each shape wants. CUDA only. */
+#include "config.h"
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef TIER_HAVE_CUDA
+#include "moe/moe_cuda.h"
+#include "moe/moe_skinny.h"
+#include "tools/bench_dev.h"
+#endif
+#include "tier/tier.h"
+#include "tools/bench.h"
+
+static const char *const cmd = "lora";
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: tier-bench lora [--tokens T] [--layers L] [--iters N]\n"
+		"The experts' LoRA kernels of the trainer's backward (gate, up and down adapters of rank 16\n"
+		"on Qwen3-30B-A3B's experts: 128 of 8 a token, H 2048, I 768; uniform routing), one row\n"
+		"each: the rank products (Z = X A^T, dZ = dY B) and the weight-gradient reductions (dB, dA),\n"
+		"with the bytes each must read and write, the median of N timed runs (default 20, after two\n"
+		"warm-ups; CUDA events) and the rate against a device-to-device copy in the same run. The\n"
+		"reductions run again under every TIER_MOE_WGRAD_TILE tile. The summary adds one layer's\n"
+		"backward (the up adapter's dZ and dB as the gate's) and L layers of it (default 48).\n"
+		"\n"
+		"  --tokens T   tokens of the micro-batch (default 4096)\n"
+		"  --layers L   layers in the summary's step figure (default 48)\n"
+		"  --iters N    timed runs per figure (default 20)\n"
+		"  --help       this text\n");
+}
+
+#ifdef TIER_HAVE_CUDA
+enum { L_COPY, L_ZGU, L_DZG, L_DBG, L_DAGU, L_ZD, L_DZD, L_DBD, L_DAD, L_N };
+static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u", "Z d", "dZ d", "dB d", "dA d" };
+/* how often a row's kernel runs in one layer's backward (dZ u and dB u: as dZ g and dB g) */
+static const int per_layer[L_N] = { 0, 1, 2, 2, 1, 1, 1, 1, 1 };
+static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64" };
+#define NTILES (sizeof tiles / sizeof tiles[0])
+#define LZ_E 128
+
+typedef struct {
+	tier_dev *dev;
+	bench_timer tm;
+	int E, H, I, r, rows;
+	void *x, *dy, *h, *dg, *zg, *zu, *dzg, *dzu, *zd, *dzd, *cp; /* bf16 activations; cp: the copy's target */
+	void *wa, *wb;                                              /* the adapters' A and B, bf16 */
+	float *ga;                                                  /* their gradients, fp32 */
+	const void *ag[LZ_E], *au[LZ_E], *bg[LZ_E], *ad[LZ_E], *bd[LZ_E];
+	float *dag[LZ_E], *dau[LZ_E], *dbg[LZ_E], *dad[LZ_E], *dbd[LZ_E];
+	int32_t *off;
+	int row, rc;
+} lz;
+
+static int lz_calls(void *arg)
+{
+	lz *z = arg;
+	tier_dev *d = z->dev;
+	int E = z->E, H = z->H, I = z->I, r = z->r, n = z->rows;
+	switch (z->row) {
+	case L_COPY: return tier_dev_memcpy_d2d(d, z->cp, z->x, (size_t)n * H * 2);
+	case L_ZGU: return moe_cuda_grouped_skinny(d, E, r, H, z->off, n, 2, z->ag, z->au, 0, z->x, z->zg, z->zu, 1.0f);
+	case L_DZG: return moe_cuda_grouped_skinny(d, E, r, I, z->off, n, 1, z->bg, NULL, 1, z->dg, z->dzg, NULL, 0.5f);
+	case L_DBG: return moe_cuda_grouped_wgrad(d, E, I, r, z->off, n, z->dg, z->zg, 0.5f, z->dbg);
+	case L_DAGU:
+		return moe_cuda_grouped_wgrad2(d, E, r, H, z->off, n, z->dzg, z->dzu, z->x, 1.0f, 1.0f, z->dag, z->dau);
+	case L_ZD: return moe_cuda_grouped_skinny(d, E, r, I, z->off, n, 1, z->ad, NULL, 0, z->h, z->zd, NULL, 1.0f);
+	case L_DZD: return moe_cuda_grouped_skinny(d, E, r, H, z->off, n, 1, z->bd, NULL, 1, z->dy, z->dzd, NULL, 0.5f);
+	case L_DBD: return moe_cuda_grouped_wgrad(d, E, H, r, z->off, n, z->dy, z->zd, 0.5f, z->dbd);
+	default: return moe_cuda_grouped_wgrad(d, E, r, I, z->off, n, z->dzd, z->h, 1.0f, z->dad);
+	}
+}
+
+/* What a row's kernel must read and write at the least: its operands once, Z written, a gradient
+ * read and written (C += ...). */
+static double lz_bytes(const lz *z, int row)
+{
+	double n = z->rows, E = z->E, H = z->H, I = z->I, r = z->r;
+	switch (row) {
+	case L_COPY: return 2 * n * H * 2;
+	case L_ZGU: return n * H * 2 + 2 * E * r * H * 2 + 2 * n * r * 2;
+	case L_DZG: case L_ZD: return n * I * 2 + E * I * r * 2 + n * r * 2;
+	case L_DBG: case L_DAD: return n * I * 2 + n * r * 2 + 2 * E * I * r * 4;
+	case L_DAGU: return n * H * 2 + 2 * n * r * 2 + 2 * 2 * E * r * H * 4;
+	case L_DZD: return n * H * 2 + E * H * r * 2 + n * r * 2;
+	default: return n * H * 2 + n * r * 2 + 2 * E * H * r * 4; /* L_DBD */
+	}
+}
+
+static int is_wgrad(int row) { return row == L_DBG || row == L_DAGU || row == L_DBD || row == L_DAD; }
+
+static double lz_run(void *arg)
+{
+	lz *z = arg;
+	return bench_timer_run(&z->tm, lz_calls, z, &z->rc);
+}
+
+/* E contiguous slices of `each` elements at base, as a table of E pointers: bf16 weights, fp32
+ * gradients. */
+static void lz_table(const uint16_t *base, size_t each, int E, const void **t)
+{
+	for (int e = 0; e < E; e++)
+		t[e] = base + (size_t)e * each;
+}
+
+static void lz_gtable(float *base, size_t each, int E, float **t)
+{
+	for (int e = 0; e < E; e++)
+		t[e] = base + (size_t)e * each;
+}
+
+static int lz_alloc(lz *z)
+{
+	tier_dev *d = z->dev;
+	size_t n = (size_t)z->rows, H = (size_t)z->H, I = (size_t)z->I, r = (size_t)z->r, E = (size_t)z->E;
+	size_t rh = r * H, ri = r * I; /* A_g, A_u [r, H], B_g [I, r], A_d [r, I], B_d [H, r] per expert */
+	size_t w_el = E * (3 * rh + 2 * ri);
+	void **act[] = { &z->x, &z->dy, &z->cp, &z->h, &z->dg };
+	size_t act_n[] = { n * H, n * H, n * H, n * I, n * I };
+	void **zs[] = { &z->zg, &z->zu, &z->dzg, &z->dzu, &z->zd, &z->dzd };
+	int rc;
+	for (size_t i = 0; i < sizeof act / sizeof act[0]; i++)
+		if ((rc = bench_dev_buf(d, act[i], 2 * act_n[i], 2)))
+			return rc;
+	for (size_t i = 0; i < sizeof zs / sizeof zs[0]; i++)
+		if ((rc = bench_dev_buf(d, zs[i], 2 * n * r, 2)))
+			return rc;
+	if ((rc = bench_dev_buf(d, &z->wa, 2 * w_el, 2)) || (rc = bench_dev_buf(d, (void **)&z->ga, 4 * w_el, 4)))
+		return rc;
+	/* A_g, A_u, B_g, A_d, B_d back to back, the gradients in the same order */
+	const uint16_t *w = z->wa;
+	lz_table(w, rh, z->E, z->ag), lz_table(w + E * rh, rh, z->E, z->au), lz_table(w + 2 * E * rh, ri, z->E, z->bg);
+	lz_table(w + 2 * E * rh + E * ri, ri, z->E, z->ad), lz_table(w + 2 * E * rh + 2 * E * ri, rh, z->E, z->bd);
+	float *g = z->ga;
+	lz_gtable(g, rh, z->E, z->dag), lz_gtable(g + E * rh, rh, z->E, z->dau), lz_gtable(g + 2 * E * rh, ri, z->E, z->dbg);
+	lz_gtable(g + 2 * E * rh + E * ri, ri, z->E, z->dad), lz_gtable(g + 2 * E * rh + 2 * E * ri, rh, z->E, z->dbd);
+	int32_t off[LZ_E + 1];
+	for (int e = 0; e <= z->E; e++) /* uniform routing */
+		off[e] = (int32_t)(n * (size_t)e / E);
+	if ((rc = tier_dev_malloc(d, sizeof off, (void **)&z->off)))
+		return rc;
+	return tier_dev_memcpy_h2d(d, z->off, off, sizeof off);
+}
+
+static void lz_free(lz *z)
+{
+	void *p[] = { z->x, z->dy, z->cp, z->h, z->dg, z->zg, z->zu, z->dzg, z->dzu, z->zd, z->dzd, z->wa, z->ga, z->off };
+	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+		if (p[i])
+			tier_dev_free(z->dev, p[i]);
+}
+
+static const bench_col cols[] = {
+	{ "kernel", "", 8 }, { "tile", "", 7 }, { "bytes", "", 11 }, { "time", "median", 10 },
+	{ "rate", "GB/s", 9 }, { "of copy", "", 8 },
+};
+#define NCOLS (sizeof cols / sizeof cols[0])
+
+/* Time row under the tile named (NULL: the rule), print it; its time in *t. */
+static int lz_row(lz *z, int row, const char *tile, unsigned iters, double copy_rate, double *t)
+{
+	if (tile)
+		setenv("TIER_MOE_WGRAD_TILE", tile, 1);
+	z->row = row;
+	*t = -1;
+	for (int w = 0; w < 2 && z->rc == 0; w++)
+		lz_run(z);
+	if (z->rc == 0)
+		*t = bench_median_run(lz_run, z, iters);
+	if (tile)
+		unsetenv("TIER_MOE_WGRAD_TILE");
+	if (*t < 0)
+		return z->rc ? z->rc : -1;
+	double b = lz_bytes(z, row), rate = b / *t;
+	char c[4][32];
+	const char *cells[] = { names[row], tile ? tile : is_wgrad(row) ? "auto" : "-",
+				bench_fmt_size((uint64_t)b, c[0], sizeof c[0]), bench_fmt_time(*t, c[1], sizeof c[1]),
+				bench_fmt_gbps(rate, c[2], sizeof c[2]),
+				row == L_COPY ? "1.00" : bench_fmt_num(rate / copy_rate, 2, c[3], sizeof c[3]) };
+	bench_table_row(cols, NCOLS, cells);
+	return 0;
+}
+
+static int lz_rows(lz *z, unsigned iters, unsigned layers)
+{
+	double t[L_N], best[L_N], copy_rate = 0, layer = 0, layer_best = 0;
+	int rc;
+	bench_table_header(cols, NCOLS);
+	for (int row = 0; row < L_N; row++) {
+		if ((rc = lz_row(z, row, NULL, iters, copy_rate, &t[row])))
+			return rc;
+		if (row == L_COPY)
+			copy_rate = lz_bytes(z, row) / t[row];
+		best[row] = t[row];
+	}
+	for (int row = 0; row < L_N; row++)
+		for (size_t i = 0; is_wgrad(row) && i < NTILES; i++) {
+			double ti;
+			if ((rc = lz_row(z, row, tiles[i], iters, copy_rate, &ti)))
+				return rc;
+			best[row] = ti < best[row] ? ti : best[row];
+		}
+	for (int row = 0; row < L_N; row++)
+		layer += per_layer[row] * t[row], layer_best += per_layer[row] * best[row];
+	bench_summary("one layer's experts' LoRA backward %.1f us by the default tiles, %.1f us by each reduction's "
+		      "fastest; x %u layers: %.2f ms, %.2f ms", layer / 1e3, layer_best / 1e3, layers,
+		      layer * layers / 1e6, layer_best * layers / 1e6);
+	return 0;
+}
+#endif
+
+int bench_lora(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "tokens", required_argument, NULL, 't' }, { "layers", required_argument, NULL, 'l' },
+		{ "iters", required_argument, NULL, 'i' },  { "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	unsigned T = 4096, layers = 48, iters = 20;
+	int ch;
+	optind = 1;
+	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (ch) {
+		case 't': if (bench_parse_uint(cmd, "--tokens", optarg, &T)) return 1; break;
+		case 'l': if (bench_parse_uint(cmd, "--layers", optarg, &layers)) return 1; break;
+		case 'i': if (bench_parse_uint(cmd, "--iters", optarg, &iters)) return 1; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 1;
+		}
+	}
+	if (bench_no_extra_args(cmd, argc, argv))
+		return 1;
+	if (T < 1 || T > (1u << 16) || iters < 1 || layers < 1) {
+		fprintf(stderr, "tier-bench lora: --tokens must be 1..65536, --iters and --layers at least 1\n");
+		return 1;
+	}
+#ifndef TIER_HAVE_CUDA
+	fprintf(stderr, "tier-bench lora: the experts' LoRA kernels are CUDA kernels and this build has no CUDA "
+			"(configure --with-cuda)\n");
+	return 2;
+#else
+	if (!tier_cuda_available()) {
+		fprintf(stderr, "tier-bench lora: no CUDA device; the experts' LoRA kernels run on CUDA only\n");
+		return 2;
+	}
+	lz z;
+	memset(&z, 0, sizeof z);
+	z.E = LZ_E, z.H = 2048, z.I = 768, z.r = 16, z.rows = (int)T * 8;
+	int rc = tier_dev_open(&z.dev, TIER_DEV_CUDA, 0);
+	if (!rc)
+		rc = bench_timer_open(&z.tm, z.dev);
+	bench_comment("tier-bench lora: the experts' LoRA backward kernels against a device-to-device copy");
+	bench_comment("%u tokens x 8 of 128 experts, H 2048, I 768, rank 16, uniform; median of %u", T, iters);
+	if (!rc && !(rc = lz_alloc(&z)))
+		rc = lz_rows(&z, iters, layers);
+	if (rc)
+		fprintf(stderr, "tier-bench lora: %s\n", tier_last_error());
+	bench_timer_close(&z.tm);
+	if (z.dev) {
+		lz_free(&z);
+		tier_dev_close(z.dev);
+	}
+	return rc ? 2 : 0;
+#endif
+}
