@@ -28,10 +28,11 @@
 #      ~250 s).
 #   3. STAGES=b,c B_ALT=TIER_MOE_ROUTED=0 B_CACHE=attention:ddr=16G (~500 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
-# Staging (carry limit 64 MiB): build here with `../configure --disable-shared` (static libtier), copy
-# tier-run, tier-bench and the tests named below into .device/bin/tests, stage the shared libraries
-# the GPU machine lacks with the device README's stage-libs.sh into .device/lib, carry [".device"]
-# and run `export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH; bench/next-session.sh .device/bin $OUT`.
+# Staging: bench/stage-device.sh BUILD_DIR (a `../configure --disable-shared` build) packs tier-run,
+# tier-bench and the CUDA tests into .device/pack.tar.xz and the libraries the GPU machine lacks into
+# .device/lib; carry [".device/pack.tar.xz", ".device/lib"] and start the command with
+# `tar xJf .device/pack.tar.xz -C .device && export LD_LIBRARY_PATH=$PWD/.device/lib:$LD_LIBRARY_PATH;
+# bench/next-session.sh .device/bin $OUT`.
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
 stages=${STAGES:-tests,moe,a,b,c}
