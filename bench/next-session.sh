@@ -16,7 +16,10 @@
 #   (default; TIER_MOE_DA_PAIR=0 two passes), the wgmma attention kernels (opt in:
 #   TIER_ATTN_FWD=wg, TIER_ATTN_BWD=wg). Session 16 (no GPU): tier-bench lora, in the attn stage,
 #   times the experts' LoRA backward kernels against a device copy, each weight-gradient reduction
-#   under every TIER_MOE_WGRAD_TILE tile.
+#   under every TIER_MOE_WGRAD_TILE tile; STAGES=tiles times the MoE block on the trainer's own
+#   shape (4,096 tokens: a mean group of 256 rows, which the default rule gives 128-row tiles and
+#   about 24% of padded rows by a multinomial count, against 12% for 64-row tiles) under each
+#   TIER_MOE_WGMMA_TILE (~300 s; in call 2 as STAGES=tiles,a if time allows).
 # Its plan, three calls (about 1,300 s of the 1,800 with the machines' starts):
 #   1. TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn
 #      (test_attn_cuda runs wg on every head-dim-128 case; attn times the default pair, wg and
@@ -53,6 +56,12 @@ if has attn; then # the default kernels and the wgmma ones against torch's SDPA 
 	step 90 attn-torch python3 bench/attn_torch.py --tier "$out/attn-wg.log"
 	step 60 fused "$b/tier-bench" fused # the fused q/k, norm and dA steps against the separate ones
 	step 60 lora "$b/tier-bench" lora # the experts' LoRA kernels (each reduction by tile) against a copy
+fi
+if has tiles; then # the trainer's own MoE shape (4,096 tokens, mean group 256 rows) under each wgmma tile
+	for tl in auto 128x256 pp64x256 64x256 pp128x128; do
+		TIER_MOE_WGMMA_TILE=${tl#auto} step 60 "tiles-$tl" "$b/tier-bench" moe --shape 4096,2048,768,128,8 \
+			--routing uniform --iters 10 --warmup-ms 100
+	done
 fi
 if has moe; then
 	step 200 moe "$b/tier-bench" moe --model qwen3-30b --model seed-896 --json
@@ -93,6 +102,9 @@ for f in "$out"/attn-*.log; do
 done
 [ -f "$out/fused.log" ] && { echo "== fused"; grep -v '^{' "$out/fused.log"; }
 [ -f "$out/lora.log" ] && { echo "== lora"; cat "$out/lora.log"; }
+for f in "$out"/tiles-*.log; do
+	[ -f "$f" ] && { echo "== ${f##*/}"; grep -E " (gate-up|down|experts-bwd|block-fwd|block-fwd\+bwd) " "$f"; }
+done
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }
 [ -f "$out/moe-torch.log" ] && { echo "== moe-torch"; grep -iE "ratio|x torch" "$out/moe-torch.log" | head -30; }
 cat "$sum"
