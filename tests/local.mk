@@ -1,4 +1,6 @@
 ## tests/local.mk - unit tests of base/ (each module's tests are listed in its own local.mk)
+## the seed and CPU device of the CPU tests that draw random inputs (attn, loss, layers, train)
+EXTRA_DIST += tests/seeded_cpu.h
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_base
 TESTS += tests/test_base

@@ -37,6 +37,29 @@ static inline double *ref_dup(const float *a, size_t n)
 	return d;
 }
 
+/* ---- the CPU tests' fixture ---- */
+#ifdef REF_CPU_TEST
+/* A test that defines REF_CPU_TEST (its name, for the seed line) before including this header runs
+ * on this CPU device and draws from this generator: cmocka_run_group_tests(tests, ref_setup,
+ * ref_teardown) opens the one and seeds the other (TIER_TEST_SEED repeats a run). */
+static tier_dev *dev;
+static tier_rng rng;
+
+static int ref_setup(void **state)
+{
+	(void)state;
+	tier_rng_seed(&rng, ref_seed(REF_CPU_TEST));
+	return tier_dev_open(&dev, TIER_DEV_CPU, 0);
+}
+
+static int ref_teardown(void **state)
+{
+	(void)state;
+	tier_dev_close(dev);
+	return 0;
+}
+#endif
+
 /* ---- the CUDA tests' device buffers and start ---- */
 /* n bytes at h (NULL: left as they are) in a new buffer on d (16 bytes when n is 0); NULL on failure. */
 static inline void *ref_dev_copy(tier_dev *d, const void *h, size_t n)

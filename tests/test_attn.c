@@ -10,13 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <cmocka.h>
 #include "tier/tier.h"
+#define SEEDED_CPU_TEST "test_attn" /* seeded_cpu.h: cpu, rng and seed, set up for the group */
+#include "seeded_cpu.h"
 
 #define TOL 1e-5
-static tier_rng rng;
-static tier_dev *cpu;
 
 typedef struct {
 	tier_attn_params p;
@@ -382,15 +381,5 @@ int main(void)
 		cmocka_unit_test(test_rope),
 		cmocka_unit_test(test_bad_input),
 	};
-	uint64_t seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
-	int rc;
-	printf("# test_attn seed %llu (TIER_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
-	tier_rng_seed(&rng, seed);
-	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0)) {
-		fprintf(stderr, "test_attn: %s\n", tier_last_error());
-		return 1;
-	}
-	rc = cmocka_run_group_tests(tests, NULL, NULL);
-	tier_dev_close(cpu);
-	return rc;
+	return cmocka_run_group_tests(tests, seeded_cpu_setup, seeded_cpu_teardown);
 }

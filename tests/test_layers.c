@@ -9,12 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <cmocka.h>
 #include "tier/tier.h"
-
-static tier_dev *cpu;
-static tier_rng rng;
+#define SEEDED_CPU_TEST "test_layers" /* seeded_cpu.h: cpu, rng and seed, set up for the group */
+#include "seeded_cpu.h"
 
 static float *rnd(size_t n, float scale)
 {
@@ -364,12 +362,5 @@ int main(void)
 		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_bad_input),
 	};
-	uint64_t seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
-	printf("# test_layers seed %llu (TIER_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
-	tier_rng_seed(&rng, seed);
-	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0))
-		return 1;
-	int rc = cmocka_run_group_tests(tests, NULL, NULL);
-	tier_dev_close(cpu);
-	return rc;
+	return cmocka_run_group_tests(tests, seeded_cpu_setup, seeded_cpu_teardown);
 }

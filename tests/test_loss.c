@@ -9,14 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <cmocka.h>
 #include "tier/tier.h"
 #include "loss_ref.h"
+#define SEEDED_CPU_TEST "test_loss" /* seeded_cpu.h: cpu, rng and seed, set up for the group */
+#include "seeded_cpu.h"
 
 #define TOL 1e-6
-static tier_rng rng;
-static tier_dev *cpu;
 
 /* One problem: fp32 inputs, the fp64 reference, and poisoned outputs of the code under test. */
 typedef struct {
@@ -435,13 +434,5 @@ int main(void)
 		cmocka_unit_test(test_plan),
 		cmocka_unit_test(test_bad_input),
 	};
-	uint64_t seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
-	int rc;
-	printf("# test_loss seed %llu (TIER_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
-	tier_rng_seed(&rng, seed);
-	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0))
-		return 1;
-	rc = cmocka_run_group_tests(tests, NULL, NULL);
-	tier_dev_close(cpu);
-	return rc;
+	return cmocka_run_group_tests(tests, seeded_cpu_setup, seeded_cpu_teardown);
 }

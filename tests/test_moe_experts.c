@@ -7,10 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#define REF_CPU_TEST "test_moe_experts" /* moe_ref.h: dev, rng and their setup */
 #include "moe_ref.h"
-
-static tier_dev *dev;
-static tier_rng rng;
 
 typedef struct {
 	int E, H, I, r;
@@ -323,25 +321,11 @@ static void test_bad_input(void **state)
 	assert_true(y[0] == 42.0f);
 }
 
-static int setup(void **state)
-{
-	(void)state;
-	tier_rng_seed(&rng, ref_seed("test_moe_experts"));
-	return tier_dev_open(&dev, TIER_DEV_CPU, 0);
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	tier_dev_close(dev);
-	return 0;
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_swiglu_plain), cmocka_unit_test(test_swiglu_fused_orders),
 		cmocka_unit_test(test_swiglu_lora), cmocka_unit_test(test_ref_bf16), cmocka_unit_test(test_bad_input),
 	};
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return cmocka_run_group_tests(tests, ref_setup, ref_teardown);
 }

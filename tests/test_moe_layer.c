@@ -6,10 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#define REF_CPU_TEST "test_moe_layer" /* moe_ref.h: dev, rng and their setup */
 #include "moe_ref.h"
-
-static tier_dev *dev;
-static tier_rng rng;
 
 typedef struct {
 	tier_moe_cfg cfg;
@@ -370,20 +368,6 @@ static void test_layer_bad_input(void **state)
 	free(sbuf), free(ws);
 }
 
-static int setup(void **state)
-{
-	(void)state;
-	tier_rng_seed(&rng, ref_seed("test_moe_layer"));
-	return tier_dev_open(&dev, TIER_DEV_CPU, 0);
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	tier_dev_close(dev);
-	return 0;
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -391,5 +375,5 @@ int main(void)
 		cmocka_unit_test(test_layer_edges),        cmocka_unit_test(test_layer_896_experts),
 		cmocka_unit_test(test_layer_bad_input),
 	};
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return cmocka_run_group_tests(tests, ref_setup, ref_teardown);
 }

@@ -6,10 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#define REF_CPU_TEST "test_moe_permute" /* moe_ref.h: dev, rng and their setup */
 #include "moe_ref.h"
-
-static tier_dev *dev;
-static tier_rng rng;
 
 enum { SPREAD = 0, ONE_EXPERT = 1 };
 
@@ -198,25 +196,11 @@ static void test_bad_input(void **state)
 	assert_int_equal(tier_moe_permute_bwd(dev, 2, 2, 1, off, 4, rp, y, x), -EINVAL);
 }
 
-static int setup(void **state)
-{
-	(void)state;
-	tier_rng_seed(&rng, ref_seed("test_moe_permute"));
-	return tier_dev_open(&dev, TIER_DEV_CPU, 0);
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	tier_dev_close(dev);
-	return 0;
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_dropless),      cmocka_unit_test(test_capacity_drops),
 		cmocka_unit_test(test_capacity_rule), cmocka_unit_test(test_bad_input),
 	};
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return cmocka_run_group_tests(tests, ref_setup, ref_teardown);
 }

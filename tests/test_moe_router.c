@@ -5,10 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#define REF_CPU_TEST "test_moe_router" /* moe_ref.h: dev, rng and their setup */
 #include "moe_ref.h"
-
-static tier_dev *dev;
-static tier_rng rng;
 
 typedef struct {
 	tier_moe_router_kind kind;
@@ -285,20 +283,6 @@ static void test_cuda_unsupported(void **state)
 	assert_non_null(strstr(tier_last_error(), "CPU"));
 }
 
-static int setup(void **state)
-{
-	(void)state;
-	tier_rng_seed(&rng, ref_seed("test_moe_router"));
-	return tier_dev_open(&dev, TIER_DEV_CPU, 0);
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	tier_dev_close(dev);
-	return 0;
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -306,5 +290,5 @@ int main(void)
 		cmocka_unit_test(test_group_limited),  cmocka_unit_test(test_aux_and_z_loss),
 		cmocka_unit_test(test_bad_input),      cmocka_unit_test(test_cuda_unsupported),
 	};
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return cmocka_run_group_tests(tests, ref_setup, ref_teardown);
 }

@@ -239,38 +239,36 @@ static void test_accum(void **state)
 	assert_non_null(strstr(tier_last_error(), "tokens a step"));
 }
 
+/* Whether the tiny model fits the tiny cluster with `hbm` bytes of HBM a GPU (the plan in *r). */
+static int fits_hbm(const tier_plan_model *m, const tier_plan_opts *o, uint64_t hbm, tier_plan_result *r)
+{
+	tier_plan_cluster c;
+	tiny_cluster(&c, hbm);
+	assert_int_equal(tier_plan_run(m, &c, o, r), 0);
+	return r->fits;
+}
+
 /* The fit boundary: one byte less HBM than the live items need does not fit, whatever DDR holds. */
 static void test_fit_boundary(void **state)
 {
 	(void)state;
 	tier_plan_model m;
-	tier_plan_cluster c;
 	tier_plan_opts o;
 	tier_plan_result r;
 	tiny(&m);
 	tiny_opts(&o);
-	tiny_cluster(&c, 11968);
-	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
-	assert_true(r.fits);
-	tiny_cluster(&c, 11967);
-	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
-	assert_false(r.fits);
+	assert_true(fits_hbm(&m, &o, 11968, &r));
+	assert_false(fits_hbm(&m, &o, 11967, &r));
 	assert_int_equal(r.shortfall, 1);
 	/* Without tiering HBM must hold all 15608 B. */
 	o.no_tiering = 1;
-	tiny_cluster(&c, 15608);
-	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
-	assert_true(r.fits);
+	assert_true(fits_hbm(&m, &o, 15608, &r));
 	assert_int_equal(r.cap[TIER_PLAN_DDR], 0);
-	tiny_cluster(&c, 15607);
-	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
-	assert_false(r.fits);
+	assert_false(fits_hbm(&m, &o, 15607, &r));
 	assert_int_equal(r.shortfall, 1);
 	/* The reserve comes off HBM. */
 	o.hbm_reserve = 1;
-	tiny_cluster(&c, 15608);
-	assert_int_equal(tier_plan_run(&m, &c, &o, &r), 0);
-	assert_false(r.fits);
+	assert_false(fits_hbm(&m, &o, 15608, &r));
 }
 
 static uint64_t preset_count(const char *name, int active)

@@ -19,45 +19,41 @@ typedef struct {
 	size_t n_live;
 } model;
 
+/* The free run at or after unit *at: 1 with *at its first unit and *len its length, 0 when none
+ * is left. */
+static int model_free_run(const model *m, uint64_t *at, uint64_t *len)
+{
+	uint64_t i = *at, j;
+	while (i < m->units && m->used[i])
+		i++;
+	for (j = i; j < m->units && !m->used[j]; j++)
+		;
+	*at = i, *len = j - i;
+	return i < m->units;
+}
+
 /* Naive best fit: scan every free run, keep the smallest that fits (lowest offset on ties). */
 static int model_best_fit(const model *m, uint64_t units, uint64_t *at)
 {
-	uint64_t best_len = UINT64_MAX, i = 0;
+	uint64_t best_len = UINT64_MAX, len;
 	int found = 0;
-	while (i < m->units) {
-		uint64_t j = i;
-		if (m->used[i]) {
-			i++;
-			continue;
-		}
-		while (j < m->units && !m->used[j])
-			j++;
-		if (j - i >= units && j - i < best_len) {
-			best_len = j - i;
+	for (uint64_t i = 0; model_free_run(m, &i, &len); i += len)
+		if (len >= units && len < best_len) {
+			best_len = len;
 			*at = i;
 			found = 1;
 		}
-		i = j;
-	}
 	return found;
 }
 
 static uint64_t model_runs(const model *m, uint64_t *largest)
 {
-	uint64_t runs = 0, i = 0;
+	uint64_t runs = 0, len;
 	*largest = 0;
-	while (i < m->units) {
-		uint64_t j = i;
-		if (m->used[i]) {
-			i++;
-			continue;
-		}
-		while (j < m->units && !m->used[j])
-			j++;
+	for (uint64_t i = 0; model_free_run(m, &i, &len); i += len) {
 		runs++;
-		if (j - i > *largest)
-			*largest = j - i;
-		i = j;
+		if (len > *largest)
+			*largest = len;
 	}
 	return runs;
 }

@@ -10,14 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 #include "tier/tier.h"
-
-static tier_dev *cpu;
-static tier_rng rng;
-static uint64_t seed;
+#define SEEDED_CPU_TEST "test_train" /* seeded_cpu.h: cpu, rng and seed, set up for the group */
+#include "seeded_cpu.h"
 
 /* Layer 0 MoE (4 experts of 8, k 2), layer 1 a dense MLP of 12; odd vocabulary; untied head. */
 static void tiny_config(tier_hf_config *c)
@@ -36,6 +33,14 @@ static void wider_config(tier_hf_config *c, tier_lora_cfg *lc)
 	tiny_config(c);
 	c->num_experts = 16, c->moe_intermediate_size = 128, c->num_hidden_layers = 4, c->hidden_size = 32;
 	tier_lora_cfg_init(lc);
+}
+
+/* tiny_config with LoRA on every target, PEFT's init (B zero). */
+static void tiny_all_targets(tier_hf_config *c, tier_lora_cfg *lc)
+{
+	tiny_config(c);
+	tier_lora_cfg_init(lc);
+	lc->targets = 0x3f, lc->seed = seed;
 }
 
 /* wider_config with LoRA on every target, B initialised non-zero (so that every gradient is). */
@@ -57,6 +62,12 @@ static const char *rig_opcache; /* operator cache rules of the next rig (NULL: n
 static int rig_micro = 1;        /* micro-batches of the next rig */
 static int rig_chunks = 0;       /* MoE chunks of the next rig (tier_train_cfg.moe_chunks) */
 static int rig_lmajor = 0;       /* tier_train_cfg.layer_major of the next rig */
+
+/* The next rigs' settings back to the above: a test that changed them ends with this. */
+static void rig_defaults(void)
+{
+	rig_opcache = NULL, rig_micro = 1, rig_chunks = 0, rig_lmajor = 0;
+}
 
 static int rig_open(rig *r, const tier_hf_config *c, const tier_lora_cfg *lc, uint64_t hbm, int batch, int seq,
 		    uint64_t wseed, double init)
@@ -276,6 +287,17 @@ static void test_store_transparent(void **state)
 	rig_close(&r);
 }
 
+/* The smallest HBM budget the trainer accepts for these configs (tier_trainer_min_hbm), at batch 2
+ * x seq 8 with the next rig's micro-batches and cache. */
+static uint64_t min_hbm_of(const tier_hf_config *c, const tier_lora_cfg *lc)
+{
+	rig q;
+	assert_int_equal(rig_open(&q, c, lc, 64u << 20, 2, 8, 3, 0.1), 0);
+	uint64_t need = tier_trainer_min_hbm(q.t);
+	rig_close(&q);
+	return need;
+}
+
 /* The step's gradient norm (summed layer by layer as the backward finishes each) equals the norm
  * of the gradients an evaluation exports, under a budget that spills and one that does not; after
  * the step, whose optimizer dropped them, exporting gradients is refused with a way out. */
@@ -286,9 +308,7 @@ static void test_grad_norm_and_spent_grads(void **state)
 	tier_lora_cfg lc;
 	wider_all_targets(&c, &lc);
 	rig r;
-	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);
-	uint64_t small = tier_trainer_min_hbm(r.t) * 5 / 4;
-	rig_close(&r);
+	uint64_t small = min_hbm_of(&c, &lc) * 5 / 4;
 	for (int v = 0; v < 2; v++) {
 		assert_int_equal(rig_open(&r, &c, &lc, v ? small : 64u << 20, 2, 8, 3, 0.1), 0);
 		fill_batch(&r, 23, seed + 7, 16);
@@ -488,18 +508,7 @@ static void test_moe_chunks(void **state)
 	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 12, 3, 0.1), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "aux loss"));
 	rig_close(&r);
-	rig_chunks = 0, rig_opcache = NULL;
-}
-
-/* The smallest HBM budget the trainer accepts for these configs (tier_trainer_min_hbm), at batch 2
- * x seq 8 with the next rig's micro-batches and cache. */
-static uint64_t min_hbm_of(const tier_hf_config *c, const tier_lora_cfg *lc)
-{
-	rig q;
-	assert_int_equal(rig_open(&q, c, lc, 64u << 20, 2, 8, 3, 0.1), 0);
-	uint64_t need = tier_trainer_min_hbm(q.t);
-	rig_close(&q);
-	return need;
+	rig_defaults();
 }
 
 /* Two adapters with the same modules hold the same bits. */
@@ -570,7 +579,7 @@ static void test_layer_major(void **state)
 		tier_peft_free(w[0]);
 		tier_peft_free(w[1]);
 	}
-	rig_micro = 1, rig_lmajor = 0, rig_opcache = NULL, rig_chunks = 0;
+	rig_defaults();
 }
 
 /* Pipelined operations (train_pending.c: an operation's end put off behind the next one's kernels)
@@ -690,7 +699,7 @@ static void test_pipeline_transparent(void **state)
 	pipeline_case(&c, &lc, "layer-major, 3 micro-batches, op cache", 64u << 20, &piped, &early, &hh, &dh);
 	assert_true(piped > 0);
 	pipeline_case(&c, &lc, "layer-major, 3 micro-batches, op cache, spilling", need * 5 / 2, &piped, &early, &hh, &dh);
-	rig_micro = 1, rig_lmajor = 0, rig_opcache = NULL;
+	rig_defaults();
 }
 
 /* LoRA dropout: training steps use it (their losses differ from dropout 0's after the first
@@ -755,7 +764,7 @@ static void test_opcache_transparent(void **state)
 	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 8, 1, 0.1), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "op-cache"));
 	rig_close(&r);
-	rig_opcache = NULL, rig_micro = 1;
+	rig_defaults();
 }
 
 /* The attention's output alone (train_cache.c's OP_CORE): with no HBM budget the cache keeps no
@@ -782,7 +791,7 @@ static void test_opcache_attention_output(void **state)
 		assert_int_equal(at->admitted[0] + at->hits[0], 0);
 		assert_memory_equal(a, b, sizeof a);
 	}
-	rig_opcache = NULL, rig_micro = 1, rig_lmajor = 0;
+	rig_defaults();
 }
 
 /* The MoE block in routed halves (dec_shape.routed: one read back of the counts a layer's forward,
@@ -818,7 +827,7 @@ static void test_moe_routed_transparent(void **state)
 			assert_true(ev > 0);
 		assert_memory_equal(a, b, sizeof a);
 	}
-	rig_opcache = NULL, rig_micro = 1, rig_lmajor = 0;
+	rig_defaults();
 }
 
 static void test_bad_input(void **state)
@@ -1193,10 +1202,8 @@ static void test_lora_init_and_adapter(void **state)
 {
 	(void)state;
 	tier_hf_config c;
-	tiny_config(&c);
 	tier_lora_cfg lc;
-	tier_lora_cfg_init(&lc);
-	lc.targets = 0x3f, lc.seed = seed;
+	tiny_all_targets(&c, &lc);
 	rig r;
 	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 2, 5, seed, 0.3), 0);
 	tier_peft_adapter *a;
@@ -1320,10 +1327,8 @@ static void test_resume(void **state)
 {
 	(void)state;
 	tier_hf_config c;
-	tiny_config(&c);
 	tier_lora_cfg lc;
-	tier_lora_cfg_init(&lc);
-	lc.targets = 0x3f, lc.seed = seed;
+	tiny_all_targets(&c, &lc);
 	char dir[256], path[300];
 	const char *base = getenv("TMPDIR");
 	snprintf(dir, sizeof dir, "%s/tier-train-resume.XXXXXX", base && *base ? base : P_tmpdir);
@@ -1486,12 +1491,5 @@ int main(void)
 		cmocka_unit_test(test_cold_experts_not_fetched),
 		cmocka_unit_test(test_expert_counts),
 	};
-	seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
-	printf("# test_train seed %llu (TIER_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
-	tier_rng_seed(&rng, seed);
-	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0))
-		return 1;
-	int rc = cmocka_run_group_tests(tests, NULL, NULL);
-	tier_dev_close(cpu);
-	return rc;
+	return cmocka_run_group_tests(tests, seeded_cpu_setup, seeded_cpu_teardown);
 }

@@ -28,6 +28,20 @@ static void make(sim_trace *t, const int *ref, size_t n, uint64_t size)
 	}
 }
 
+/* An empty trace of objects 0..n-1, each of `size` bytes. */
+static void trace_objects(sim_trace *t, uint32_t n, uint64_t size)
+{
+	memset(t, 0, sizeof *t);
+	for (uint32_t i = 0; i < n; i++)
+		assert_int_equal(sim_trace_object(t, i, size), 0);
+}
+
+/* A request of the hand-made traces: object obj in step 0 at level tier (0 HBM, 1 DDR). */
+static void request(sim_trace *t, uint32_t obj, int tier, int kind)
+{
+	assert_int_equal(sim_trace_add(t, obj, 0, tier, kind), 0);
+}
+
 static sim_result run(const sim_trace *t, sim_policy p, uint64_t hbm)
 {
 	sim_config c = { .cap = { hbm, 1ull << 40 }, .half_life = INFINITY, .gbps = { 55, 6 } };
@@ -176,13 +190,11 @@ static void test_two_levels(void **state)
 {
 	(void)state;
 	sim_trace t;
-	memset(&t, 0, sizeof t);
-	for (uint32_t i = 0; i < 3; i++)
-		assert_int_equal(sim_trace_object(&t, i, 1), 0);
-	assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_ACCESS), 0);
-	assert_int_equal(sim_trace_add(&t, 1, 0, 0, SIM_ACCESS), 0);
-	assert_int_equal(sim_trace_add(&t, 2, 0, 1, SIM_ACCESS), 0);
-	assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_ACCESS), 0);
+	trace_objects(&t, 3, 1);
+	request(&t, 0, 0, SIM_ACCESS);
+	request(&t, 1, 0, SIM_ACCESS);
+	request(&t, 2, 1, SIM_ACCESS);
+	request(&t, 0, 0, SIM_ACCESS);
 	sim_config c = { .cap = { 1, 2 }, .half_life = 4, .gbps = { 1, 1 } };
 	sim_result r;
 	memset(&r, 0x5a, sizeof r);
@@ -208,16 +220,14 @@ static void test_discard(void **state)
 	(void)state;
 	for (int discard = 0; discard < 2; discard++) {
 		sim_trace t;
-		memset(&t, 0, sizeof t);
-		for (uint32_t i = 0; i < 2; i++)
-			assert_int_equal(sim_trace_object(&t, i, 1), 0);
-		assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_ACCESS), 0);
-		assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_DIRTY), 0);
+		trace_objects(&t, 2, 1);
+		request(&t, 0, 0, SIM_ACCESS);
+		request(&t, 0, 0, SIM_DIRTY);
 		if (discard)
-			assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_DISCARD), 0);
-		assert_int_equal(sim_trace_add(&t, 1, 0, 1, SIM_ACCESS), 0);
-		assert_int_equal(sim_trace_add(&t, 1, 0, 0, SIM_ACCESS), 0);
-		assert_int_equal(sim_trace_add(&t, 0, 0, 0, SIM_ACCESS), 0);
+			request(&t, 0, 0, SIM_DISCARD);
+		request(&t, 1, 1, SIM_ACCESS);
+		request(&t, 1, 0, SIM_ACCESS);
+		request(&t, 0, 0, SIM_ACCESS);
 		sim_config c = { .cap = { 1, 4 }, .half_life = 4, .gbps = { 1, 1 } };
 		sim_result r;
 		assert_int_equal(sim_run(&t, SIM_LRU, &c, &r), 0);
@@ -329,9 +339,7 @@ static void test_overlap_replay(void **state)
 	(void)state;
 	static const uint32_t ops[][2] = { { 0, 1 }, { 2, 2 }, { 0, 0 }, { 1, 1 } }; /* objects per op */
 	sim_trace t;
-	memset(&t, 0, sizeof t);
-	for (uint32_t i = 0; i < 3; i++)
-		assert_int_equal(sim_trace_object(&t, i, 1000), 0);
+	trace_objects(&t, 3, 1000);
 	for (uint32_t k = 0; k < 4; k++) {
 		if (k == 3)
 			sim_trace_op(&t, 1, 0); /* a step opens an operation that stays empty */

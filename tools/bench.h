@@ -6,6 +6,7 @@
 #ifndef TIER_TOOLS_BENCH_H
 #define TIER_TOOLS_BENCH_H
 
+#include <getopt.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -63,5 +64,48 @@ int bench_parse_uint(const char *cmd, const char *opt, const char *text, unsigne
 int bench_no_extra_args(const char *cmd, int argc, char **argv);
 /* "cpu" or "cuda" -> kind; 0, or 1 after printing what is wrong. */
 int bench_parse_device(const char *cmd, const char *text, tier_dev_kind *out);
+/* n comma-separated whole numbers, each in [1, max], into v (a --shape); 0, or 1 (nothing printed:
+ * the caller says what its shape should be). */
+int bench_parse_dims(const char *text, int n, long long max, long long *v);
+
+/* ---- The model benchmarks (attn, loss, moe): their common options, timing and exit ---- */
+typedef struct {
+	tier_dev_kind kind; /* --device cuda|cpu */
+	unsigned iters;     /* --iters N: timed runs per figure */
+	int json;           /* --json: one JSON line with every figure after the table */
+} bench_run_opts;
+
+/* A subcommand's command line: own holds its own options (getopt_long entries whose val is none of
+ * 'd', 'i', 'j', 'h', at most 11, ended by a zero entry), which take reads: 0, or 1 after printing
+ * why the value is wrong. */
+typedef struct {
+	const char *cmd; /* the subcommand, for messages */
+	const struct option *own;
+	int (*take)(void *opts, int val, const char *text);
+	void (*usage)(FILE *f);
+} bench_cli;
+
+/* Parses argv (argv[0] the subcommand): --device, --iters and --json into *run, whose defaults the
+ * caller sets first, and cli->own through cli->take(opts, ...); --help prints the usage on stdout,
+ * an unknown option prints it on stderr. Returns 0, -1 after --help, or 1 on bad arguments
+ * (message printed). */
+int bench_parse_run(const bench_cli *cli, int argc, char **argv, bench_run_opts *run, void *opts);
+/* The end of their usage text: --json and --help, described from column col, and the exit status. */
+void bench_run_usage_end(FILE *f, int col);
+
+/* Times call(arg) on dev: untimed runs until they add up to warm_ms (at least 2, at most 10000),
+ * then the median of iters timed ones, by CUDA events on a CUDA device's compute stream
+ * (bench_dev.h's timer) or by the host clock on the CPU. Returns the median in ms, or a negative
+ * value with *rc the failed call's status (or -EIO from the events, -ENOMEM). */
+double bench_measure_ms(tier_dev *dev, int (*call)(void *arg), void *arg, unsigned warm_ms, unsigned iters,
+			int *rc);
+
+/* bench_table_row of cells formatted in place, char cells[ncols][BENCH_CELL] (ncols <= 16). */
+#define BENCH_CELL 32
+void bench_table_cells(const bench_col *cols, int ncols, char (*cells)[BENCH_CELL]);
+
+/* Prints "tier-bench CMD: " and tier_last_error() on stderr and closes dev (NULL: none open);
+ * returns 2, the exit status of a benchmark that failed. */
+int bench_failed(const char *cmd, tier_dev *dev);
 
 #endif

@@ -3,13 +3,10 @@
  * F.scaled_dot_product_attention) is measured by bench/attn_torch.py, which reads the JSON line. */
 #include "config.h"
 #include <errno.h>
-#include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef TIER_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 #include "tier/tier.h"
 #include "tools/bench.h"
 
@@ -20,9 +17,8 @@ typedef struct {
 } attn_shape;
 
 typedef struct {
-	tier_dev_kind kind;
-	unsigned iters, n_shapes;
-	int json;
+	bench_run_opts run;
+	unsigned n_shapes;
 	attn_shape shapes[8];
 } attn_opts;
 
@@ -36,10 +32,7 @@ typedef struct {
 	void *q, *k, *v, *o, *dout, *ws;
 	float *lse, *dq, *dk, *dv;
 	size_t ws_bytes;
-	int op, rc;
-#ifdef TIER_HAVE_CUDA
-	cudaEvent_t e0, e1;
-#endif
+	int op;
 } attn_case;
 
 static void usage(FILE *f)
@@ -55,47 +48,32 @@ static void usage(FILE *f)
 		"\n"
 		"  --device KIND        cuda (default) or cpu (use a small --shape there)\n"
 		"  --shape B,S,H,KVH,D  a shape to run (repeatable, up to 8; replaces the default)\n"
-		"  --iters N            timed runs per figure (default 20)\n"
-		"  --json               print one JSON line with every figure after the table\n"
-		"  --help               this text\n"
-		"Exit status: 0 done, 1 bad arguments, 2 the benchmark failed (message on stderr).\n");
+		"  --iters N            timed runs per figure (default 20)\n");
+	bench_run_usage_end(f, 23);
+}
+
+/* --shape B,S,H,KVH,D, attn's one option of its own. */
+static int take_shape(void *opts, int val, const char *text)
+{
+	attn_opts *o = opts;
+	long long v[5];
+	(void)val;
+	if (o->n_shapes == 8 || bench_parse_dims(text, 5, LLONG_MAX, v)) {
+		fprintf(stderr, "tier-bench attn: --shape %s: give B,S,H,KVH,D (positive; at most 8 shapes)\n", text);
+		return 1;
+	}
+	o->shapes[o->n_shapes++] = (attn_shape){ v[0], v[1], v[2], v[3], v[4] };
+	return 0;
 }
 
 static int parse(int argc, char **argv, attn_opts *o)
 {
-	static const struct option opts[] = {
-		{ "device", required_argument, NULL, 'd' }, { "shape", required_argument, NULL, 's' },
-		{ "iters", required_argument, NULL, 'i' }, { "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
-	};
-	int c;
-	*o = (attn_opts){ .kind = TIER_DEV_CUDA, .iters = 20 };
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (c) {
-		case 'd':
-			if (bench_parse_device("attn", optarg, &o->kind))
-				return 1;
-			break;
-		case 's': {
-			long long b, s, h, kh, d;
-			char tail;
-			if (o->n_shapes == 8 || sscanf(optarg, "%lld,%lld,%lld,%lld,%lld%c", &b, &s, &h, &kh, &d, &tail) != 5 ||
-			    b < 1 || s < 1 || h < 1 || kh < 1 || d < 1) {
-				fprintf(stderr, "tier-bench attn: --shape %s: give B,S,H,KVH,D (positive; at most 8 shapes)\n", optarg);
-				return 1;
-			}
-			o->shapes[o->n_shapes++] = (attn_shape){ b, s, h, kh, d };
-			break;
-		}
-		case 'i': if (bench_parse_uint(cmd, "--iters", optarg, &o->iters)) return 1; break;
-		case 'j': o->json = 1; break;
-		case 'h': usage(stdout); return -1;
-		default: usage(stderr); return 1;
-		}
-	}
-	if (bench_no_extra_args("attn", argc, argv))
-		return 1;
+	static const struct option own[] = { { "shape", required_argument, NULL, 's' }, { NULL, 0, NULL, 0 } };
+	static const bench_cli cli = { "attn", own, take_shape, usage };
+	int rc;
+	*o = (attn_opts){ .run = { .kind = TIER_DEV_CUDA, .iters = 20 } };
+	if ((rc = bench_parse_run(&cli, argc, argv, &o->run, o)))
+		return rc;
 	if (!o->n_shapes)
 		o->shapes[o->n_shapes++] = (attn_shape){ 1, 4096, 32, 4, 128 };
 	return 0;
@@ -112,30 +90,11 @@ static int call(attn_case *c, int op)
 	return rc;
 }
 
-/* One timed call of the case's operation, in ns. */
-static double run_op(void *arg)
+/* The case's operation (bench_measure_ms's call). */
+static int call_op(void *arg)
 {
 	attn_case *c = arg;
-	uint64_t t0 = tier_now_ns();
-	float ms = 0;
-#ifdef TIER_HAVE_CUDA
-	if (tier_dev_kind_of(c->dev) == TIER_DEV_CUDA)
-		cudaEventRecord(c->e0, (cudaStream_t)tier_dev_stream(c->dev));
-#endif
-	if ((c->rc = call(c, c->op)))
-		return -1;
-#ifdef TIER_HAVE_CUDA
-	if (tier_dev_kind_of(c->dev) == TIER_DEV_CUDA) {
-		cudaEventRecord(c->e1, (cudaStream_t)tier_dev_stream(c->dev));
-		if (cudaEventSynchronize(c->e1) != cudaSuccess || cudaEventElapsedTime(&ms, c->e0, c->e1) != cudaSuccess) {
-			c->rc = tier_fail(-EIO, "attn bench: CUDA events failed: %s", cudaGetErrorString(cudaGetLastError()));
-			return -1;
-		}
-		return ms * 1e6;
-	}
-#endif
-	(void)ms;
-	return (double)(tier_now_ns() - t0);
+	return call(c, c->op);
 }
 
 /* Uniform values in (-1.7, 1.7): bf16 on CUDA (made on the host, copied), fp32 on the CPU. */
@@ -208,23 +167,11 @@ static double fwd_flop(attn_shape s)
 static int bench_shape(tier_dev *dev, const attn_opts *o, attn_shape s, double ms[N_OPS])
 {
 	attn_case c = { .dev = dev };
-	int rc = 0;
-#ifdef TIER_HAVE_CUDA
-	if (o->kind == TIER_DEV_CUDA && (cudaEventCreate(&c.e0) != cudaSuccess || cudaEventCreate(&c.e1) != cudaSuccess))
-		rc = tier_fail(-EIO, "attn bench: cannot create CUDA events");
-#endif
-	if (!rc)
-		rc = alloc_case(&c, o->kind, s);
+	int rc = alloc_case(&c, o->run.kind, s);
 	for (int op = 0; op < N_OPS && !rc; op++) {
-		char cells[NCOLS][32];
-		const char *cp[NCOLS];
+		char cells[NCOLS][BENCH_CELL];
 		c.op = op;
-		for (int w = 0; w < 2 && !rc; w++)
-			if (run_op(&c) < 0)
-				rc = c.rc;
-		ms[op] = rc ? 0 : bench_median_run(run_op, &c, o->iters) / 1e6;
-		if (!rc && ms[op] < 0)
-			rc = c.rc;
+		ms[op] = bench_measure_ms(dev, call_op, &c, 0, o->run.iters, &rc);
 		if (rc)
 			break;
 		snprintf(cells[0], 32, "%lld", (long long)s.B), snprintf(cells[1], 32, "%lld", (long long)s.S);
@@ -232,16 +179,8 @@ static int bench_shape(tier_dev *dev, const attn_opts *o, attn_shape s, double m
 		snprintf(cells[4], 32, "%lld", (long long)s.D), snprintf(cells[5], 32, "%s", op_name[op]);
 		bench_fmt_time(ms[op] * 1e6, cells[6], 32);
 		bench_fmt_num(op_flop_factor[op] * fwd_flop(s) / (ms[op] * 1e9), 1, cells[7], 32);
-		for (size_t k = 0; k < NCOLS; k++)
-			cp[k] = cells[k];
-		bench_table_row(cols, NCOLS, cp);
+		bench_table_cells(cols, NCOLS, cells);
 	}
-#ifdef TIER_HAVE_CUDA
-	if (o->kind == TIER_DEV_CUDA) {
-		cudaEventDestroy(c.e0);
-		cudaEventDestroy(c.e1);
-	}
-#endif
 	free_case(&c);
 	return rc;
 }
@@ -254,25 +193,20 @@ int bench_attn(int argc, char **argv)
 	int rc = parse(argc, argv, &o);
 	if (rc)
 		return rc < 0 ? 0 : rc;
-	if ((rc = tier_dev_open(&dev, o.kind, 0))) {
-		fprintf(stderr, "tier-bench attn: %s\n", tier_last_error());
-		return 2;
-	}
+	if (tier_dev_open(&dev, o.run.kind, 0))
+		return bench_failed(cmd, NULL);
 	bench_comment("tier-bench attn: causal flash attention with GQA, forward / backward / forward+backward");
-	bench_comment("device %s; median of %u runs after 2 warm-up runs", tier_dev_name(dev), o.iters);
+	bench_comment("device %s; median of %u runs after 2 warm-up runs", tier_dev_name(dev), o.run.iters);
 	bench_comment("rate counts causal FLOPs: fwd 4*S*S*D*H*B/2, bwd 2.5x that, fwd+bwd 3.5x");
 	bench_table_header(cols, NCOLS);
 	for (unsigned i = 0; i < o.n_shapes && !rc; i++)
 		rc = bench_shape(dev, &o, o.shapes[i], ms[i]);
-	if (rc) {
-		fprintf(stderr, "tier-bench attn: %s\n", tier_last_error());
-		tier_dev_close(dev);
-		return 2;
-	}
+	if (rc)
+		return bench_failed(cmd, dev);
 	bench_summary("%u shapes; first: fwd %.3f ms (%.1f TFLOP/s), fwd+bwd %.3f ms (%.1f TFLOP/s)", o.n_shapes,
 		      ms[0][OP_FWD], fwd_flop(o.shapes[0]) / (ms[0][OP_FWD] * 1e9), ms[0][OP_FWD_BWD],
 		      3.5 * fwd_flop(o.shapes[0]) / (ms[0][OP_FWD_BWD] * 1e9));
-	if (o.json) {
+	if (o.run.json) {
 		printf("{\"bench\":\"attn\",\"impl\":\"tier\",\"device\":\"%s\",\"results\":[", tier_dev_name(dev));
 		for (unsigned i = 0; i < o.n_shapes; i++)
 			printf("%s{\"B\":%lld,\"S\":%lld,\"H\":%lld,\"KVH\":%lld,\"D\":%lld,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,"

@@ -3,13 +3,10 @@
  * eager and torch.compile) are measured by bench/loss_torch.py, which reads this JSON line. */
 #include "config.h"
 #include <errno.h>
-#include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef TIER_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 #include "tier/tier.h"
 #include "tools/bench.h"
 
@@ -20,10 +17,10 @@ typedef struct {
 } shape;
 
 typedef struct {
-	tier_dev_kind kind;
+	bench_run_opts run;
 	uint64_t bound;
-	unsigned iters, n_shapes;
-	int dw, json;
+	unsigned n_shapes;
+	int dw;
 	shape shapes[8];
 } loss_opts;
 
@@ -38,10 +35,7 @@ typedef struct {
 	float *lse, *loss, *dH, *dW;
 	int64_t *count;
 	size_t ws_bytes;
-	int op, rc;
-#ifdef TIER_HAVE_CUDA
-	cudaEvent_t e0, e1;
-#endif
+	int op;
 } loss_case;
 
 static void usage(FILE *f)
@@ -60,50 +54,40 @@ static void usage(FILE *f)
 		"  --shape N,V,D   a shape to run (repeatable, up to 8; replaces the defaults)\n"
 		"  --mem SIZE      memory bound for the workspace; chunk and block follow from it (default 400M)\n"
 		"  --iters N       timed runs per figure (default 10)\n"
-		"  --dw            also compute dW (a trainable lm_head)\n"
-		"  --json          print one JSON line with every figure after the table\n"
-		"  --help          this text\n"
-		"Exit status: 0 done, 1 bad arguments, 2 the benchmark failed (message on stderr).\n");
+		"  --dw            also compute dW (a trainable lm_head)\n");
+	bench_run_usage_end(f, 18);
+}
+
+/* loss's own options: --shape, --mem, --dw. */
+static int take(void *opts, int val, const char *text)
+{
+	loss_opts *o = opts;
+	long long v[3];
+	switch (val) {
+	case 's':
+		if (o->n_shapes == 8 || bench_parse_dims(text, 3, LLONG_MAX, v)) {
+			fprintf(stderr, "tier-bench loss: --shape %s: give N,V,D (positive; at most 8 shapes)\n", text);
+			return 1;
+		}
+		o->shapes[o->n_shapes++] = (shape){ v[0], v[1], v[2] };
+		return 0;
+	case 'm': return bench_parse_size(cmd, "--mem", text, &o->bound);
+	case 'w': o->dw = 1; return 0;
+	}
+	return 1;
 }
 
 static int parse(int argc, char **argv, loss_opts *o)
 {
-	static const struct option opts[] = {
-		{ "device", required_argument, NULL, 'd' }, { "shape", required_argument, NULL, 's' },
-		{ "mem", required_argument, NULL, 'm' }, { "iters", required_argument, NULL, 'i' },
-		{ "dw", no_argument, NULL, 'w' }, { "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+	static const struct option own[] = {
+		{ "shape", required_argument, NULL, 's' }, { "mem", required_argument, NULL, 'm' },
+		{ "dw", no_argument, NULL, 'w' }, { NULL, 0, NULL, 0 },
 	};
-	int c;
-	*o = (loss_opts){ .kind = TIER_DEV_CUDA, .bound = 400ull << 20, .iters = 10 };
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (c) {
-		case 'd':
-			if (bench_parse_device("loss", optarg, &o->kind))
-				return 1;
-			break;
-		case 's': {
-			long long n, v, d;
-			char tail;
-			if (o->n_shapes == 8 || sscanf(optarg, "%lld,%lld,%lld%c", &n, &v, &d, &tail) != 3 ||
-			    n < 1 || v < 1 || d < 1) {
-				fprintf(stderr, "tier-bench loss: --shape %s: give N,V,D (positive; at most 8 shapes)\n", optarg);
-				return 1;
-			}
-			o->shapes[o->n_shapes++] = (shape){ n, v, d };
-			break;
-		}
-		case 'm': if (bench_parse_size(cmd, "--mem", optarg, &o->bound)) return 1; break;
-		case 'i': if (bench_parse_uint(cmd, "--iters", optarg, &o->iters)) return 1; break;
-		case 'w': o->dw = 1; break;
-		case 'j': o->json = 1; break;
-		case 'h': usage(stdout); return -1;
-		default: usage(stderr); return 1;
-		}
-	}
-	if (bench_no_extra_args("loss", argc, argv))
-		return 1;
+	static const bench_cli cli = { "loss", own, take, usage };
+	int rc;
+	*o = (loss_opts){ .run = { .kind = TIER_DEV_CUDA, .iters = 10 }, .bound = 400ull << 20 };
+	if ((rc = bench_parse_run(&cli, argc, argv, &o->run, o)))
+		return rc;
 	if (!o->n_shapes) {
 		o->shapes[0] = (shape){ 8192, 256000, 2304 };
 		o->shapes[1] = (shape){ 16384, 151936, 2048 };
@@ -112,38 +96,17 @@ static int parse(int argc, char **argv, loss_opts *o)
 	return 0;
 }
 
-/* One timed call of the case's operation, in ns. */
-static double run_op(void *arg)
+/* The case's operation (bench_measure_ms's call). */
+static int call_op(void *arg)
 {
 	loss_case *c = arg;
 	const tier_loss_params *p = &c->p;
-	uint64_t t0 = tier_now_ns();
-	float ms = 0;
-#ifdef TIER_HAVE_CUDA
-	if (tier_dev_kind_of(c->dev) == TIER_DEV_CUDA)
-		cudaEventRecord(c->e0, (cudaStream_t)tier_dev_stream(c->dev));
-#endif
 	if (c->op == OP_FWD)
-		c->rc = tier_loss_fwd(c->dev, p, c->H, c->W, c->labels, c->lse, c->loss, c->count, c->ws, c->ws_bytes);
-	else if (c->op == OP_BWD)
-		c->rc = tier_loss_bwd(c->dev, p, c->H, c->W, c->labels, c->lse, 1.0f, c->dH, c->dW, c->ws, c->ws_bytes);
-	else
-		c->rc = tier_loss_fwd_bwd(c->dev, p, c->H, c->W, c->labels, 1.0f, c->lse, c->loss, c->count, c->dH,
-					  c->dW, c->ws, c->ws_bytes);
-	if (c->rc)
-		return -1;
-#ifdef TIER_HAVE_CUDA
-	if (tier_dev_kind_of(c->dev) == TIER_DEV_CUDA) {
-		cudaEventRecord(c->e1, (cudaStream_t)tier_dev_stream(c->dev));
-		if (cudaEventSynchronize(c->e1) != cudaSuccess || cudaEventElapsedTime(&ms, c->e0, c->e1) != cudaSuccess) {
-			c->rc = tier_fail(-EIO, "loss bench: CUDA events failed: %s", cudaGetErrorString(cudaGetLastError()));
-			return -1;
-		}
-		return ms * 1e6;
-	}
-#endif
-	(void)ms;
-	return (double)(tier_now_ns() - t0);
+		return tier_loss_fwd(c->dev, p, c->H, c->W, c->labels, c->lse, c->loss, c->count, c->ws, c->ws_bytes);
+	if (c->op == OP_BWD)
+		return tier_loss_bwd(c->dev, p, c->H, c->W, c->labels, c->lse, 1.0f, c->dH, c->dW, c->ws, c->ws_bytes);
+	return tier_loss_fwd_bwd(c->dev, p, c->H, c->W, c->labels, 1.0f, c->lse, c->loss, c->count, c->dH, c->dW,
+				 c->ws, c->ws_bytes);
 }
 
 /* Random inputs: bf16 on CUDA (made on the host, copied), fp32 on the CPU; labels all counted. */
@@ -182,11 +145,11 @@ static int fill_inputs(loss_case *c, tier_dev_kind kind)
 
 static int alloc_case(loss_case *c, const loss_opts *o, shape s)
 {
-	size_t el = o->kind == TIER_DEV_CUDA ? 2 : 4;
+	size_t el = o->run.kind == TIER_DEV_CUDA ? 2 : 4;
 	int rc;
 	tier_loss_params_init(&c->p, s.N, s.V, s.D);
-	if ((rc = tier_loss_plan(&c->p, o->kind, o->bound, &c->p.chunk_tokens, &c->p.block_vocab)) ||
-	    (rc = tier_loss_workspace_bytes(&c->p, o->kind, &c->ws_bytes)))
+	if ((rc = tier_loss_plan(&c->p, o->run.kind, o->bound, &c->p.chunk_tokens, &c->p.block_vocab)) ||
+	    (rc = tier_loss_workspace_bytes(&c->p, o->run.kind, &c->ws_bytes)))
 		return rc;
 	if ((rc = tier_dev_malloc(c->dev, (size_t)(s.N * s.D) * el, &c->H)) ||
 	    (rc = tier_dev_malloc(c->dev, (size_t)(s.V * s.D) * el, &c->W)) ||
@@ -199,7 +162,7 @@ static int alloc_case(loss_case *c, const loss_opts *o, shape s)
 		return rc;
 	if (o->dw && (rc = tier_dev_malloc(c->dev, (size_t)(s.V * s.D) * 4, (void **)&c->dW)))
 		return rc;
-	return fill_inputs(c, o->kind);
+	return fill_inputs(c, o->run.kind);
 }
 
 static void free_case(loss_case *c)
@@ -223,21 +186,11 @@ static int bench_shape(tier_dev *dev, const loss_opts *o, shape s, double ms[N_O
 	loss_case c = { .dev = dev };
 	float loss = 0;
 	int rc = alloc_case(&c, o, s);
-#ifdef TIER_HAVE_CUDA
-	if (o->kind == TIER_DEV_CUDA && (cudaEventCreate(&c.e0) != cudaSuccess || cudaEventCreate(&c.e1) != cudaSuccess))
-		rc = tier_fail(-EIO, "loss bench: cannot create CUDA events");
-#endif
 	for (int op = 0; op < N_OPS && !rc; op++) {
 		double flop = 2.0 * (double)s.N * (double)s.V * (double)s.D * (op == OP_FWD ? 1 : 2 + (o->dw ? 1 : 0));
-		char cells[NCOLS][32];
-		const char *cp[NCOLS];
+		char cells[NCOLS][BENCH_CELL];
 		c.op = op;
-		for (int w = 0; w < 2 && !rc; w++)
-			if (run_op(&c) < 0)
-				rc = c.rc;
-		ms[op] = rc ? 0 : bench_median_run(run_op, &c, o->iters) / 1e6;
-		if (!rc && ms[op] < 0)
-			rc = c.rc;
+		ms[op] = bench_measure_ms(dev, call_op, &c, 0, o->run.iters, &rc);
 		if (rc)
 			break;
 		if (op == OP_FWD && (rc = tier_dev_memcpy_d2h(dev, &loss, c.loss, 4)))
@@ -250,17 +203,9 @@ static int bench_shape(tier_dev *dev, const loss_opts *o, shape s, double ms[N_O
 		bench_fmt_num(flop / (ms[op] * 1e9), 1, cells[7], 32);
 		snprintf(cells[8], 32, "%.1f MiB", (double)*extra / (1 << 20));
 		bench_fmt_num(loss, 4, cells[9], 32);
-		for (size_t k = 0; k < NCOLS; k++)
-			cp[k] = cells[k];
-		bench_table_row(cols, NCOLS, cp);
+		bench_table_cells(cols, NCOLS, cells);
 	}
 	*loss_out = loss;
-#ifdef TIER_HAVE_CUDA
-	if (o->kind == TIER_DEV_CUDA) {
-		cudaEventDestroy(c.e0);
-		cudaEventDestroy(c.e1);
-	}
-#endif
 	free_case(&c);
 	return rc;
 }
@@ -276,25 +221,20 @@ int bench_loss(int argc, char **argv)
 	int rc = parse(argc, argv, &o);
 	if (rc)
 		return rc < 0 ? 0 : rc;
-	if ((rc = tier_dev_open(&dev, o.kind, 0))) {
-		fprintf(stderr, "tier-bench loss: %s\n", tier_last_error());
-		return 2;
-	}
+	if (tier_dev_open(&dev, o.run.kind, 0))
+		return bench_failed(cmd, NULL);
 	bench_comment("tier-bench loss: chunked cut-cross-entropy, forward / backward (recompute) / fused forward+backward");
 	bench_comment("device %s; workspace bound %s; dW %s; median of %u runs after 2 warm-up runs", tier_dev_name(dev),
-		      bench_fmt_size(o.bound, a, sizeof a), o.dw ? "on" : "off (frozen lm_head)", o.iters);
+		      bench_fmt_size(o.bound, a, sizeof a), o.dw ? "on" : "off (frozen lm_head)", o.run.iters);
 	bench_comment("rate counts 2NVD flop per product: fwd 1 product, bwd and fwd+bwd 2 (3 with dW)");
 	bench_table_header(cols, NCOLS);
 	for (unsigned i = 0; i < o.n_shapes && !rc; i++)
 		rc = bench_shape(dev, &o, o.shapes[i], ms[i], &extra[i], &loss[i]);
-	if (rc) {
-		fprintf(stderr, "tier-bench loss: %s\n", tier_last_error());
-		tier_dev_close(dev);
-		return 2;
-	}
+	if (rc)
+		return bench_failed(cmd, dev);
 	bench_summary("%u shapes; fused forward+backward %.2f ms on the first (%.1f MiB extra)", o.n_shapes,
 		      ms[0][OP_FWD_BWD], (double)extra[0] / (1 << 20));
-	if (o.json) {
+	if (o.run.json) {
 		printf("{\"bench\":\"loss\",\"impl\":\"tier\",\"device\":\"%s\",\"dw\":%d,\"results\":[", tier_dev_name(dev), o.dw);
 		for (unsigned i = 0; i < o.n_shapes; i++)
 			printf("%s{\"N\":%lld,\"V\":%lld,\"D\":%lld,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"fwd_bwd_ms\":%.4f,"

@@ -8,7 +8,7 @@
  * columns plus 1e-3 noise, so the router's top-k (a real top-k of real logits) returns the sample. */
 #include "config.h"
 #include <errno.h>
-#include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,9 +38,9 @@ static const moe_shape models[] = {
 #define MAX_SHAPES 8
 
 typedef struct {
-	tier_dev_kind kind;
-	unsigned iters, n_shapes, warm_ms;
-	int json, routing; /* routing: bit 0 uniform, bit 1 zipf */
+	bench_run_opts run;
+	unsigned n_shapes, warm_ms;
+	int routing; /* bit 0 uniform, bit 1 zipf */
 	moe_shape shapes[MAX_SHAPES];
 } moe_opts;
 
@@ -62,7 +62,7 @@ _Static_assert(sizeof op_key / sizeof op_key[0] == N_OPS, "a JSON key for every 
 
 typedef struct {
 	tier_dev *dev;
-	int cuda, T, H, I, E, k, n, op, rc;
+	int cuda, T, H, I, E, k, n, op;
 	size_t el, ws_bytes, ews_bytes;
 	tier_moe_cfg cfg;
 	tier_moe_saved s;
@@ -73,9 +73,6 @@ typedef struct {
 	int rows;       /* kept rows (dropless: n) */
 	int32_t *sel;   /* the sampled routing [T, k] */
 	long missed;    /* picks of the router outside the sample (should be 0) */
-#ifdef TIER_HAVE_CUDA
-	cudaEvent_t e0, e1;
-#endif
 } moe_case;
 
 static void usage(FILE *f)
@@ -107,78 +104,74 @@ static void usage(FILE *f)
 		"  --iters N          timed runs per figure (default 10)\n"
 		"  --warmup-ms N      untimed runs first until they add up to N ms, at least 2 (default 200):\n"
 		"                     the GPU's clocks settle to what a long job sees (bench/moe_torch.py\n"
-		"                     takes the same option)\n"
-		"  --json             print one JSON line with every figure after the table\n"
-		"  --help             this text\n"
-		"Exit status: 0 done, 1 bad arguments, 2 the benchmark failed (message on stderr).\n",
+		"                     takes the same option)\n",
 		MAX_SHAPES);
+	bench_run_usage_end(f, 21);
+}
+
+/* --model NAME */
+static int take_model(moe_opts *o, const char *text)
+{
+	int i;
+	for (i = 0; i < N_MODELS && strcmp(text, models[i].name); i++)
+		;
+	if (i == N_MODELS || o->n_shapes == MAX_SHAPES) {
+		fprintf(stderr, "tier-bench moe: --model %s: use qwen3-30b, seed-896 or mixtral (at most %d shapes)\n", text,
+			MAX_SHAPES);
+		return 1;
+	}
+	o->shapes[o->n_shapes++] = models[i];
+	return 0;
+}
+
+/* --shape T,H,I,E,k */
+static int take_shape(moe_opts *o, const char *text)
+{
+	long long v[5];
+	if (o->n_shapes == MAX_SHAPES || bench_parse_dims(text, 5, INT_MAX, v) || v[3] > TIER_MOE_MAX_EXPERTS ||
+	    v[4] > TIER_MOE_MAX_TOPK || v[4] > v[3] || v[1] < v[3]) {
+		fprintf(stderr, "tier-bench moe: --shape %s: give T,H,I,E,k (positive, E <= %d, k <= %d, k <= E, "
+			"E <= H: the routing is imposed on x's first E columns; at most %d shapes)\n", text,
+			TIER_MOE_MAX_EXPERTS, TIER_MOE_MAX_TOPK, MAX_SHAPES);
+		return 1;
+	}
+	o->shapes[o->n_shapes++] = (moe_shape){ "custom", (int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4] };
+	return 0;
+}
+
+/* moe's own options: --model, --shape, --routing, --warmup-ms. */
+static int take(void *opts, int val, const char *text)
+{
+	moe_opts *o = opts;
+	static const char *const routing[] = { "uniform", "zipf", "both" };
+	switch (val) {
+	case 'm': return take_model(o, text);
+	case 's': return take_shape(o, text);
+	case 'w': return bench_parse_uint(cmd, "--warmup-ms", text, &o->warm_ms);
+	case 'r':
+		for (int i = 0; i < 3; i++)
+			if (!strcmp(text, routing[i])) {
+				o->routing = i + 1;
+				return 0;
+			}
+		fprintf(stderr, "tier-bench moe: --routing %s: use uniform, zipf or both\n", text);
+		return 1;
+	}
+	return 1;
 }
 
 static int parse(int argc, char **argv, moe_opts *o)
 {
-	static const struct option opts[] = {
-		{ "device", required_argument, NULL, 'd' }, { "model", required_argument, NULL, 'm' },
-		{ "shape", required_argument, NULL, 's' }, { "routing", required_argument, NULL, 'r' },
-		{ "iters", required_argument, NULL, 'i' }, { "json", no_argument, NULL, 'j' },
-		{ "warmup-ms", required_argument, NULL, 'w' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+	static const struct option own[] = {
+		{ "model", required_argument, NULL, 'm' }, { "shape", required_argument, NULL, 's' },
+		{ "routing", required_argument, NULL, 'r' }, { "warmup-ms", required_argument, NULL, 'w' },
+		{ NULL, 0, NULL, 0 },
 	};
-	int c;
-	*o = (moe_opts){ .kind = TIER_DEV_CUDA, .iters = 10, .routing = 3, .warm_ms = 200 };
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		switch (c) {
-		case 'd':
-			if (bench_parse_device("moe", optarg, &o->kind))
-				return 1;
-			break;
-		case 'm': {
-			int i;
-			for (i = 0; i < N_MODELS && strcmp(optarg, models[i].name); i++)
-				;
-			if (i == N_MODELS || o->n_shapes == MAX_SHAPES) {
-				fprintf(stderr, "tier-bench moe: --model %s: use qwen3-30b, seed-896 or mixtral (at most %d shapes)\n",
-					optarg, MAX_SHAPES);
-				return 1;
-			}
-			o->shapes[o->n_shapes++] = models[i];
-			break;
-		}
-		case 's': {
-			int T, H, I, E, k;
-			char tail;
-			if (o->n_shapes == MAX_SHAPES || sscanf(optarg, "%d,%d,%d,%d,%d%c", &T, &H, &I, &E, &k, &tail) != 5 ||
-			    T < 1 || H < 1 || I < 1 || E < 1 || E > TIER_MOE_MAX_EXPERTS || k < 1 || k > TIER_MOE_MAX_TOPK ||
-			    k > E || H < E) {
-				fprintf(stderr, "tier-bench moe: --shape %s: give T,H,I,E,k (positive, E <= %d, k <= %d, k <= E, "
-					"E <= H: the routing is imposed on x's first E columns; at most %d shapes)\n", optarg,
-					TIER_MOE_MAX_EXPERTS, TIER_MOE_MAX_TOPK, MAX_SHAPES);
-				return 1;
-			}
-			o->shapes[o->n_shapes++] = (moe_shape){ "custom", T, H, I, E, k };
-			break;
-		}
-		case 'r':
-			if (!strcmp(optarg, "uniform"))
-				o->routing = 1;
-			else if (!strcmp(optarg, "zipf"))
-				o->routing = 2;
-			else if (!strcmp(optarg, "both"))
-				o->routing = 3;
-			else {
-				fprintf(stderr, "tier-bench moe: --routing %s: use uniform, zipf or both\n", optarg);
-				return 1;
-			}
-			break;
-		case 'i': if (bench_parse_uint(cmd, "--iters", optarg, &o->iters)) return 1; break;
-		case 'w': if (bench_parse_uint(cmd, "--warmup-ms", optarg, &o->warm_ms)) return 1; break;
-		case 'j': o->json = 1; break;
-		case 'h': usage(stdout); return -1;
-		default: usage(stderr); return 1;
-		}
-	}
-	if (bench_no_extra_args("moe", argc, argv))
-		return 1;
+	static const bench_cli cli = { "moe", own, take, usage };
+	int rc;
+	*o = (moe_opts){ .run = { .kind = TIER_DEV_CUDA, .iters = 10 }, .routing = 3, .warm_ms = 200 };
+	if ((rc = bench_parse_run(&cli, argc, argv, &o->run, o)))
+		return rc;
 	if (!o->n_shapes)
 		for (int i = 0; i < N_MODELS; i++)
 			o->shapes[o->n_shapes++] = models[i];
@@ -469,30 +462,11 @@ static int call(moe_case *c, int op)
 	return tier_fail(-EINVAL, "moe bench: unknown op %d", op);
 }
 
-/* One timed call, in ns. */
-static double run_op(void *arg)
+/* The case's operation (bench_measure_ms's call). */
+static int call_op(void *arg)
 {
 	moe_case *c = arg;
-	uint64_t t0 = tier_now_ns();
-	float ms = 0;
-#ifdef TIER_HAVE_CUDA
-	if (c->cuda)
-		cudaEventRecord(c->e0, (cudaStream_t)tier_dev_stream(c->dev));
-#endif
-	if ((c->rc = call(c, c->op)))
-		return -1;
-#ifdef TIER_HAVE_CUDA
-	if (c->cuda) {
-		cudaEventRecord(c->e1, (cudaStream_t)tier_dev_stream(c->dev));
-		if (cudaEventSynchronize(c->e1) != cudaSuccess || cudaEventElapsedTime(&ms, c->e0, c->e1) != cudaSuccess) {
-			c->rc = tier_fail(-EIO, "moe bench: CUDA events failed: %s", cudaGetErrorString(cudaGetLastError()));
-			return -1;
-		}
-		return ms * 1e6;
-	}
-#endif
-	(void)ms;
-	return (double)(tier_now_ns() - t0);
+	return call(c, c->op);
 }
 
 /* Work of an op: FLOPs (is_flop 1) or bytes moved. Expert products: gate and up 2*2*rows*H*I,
@@ -544,45 +518,22 @@ static double skew_of(moe_case *c)
 	return sum > 0 ? mx / (sum / c->E) : 0;
 }
 
-/* Untimed runs of c's op until they add up to warm_ms (at least 2, at most 10000 runs). */
-static int warm_up(moe_case *c, unsigned warm_ms)
-{
-	double spent = 0;
-	for (int w = 0; w < 10000 && (w < 2 || spent < warm_ms * 1e6); w++) {
-		double t = run_op(c);
-		if (t < 0)
-			return c->rc;
-		spent += t;
-	}
-	return 0;
-}
-
 static int bench_shape(tier_dev *dev, const moe_opts *o, const moe_shape *s, int zipf, double ms[N_OPS], double *skew)
 {
-	moe_case c = { .dev = dev, .cuda = o->kind == TIER_DEV_CUDA };
-	int rc = 0;
-#ifdef TIER_HAVE_CUDA
-	if (c.cuda && (cudaEventCreate(&c.e0) != cudaSuccess || cudaEventCreate(&c.e1) != cudaSuccess))
-		rc = tier_fail(-EIO, "moe bench: cannot create CUDA events");
-#endif
-	if (!rc)
-		rc = alloc_case(&c, s, zipf);
+	moe_case c = { .dev = dev, .cuda = o->run.kind == TIER_DEV_CUDA };
+	int rc = alloc_case(&c, s, zipf);
 	*skew = rc ? 0 : skew_of(&c);
 	if (!rc && c.missed)
 		bench_comment("%s %s: the router picked %ld of %d experts outside the sampled routing", s->name,
 			      zipf ? "zipf" : "uniform", c.missed, c.n);
 	for (int op = 0; op < N_OPS && !rc; op++) {
-		char cells[NCOLS][32];
-		const char *cp[NCOLS];
+		char cells[NCOLS][BENCH_CELL];
 		int is_flop;
 		c.op = op;
 		ms[op] = 0;
 		if ((op == OP_GATE_UP || op == OP_DOWN) && !c.wgmma)
 			continue; /* no Hopper kernels here: the JSON's 0 means not run */
-		rc = warm_up(&c, o->warm_ms);
-		ms[op] = rc ? 0 : bench_median_run(run_op, &c, o->iters) / 1e6;
-		if (!rc && ms[op] < 0)
-			rc = c.rc;
+		ms[op] = bench_measure_ms(dev, call_op, &c, o->warm_ms, o->run.iters, &rc);
 		if (rc)
 			break;
 		double wk = work(&c, op, &is_flop);
@@ -593,16 +544,8 @@ static int bench_shape(tier_dev *dev, const moe_opts *o, const moe_shape *s, int
 		bench_fmt_num(rate, rate < 10 ? 3 : 1, cells[4], 32);
 		snprintf(cells[5], 32, "%s", is_flop ? "TFLOP/s" : "GB/s");
 		bench_fmt_num(*skew, 2, cells[6], 32);
-		for (size_t i = 0; i < NCOLS; i++)
-			cp[i] = cells[i];
-		bench_table_row(cols, NCOLS, cp);
+		bench_table_cells(cols, NCOLS, cells);
 	}
-#ifdef TIER_HAVE_CUDA
-	if (c.cuda) {
-		cudaEventDestroy(c.e0);
-		cudaEventDestroy(c.e1);
-	}
-#endif
 	free_case(&c);
 	return rc;
 }
@@ -615,29 +558,24 @@ int bench_moe(int argc, char **argv)
 	int rc = parse(argc, argv, &o);
 	if (rc)
 		return rc < 0 ? 0 : rc;
-	if ((rc = tier_dev_open(&dev, o.kind, 0))) {
-		fprintf(stderr, "tier-bench moe: %s\n", tier_last_error());
-		return 2;
-	}
+	if (tier_dev_open(&dev, o.run.kind, 0))
+		return bench_failed(cmd, NULL);
 	bench_comment("tier-bench moe: MoE block steps, forward and forward+backward (softmax top-k router, SwiGLU experts)");
 	bench_comment("device %s; median of %u runs after %u ms of warm-up runs (at least 2); %s storage",
-		      tier_dev_name(dev), o.iters, o.warm_ms,
-		      o.kind == TIER_DEV_CUDA ? "bf16" : "fp32");
+		      tier_dev_name(dev), o.run.iters, o.warm_ms,
+		      o.run.kind == TIER_DEV_CUDA ? "bf16" : "fp32");
 	bench_comment("experts: 6*rows*H*I FLOPs each way (input gradient only: frozen experts); block adds the router");
 	bench_table_header(cols, NCOLS);
 	for (unsigned i = 0; i < o.n_shapes && !rc; i++)
 		for (int z = 0; z < 2 && !rc; z++)
 			if (o.routing & (1 << z))
 				rc = bench_shape(dev, &o, &o.shapes[i], z, ms[i][z], &skew[i][z]);
-	if (rc) {
-		fprintf(stderr, "tier-bench moe: %s\n", tier_last_error());
-		tier_dev_close(dev);
-		return 2;
-	}
+	if (rc)
+		return bench_failed(cmd, dev);
 	int z0 = o.routing & 1 ? 0 : 1;
 	bench_summary("%u shapes; first (%s): block fwd %.3f ms, fwd+bwd %.3f ms, experts fwd %.3f ms", o.n_shapes,
 		      z0 ? "zipf" : "uniform", ms[0][z0][OP_BLOCK_FWD], ms[0][z0][OP_BLOCK_FWD_BWD], ms[0][z0][OP_EXPERTS_FWD]);
-	if (o.json) {
+	if (o.run.json) {
 		printf("{\"bench\":\"moe\",\"impl\":\"tier\",\"device\":\"%s\",\"results\":[", tier_dev_name(dev));
 		int first = 1;
 		for (unsigned i = 0; i < o.n_shapes; i++)

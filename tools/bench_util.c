@@ -1,4 +1,4 @@
-/* bench_util.c - shared table printing and statistics for tier-bench's subcommands. */
+/* bench_util.c - shared table printing, statistics, options and timing for tier-bench's subcommands. */
 #include "config.h"
 #include <errno.h>
 #include <stdarg.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 #include "tier/tier.h"
 #include "tools/bench.h"
+#include "tools/bench_dev.h"
 
 void bench_comment(const char *fmt, ...)
 {
@@ -49,6 +50,16 @@ void bench_table_row(const bench_col *cols, int ncols, const char *const *cells)
 		printf(" %*s", cols[i].width, cells[i] ? cells[i] : "-");
 	putchar('\n');
 	fflush(stdout);
+}
+
+void bench_table_cells(const bench_col *cols, int ncols, char (*cells)[BENCH_CELL])
+{
+	const char *cp[16];
+	if (ncols > 16)
+		ncols = 16;
+	for (int i = 0; i < ncols; i++)
+		cp[i] = cells[i];
+	bench_table_row(cols, ncols, cp);
 }
 
 char *bench_fmt_size(uint64_t bytes, char *buf, size_t len)
@@ -158,4 +169,110 @@ int bench_no_extra_args(const char *cmd, int argc, char **argv)
 		return 1;
 	}
 	return 0;
+}
+
+int bench_parse_dims(const char *text, int n, long long max, long long *v)
+{
+	const char *p = text;
+	for (int i = 0; i < n; i++) {
+		char *end;
+		v[i] = strtoll(p, &end, 10);
+		if (end == p || v[i] < 1 || v[i] > max || *end != (i + 1 < n ? ',' : '\0'))
+			return 1;
+		p = end + 1;
+	}
+	return 0;
+}
+
+int bench_parse_run(const bench_cli *cli, int argc, char **argv, bench_run_opts *run, void *opts)
+{
+	/* --device first, the subcommand's own options, then the rest: the order they had in each
+	 * subcommand's table, which getopt_long's message on an ambiguous abbreviation follows */
+	static const struct option first = { "device", required_argument, NULL, 'd' };
+	static const struct option last[] = {
+		{ "iters", required_argument, NULL, 'i' }, { "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+	};
+	struct option all[16] = { first };
+	int n = 1, c;
+	for (const struct option *o = cli->own; o->name && n < 16 - 4; o++)
+		all[n++] = *o;
+	memcpy(all + n, last, sizeof last);
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", all, NULL)) != -1) {
+		int bad = 0;
+		switch (c) {
+		case 'd': bad = bench_parse_device(cli->cmd, optarg, &run->kind); break;
+		case 'i': bad = bench_parse_uint(cli->cmd, "--iters", optarg, &run->iters); break;
+		case 'j': run->json = 1; break;
+		case 'h': cli->usage(stdout); return -1;
+		case '?': cli->usage(stderr); return 1;
+		default: bad = cli->take(opts, c, optarg); break;
+		}
+		if (bad)
+			return 1;
+	}
+	return bench_no_extra_args(cli->cmd, argc, argv);
+}
+
+void bench_run_usage_end(FILE *f, int col)
+{
+	fprintf(f, "  %-*sprint one JSON line with every figure after the table\n", col - 2, "--json");
+	fprintf(f, "  %-*sthis text\n", col - 2, "--help");
+	fputs("Exit status: 0 done, 1 bad arguments, 2 the benchmark failed (message on stderr).\n", f);
+}
+
+/* What bench_measure_ms times, and the events it times it by on CUDA. */
+typedef struct {
+	tier_dev *dev;
+	int (*call)(void *arg);
+	void *arg;
+	int rc;
+#ifdef TIER_HAVE_CUDA
+	bench_timer ev; /* on a CUDA device */
+#endif
+} timed;
+
+/* One timed call in ns, or -1 with t->rc set (bench_median_run's fn). */
+static double timed_call(void *p)
+{
+	timed *t = p;
+	uint64_t t0;
+#ifdef TIER_HAVE_CUDA
+	if (tier_dev_kind_of(t->dev) == TIER_DEV_CUDA)
+		return bench_timer_run(&t->ev, t->call, t->arg, &t->rc);
+#endif
+	t0 = tier_now_ns();
+	if ((t->rc = t->call(t->arg)))
+		return -1;
+	return (double)(tier_now_ns() - t0);
+}
+
+double bench_measure_ms(tier_dev *dev, int (*call)(void *arg), void *arg, unsigned warm_ms, unsigned iters, int *rc)
+{
+	timed t = { .dev = dev, .call = call, .arg = arg };
+	double ns = 0, spent = 0;
+#ifdef TIER_HAVE_CUDA
+	int cuda = tier_dev_kind_of(dev) == TIER_DEV_CUDA;
+	if (cuda && (*rc = bench_timer_open(&t.ev, dev)))
+		return -1;
+#endif
+	/* warm-up: the clocks and caches settle to what a long job sees */
+	for (int w = 0; w < 10000 && (w < 2 || spent < warm_ms * 1e6) && ns >= 0; w++)
+		spent += ns = timed_call(&t);
+	if (ns >= 0)
+		ns = bench_median_run(timed_call, &t, iters);
+#ifdef TIER_HAVE_CUDA
+	if (cuda)
+		bench_timer_close(&t.ev);
+#endif
+	*rc = ns >= 0 ? 0 : t.rc ? t.rc : tier_fail(-ENOMEM, "bench: no memory for the times");
+	return ns >= 0 ? ns / 1e6 : ns;
+}
+
+int bench_failed(const char *cmd, tier_dev *dev)
+{
+	fprintf(stderr, "tier-bench %s: %s\n", cmd, tier_last_error());
+	tier_dev_close(dev);
+	return 2;
 }
