@@ -74,8 +74,11 @@ old=("${RUN_OLD:-}" "${job_args[@]}" --config "$cfg")
 am=(--batch 1 --steps ${A_STEPS:-6} --ddr 4G --op-cache all:hbm=48G)
 has a && step 150 train-a "${run[@]}" "${am[@]}"
 has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
-# A_ALT / B_ALT: VAR=VALUE settings, each a run of (a) / (b) of its own right after the default one
-for kv in ${A_ALT:-}; do has a && step 150 "train-a-${kv%%=*}" env "$kv" "${run[@]}" "${am[@]}"; done
+# A_ALT / B_ALT: VAR=VALUE settings, each a run of (a) / (b) of its own right after the default one;
+# one setting may join several with commas (TIER_ATTN_FWD=wg,TIER_ATTN_BWD=wg: one run under both)
+alt_name() { local n=${1//,/+}; echo "${n//=/}"; }
+# shellcheck disable=SC2086 # a setting's commas become env's separate assignments
+for kv in ${A_ALT:-}; do has a && step 150 "train-a-$(alt_name "$kv")" env ${kv//,/ } "${run[@]}" "${am[@]}"; done
 # A_ARGS: ';'-separated extra option sets, each a run of (a) with them appended (later options win),
 # e.g. "--batch 2;--batch 2 --op-cache all:hbm=80G" (the step's fixed costs over more tokens)
 IFS=';' read -r -a a_sets <<< "${A_ARGS:-}"
@@ -89,7 +92,8 @@ lm=(--batch 8 --micro-batches 4 --layer-major --steps ${B_STEPS:-3} --hbm 24G --
 has b && step 300 train-b "${run[@]}" "${lm[@]}" ${B_CACHE:+--op-cache "$B_CACHE"}
 has b && [ -n "${B_CACHE:-}" ] && step 300 train-b-nocache "${run[@]}" "${lm[@]}"
 has b && [ -n "${RUN_OLD:-}" ] && step 300 train-b-old "${old[@]}" "${lm[@]}"
-for kv in ${B_ALT:-}; do has b && step 300 "train-b-${kv%%=*}" env "$kv" "${run[@]}" "${lm[@]}"; done
+# shellcheck disable=SC2086
+for kv in ${B_ALT:-}; do has b && step 300 "train-b-$(alt_name "$kv")" env ${kv//,/ } "${run[@]}" "${lm[@]}"; done
 has c && step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing \
 	--seq 4096 --batch 8 --steps 4 --warmup 2
 for f in "$out"/train-*.log; do
