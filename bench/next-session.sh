@@ -20,15 +20,15 @@
 #   shape (4,096 tokens: a mean group of 256 rows, which the default rule gives 128-row tiles and
 #   about 24% of padded rows by a multinomial count, against 12% for 64-row tiles) under each
 #   TIER_MOE_WGMMA_TILE (~300 s; in call 2 as STAGES=tiles,a if time allows).
-# Its plan, three calls (about 1,300 s of the 1,800 with the machines' starts):
-#   1. TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn
-#      (test_attn_cuda runs wg on every head-dim-128 case; attn times the default pair, wg and
-#      torch, and tier-bench fused each fused step against its separate steps; ~400 s). If
-#      test_golden_cuda fails, rerun it with each default switch at 0.
-#   2. STAGES=a A_ALT="TIER_MOE_ROUTED=0 TIER_QK_FUSED=0 TIER_MOE_DA_PAIR=0 TIER_ATTN_FWD=wg
-#      TIER_ATTN_BWD=wg" A_ARGS="--batch 2" (each a run of (a) beside the default one; --batch 2,
-#      which (a)'s gate leaves open, takes about 107 of the H200's 139 GiB by the batch-1 figures;
-#      ~250 s).
+# Its plan, three calls (about 1,400 s of the 1,800 with the machines' starts):
+#   1. TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn,a
+#      A_ALT="TIER_ATTN_FWD=wg,TIER_ATTN_BWD=wg" (test_attn_cuda runs wg on every head-dim-128
+#      case; attn times the default pair, wg and torch, tier-bench fused each fused step against
+#      its separate steps and tier-bench lora the LoRA kernels; then (a) by default and under
+#      both wg kernels; ~550 s). If test_golden_cuda fails, rerun it with each default switch at 0.
+#   2. STAGES=tiles,a A_ALT="TIER_MOE_ROUTED=0 TIER_QK_FUSED=0 TIER_MOE_DA_PAIR=0" A_ARGS="--batch 2"
+#      (each a run of (a) beside the default one; --batch 2, which (a)'s gate leaves open, takes
+#      about 107 of the H200's 139 GiB by the batch-1 figures; ~550 s).
 #   3. STAGES=b,c B_ALT=TIER_MOE_ROUTED=0 B_CACHE=attention:ddr=16G (~500 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
 # Staging: bench/stage-device.sh BUILD_DIR (a `../configure --disable-shared` build) packs tier-run,
