@@ -107,12 +107,15 @@ static void weights_of(const tier_moe_experts *w, int E, int I, int H, const int
 	}
 }
 
+/* The adapter's tables of the experts with rows (NULL elsewhere); a table not wanted is NULL. */
 static void lora_ptrs(const tier_moe_lora *l, int E, const int32_t *off, ptrs *a, ptrs *b, gptrs *da, gptrs *db)
 {
 	for (int e = 0; e < E; e++) {
 		int has = off[e + 1] > off[e];
-		a->w[e] = has ? l->a[e] : NULL;
-		b->w[e] = has ? l->b[e] : NULL;
+		if (a)
+			a->w[e] = has ? l->a[e] : NULL;
+		if (b)
+			b->w[e] = has ? l->b[e] : NULL;
 		if (da)
 			da->p[e] = has && l->da ? l->da[e] : NULL;
 		if (db)
@@ -209,10 +212,9 @@ static int da_pair(const tier_moe_lora *lg, const tier_moe_lora *lu)
 static int da_both(tier_dev *dev, const tier_moe_lora *lg, const tier_moe_lora *lu, int E, const int32_t *off,
 		   const int32_t *d_off, int in, const void *X, const bf16 *dzg, const bf16 *dzu)
 {
-	ptrs a, b;
 	gptrs dag, dau;
-	lora_ptrs(lg, E, off, &a, &b, &dag, NULL);
-	lora_ptrs(lu, E, off, &a, &b, &dau, NULL);
+	lora_ptrs(lg, E, off, NULL, NULL, &dag, NULL);
+	lora_ptrs(lu, E, off, NULL, NULL, &dau, NULL);
 	return moe_cuda_grouped_wgrad2(dev, E, lg->rank, in, d_off, off[E], dzg, dzu, X, 1.0f, 1.0f, dag.p, dau.p);
 }
 
@@ -307,11 +309,10 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	int zs = (!rg || lg->db) && (!ru || lu->db) && (rg || ru);
 	bf16 *zg = zb, *zu = zb + (size_t)rows * rg;
 	if (zs) {
-		ptrs b;
 		if (rg)
-			lora_ptrs(lg, E, off, &ag, &b, NULL, NULL);
+			lora_ptrs(lg, E, off, &ag, NULL, NULL, NULL);
 		if (ru)
-			lora_ptrs(lu, E, off, &au, &b, NULL, NULL);
+			lora_ptrs(lu, E, off, &au, NULL, NULL, NULL);
 		if ((rc = lora_z2(dev, lg, lu, E, d_off, rows, H, &ag, &au, xg, zg, zu, 1.0f, 1.0f)))
 			return rc;
 	}

@@ -1,6 +1,7 @@
-/* bench_dev.h - what the CUDA-only benchmarks (tier-bench fused, lora) share: device buffers of small
- * finite values, and the time of one call on the context's compute stream by CUDA events. Declared
- * in CUDA builds only (TIER_HAVE_CUDA). */
+/* bench_dev.h - device helpers of the benchmarks: buffers of small finite values (tier-bench fused,
+ * lora), and the time of one call on the context's compute stream by CUDA events (under
+ * bench_measure_ms, through which every benchmark times). Declared in CUDA builds only
+ * (TIER_HAVE_CUDA). */
 #ifndef TIER_TOOLS_BENCH_DEV_H
 #define TIER_TOOLS_BENCH_DEV_H
 

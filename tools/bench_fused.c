@@ -50,8 +50,7 @@ typedef struct {
 	int32_t *off;
 	void *scratch;
 	int row; /* the row being timed, and whether the fused (1) or the separate (0) form */
-	int fused, rc;
-	bench_timer tm;
+	int fused;
 } fz;
 
 static int fz_calls(void *arg)
@@ -90,12 +89,6 @@ static int fz_calls(void *arg)
 							 (float *const *)z->da1);
 	}
 	}
-}
-
-static double fz_run(void *arg)
-{
-	fz *z = arg;
-	return bench_timer_run(&z->tm, fz_calls, z, &z->rc);
 }
 
 static int fz_alloc(fz *z)
@@ -153,13 +146,10 @@ static int fz_rows(fz *z, unsigned iters)
 	for (int row = 0; row < 4; row++) {
 		double t[2];
 		for (int f = 0; f < 2; f++) {
+			int rc;
 			z->row = row, z->fused = f;
-			for (int w = 0; w < 2; w++)
-				if (fz_run(z) < 0)
-					return z->rc;
-			t[f] = bench_median_run(fz_run, z, iters);
-			if (t[f] < 0)
-				return z->rc;
+			if ((t[f] = bench_measure_ms(z->dev, fz_calls, z, 0, iters, &rc) * 1e6) < 0)
+				return rc;
 		}
 		char a[32], b[32], c[32];
 		const char *cells[] = { names[row], bench_fmt_time(t[0], a, sizeof a), bench_fmt_time(t[1], b, sizeof b),
@@ -208,15 +198,12 @@ int bench_fused(int argc, char **argv)
 		return 2;
 	}
 	int rc = tier_dev_open(&z.dev, TIER_DEV_CUDA, 0);
-	if (!rc)
-		rc = bench_timer_open(&z.tm, z.dev);
 	bench_comment("tier-bench fused: fused CUDA steps against the separate steps they replaced");
 	bench_comment("%u tokens, 32 q heads of 128, H 2048, 128 experts x 8, LoRA rank 16; median of %u", T, iters);
 	if (!rc && !(rc = fz_alloc(&z)))
 		rc = fz_rows(&z, iters);
 	if (rc)
 		fprintf(stderr, "tier-bench fused: %s\n", tier_last_error());
-	bench_timer_close(&z.tm);
 	if (z.dev) {
 		fz_free(&z);
 		tier_dev_close(z.dev);

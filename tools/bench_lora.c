@@ -50,7 +50,6 @@ static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x6
 
 typedef struct {
 	tier_dev *dev;
-	bench_timer tm;
 	int E, H, I, r, rows;
 	void *x, *dy, *h, *dg, *zg, *zu, *dzg, *dzu, *zd, *dzd, *cp; /* bf16 activations; cp: the copy's target */
 	void *wa, *wb;                                              /* the adapters' A and B, bf16 */
@@ -58,7 +57,7 @@ typedef struct {
 	const void *ag[LZ_E], *au[LZ_E], *bg[LZ_E], *ad[LZ_E], *bd[LZ_E];
 	float *dag[LZ_E], *dau[LZ_E], *dbg[LZ_E], *dad[LZ_E], *dbd[LZ_E];
 	int32_t *off;
-	int row, rc;
+	int row;
 } lz;
 
 static int lz_calls(void *arg)
@@ -97,12 +96,6 @@ static double lz_bytes(const lz *z, int row)
 }
 
 static int is_wgrad(int row) { return row == L_DBG || row == L_DAGU || row == L_DBD || row == L_DAD; }
-
-static double lz_run(void *arg)
-{
-	lz *z = arg;
-	return bench_timer_run(&z->tm, lz_calls, z, &z->rc);
-}
 
 /* E contiguous slices of `each` elements at base, as a table of E pointers: bf16 weights, fp32
  * gradients. */
@@ -171,15 +164,12 @@ static int lz_row(lz *z, int row, const char *tile, unsigned iters, double copy_
 	if (tile)
 		setenv("TIER_MOE_WGRAD_TILE", tile, 1);
 	z->row = row;
-	*t = -1;
-	for (int w = 0; w < 2 && z->rc == 0; w++)
-		lz_run(z);
-	if (z->rc == 0)
-		*t = bench_median_run(lz_run, z, iters);
+	int rc;
+	*t = bench_measure_ms(z->dev, lz_calls, z, 0, iters, &rc) * 1e6;
 	if (tile)
 		unsetenv("TIER_MOE_WGRAD_TILE");
 	if (*t < 0)
-		return z->rc ? z->rc : -1;
+		return rc;
 	double b = lz_bytes(z, row), rate = b / *t;
 	char c[4][32];
 	const char *cells[] = { names[row], tile ? tile : is_wgrad(row) ? "auto" : "-",
@@ -256,15 +246,12 @@ int bench_lora(int argc, char **argv)
 	memset(&z, 0, sizeof z);
 	z.E = LZ_E, z.H = 2048, z.I = 768, z.r = 16, z.rows = (int)T * 8;
 	int rc = tier_dev_open(&z.dev, TIER_DEV_CUDA, 0);
-	if (!rc)
-		rc = bench_timer_open(&z.tm, z.dev);
 	bench_comment("tier-bench lora: the experts' LoRA backward kernels against a device-to-device copy");
 	bench_comment("%u tokens x 8 of 128 experts, H 2048, I 768, rank 16, uniform; median of %u", T, iters);
 	if (!rc && !(rc = lz_alloc(&z)))
 		rc = lz_rows(&z, iters, layers);
 	if (rc)
 		fprintf(stderr, "tier-bench lora: %s\n", tier_last_error());
-	bench_timer_close(&z.tm);
 	if (z.dev) {
 		lz_free(&z);
 		tier_dev_close(z.dev);
