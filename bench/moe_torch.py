@@ -232,6 +232,11 @@ def main():
                 else:
                     cells += f" {'-':>10} {'-':>9} {'-':>8}"
                 print(cells + f" {skew:>9.2f}")
+                floor = t.get(f"{op}_floor_ms") if t else None
+                if floor:  # tier-bench moe's floor of the product: no kernel goes much below it
+                    print(f"# {mname} {rname} {op}: tier's floor {floor:.3f} ms (HBM bytes at the copy's rate, or"
+                          f" a dense GEMM of the FLOPs); torch / floor {ms[op] / floor:.2f}, the most a kernel doing"
+                          f" tier's work could gain on torch here; tier at {floor / tier_ms:.0%} of the floor's speed")
                 g_ms = t.get(TIER_KEYS[op].replace("_ms", "_grouped_ms")) if t and op in TIER_KEYS else None
                 if g_ms:  # tier's experimental device-side grouped GEMM, against the same torch time
                     trate = w / g_ms / (1e9 if op in flop else 1e6)

@@ -110,5 +110,5 @@ for f in "$out"/tiles-*.log; do
 	[ -f "$f" ] && { echo "== ${f##*/}"; grep -E " (gate-up|down|experts-bwd|block-fwd|block-fwd\+bwd) " "$f"; }
 done
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }
-[ -f "$out/moe-torch.log" ] && { echo "== moe-torch"; grep -iE "ratio|x torch" "$out/moe-torch.log" | head -30; }
+[ -f "$out/moe-torch.log" ] && { echo "== moe-torch"; grep -v "^{" "$out/moe-torch.log" | head -60; }
 cat "$sum"
