@@ -1188,11 +1188,11 @@ int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
  *      v1: the original kernel (255 regs, 120 bytes of spills, runtime masks on every block).
  *      wg: attn_wgmma.cu's kernel on wgmma and TMA (head_dim 128 on compute capability 9.0; v2
  *          elsewhere): 2 consumer warpgroups x 64 rows and a loading warp, 128-key blocks, 168
- *          regs (8 bytes of spill), 164864 B: 1 CTA per SM. Not yet run on a GPU (written in
- *          session 15 without one): opt in until test_attn_cuda and tier-bench attn have.
+ *          regs (8 bytes of spill), 164864 B: 1 CTA per SM. The default since its first GPU run
+ *          (2026-12-05, session 17: test_attn_cuda passed; 0.269 ms against v2's 0.432).
  * bwd  wg: attn_wgmma_bwd.cu's kernel (the same conditions, else q64): 2 warpgroups x 64 keys,
  *          warp 0 also loading, 64-query steps in a 3-stage TMA ring, dS through shared memory for
- *          dQ; 236 regs, 199168 B; not yet run on a GPU either.
+ *          dQ; 236 regs, 199168 B. The default since the same run (0.916 ms against q64's 1.484).
  * bwd  k128: 8 warps x 16 keys (128 keys per CTA), 32-query steps, 240 regs, 115200 B: 1 CTA
  *          (8 warps) per SM. Half the fp32 dQ atomics per FLOP of 64-key CTAs (each step adds
  *          a 32 x D tile per CTA) and half the Q and dO traffic; flash-attention 2 also uses 128
@@ -1205,7 +1205,9 @@ int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
  *      v1: the original kernel (244 regs).
  * Measured on an H200 (tier-bench attn, 1 x 4096 tokens, 32 / 4 heads, head_dim 128, causal;
  * bench/RESULTS.md): forward v2 0.428 ms, w8 0.487, v1 0.892; forward+backward with v2 forward:
- * q64 1.910 ms, k128 2.017, v2 2.154, v1 (with v1 forward) 3.038. Hence the defaults v2 and q64.
+ * q64 1.910 ms, k128 2.017, v2 2.154, v1 (with v1 forward) 3.038, hence v2 and q64 as the defaults
+ * until session 17's run of the wgmma pair: forward+backward 1.179 ms (408 TFLOP/s; torch's SDPA
+ * 1.194 in the same call) against v2 + q64's 1.913, and the trainer's (a) +13.9%.
  * No v2 variant spills inside its loops. A grid past the v2 limits (over 65535 blocks of one head,
  * n_heads * batch over 2^31, n_kv_heads * batch over 65535) runs v1.
  * Not done: a separate dQ pass without atomics (one CTA per query block recomputing P and dP):
@@ -1237,17 +1239,17 @@ struct bwd_variant {
 	bwd_fn fn;
 };
 const fwd_variant fwd_variants[] = {
+	{ "wg", fwd_wg },
 	{ "v2", fwd_v2<4, 2, 2> },
 	{ "w8", fwd_v2<8, 1, 2> },
 	{ "v1", fwd_v1 },
-	{ "wg", fwd_wg },
 };
 const bwd_variant bwd_variants[] = {
+	{ "wg", bwd_wg },
 	{ "q64", bwd_v2<8, 64, 1> },
 	{ "k128", bwd_v2<8, 32, 1> },
 	{ "v2", bwd_v2<4, 32, 2> },
 	{ "v1", bwd_v1 },
-	{ "wg", bwd_wg },
 };
 
 /* Index of the variant named by env in table (n entries): 0 when unset or empty; -EINVAL with the
