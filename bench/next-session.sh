@@ -94,6 +94,12 @@ has b && [ -n "${B_CACHE:-}" ] && step 300 train-b-nocache "${run[@]}" "${lm[@]}
 has b && [ -n "${RUN_OLD:-}" ] && step 300 train-b-old "${old[@]}" "${lm[@]}"
 # shellcheck disable=SC2086
 for kv in ${B_ALT:-}; do has b && step 300 "train-b-$(alt_name "$kv")" env ${kv//,/ } "${run[@]}" "${lm[@]}"; done
+# B_ARGS: as A_ARGS for (b), e.g. "--batch 16 --micro-batches 8" (the streamed weights over more tokens)
+IFS=';' read -r -a b_sets <<< "${B_ARGS:-}"
+for i in "${!b_sets[@]}"; do
+	# shellcheck disable=SC2086
+	has b && step 300 "train-b-args$i" "${run[@]}" "${lm[@]}" ${b_sets[$i]}
+done
 has c && step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing \
 	--seq 4096 --batch 8 --steps 4 --warmup 2
 for f in "$out"/train-*.log; do
@@ -112,3 +118,7 @@ done
 [ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }
 [ -f "$out/moe-torch.log" ] && { echo "== moe-torch"; grep -v "^{" "$out/moe-torch.log" | head -60; }
 cat "$sum"
+# the device returns only a few files: every log in one archive (LOGS_TAR=0 keeps them loose)
+if [ "${LOGS_TAR:-1}" = 1 ]; then
+	(cd "$out" && tar czf ../logs.tgz -- * && rm -f -- *.log && mv ../logs.tgz .)
+fi
