@@ -73,6 +73,10 @@ run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
 old=("${RUN_OLD:-}" "${job_args[@]}" --config "$cfg")
 am=(--batch 1 --steps ${A_STEPS:-6} --ddr 4G --op-cache all:hbm=48G)
 has a && step 150 train-a "${run[@]}" "${am[@]}"
+# STAGES=kprof with KPROF_LIB (an absolute path to tools/libtier-kprof.so, which the GPU machine's
+# libcupti.so.13 must load): (a) for 3 steps under the CUPTI kernel profiler, its table in kprof-a.txt
+has kprof && [ -f "${KPROF_LIB:-}" ] && step 150 kprof-a env CUDA_INJECTION64_PATH="$KPROF_LIB" \
+	TIER_KPROF_OUT="$out/kprof-a.txt" TIER_KPROF_TOP=60 "${run[@]}" "${am[@]}" --steps 3
 has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
 # A_ALT / B_ALT: VAR=VALUE settings, each a run of (a) / (b) of its own right after the default one;
 # one setting may join several with commas (TIER_ATTN_FWD=wg,TIER_ATTN_BWD=wg: one run under both)
@@ -110,6 +114,7 @@ done
 for f in "$out"/attn-*.log; do
 	[ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd|ratio" | head -8; }
 done
+[ -f "$out/kprof-a.txt" ] && { echo "== kprof-a"; head -75 "$out/kprof-a.txt"; }
 [ -f "$out/fused.log" ] && { echo "== fused"; grep -v '^{' "$out/fused.log"; }
 [ -f "$out/lora.log" ] && { echo "== lora"; cat "$out/lora.log"; }
 for f in "$out"/tiles-*.log; do
