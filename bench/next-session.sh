@@ -10,26 +10,19 @@
 # tests,moe,a,b,c); A_STEPS and B_STEPS (6, 3) the trainer jobs' steps; TESTS the CUDA tests to run
 # (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
-# Session 15 (no GPU) added, untried on a GPU, each with its switch for a same-call comparison:
-#   the MoE block's routed halves (default; TIER_MOE_ROUTED=0 the old path), the fused q/k paths
-#   (default; TIER_QK_FUSED=0 the separate steps), the paired dA of the gate and up adapters
-#   (default; TIER_MOE_DA_PAIR=0 two passes), the wgmma attention kernels (opt in:
-#   TIER_ATTN_FWD=wg, TIER_ATTN_BWD=wg). Session 16 (no GPU): tier-bench lora, in the attn stage,
-#   times the experts' LoRA backward kernels against a device copy, each weight-gradient reduction
-#   under every TIER_MOE_WGRAD_TILE tile; STAGES=tiles times the MoE block on the trainer's own
-#   shape (4,096 tokens: a mean group of 256 rows, which the default rule gives 128-row tiles and
-#   about 24% of padded rows by a multinomial count, against 12% for 64-row tiles) under each
-#   TIER_MOE_WGMMA_TILE (~300 s; in call 2 as STAGES=tiles,a if time allows).
-# Its plan, three calls (about 1,400 s of the 1,800 with the machines' starts):
-#   1. TESTS="test_attn_cuda test_moe_cuda test_ops_cuda test_golden_cuda" STAGES=tests,attn,a
-#      A_ALT="TIER_ATTN_FWD=wg,TIER_ATTN_BWD=wg" (test_attn_cuda runs wg on every head-dim-128
-#      case; attn times the default pair, wg and torch, tier-bench fused each fused step against
-#      its separate steps and tier-bench lora the LoRA kernels; then (a) by default and under
-#      both wg kernels; ~550 s). If test_golden_cuda fails, rerun it with each default switch at 0.
-#   2. STAGES=tiles,a A_ALT="TIER_MOE_ROUTED=0 TIER_QK_FUSED=0 TIER_MOE_DA_PAIR=0" A_ARGS="--batch 2"
-#      (each a run of (a) beside the default one; --batch 2, which (a)'s gate leaves open, takes
-#      about 107 of the H200's 139 GiB by the batch-1 figures; ~550 s).
-#   3. STAGES=b,c B_ALT=TIER_MOE_ROUTED=0 B_CACHE=attention:ddr=16G (~500 s).
+# Session 15's changes (routed halves, fused q/k, paired dA, wgmma attention) and session 16's
+# benchmarks (tier-bench lora, fused) first ran in session 17 (bench/RESULTS.md); the wgmma
+# attention is the default since. Still to run as of session 17's second call: the tests under
+# that default (test_golden_cuda, test_attn_cuda), test_ops_cuda again (it failed once, log lost),
+# the moe stage with tier-bench moe's floors (issue 4), a kernel profile of (a) (STAGES=kprof,
+# KPROF_LIB), (a) at --batch 3 and 4, (b) with the attention's output in DDR (B_CACHE):
+#   for i in 1 2 3 4 5; do .device/bin/tests/test_ops_cuda > $OUT/ops$i.log 2>&1; done;
+#   KPROF_LIB=$PWD/.device/lib/libtier-kprof.so TESTS="test_golden_cuda test_attn_cuda"
+#   STAGES=tests,moe,a,kprof,b B_CACHE=attention:ddr=16G A_ARGS="--batch 3;--batch 4 --op-cache
+#   all:hbm=44G" bench/next-session.sh .device/bin $OUT        (~500 s; copy tools/libtier-kprof.so
+#   of the build into .device/lib first)
+# STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
+# TIER_MOE_WGMMA_TILE (~300 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
 # Staging: bench/stage-device.sh BUILD_DIR (a `../configure --disable-shared` build) packs tier-run,
 # tier-bench and the CUDA tests into .device/pack.tar.xz and the libraries the GPU machine lacks into
