@@ -530,18 +530,28 @@ static void test_rmsnorm(void **state)
 /* bf16 bit patterns a and b against each other in units in the last place: every element within one
  * ulp, and at most 1% of them differing at all. A fused kernel that rounds where the separate steps
  * round differs from them only where a sum's order moved a value across a rounding boundary; one
- * that skips or adds a rounding differs by an ulp in a large share of elements. */
+ * that skips or adds a rounding differs by an ulp in a large share of elements. One exception: a
+ * value that cancels to near zero (the norm's backward subtracts two terms of the row's scale) can
+ * move by many of its own ulps, or change sign, when a sum's order moves its terms by an fp32
+ * rounding; it passes when within 2^-13 of the largest |b| (a thirty-second of a bf16 ulp there). */
 static int bf16_ord(uint16_t v) { return v & 0x8000 ? -(int)(v & 0x7fff) : (int)v; }
 
 static void check_ulps(const char *what, const uint16_t *a, const uint16_t *b, size_t n)
 {
-	size_t diff = 0;
+	size_t diff = 0, near0 = 0;
 	int worst = 0;
+	float big = 0;
+	for (size_t i = 0; i < n; i++)
+		big = fmaxf(big, fabsf(tier_bf16_to_f32(b[i])));
 	for (size_t i = 0; i < n; i++) {
 		int d = abs(bf16_ord(a[i]) - bf16_ord(b[i]));
-		diff += d != 0, worst = d > worst ? d : worst;
+		diff += d != 0;
+		if (d > 1 && fabsf(tier_bf16_to_f32(a[i]) - tier_bf16_to_f32(b[i])) <= ldexpf(big, -13))
+			near0++, d = 1;
+		worst = d > worst ? d : worst;
 	}
-	print_message("  %-34s %zu of %zu differ, by at most %d ulp\n", what, diff, n, worst);
+	print_message("  %-34s %zu of %zu differ, by at most %d ulp (%zu more near zero)\n", what, diff, n, worst,
+		      near0);
 	assert_true(worst <= 1 && diff * 100 <= n);
 }
 
