@@ -464,7 +464,7 @@ static int call(moe_case *c, int op)
 	case OP_DOWN:
 		return moe_cuda_grouped_mm_sm90(c->dev, E, H, c->I, s->offsets, c->rows, (const void *const *)c->wd, 0, c->h,
 						c->y, 1, 1.0f, 0.0f);
-	case OP_DENSE_GU: /* [rows, 2I] = xg [rows, H] W^T, W [2I, H]: column-major [2I, rows] = W^T' xg' */
+	case OP_DENSE_GU: /* [rows, 2I] = xg [rows, H] W^T, W [2I, H]; cuBLASLt sees its transpose [2I, rows] */
 		return tier_cuda_gemm(c->dev, -1, "moe bench", 2 * c->I, c->rows, H, 1.0f,
 				      (tier_gemm_operand){ 1, c->dw, CUDA_R_16BF, H }, (tier_gemm_operand){ 0, c->xg, CUDA_R_16BF, H },
 				      0.0f, c->dout2, CUDA_R_16BF, 2 * c->I);
