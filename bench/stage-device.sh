@@ -30,6 +30,9 @@ for t in $tests; do cp "$b/tests/$t" .device/bin/tests/; done
 strip .device/bin/tier-run .device/bin/tier-bench .device/bin/tests/*
 tar cJf .device/pack.tar.xz -C .device bin
 "${STAGE_LIBS:-../shared/device/stage-libs.sh}" .device/bin
+# the CUPTI kernel profiler (next-session.sh STAGES=kprof, KPROF_LIB=$PWD/.device/lib/libtier-kprof.so)
+make -C "$b" tools/libtier-kprof.so > /dev/null 2>&1 && cp "$b/tools/libtier-kprof.so" .device/lib/ ||
+	echo "stage-device.sh: no tools/libtier-kprof.so in $b (a CUDA build with CUPTI makes it): no kprof stage"
 rev=$(git rev-parse --short HEAD)
 git diff --quiet HEAD -- || rev="$rev+dirty"
 echo "$rev" > .device/PACK_COMMIT
