@@ -19,8 +19,8 @@
 #   for i in 1 2 3 4 5; do .device/bin/tests/test_ops_cuda > $OUT/ops$i.log 2>&1; done;
 #   KPROF_LIB=$PWD/.device/lib/libtier-kprof.so TESTS="test_golden_cuda test_attn_cuda"
 #   STAGES=tests,moe,a,kprof,b B_CACHE=attention:ddr=16G A_ARGS="--batch 3;--batch 4 --op-cache
-#   all:hbm=44G" bench/next-session.sh .device/bin $OUT        (~500 s; copy tools/libtier-kprof.so
-#   of the build into .device/lib first)
+#   all:hbm=44G" bench/next-session.sh .device/bin $OUT        (~500 s; stage-device.sh puts the
+#   profiler in .device/lib)
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
 # TIER_MOE_WGMMA_TILE (~300 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
