@@ -1,6 +1,7 @@
 ## tests/local.mk - unit tests of base/ (each module's tests are listed in its own local.mk)
-## the seed and CPU device of the CPU tests that draw random inputs (attn, loss, layers, train)
-EXTRA_DIST += tests/seeded_cpu.h
+## the seed and CPU device of the CPU tests that draw random inputs (attn, loss, layers, train);
+## every randomised test's seed (TIER_TEST_SEED)
+EXTRA_DIST += tests/seeded_cpu.h tests/test_seed.h
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_base
 TESTS += tests/test_base

@@ -8,17 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include "tier/tier.h"
+#include "test_seed.h"
 
 /* Test tolerance of the fp32 kernels against fp64: max |a - b| / max |b| over the array. */
 #define REF_TOL 1e-5
 
 static inline uint64_t ref_seed(const char *what)
 {
-	uint64_t s = tier_now_ns() ^ (uint64_t)(uintptr_t)what;
-	if (getenv("TIER_TEST_SEED"))
-		s = strtoull(getenv("TIER_TEST_SEED"), NULL, 0);
-	fprintf(stderr, "# %s: seed %llu (TIER_TEST_SEED to repeat)\n", what, (unsigned long long)s);
-	return s;
+	return test_seed(what, (uint64_t)(uintptr_t)what);
 }
 
 static inline void ref_fill(tier_rng *r, float *a, size_t n, float scale)

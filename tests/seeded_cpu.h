@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include "tier/tier.h"
+#include "test_seed.h"
 
 static tier_dev *cpu;
 static tier_rng rng;
@@ -19,9 +20,7 @@ static uint64_t seed;
 static int seeded_cpu_setup(void **state)
 {
 	(void)state;
-	seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
-	printf("# %s seed %llu (TIER_SEED=%llu reproduces)\n", SEEDED_CPU_TEST, (unsigned long long)seed,
-	       (unsigned long long)seed);
+	seed = test_seed(SEEDED_CPU_TEST, 0);
 	tier_rng_seed(&rng, seed);
 	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0)) {
 		fprintf(stderr, "%s: %s\n", SEEDED_CPU_TEST, tier_last_error());

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <cmocka.h>
 #include "tier/tier.h"
+#include "test_seed.h"
 
 static uint64_t seed;
 
@@ -159,9 +160,7 @@ static void test_convert_arrays(void **state)
 
 int main(void)
 {
-	const char *s = getenv("TIER_TEST_SEED");
-	seed = s ? strtoull(s, NULL, 0) : tier_now_ns();
-	printf("# seed %llu (set TIER_TEST_SEED to repeat)\n", (unsigned long long)seed);
+	seed = test_seed("test_dtype", 0);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_names), cmocka_unit_test(test_bf16_exact), cmocka_unit_test(test_f16_exact),
 		cmocka_unit_test(test_random_against_fp64), cmocka_unit_test(test_convert_arrays),

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 #include "tier/tier.h"
 #include "loss_ref.h"
+#include "test_seed.h"
 
 #define TOL 1e-2
 static tier_rng rng;
@@ -213,13 +214,13 @@ int main(void)
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_out_of_range_label),
 	};
-	uint64_t seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
+	uint64_t seed;
 	int rc;
 	if (!tier_cuda_available()) {
 		printf("# test_loss_cuda: no CUDA device, skipped\n");
 		return 77;
 	}
-	printf("# test_loss_cuda seed %llu (TIER_SEED=%llu reproduces)\n", (unsigned long long)seed, (unsigned long long)seed);
+	seed = test_seed("test_loss_cuda", 0);
 	tier_rng_seed(&rng, seed);
 	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0) || tier_dev_open(&gpu, TIER_DEV_CUDA, 0)) {
 		fprintf(stderr, "test_loss_cuda: %s\n", tier_last_error());

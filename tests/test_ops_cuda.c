@@ -14,6 +14,7 @@
 #include <cmocka.h>
 #include "tier/tier.h"
 #include "core/ops_cuda.h"
+#include "test_seed.h"
 
 #define TOL_BF16 1e-2  /* bf16 outputs, and products of bf16 operands (bf16 intermediates) */
 #define TOL_F32 1e-5   /* fp32 elementwise arithmetic */
@@ -1124,14 +1125,13 @@ int main(void)
 		cmocka_unit_test(test_fill),        cmocka_unit_test(test_bad_args),
 		cmocka_unit_test(test_marks),       cmocka_unit_test(test_waypoint), cmocka_unit_test(test_copy_lanes),
 	};
-	uint64_t seed = getenv("TIER_SEED") ? strtoull(getenv("TIER_SEED"), NULL, 0) : (uint64_t)time(NULL);
+	uint64_t seed;
 	int rc;
 	if (!tier_cuda_available()) {
 		printf("# test_ops_cuda: no CUDA device, skipped\n");
 		return 77;
 	}
-	printf("# test_ops_cuda seed %llu (TIER_SEED=%llu reproduces)\n", (unsigned long long)seed,
-	       (unsigned long long)seed);
+	seed = test_seed("test_ops_cuda", 0);
 	tier_rng_seed(&rng, seed);
 	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0) || tier_dev_open(&gpu, TIER_DEV_CUDA, 0)) {
 		fprintf(stderr, "test_ops_cuda: %s\n", tier_last_error());

@@ -17,6 +17,7 @@
 
 #ifdef TIER_HAVE_JANSSON
 #include <jansson.h>
+#include "test_seed.h"
 
 enum { H = 16, HEADS = 4, KV = 2, HD = 8, MOE_I = 12, E = 4, R = 4, LAYERS = 2 };
 static uint64_t seed;
@@ -308,9 +309,7 @@ static void setup_config(void)
 
 int main(void)
 {
-	const char *s = getenv("TIER_TEST_SEED");
-	seed = s ? strtoull(s, NULL, 0) : tier_now_ns();
-	printf("# seed %llu (set TIER_TEST_SEED to repeat)\n", (unsigned long long)seed);
+	seed = test_seed("test_peft", 0);
 	snprintf(dir, sizeof dir, "peft-test-XXXXXX");
 	if (!mkdtemp(dir))
 		return 1;

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <cmocka.h>
 #include "tier/tier.h"
+#include "test_seed.h"
 
 static tier_dev *cpu;
 static uint64_t seed = 20240611; /* fixed, so that every run gives the same numbers (TIER_SEED: another) */
@@ -282,10 +283,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_planted_lora),
 	};
-	if (getenv("TIER_SEED"))
-		seed = strtoull(getenv("TIER_SEED"), NULL, 0);
-	printf("# test_planted_lora seed %llu (TIER_SEED=%llu reproduces)\n", (unsigned long long)seed,
-	       (unsigned long long)seed);
+	seed = test_seed("test_planted_lora", 0);
 	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0))
 		return 1;
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 #include "config.h"
 #include "tier/tier.h"
+#include "test_seed.h"
 
 static uint64_t seed;
 static char dir[64];
@@ -478,9 +479,7 @@ static void rm_tree(const char *d)
 
 int main(void)
 {
-	const char *s = getenv("TIER_TEST_SEED");
-	seed = s ? strtoull(s, NULL, 0) : tier_now_ns();
-	printf("# seed %llu (set TIER_TEST_SEED to repeat)\n", (unsigned long long)seed);
+	seed = test_seed("test_safetensors", 0);
 #ifndef TIER_HAVE_JANSSON
 	tier_st *st;
 	int rc = tier_st_open("x.safetensors", &st);

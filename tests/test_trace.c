@@ -13,6 +13,7 @@
 #include <cmocka.h>
 #include "tier/tier.h"
 #include "store_util.h"
+#include "test_seed.h"
 
 static uint64_t seed;
 static char dir[256];
@@ -309,9 +310,7 @@ static void test_bad_args(void **state)
 
 int main(void)
 {
-	const char *env = getenv("TIER_SEED");
-	seed = env ? strtoull(env, NULL, 0) : tier_now_ns();
-	printf("# seed %llu (TIER_SEED=N repeats a run)\n", (unsigned long long)seed);
+	seed = test_seed("test_trace", 0);
 	if (test_tmpdir(dir, sizeof dir))
 		return 99;
 	const struct CMUnitTest tests[] = {

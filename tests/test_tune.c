@@ -15,6 +15,7 @@
 #include <cmocka.h>
 #include "tier/tier.h"
 #include "../tools/tune_sim.h"
+#include "test_seed.h"
 
 static uint64_t seed;
 
@@ -496,9 +497,7 @@ static void test_overlap_property(void **state)
 
 int main(void)
 {
-	const char *env = getenv("TIER_SEED");
-	seed = env ? strtoull(env, NULL, 0) : tier_now_ns();
-	printf("# seed %llu (TIER_SEED=N repeats a run)\n", (unsigned long long)seed);
+	seed = test_seed("test_tune", 0);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_classic), cmocka_unit_test(test_lfu), cmocka_unit_test(test_min_property),
 		cmocka_unit_test(test_two_levels),
