@@ -14,13 +14,11 @@
 # benchmarks (tier-bench lora, fused) first ran in session 17 (bench/RESULTS.md); the wgmma
 # attention is the default since. Still to run as of session 17's second call: the tests under
 # that default (test_golden_cuda, test_attn_cuda), test_ops_cuda again (it failed once, log lost),
-# the moe stage with tier-bench moe's floors (issue 4), a kernel profile of (a) (STAGES=kprof,
-# KPROF_LIB), (a) at --batch 3 and 4, (b) with the attention's output in DDR (B_CACHE):
+# the moe stage with tier-bench moe's floors (issue 4), a kernel profile of (a) (STAGES=kprof),
+# (a) at --batch 3 and 4, (b) with the attention's output in DDR (B_CACHE), ~500 s:
 #   for i in 1 2 3 4 5; do .device/bin/tests/test_ops_cuda > $OUT/ops$i.log 2>&1; done;
-#   KPROF_LIB=$PWD/.device/lib/libtier-kprof.so TESTS="test_golden_cuda test_attn_cuda"
-#   STAGES=tests,moe,a,kprof,b B_CACHE=attention:ddr=16G A_ARGS="--batch 3;--batch 4 --op-cache
-#   all:hbm=44G" bench/next-session.sh .device/bin $OUT        (~500 s; stage-device.sh puts the
-#   profiler in .device/lib)
+#   TESTS="test_golden_cuda test_attn_cuda" STAGES=tests,moe,a,kprof,b B_CACHE=attention:ddr=16G
+#   A_ARGS="--batch 3;--batch 4 --op-cache all:hbm=44G" bench/next-session.sh .device/bin $OUT
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
 # TIER_MOE_WGMMA_TILE (~300 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
@@ -66,10 +64,15 @@ run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
 old=("${RUN_OLD:-}" "${job_args[@]}" --config "$cfg")
 am=(--batch 1 --steps ${A_STEPS:-6} --ddr 4G --op-cache all:hbm=48G)
 has a && step 150 train-a "${run[@]}" "${am[@]}"
-# STAGES=kprof with KPROF_LIB (an absolute path to tools/libtier-kprof.so, which the GPU machine's
-# libcupti.so.13 must load): (a) for 3 steps under the CUPTI kernel profiler, its table in kprof-a.txt
-has kprof && [ -f "${KPROF_LIB:-}" ] && step 150 kprof-a env CUDA_INJECTION64_PATH="$KPROF_LIB" \
-	TIER_KPROF_OUT="$out/kprof-a.txt" TIER_KPROF_TOP=60 "${run[@]}" "${am[@]}" --steps 3
+# STAGES=kprof: (a) for 3 steps under the CUPTI kernel profiler, its table in kprof-a.txt. KPROF_LIB
+# (default: where stage-device.sh puts it) is tools/libtier-kprof.so, which needs libcupti.so.13 there.
+kprof_lib=${KPROF_LIB:-$PWD/.device/lib/libtier-kprof.so}
+if has kprof && [ ! -f "$kprof_lib" ]; then
+	echo "kprof: no $kprof_lib (bench/stage-device.sh stages it; or set KPROF_LIB): stage skipped" | tee -a "$sum"
+elif has kprof; then
+	step 150 kprof-a env CUDA_INJECTION64_PATH="$kprof_lib" TIER_KPROF_OUT="$out/kprof-a.txt" TIER_KPROF_TOP=60 \
+		"${run[@]}" "${am[@]}" --steps 3
+fi
 has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
 # A_ALT / B_ALT: VAR=VALUE settings, each a run of (a) / (b) of its own right after the default one;
 # one setting may join several with commas (TIER_ATTN_FWD=wg,TIER_ATTN_BWD=wg: one run under both)

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <cmocka.h>
 #include "tier/tier.h"
 #include "core/ops_cuda.h"
@@ -1125,14 +1124,12 @@ int main(void)
 		cmocka_unit_test(test_fill),        cmocka_unit_test(test_bad_args),
 		cmocka_unit_test(test_marks),       cmocka_unit_test(test_waypoint), cmocka_unit_test(test_copy_lanes),
 	};
-	uint64_t seed;
 	int rc;
 	if (!tier_cuda_available()) {
 		printf("# test_ops_cuda: no CUDA device, skipped\n");
 		return 77;
 	}
-	seed = test_seed("test_ops_cuda", 0);
-	tier_rng_seed(&rng, seed);
+	tier_rng_seed(&rng, test_seed("test_ops_cuda", 0));
 	if (tier_dev_open(&cpu, TIER_DEV_CPU, 0) || tier_dev_open(&gpu, TIER_DEV_CUDA, 0)) {
 		fprintf(stderr, "test_ops_cuda: %s\n", tier_last_error());
 		return 1;

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 #include "tier/tier.h"
 #include "store_util.h"
+#include "test_seed.h"
 
 void offload_jitter(tier_offload *off, unsigned max_us); /* internal: random sleeps in the movers */
 
@@ -251,13 +252,11 @@ static void run_policy(tier_policy_kind pol)
 	test_store ts;
 	const char *env = getenv("TIER_STORE_OPS");
 	uint64_t nops = env ? strtoull(env, NULL, 10) : getenv("TIER_VALGRIND") && atoi(getenv("TIER_VALGRIND")) ? 3000 : 100000;
-	const char *se = getenv("TIER_TEST_SEED"), *only = getenv("TIER_TEST_POLICY");
-	uint64_t seed = se && *se ? strtoull(se, NULL, 0) : tier_now_ns() ^ (uint64_t)pol;
+	const char *only = getenv("TIER_TEST_POLICY");
 	if (only && *only && strcmp(only, tier_policy_name(pol)))
 		skip();
 	/* printed first, so that a failure can be replayed (TIER_TEST_SEED, TIER_TEST_POLICY) */
-	printf("# policy %s: seed %" PRIu64 "\n", tier_policy_name(pol), seed);
-	fflush(stdout);
+	uint64_t seed = test_seed(tier_policy_name(pol), (uint64_t)pol);
 	memset(&w, 0, sizeof w);
 	tier_rng_seed(&w.rng, seed);
 	assert_int_equal(test_store_open(&ts, pol, 4u << 20, 8u << 20, 64u << 20, (int)(seed & 1)), 0);

@@ -558,7 +558,8 @@ static double product_bytes(const moe_case *c, int op)
  * torch's time over the target stays above it (bench/moe_torch.py prints that ratio). */
 static void put_floors(const moe_case *c, const char *name, int zipf, const double ms[N_OPS], double floor_ms[2])
 {
-	double rate = ms[OP_COPY] > 0 ? 2.0 * c->rows * c->H * (double)c->el / (ms[OP_COPY] * 1e6) : 0; /* GB/s */
+	int is_flop;
+	double rate = ms[OP_COPY] > 0 ? work(c, OP_COPY, &is_flop) / (ms[OP_COPY] * 1e6) : 0; /* GB/s */
 	for (int i = 0; i < 2; i++) {
 		int op = i ? OP_DOWN : OP_GATE_UP, dense = i ? OP_DENSE_DOWN : OP_DENSE_GU;
 		double gb = product_bytes(c, op) / 1e9, hbm = rate > 0 ? gb / rate * 1e3 : 0;
