@@ -70,7 +70,11 @@ kprof_lib=${KPROF_LIB:-$PWD/.device/lib/libtier-kprof.so}
 if has kprof && [ ! -f "$kprof_lib" ]; then
 	echo "kprof: no $kprof_lib (bench/stage-device.sh stages it; or set KPROF_LIB): stage skipped" | tee -a "$sum"
 elif has kprof; then
+	# KPROF_LAST_MS: the busy time and gaps of the run's last N ms too (the steps after the first:
+	# ~540 for (a)'s last two); KPROF_TRACE=1: every record with the host's runtime calls, as
+	# kprof-a-trace.log, for bench/kprof_gaps.py (which kernel each gap comes before, what the host did)
 	step 150 kprof-a env CUDA_INJECTION64_PATH="$kprof_lib" TIER_KPROF_OUT="$out/kprof-a.txt" TIER_KPROF_TOP=60 \
+		TIER_KPROF_LAST_MS="${KPROF_LAST_MS:-0}" ${KPROF_TRACE:+TIER_KPROF_TRACE="$out/kprof-a-trace.log"} \
 		"${run[@]}" "${am[@]}" --steps 3
 fi
 has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
@@ -92,6 +96,12 @@ lm=(--batch 8 --micro-batches 4 --layer-major --steps ${B_STEPS:-3} --hbm 24G --
 has b && step 300 train-b "${run[@]}" "${lm[@]}" ${B_CACHE:+--op-cache "$B_CACHE"}
 has b && [ -n "${B_CACHE:-}" ] && step 300 train-b-nocache "${run[@]}" "${lm[@]}"
 has b && [ -n "${RUN_OLD:-}" ] && step 300 train-b-old "${old[@]}" "${lm[@]}"
+# STAGES=kprofb: (b) under the profiler, its table and (with KPROF_B_LAST_MS, e.g. 19000: its last
+# two steps) the busy time in kprof-b.txt
+if has kprofb && [ -f "$kprof_lib" ]; then
+	step 300 kprof-b env CUDA_INJECTION64_PATH="$kprof_lib" TIER_KPROF_OUT="$out/kprof-b.txt" TIER_KPROF_TOP=60 \
+		TIER_KPROF_LAST_MS="${KPROF_B_LAST_MS:-0}" "${run[@]}" "${lm[@]}"
+fi
 # shellcheck disable=SC2086
 for kv in ${B_ALT:-}; do has b && step 300 "train-b-$(alt_name "$kv")" env ${kv//,/ } "${run[@]}" "${lm[@]}"; done
 # B_ARGS: as A_ARGS for (b), e.g. "--batch 16 --micro-batches 8" (the streamed weights over more tokens)
@@ -111,6 +121,7 @@ for f in "$out"/attn-*.log; do
 	[ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd|ratio" | head -8; }
 done
 [ -f "$out/kprof-a.txt" ] && { echo "== kprof-a"; head -75 "$out/kprof-a.txt"; }
+[ -f "$out/kprof-b.txt" ] && { echo "== kprof-b"; head -40 "$out/kprof-b.txt"; grep "device busy" "$out/kprof-b.txt"; }
 [ -f "$out/fused.log" ] && { echo "== fused"; grep -v '^{' "$out/fused.log"; }
 [ -f "$out/lora.log" ] && { echo "== lora"; cat "$out/lora.log"; }
 for f in "$out"/tiles-*.log; do

@@ -11,7 +11,9 @@
  * (the union of all activity from the first start to the last end) and its idle gaps by length,
  * for the whole run and, with TIER_KPROF_LAST_MS=N, for the last N ms. TIER_KPROF_TRACE=FILE
  * writes every record as a line (kind K kernel, C copy, M memset, R runtime API call on the host;
- * start and end in ns of one clock; stream or host thread; name) for a timeline analysed offline.
+ * start and end in ns of one clock; stream or host thread; CUPTI's correlation id, which ties a
+ * device record to the runtime call that launched it; name) for a timeline analysed offline
+ * (bench/kprof_gaps.py: where the device idled, and whether the host launched late).
  *
  * What it costs: CUPTI serialises nothing, but concurrent kernels' records arrive out of order and
  * the totals are sums of each activity's own span: overlapping kernels on several streams count
@@ -37,12 +39,12 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int ready;
 
 /* One record: its span, and its trace line (name may be mangled; the reader demangles). */
-static void record(char kind, uint64_t start, uint64_t end, uint32_t where, const char *name)
+static void record(char kind, uint64_t start, uint64_t end, uint32_t where, uint32_t corr, const char *name)
 {
 	if (kind != 'R')
 		(void)kprof_spans_add(&spans, start, end);
 	if (trace)
-		fprintf(trace, "%c %" PRIu64 " %" PRIu64 " %u %s\n", kind, start, end, where, name ? name : "?");
+		fprintf(trace, "%c %" PRIu64 " %" PRIu64 " %u %u %s\n", kind, start, end, where, corr, name ? name : "?");
 }
 
 static const char *runtime_name(uint32_t cbid)
@@ -80,18 +82,18 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf,
 		if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
 			const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
 			(void)kprof_add(&kernels, k->name, k->end - k->start);
-			record('K', k->start, k->end, k->streamId, k->name);
+			record('K', k->start, k->end, k->streamId, k->correlationId, k->name);
 		} else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
 			const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
 			(void)kprof_add(&copies, copy_name(m->copyKind), m->end - m->start);
-			record('C', m->start, m->end, m->streamId, copy_name(m->copyKind));
+			record('C', m->start, m->end, m->streamId, m->correlationId, copy_name(m->copyKind));
 		} else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
 			const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)rec;
 			(void)kprof_add(&copies, "memset", m->end - m->start);
-			record('M', m->start, m->end, m->streamId, "memset");
+			record('M', m->start, m->end, m->streamId, m->correlationId, "memset");
 		} else if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
 			const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)rec;
-			record('R', a->start, a->end, a->threadId, runtime_name(a->cbid));
+			record('R', a->start, a->end, a->threadId, a->correlationId, runtime_name(a->cbid));
 		}
 	}
 	size_t dropped = 0;
