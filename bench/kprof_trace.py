@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
 """kprof_trace.py - one training step of a kprof timeline (TIER_KPROF_TRACE, tools/kprof.c): how
 busy the device was, its longest idle gaps with the kernels on either side and what the host was
-calling meanwhile, and the device and host time by name.
+calling meanwhile, the idle time by the kernel that ended each gap and by the one before it, and
+the device and host time by name. Traces with CUPTI's correlation ids (tools/kprof.c writes them
+since session 18: a device record and the runtime call that launched it share one) also say which
+gaps the host caused: those whose next record was launched only inside the gap, with the host's
+own time before that launch (since its thread's runtime call before it returned) summed by that
+call's name (after cudaStreamSynchronize or a device-to-host copy: the host waited for the device,
+then worked before launching again).
 
 Steps are found by the embedding kernel, which runs once at the start of each step's forward.
 
@@ -17,14 +23,18 @@ import sys
 
 
 def read(path):
-    """Device records (start, end, name) and host runtime calls (start, end, name), by start."""
+    """Device records and host runtime calls (start, end, name, correlation id or None, stream or
+    thread), by start. Lines: K|C|M|R start end where [corr] name (corr since session 18)."""
     dev, host = [], []
     with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
         for line in f:
-            p = line.rstrip("\n").split(" ", 4)
-            if len(p) < 5:
+            p = line.rstrip("\n").split(" ", 5)
+            if len(p) < 5 or p[0] not in ("K", "C", "M", "R"):
                 continue
-            rec = (int(p[1]), int(p[2]), p[4])
+            if len(p) == 6 and p[4].isdigit():
+                rec = (int(p[1]), int(p[2]), p[5], int(p[4]), int(p[3]))
+            else: # no correlation id: the name is the rest of the line
+                rec = (int(p[1]), int(p[2]), " ".join(p[4:]), None, int(p[3]))
             (host if p[0] == "R" else dev).append(rec)
     dev.sort()
     host.sort()
@@ -47,11 +57,38 @@ def demangler(names):
 
 
 def step_windows(dev):
-    starts = [s for s, e, n in dev if "embed_kernel" in n]
+    starts = [r[0] for r in dev if "embed_kernel" in r[2]]
     wins = [(a, b) for a, b in zip(starts, starts[1:])]
     if starts:
-        wins.append((starts[-1], max(e for s, e, n in dev)))
+        wins.append((starts[-1], max(r[1] for r in dev)))
     return wins
+
+
+def late_gaps(gaps, host, top):
+    """The gaps whose next record the host launched inside the gap (by correlation id), and the
+    host's time before each such launch by the runtime call that preceded it on its thread."""
+    by_corr = {r[3]: r for r in host if r[3] is not None}
+    if not by_corr:
+        print("\n# (no correlation ids in this trace: which gaps the host caused is not known)")
+        return
+    threads = collections.defaultdict(list)
+    for r in host:
+        threads[r[4]].append(r)
+    tstarts = {t: [r[0] for r in v] for t, v in threads.items()}
+    n, ns, before = 0, 0, collections.Counter()
+    for dur, gs, ge, _, after in gaps:
+        call = by_corr.get(after[3])
+        if call is None or call[0] < gs:
+            continue # launched before the gap began: the device waited on something else
+        n, ns = n + 1, ns + dur
+        i = bisect.bisect_left(tstarts[call[4]], call[0]) - 1
+        if i >= 0:
+            prior = threads[call[4]][i]
+            before[prior[2]] += max(0, call[0] - prior[1])
+    print(f"\n# gaps whose next record the host launched inside the gap: {n} of {len(gaps)}, {ns / 1e6:.3f} ms; "
+          "the host's time before those launches, by the runtime call before each: ms, name")
+    for name, t in before.most_common(top):
+        print(f"{t / 1e6:9.3f}  {name}")
 
 
 def main():
@@ -69,17 +106,18 @@ def main():
     lo, hi = wins[k]
     d = [r for r in dev if lo <= r[0] < hi]
     h = [r for r in host if lo <= r[0] < hi]
-    short = demangler([n for _, _, n in d])
-    span = max(e for _, e, _ in d) - lo
-    # union of the device spans, and its gaps
+    short = demangler([r[2] for r in d])
+    span = max(r[1] for r in d) - lo
+    # union of the device spans, and its gaps (length, start, end, name before, record after)
     busy, gaps, cur_s, cur_e, prev = 0, [], None, None, None
-    for s, e, n in d:
+    for r in d:
+        s, e, n = r[0], r[1], r[2]
         if cur_e is None:
             cur_s, cur_e, prev = s, e, n
             continue
         if s > cur_e:
             busy += cur_e - cur_s
-            gaps.append((s - cur_e, cur_e, s, prev, n))
+            gaps.append((s - cur_e, cur_e, s, prev, r))
             cur_s, cur_e = s, e
         elif e > cur_e:
             cur_e = e
@@ -97,20 +135,29 @@ def main():
     print("# idle gaps: " + ", ".join(f"{l} {c} ({t / 1e6:.3f} ms)" for l, (c, t) in hist.items()))
     hstarts = [r[0] for r in h]
     print(f"\n# the {a.gaps} longest gaps: us, kernel before -> kernel after; host calls running in the gap")
-    for g in sorted(gaps, reverse=True)[:a.gaps]:
+    for g in sorted(gaps, key=lambda g: g[0], reverse=True)[:a.gaps]:
         dur, gs, ge, before, after = g
         i = bisect.bisect_left(hstarts, gs - 50_000_000)
         calls = collections.Counter()
-        for s, e, n in h[i:]:
+        for s, e, n, *_ in h[i:]:
             if s >= ge:
                 break
             if e > gs:
                 calls[n] += min(e, ge) - max(s, gs)
         what = ", ".join(f"{n} {t / 1e3:.0f}" for n, t in calls.most_common(3))
-        print(f"{dur / 1e3:9.1f}  {short.get(before, before)} -> {short.get(after, after)}  [{what}]")
+        print(f"{dur / 1e3:9.1f}  {short.get(before, before)} -> {short.get(after[2], after[2])}  [{what}]")
+    for title, key in (("kernel after the gap", lambda g: g[4][2]), ("kernel before the gap", lambda g: g[3])):
+        tot = collections.defaultdict(lambda: [0, 0])
+        for g in gaps:
+            tot[key(g)][0] += 1
+            tot[key(g)][1] += g[0]
+        print(f"\n# idle by the {title}: ms, gaps, mean us, name")
+        for n, (c, t) in sorted(tot.items(), key=lambda x: -x[1][1])[:a.top]:
+            print(f"{t / 1e6:9.3f} {c:7d} {t / 1e3 / c:8.2f}  {short.get(n, n)}")
+    late_gaps(gaps, host, a.top)
     for title, recs, names in (("device", d, short), ("host runtime calls", h, {})):
         tot = collections.defaultdict(lambda: [0, 0])
-        for s, e, n in recs:
+        for s, e, n, *_ in recs:
             tot[n][0] += 1
             tot[n][1] += e - s
         print(f"\n# {title} by name: ms, calls, name")

@@ -72,7 +72,7 @@ if has kprof && [ ! -f "$kprof_lib" ]; then
 elif has kprof; then
 	# KPROF_LAST_MS: the busy time and gaps of the run's last N ms too (the steps after the first:
 	# ~540 for (a)'s last two); KPROF_TRACE=1: every record with the host's runtime calls, as
-	# kprof-a-trace.log, for bench/kprof_gaps.py (which kernel each gap comes before, what the host did)
+	# kprof-a-trace.log, for bench/kprof_trace.py (each gap, the kernels around it, what the host did)
 	step 150 kprof-a env CUDA_INJECTION64_PATH="$kprof_lib" TIER_KPROF_OUT="$out/kprof-a.txt" TIER_KPROF_TOP=60 \
 		TIER_KPROF_LAST_MS="${KPROF_LAST_MS:-0}" ${KPROF_TRACE:+TIER_KPROF_TRACE="$out/kprof-a-trace.log"} \
 		"${run[@]}" "${am[@]}" --steps 3

@@ -13,7 +13,7 @@
  * writes every record as a line (kind K kernel, C copy, M memset, R runtime API call on the host;
  * start and end in ns of one clock; stream or host thread; CUPTI's correlation id, which ties a
  * device record to the runtime call that launched it; name) for a timeline analysed offline
- * (bench/kprof_gaps.py: where the device idled, and whether the host launched late).
+ * (bench/kprof_trace.py: where the device idled, and whether the host launched late).
  *
  * What it costs: CUPTI serialises nothing, but concurrent kernels' records arrive out of order and
  * the totals are sums of each activity's own span: overlapping kernels on several streams count
