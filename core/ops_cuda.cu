@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "core/ops_cuda.h"
 #include "base/cuda_reduce.cuh"
 
@@ -370,14 +371,21 @@ int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16
 	if (rc || (rc = many_check(n_seg, src, dst, len, table, &max_len)) || max_len == 0)
 		return rc;
 	cudaStream_t s = stream_of(d);
-	/* From pageable host memory these return once the source is staged: the caller may reuse its
-	 * arrays at once, and the kernel below is ordered after the copies on the stream. */
+	/* The three arrays go over in one copy (three copies left the device a gap before each: the
+	 * trainer converts a layer's LoRA this way four times a step). From pageable host memory the
+	 * copy returns once its source is staged: the packed buffer may go at once, and the kernel
+	 * below is ordered after the copy on the stream. */
+	size_t nb = 2 * np + (size_t)n_seg * sizeof(size_t);
+	char stackbuf[4096], *h = nb <= sizeof stackbuf ? stackbuf : (char *)malloc(nb);
+	if (!h)
+		return tier_fail(-ENOMEM, "opsc_to_bf16_many: no host memory to pack the table of %d segments", n_seg);
+	memcpy(h, src, np);
+	memcpy(h + np, dst, np);
+	memcpy(h + 2 * np, len, (size_t)n_seg * sizeof(size_t));
 	char *t = (char *)table;
-	cudaError_t e = cudaMemcpyAsync(t, src, np, cudaMemcpyHostToDevice, s);
-	if (e == cudaSuccess)
-		e = cudaMemcpyAsync(t + np, dst, np, cudaMemcpyHostToDevice, s);
-	if (e == cudaSuccess)
-		e = cudaMemcpyAsync(t + 2 * np, len, (size_t)n_seg * sizeof(size_t), cudaMemcpyHostToDevice, s);
+	cudaError_t e = cudaMemcpyAsync(t, h, nb, cudaMemcpyHostToDevice, s);
+	if (h != stackbuf)
+		free(h);
 	if (e != cudaSuccess)
 		return tier_fail(-EIO, "opsc_to_bf16_many: copying the table of %d segments failed: %s", n_seg,
 				 cudaGetErrorString(e));

@@ -829,6 +829,35 @@ static void test_to_bf16_many(void **state)
 	tier_dev_free(gpu, table);
 }
 
+/* 200 segments: a table of 4,800 bytes, packed on the heap rather than the stack (4 KiB). */
+static void test_to_bf16_many_large(void **state)
+{
+	enum { NS = 200 };
+	size_t len[NS];
+	const float *src[NS];
+	opsc_bf16 *dst[NS];
+	float *h[NS];
+	void *table = poisoned(opsc_many_table_bytes(NS));
+	(void)state;
+	for (int s = 0; s < NS; s++) {
+		len[s] = 1 + (size_t)tier_rng_below(&rng, 300);
+		h[s] = rand_f32(NULL, len[s], 3.0f);
+		src[s] = up(h[s], 4 * len[s]);
+		dst[s] = poisoned(2 * (len[s] + 1));
+	}
+	assert_int_equal(opsc_to_bf16_many(gpu, NS, src, dst, len, table), 0);
+	for (int s = 0; s < NS; s++) {
+		uint16_t *g = malloc(2 * (len[s] + 1));
+		down(g, dst[s], 2 * (len[s] + 1));
+		for (size_t i = 0; i < len[s]; i++)
+			assert_int_equal(g[i], tier_f32_to_bf16(h[s][i]));
+		assert_int_equal(g[len[s]], 0xffff);
+		free(g), free(h[s]);
+		tier_dev_free(gpu, (void *)src[s]), tier_dev_free(gpu, dst[s]);
+	}
+	tier_dev_free(gpu, table);
+}
+
 /* ---- Optimizer ------------------------------------------------------------------------------- */
 
 static void test_sumsq(void **state)
@@ -1119,7 +1148,8 @@ int main(void)
 		cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_qk_fwd),   cmocka_unit_test(test_qk_grad),
 		cmocka_unit_test(test_linear_bwd_bf16),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
-		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many), cmocka_unit_test(test_sumsq),
+		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many),
+		cmocka_unit_test(test_to_bf16_many_large), cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_adamw_many),
 		cmocka_unit_test(test_fill),        cmocka_unit_test(test_bad_args),
 		cmocka_unit_test(test_marks),       cmocka_unit_test(test_waypoint), cmocka_unit_test(test_copy_lanes),
