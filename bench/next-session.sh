@@ -10,15 +10,14 @@
 # tests,moe,a,b,c); A_STEPS and B_STEPS (6, 3) the trainer jobs' steps; TESTS the CUDA tests to run
 # (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
-# Session 15's changes (routed halves, fused q/k, paired dA, wgmma attention) and session 16's
-# benchmarks (tier-bench lora, fused) first ran in session 17 (bench/RESULTS.md); the wgmma
-# attention is the default since. Still to run as of session 17's second call: the tests under
-# that default (test_golden_cuda, test_attn_cuda), test_ops_cuda again (it failed once, log lost),
-# the moe stage with tier-bench moe's floors (issue 4), a kernel profile of (a) (STAGES=kprof),
-# (a) at --batch 3 and 4, (b) with the attention's output in DDR (B_CACHE), ~500 s:
-#   for i in 1 2 3 4 5; do .device/bin/tests/test_ops_cuda > $OUT/ops$i.log 2>&1; done;
-#   TESTS="test_golden_cuda test_attn_cuda" STAGES=tests,moe,a,kprof,b B_CACHE=attention:ddr=16G
-#   A_ARGS="--batch 3;--batch 4 --op-cache all:hbm=44G" bench/next-session.sh .device/bin $OUT
+# Session 18 ran session 17's plan (bench/RESULTS.md, "session 18"); its last changes ran only on
+# an H100 (the store's lazy room count, 07e41aa: (a) +1.9-3.4% against 54e6790 in the same calls)
+# or not at all (opsc_to_bf16_many's one copy, test_ops_cuda's 200-segment case). The next call,
+# on an H200, with the 07e41aa tier-run as the peer (.device/old, carried; ~480 s):
+#   TESTS="test_ops_cuda test_golden_cuda test_attn_cuda test_moe_cuda" STAGES=tests,a,b,c
+#   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3" bench/next-session.sh .device/bin $OUT
+# with carry [".device/pack.tar.xz", ".device/lib", ".device/old"]: the gates' (a), (b) and (c) in
+# one call, each tier job beside the older build's.
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
 # TIER_MOE_WGMMA_TILE (~300 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
