@@ -173,6 +173,7 @@ static int trainer_tables(tier_trainer *t, size_t nckpt)
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->prevcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
+	    !(t->sched_skip = calloc((size_t)m->L * E, 1)) ||
 	    !(t->ptr = calloc(15 * E, sizeof *t->ptr)) || !(t->cv_src = calloc(E + 2, sizeof *t->cv_src)) ||
 	    !(t->cv_dst = calloc(E + 2, sizeof *t->cv_dst)) || !(t->cv_len = calloc(E + 2, sizeof(size_t))) ||
 	    !(t->hidx = calloc(T * (m->k > 0 ? (size_t)m->k : 1), sizeof(int32_t))))
@@ -329,6 +330,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	free(t->lcounts);
 	free(t->mbcounts);
 	free(t->prevcounts);
+	free(t->sched_skip);
 	free(t->fcounts);
 	free(t->fvalid);
 	free(t->core_kept);

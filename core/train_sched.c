@@ -33,6 +33,13 @@ static size_t ckpt_ids(const tier_trainer *t, int a, int b, uint64_t *ids, size_
 	return n;
 }
 
+/* Whether expert i (of layer i / E) is left out of a forward (bwd 0) or backward operation: no token
+ * of the latest forward (nor, for a forward, the one before) went to it. */
+static int skipped(const tier_trainer *t, size_t i, int bwd)
+{
+	return t->have_mbcounts && (bwd || t->sched_routed == 2) && !t->mbcounts[i] && (bwd || !t->prevcounts[i]);
+}
+
 /* The objects of layer l's forward (bwd = 1: backward) operation. */
 static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
 {
@@ -44,9 +51,8 @@ static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
 	n = group_ids(ids, n, ly->attn, bwd);
 	n = group_ids(ids, n, ly->mlp, bwd);
 	for (int e = 0; ly->moe && e < m->E; e++) {
-		size_t i = (size_t)l * m->E + e;
-		if (t->have_mbcounts && (bwd || t->sched_routed == 2) && !t->mbcounts[i] && (bwd || !t->prevcounts[i]))
-			continue; /* no token of the latest forward (nor, for a forward, the one before) went to it */
+		if (skipped(t, (size_t)l * m->E + e, bwd))
+			continue;
 		n = add_ids(ids, n, ly->experts[e]);
 		n = group_ids(ids, n, ly->exp ? ly->exp[e] : NULL, bwd);
 	}
@@ -58,9 +64,29 @@ static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
  * updated, and the first layers' updates bring the next step's embedding and first layer. As one
  * operation it left no room to prefetch: its 13 GiB of state, not yet in HBM, was all "needed
  * now". */
+/* Record which experts this schedule leaves out (bit 0: of the forwards, bit 1: of the backwards);
+ * 1 when that is what the schedule last built left out (the same schedule: nothing to build). */
+static int skips_unchanged(tier_trainer *t)
+{
+	const tier_model *m = t->m;
+	size_t n = m->E > 0 ? (size_t)m->L * m->E : 0;
+	int same = t->sched_built;
+	for (size_t i = 0; i < n; i++) {
+		uint8_t v = (uint8_t)(skipped(t, i, 0) | skipped(t, i, 1) << 1);
+		same &= v == t->sched_skip[i];
+		t->sched_skip[i] = v;
+	}
+	return same;
+}
+
 int trainer_set_schedule(tier_trainer *t)
 {
 	tier_model *m = t->m;
+	/* after each step's forward with routing (sched_routed) this ran again: ~0.9 ms of the host's
+	 * time a step with the (a) job, between the forward and the loss, where every expert gets
+	 * tokens every step and the schedule came out the same */
+	if (skips_unchanged(t))
+		return 0;
 	/* micro-batch-major: the operations repeat for each micro-batch; layer-major: once */
 	int L = m->L, per = L * 2 + 2, reps = t->nck > 1 ? 1 : t->c.micro_batches, nops = per * reps + L;
 	size_t cap = (size_t)W_NSLOTS + 4 + 4 * (size_t)m->E + 3 * m->n_groups + 8 + 2 * (size_t)t->nck;
@@ -97,6 +123,7 @@ int trainer_set_schedule(tier_trainer *t)
 		p += n;
 	}
 	int rc = tier_store_set_schedule(m->s, ops, (size_t)nops, 1);
+	t->sched_built = rc == 0;
 	free(ops);
 	free(pool);
 	return rc;

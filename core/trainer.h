@@ -79,6 +79,8 @@ struct tier_trainer {
 	int moe_routed;        /* $TIER_MOE_ROUTED (default 1; 0 off): dec_shape.routed where one chunk */
 	int qk_fused;          /* $TIER_QK_FUSED (default 1; 0 off): dec_shape.qk_fused */
 	int have_mbcounts;     /* 0 before the first forward (and with $TIER_SCHED_ROUTED=0): all experts */
+	uint8_t *sched_skip;   /* [L E]: the experts the store's schedule left out of their operations, */
+	int sched_built;       /* once built: a schedule leaving out the same ones is not built again */
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
 	uint64_t min_hbm, hbm_cap;
 	/* CUDA: bf16 copies of one layer's LoRA (l16, in scratch) made by one batched conversion
