@@ -799,24 +799,22 @@ static void test_from_bf16(void **state)
 	free(h), free(g);
 }
 
-/* Five segments (one empty), each destination one element longer and that element left poisoned. */
-static void test_to_bf16_many(void **state)
+/* ns segments of len[] elements converted in one launch; each destination one element longer and
+ * that element left poisoned. */
+static void check_to_bf16_many(int ns, const size_t *len, float scale)
 {
-	enum { NS = 5 };
-	size_t len[NS] = { 1000, 0, 1, 77, 3000 };
-	const float *src[NS];
-	opsc_bf16 *dst[NS];
-	float *h[NS];
-	void *table = poisoned(opsc_many_table_bytes(NS));
-	(void)state;
-	assert_int_equal(opsc_many_table_bytes(NS), NS * 24);
-	for (int s = 0; s < NS; s++) {
-		h[s] = rand_f32(NULL, len[s], 5.0f);
+	const float **src = calloc((size_t)ns, sizeof *src);
+	opsc_bf16 **dst = calloc((size_t)ns, sizeof *dst);
+	float **h = calloc((size_t)ns, sizeof *h);
+	void *table = poisoned(opsc_many_table_bytes(ns));
+	assert_non_null(src), assert_non_null(dst), assert_non_null(h);
+	for (int s = 0; s < ns; s++) {
+		h[s] = rand_f32(NULL, len[s], scale);
 		src[s] = up(h[s], 4 * len[s]);
 		dst[s] = poisoned(2 * (len[s] + 1));
 	}
-	assert_int_equal(opsc_to_bf16_many(gpu, NS, src, dst, len, table), 0);
-	for (int s = 0; s < NS; s++) {
+	assert_int_equal(opsc_to_bf16_many(gpu, ns, src, dst, len, table), 0);
+	for (int s = 0; s < ns; s++) {
 		uint16_t *g = malloc(2 * (len[s] + 1));
 		down(g, dst[s], 2 * (len[s] + 1));
 		for (size_t i = 0; i < len[s]; i++)
@@ -825,37 +823,28 @@ static void test_to_bf16_many(void **state)
 		free(g), free(h[s]);
 		tier_dev_free(gpu, (void *)src[s]), tier_dev_free(gpu, dst[s]);
 	}
-	assert_int_equal(opsc_to_bf16_many(gpu, 0, NULL, NULL, NULL, NULL), 0);
 	tier_dev_free(gpu, table);
+	free(src), free(dst), free(h);
+}
+
+/* Five segments, one empty; none at all. */
+static void test_to_bf16_many(void **state)
+{
+	static const size_t len[5] = { 1000, 0, 1, 77, 3000 };
+	(void)state;
+	assert_int_equal(opsc_many_table_bytes(5), 5 * 24);
+	check_to_bf16_many(5, len, 5.0f);
+	assert_int_equal(opsc_to_bf16_many(gpu, 0, NULL, NULL, NULL, NULL), 0);
 }
 
 /* 200 segments: a table of 4,800 bytes, packed on the heap rather than the stack (4 KiB). */
 static void test_to_bf16_many_large(void **state)
 {
-	enum { NS = 200 };
-	size_t len[NS];
-	const float *src[NS];
-	opsc_bf16 *dst[NS];
-	float *h[NS];
-	void *table = poisoned(opsc_many_table_bytes(NS));
+	size_t len[200];
 	(void)state;
-	for (int s = 0; s < NS; s++) {
+	for (int s = 0; s < 200; s++)
 		len[s] = 1 + (size_t)tier_rng_below(&rng, 300);
-		h[s] = rand_f32(NULL, len[s], 3.0f);
-		src[s] = up(h[s], 4 * len[s]);
-		dst[s] = poisoned(2 * (len[s] + 1));
-	}
-	assert_int_equal(opsc_to_bf16_many(gpu, NS, src, dst, len, table), 0);
-	for (int s = 0; s < NS; s++) {
-		uint16_t *g = malloc(2 * (len[s] + 1));
-		down(g, dst[s], 2 * (len[s] + 1));
-		for (size_t i = 0; i < len[s]; i++)
-			assert_int_equal(g[i], tier_f32_to_bf16(h[s][i]));
-		assert_int_equal(g[len[s]], 0xffff);
-		free(g), free(h[s]);
-		tier_dev_free(gpu, (void *)src[s]), tier_dev_free(gpu, dst[s]);
-	}
-	tier_dev_free(gpu, table);
+	check_to_bf16_many(200, len, 3.0f);
 }
 
 /* ---- Optimizer ------------------------------------------------------------------------------- */
