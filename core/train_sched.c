@@ -59,11 +59,6 @@ static size_t layer_ids(const tier_trainer *t, int l, int bwd, uint64_t *ids)
 	return ckpt_ids(t, l, bwd ? l : l + 1, ids, n);
 }
 
-/* The optimizer is one operation per layer, last layer first (its sets' parameters, gradients and
- * moments; trainer_adamw), so that the prefetcher brings layer l - 1's state while layer l is
- * updated, and the first layers' updates bring the next step's embedding and first layer. As one
- * operation it left no room to prefetch: its 13 GiB of state, not yet in HBM, was all "needed
- * now". */
 /* Record which experts this schedule leaves out (bit 0: of the forwards, bit 1: of the backwards);
  * 1 when that is what the schedule last built left out (the same schedule: nothing to build). */
 static int skips_unchanged(tier_trainer *t)
@@ -79,6 +74,11 @@ static int skips_unchanged(tier_trainer *t)
 	return same;
 }
 
+/* The optimizer is one operation per layer, last layer first (its sets' parameters, gradients and
+ * moments; trainer_adamw), so that the prefetcher brings layer l - 1's state while layer l is
+ * updated, and the first layers' updates bring the next step's embedding and first layer. As one
+ * operation it left no room to prefetch: its 13 GiB of state, not yet in HBM, was all "needed
+ * now". */
 int trainer_set_schedule(tier_trainer *t)
 {
 	tier_model *m = t->m;

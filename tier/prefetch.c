@@ -121,7 +121,7 @@ void tier_store_at_op(tier_store *s, size_t op)
 		s->cur_op = s->cyclic ? op % s->n_ops : op;
 		s->have_cur = 1;
 		/* the rooms are counted when the window first needs a fetch: counting walks every copy
-		 * a tier holds (70 us an operation with the 7,200 objects of the (a) job all in HBM, where
+		 * a tier holds (71 us an operation with the 7,200 objects of the (a) job all in HBM, where
 		 * nothing is ever fetched), and nothing has changed before that point */
 		uint64_t room[TIER_NTIERS] = { 0 };
 		int counted = 0;
