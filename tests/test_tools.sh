@@ -118,6 +118,13 @@ grep -q '^  store ' "$tmp/help" || fail "tier-bench --help does not list store"
 cat "$tmp/bench.out"
 [ "$(grep -c '^  *miss ' "$tmp/bench.out")" -ge 6 ] || fail "tier-bench store printed too few miss rows"
 grep -q '^# summary:' "$tmp/bench.out" || fail "tier-bench store printed no summary"
+./tier-bench sched --layers 8 --per-op 40 --iters 2 >"$tmp/sched.out" || fail "tier-bench sched failed"
+cat "$tmp/sched.out"
+[ "$(grep -Ec '^ +[0-9]+ +[0-9]+ +2 ' "$tmp/sched.out")" = 3 ] || fail "tier-bench sched printed not 3 rows"
+grep -Eq '^# summary: announcing an operation costs at most [0-9.]+x' "$tmp/sched.out" ||
+	fail "tier-bench sched printed no summary"
+./tier-bench sched --layers 0 2>/dev/null; [ $? = 1 ] || fail "tier-bench sched --layers 0 should exit 1"
+./tier-bench sched --bogus 2>/dev/null; [ $? = 1 ] || fail "tier-bench sched --bogus should exit 1"
 # the MoE block on the CPU reference: every row but the Hopper products' (gate-up, down: GPU only),
 # after warm-up runs of at least 5 ms each; a malformed --warmup-ms is refused
 ./tier-bench moe --device cpu --shape 24,16,8,4,2 --routing uniform --iters 2 --warmup-ms 5 --json \

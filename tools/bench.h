@@ -14,6 +14,7 @@
 
 /* ---- Subcommands (one line each; add the function to the table in tier-bench.c) ---- */
 int bench_store(int argc, char **argv);
+int bench_sched(int argc, char **argv);       /* tools/bench_sched.c: tier_store_at_op's host cost */
 int bench_loss(int argc, char **argv);
 int bench_attn(int argc, char **argv);
 int bench_h2d(int argc, char **argv);         /* tools/bench_offload.c: offload engine links */

@@ -9,7 +9,7 @@ tier_run_LDADD = libtier.la $(TIER_DEP_LIBS)
 dist_man1_MANS += man/tier-run.1
 ## tier-bench: one file per subcommand (add its function to the table in tools/tier-bench.c).
 tier_bench_SOURCES = tools/tier-bench.c tools/bench.h tools/bench_util.c
-tier_bench_SOURCES += tools/bench_store.c
+tier_bench_SOURCES += tools/bench_store.c tools/bench_sched.c
 tier_bench_SOURCES += tools/bench_loss.c
 tier_bench_SOURCES += tools/bench_attn.c
 tier_bench_SOURCES += tools/bench_offload.c

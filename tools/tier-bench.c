@@ -13,6 +13,7 @@ static const struct {
 	int (*run)(int argc, char **argv);
 } subcommands[] = {
 	{ "store", "acquire+release cost of hits per tier and misses per source->target, vs memcpy", bench_store },
+	{ "sched", "the host's cost of announcing a scheduled operation (tier_store_at_op) vs its own pins", bench_sched },
 	{ "loss", "chunked cross-entropy: fwd, bwd, fused fwd+bwd time and extra memory (peers: bench/loss_torch.py)", bench_loss },
 	{ "attn", "causal flash attention with GQA: fwd, bwd, fwd+bwd time and TFLOP/s (peer: bench/attn_torch.py)", bench_attn },
 	{ "h2d", "offload engine DDR->HBM copies vs pinned cudaMemcpyAsync (memcpy without a GPU)", bench_h2d },
