@@ -13,8 +13,8 @@
 # Session 18 ran session 17's plan (bench/RESULTS.md, "session 18"); its last changes ran only on
 # an H100 (the store's lazy room count, 07e41aa: (a) +1.9-3.4% against 54e6790 in the same calls)
 # or not at all (opsc_to_bf16_many's one copy, test_ops_cuda's 200-segment case; the schedule
-# rebuilt only when its experts change). The next call,
-# on an H200, with the 07e41aa tier-run as the peer (.device/old, carried; ~480 s):
+# rebuilt only when its experts change). The next call, on an H200, with the 07e41aa tier-run as
+# the peer (.device/old, carried; ~480 s):
 #   TESTS="test_ops_cuda test_golden_cuda test_attn_cuda test_moe_cuda" STAGES=tests,a,b,c
 #   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3" bench/next-session.sh .device/bin $OUT
 # with carry [".device/pack.tar.xz", ".device/lib", ".device/old"]: the gates' (a), (b) and (c) in
@@ -98,7 +98,9 @@ has b && [ -n "${B_CACHE:-}" ] && step 300 train-b-nocache "${run[@]}" "${lm[@]}
 has b && [ -n "${RUN_OLD:-}" ] && step 300 train-b-old "${old[@]}" "${lm[@]}"
 # STAGES=kprofb: (b) under the profiler, its table and (with KPROF_B_LAST_MS, e.g. 19000: its last
 # two steps) the busy time in kprof-b.txt
-if has kprofb && [ -f "$kprof_lib" ]; then
+if has kprofb && [ ! -f "$kprof_lib" ]; then
+	echo "kprofb: no $kprof_lib: stage skipped" | tee -a "$sum"
+elif has kprofb; then
 	step 300 kprof-b env CUDA_INJECTION64_PATH="$kprof_lib" TIER_KPROF_OUT="$out/kprof-b.txt" TIER_KPROF_TOP=60 \
 		TIER_KPROF_LAST_MS="${KPROF_B_LAST_MS:-0}" "${run[@]}" "${lm[@]}"
 fi
