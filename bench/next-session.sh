@@ -123,6 +123,10 @@ for f in "$out"/attn-*.log; do
 	[ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd|ratio" | head -8; }
 done
 [ -f "$out/kprof-a.txt" ] && { echo "== kprof-a"; head -75 "$out/kprof-a.txt"; }
+if [ -f "$out/kprof-a-trace.log" ]; then # a step's idle gaps, read on the device where python3 is
+	python3 bench/kprof_trace.py "$out/kprof-a-trace.log" --gaps 10 --top 12 >"$out/kprof-a-gaps.txt" 2>&1
+	echo "== kprof-a gaps"; head -60 "$out/kprof-a-gaps.txt"
+fi
 [ -f "$out/kprof-b.txt" ] && { echo "== kprof-b"; head -40 "$out/kprof-b.txt"; grep "device busy" "$out/kprof-b.txt"; }
 [ -f "$out/fused.log" ] && { echo "== fused"; grep -v '^{' "$out/fused.log"; }
 [ -f "$out/lora.log" ] && { echo "== lora"; cat "$out/lora.log"; }
