@@ -6,6 +6,7 @@
  * nothing, and the device checks that its offsets are the ones those counts give. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
@@ -102,15 +103,26 @@ static int common_checks(const char *fn, tier_dev *dev, const tier_moe_cfg *c, i
 }
 
 /* The router, and with counts the routed counts and the aux losses on the host (one sync). */
+/* TIER_MOE_EARLY_PERMUTE=1: a route that reads the counts back queues the permute right after (it
+ * needs no host offsets), so that the device permutes while the host pins the routed experts; the
+ * H100 timeline of session 18 shows the device idle ~40 us a layer there. Off by default until
+ * measured against the default in the same call. */
+static int early_permute(void)
+{
+	const char *v = getenv("TIER_MOE_EARLY_PERMUTE");
+	return v && *v && strcmp(v, "0") != 0;
+}
+
 static int route(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, const void *w_r, const float *bias,
 		 tier_moe_saved *s, void *ws, int32_t *counts)
 {
 	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden;
 	int stats = c->aux_coef > 0 || c->z_coef > 0;
 	moe_cuda_ws l;
-	moe_cuda_ws_layout(c, T, NULL, &l); /* p and zs: the layout without LoRA is this call's own */
+	moe_cuda_ws_layout(c, T, NULL, &l); /* p, zs and xg: the layout without LoRA is this call's own */
 	char *b = (char *)ws;
 	float P[TIER_MOE_MAX_EXPERTS], zs = 0.0f;
+	s->permuted = 0;
 	int rc = moe_cuda_router_fwd(dev, &c->router, T, H, x, w_r, bias, s->logits, s->topk_idx, s->topk_w);
 	if (rc || !counts)
 		return rc;
@@ -119,6 +131,13 @@ static int route(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, con
 	    (rc = read_back(dev, E, NULL, NULL, s->counts, counts, stats ? (float *)(b + l.p) : NULL, stats ? P : NULL,
 			    (float *)(b + l.zs), &zs)))
 		return rc;
+	/* xg sits first in the workspace with or without LoRA: fwd_routed finds it where this wrote it */
+	if (early_permute()) {
+		if ((rc = moe_cuda_permute(dev, T, k, E, H, tier_moe_capacity(T, k, E, c->capacity_factor), s->topk_idx, x,
+					   s->offsets, s->row_pair, s->pair_row, s->counts, b + l.xg)))
+			return rc;
+		s->permuted = 1;
+	}
 	double a = 0.0;
 	for (int e = 0; stats && e < E; e++)
 		a += (double)counts[e] / T * ((double)P[e] / T);
@@ -139,9 +158,10 @@ static int fwd_routed(tier_dev *dev, const char *fn, const tier_moe_cfg *c, int 
 	moe_cuda_ws_layout(c, T, lora, &l);
 	char *b = (char *)ws;
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
-	int rc = moe_offsets_of(fn, counts, E, n, cap, off);
-	if (rc || (rc = moe_cuda_permute(dev, T, k, E, H, cap, s->topk_idx, x, s->offsets, s->row_pair, s->pair_row,
-					 s->counts, b + l.xg)) ||
+	int rc = moe_offsets_of(fn, counts, E, n, cap, off), permuted = s->permuted;
+	s->permuted = 0; /* the route's permute serves this call alone */
+	if (rc || (!permuted && (rc = moe_cuda_permute(dev, T, k, E, H, cap, s->topk_idx, x, s->offsets, s->row_pair,
+						       s->pair_row, s->counts, b + l.xg))) ||
 	    (rc = route_check(dev, E, s->offsets, off)) ||
 	    /* y in the backward's dy piece, and only when combined: the backward does not read it */
 	    (rc = moe_cuda_experts_fwd_lora(dev, E, H, c->inter, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.h,

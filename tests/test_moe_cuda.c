@@ -448,10 +448,17 @@ static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const v
 	int32_t cnt[TIER_MOE_MAX_EXPERTS], o2[TIER_MOE_MAX_EXPERTS + 1], o3[TIER_MOE_MAX_EXPERTS + 1];
 	tier_moe_saved s2;
 	assert_int_equal(tier_moe_saved_bind(gcfg, T, dsv2, sb, &s2), 0);
+	/* early: TIER_MOE_EARLY_PERMUTE=1, the forward's route permuting too (the same results) */
+	for (int early = 0; early < 2; early++)
 	for (int recompute = 0; recompute < 2; recompute++) {
+		if (early)
+			setenv("TIER_MOE_EARLY_PERMUTE", "1", 1);
+		else
+			unsetenv("TIER_MOE_EARLY_PERMUTE");
 		poison_dev(dsv2, sb), poison_dev(dout2, 4 * TH);
 		s2.aux = s2.z = -1.0f;
 		assert_int_equal(tier_moe_layer_route(gpu, gcfg, T, dx, dwr, dbias, &s2, dws, wb, recompute ? NULL : cnt), 0);
+		assert_int_equal(s2.permuted, early && !recompute);
 		if (!recompute) {
 			assert_memory_equal(cnt, cntg, 4 * (size_t)E);
 			/* the aux statistics' sums are float atomics across blocks: their order may differ */
@@ -462,6 +469,7 @@ static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const v
 		}
 		assert_int_equal(tier_moe_layer_fwd_routed(gpu, gcfg, T, dx, gwts, glo, cnt, recompute ? NULL : dout2, &s2,
 							   dws, wb), 0);
+		assert_int_equal(s2.permuted, 0);
 		assert_int_equal(tier_moe_routing_check(gpu), 0);
 		down(o2, s2.offsets, 4 * (size_t)(E + 1));
 		assert_memory_equal(o2, og, 4 * (size_t)(E + 1));
@@ -471,6 +479,7 @@ static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const v
 			check_close(out2, outg, TH, CUDA_TOL, "out, routed");
 		free(g2), free(out2);
 	}
+	unsetenv("TIER_MOE_EARLY_PERMUTE");
 	int e0 = 0, cap = tier_moe_capacity(T, k, E, gcfg->capacity_factor);
 	while (e0 < E && !cnt[e0])
 		e0++;

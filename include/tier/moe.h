@@ -210,6 +210,8 @@ typedef struct {
 	int32_t *pair_row; /* [T*k] */
 	float *g, *u;      /* [T*k, I] (bf16 with TIER_MOE_BF16) */
 	float aux, z;      /* the losses of this forward (already times their coefficients) */
+	int permuted;      /* CUDA, TIER_MOE_EARLY_PERMUTE: the route with counts permuted x into the
+			    * workspace; the next tier_moe_layer_fwd_routed uses that (same x, same ws) */
 } tier_moe_saved;
 
 /* Bytes of the saved buffer and of the workspace for T tokens (device memory with TIER_MOE_BF16);
@@ -239,7 +241,9 @@ int tier_moe_layer_bwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const floa
  * tier_moe_layer_route: the router into saved (logits, topk_idx, topk_w) and, with counts (host
  * [E]), the pairs routed to each expert before the capacity's drops, and saved->aux and ->z.
  * counts NULL: the router alone, with no synchronisation (a backward's recompute, whose counts are
- * its forward's; saved->aux and ->z are left as they are). */
+ * its forward's; saved->aux and ->z are left as they are). On CUDA with TIER_MOE_EARLY_PERMUTE=1 a
+ * route with counts also permutes x into ws (saved->permuted), which the next
+ * tier_moe_layer_fwd_routed then uses: give it the same x and ws. */
 int tier_moe_layer_route(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x, const float *w_r,
 			 const float *bias, tier_moe_saved *saved, void *ws, size_t ws_bytes, int32_t *counts);
 /* The rest of the forward after tier_moe_layer_route on the same saved, given that routing's counts
