@@ -14,8 +14,7 @@
 # an H100 (the store's lazy room count, 07e41aa: (a) +1.9-3.4% against 54e6790 in the same calls)
 # or not at all (opsc_to_bf16_many's one copy, test_ops_cuda's 200-segment case; the schedule
 # rebuilt only when its experts change; TIER_MOE_EARLY_PERMUTE, off by default). The next call, on
-# an H200, with the 07e41aa tier-run as
-# the peer (.device/old, carried; ~480 s):
+# an H200, with the 07e41aa tier-run as the peer (.device/old, carried; ~500 s):
 #   TESTS="test_ops_cuda test_golden_cuda test_attn_cuda test_moe_cuda" STAGES=tests,a,kprof,b,c
 #   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3" KPROF_TRACE=1 KPROF_LAST_MS=540
 #   A_ALT=TIER_MOE_EARLY_PERMUTE=1 bench/next-session.sh .device/bin $OUT
