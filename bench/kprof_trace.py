@@ -64,6 +64,15 @@ def step_windows(dev):
     return wins
 
 
+def by_name(pairs, top):
+    """(name, count, total) of (name, amount) pairs, largest total first, the first top."""
+    tot = collections.defaultdict(lambda: [0, 0])
+    for n, t in pairs:
+        tot[n][0] += 1
+        tot[n][1] += t
+    return [(n, c, t) for n, (c, t) in sorted(tot.items(), key=lambda x: -x[1][1])[:top]]
+
+
 def late_gaps(gaps, host, top):
     """The gaps whose next record the host launched inside the gap (by correlation id), and the
     host's time before each such launch by the runtime call that preceded it on its thread."""
@@ -147,21 +156,13 @@ def main():
         what = ", ".join(f"{n} {t / 1e3:.0f}" for n, t in calls.most_common(3))
         print(f"{dur / 1e3:9.1f}  {short.get(before, before)} -> {short.get(after[2], after[2])}  [{what}]")
     for title, key in (("kernel after the gap", lambda g: g[4][2]), ("kernel before the gap", lambda g: g[3])):
-        tot = collections.defaultdict(lambda: [0, 0])
-        for g in gaps:
-            tot[key(g)][0] += 1
-            tot[key(g)][1] += g[0]
         print(f"\n# idle by the {title}: ms, gaps, mean us, name")
-        for n, (c, t) in sorted(tot.items(), key=lambda x: -x[1][1])[:a.top]:
+        for n, c, t in by_name(((key(g), g[0]) for g in gaps), a.top):
             print(f"{t / 1e6:9.3f} {c:7d} {t / 1e3 / c:8.2f}  {short.get(n, n)}")
     late_gaps(gaps, host, a.top)
     for title, recs, names in (("device", d, short), ("host runtime calls", h, {})):
-        tot = collections.defaultdict(lambda: [0, 0])
-        for s, e, n, *_ in recs:
-            tot[n][0] += 1
-            tot[n][1] += e - s
         print(f"\n# {title} by name: ms, calls, name")
-        for n, (c, t) in sorted(tot.items(), key=lambda x: -x[1][1])[:a.top]:
+        for n, c, t in by_name(((r[2], r[1] - r[0]) for r in recs), a.top):
             print(f"{t / 1e6:9.3f} {c:7d}  {names.get(n, n)}")
 
 

@@ -102,7 +102,6 @@ static int common_checks(const char *fn, tier_dev *dev, const tier_moe_cfg *c, i
 	return 0;
 }
 
-/* The router, and with counts the routed counts and the aux losses on the host (one sync). */
 /* TIER_MOE_EARLY_PERMUTE=1: a route that reads the counts back queues the permute right after (it
  * needs no host offsets), so that the device permutes while the host pins the routed experts; the
  * H100 timeline of session 18 shows the device idle ~40 us a layer there. Off by default until
@@ -113,6 +112,15 @@ static int early_permute(void)
 	return v && *v && strcmp(v, "0") != 0;
 }
 
+/* x's rows into xg by the routing in s, under the block's capacity (the offsets on the device). */
+static int permute_x(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, tier_moe_saved *s, void *xg)
+{
+	int E = c->router.n_experts, k = c->router.top_k;
+	return moe_cuda_permute(dev, T, k, E, c->hidden, tier_moe_capacity(T, k, E, c->capacity_factor), s->topk_idx, x,
+				s->offsets, s->row_pair, s->pair_row, s->counts, xg);
+}
+
+/* The router, and with counts the routed counts and the aux losses on the host (one sync). */
 static int route(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, const void *w_r, const float *bias,
 		 tier_moe_saved *s, void *ws, int32_t *counts)
 {
@@ -133,8 +141,7 @@ static int route(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, con
 		return rc;
 	/* xg sits first in the workspace with or without LoRA: fwd_routed finds it where this wrote it */
 	if (early_permute()) {
-		if ((rc = moe_cuda_permute(dev, T, k, E, H, tier_moe_capacity(T, k, E, c->capacity_factor), s->topk_idx, x,
-					   s->offsets, s->row_pair, s->pair_row, s->counts, b + l.xg)))
+		if ((rc = permute_x(dev, c, T, x, s, b + l.xg)))
 			return rc;
 		s->permuted = 1;
 	}
@@ -160,8 +167,7 @@ static int fwd_routed(tier_dev *dev, const char *fn, const tier_moe_cfg *c, int 
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
 	int rc = moe_offsets_of(fn, counts, E, n, cap, off), permuted = s->permuted;
 	s->permuted = 0; /* the route's permute serves this call alone */
-	if (rc || (!permuted && (rc = moe_cuda_permute(dev, T, k, E, H, cap, s->topk_idx, x, s->offsets, s->row_pair,
-						       s->pair_row, s->counts, b + l.xg))) ||
+	if (rc || (!permuted && (rc = permute_x(dev, c, T, x, s, b + l.xg))) ||
 	    (rc = route_check(dev, E, s->offsets, off)) ||
 	    /* y in the backward's dy piece, and only when combined: the backward does not read it */
 	    (rc = moe_cuda_experts_fwd_lora(dev, E, H, c->inter, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.h,

@@ -138,9 +138,11 @@ void tier_store_at_op(tier_store *s, size_t op)
 				if (!o || p->tier >= TIER_NVME || store_copy_current(&o->copy[p->tier]) ||
 				    o->copy[p->tier].state == TIER_COPY_LOADING)
 					continue;
-				for (int t = 0; t < TIER_NTIERS && !counted; t++)
-					room[t] = s->be[t] && t != TIER_NVME ? window_room(s, (tier_id)t, s->cur_op) : 0;
-				counted = 1;
+				if (!counted) {
+					for (int t = 0; t < TIER_NTIERS; t++)
+						room[t] = s->be[t] && t != TIER_NVME ? window_room(s, (tier_id)t, s->cur_op) : 0;
+					counted = 1;
+				}
 				uint64_t sz = backend_rounded(s->be[p->tier], o->xlen);
 				if (sz > room[p->tier])
 					continue; /* left for the current operation */
