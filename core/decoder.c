@@ -58,6 +58,21 @@ static int any_dense(const tier_model *m)
 	return 0;
 }
 
+/* The experts' adapters as the MoE block's sizes read them: rank r on each projection some layer's
+ * experts adapt (only rank and a, b being set are read). */
+static void expert_lora_shape(const tier_model *m, tier_moe_loras *lo)
+{
+	static const float *const dummy[1] = { NULL };
+	tier_moe_lora *q[3] = { &lo->gate, &lo->up, &lo->down };
+	memset(lo, 0, sizeof *lo);
+	for (int l = 0; l < m->L; l++) {
+		const lora_group *g = m->layers[l].exp ? m->layers[l].exp[0] : NULL;
+		for (int p = 0; g && p < 3; p++)
+			if (g->idx[p] >= 0)
+				*q[p] = (tier_moe_lora){ .a = dummy, .b = dummy, .rank = m->lora.r };
+	}
+}
+
 typedef struct { float **p; size_t n, esz; } piece; /* esz 0: fp32 */
 
 /* The pieces at *off on: at buf + *off, or at at + (*off - from) when at is set (a save half
@@ -98,10 +113,13 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	size_t mlp0 = off;
 	carve(fm, sizeof fm / sizeof fm[0], buf, &off, at[1], mlp0);
 	size_t dense_end = off; /* g, u, act: a dense layer's MLP half */
-	size_t saved = any_moe(m) ? tier_moe_saved_bytes(&sh->moe, sh->mT) : 0;
+	/* with the adapters' Z and h the LoRA backward would make again (tier_moe_saved's kept_*) */
+	tier_moe_loras el;
+	expert_lora_shape(m, &el);
+	size_t saved = any_moe(m) ? tier_moe_saved_bytes_lora(&sh->moe, sh->mT, &el) : 0;
 	if (buf && saved)
-		tier_moe_saved_bind(&sh->moe, sh->mT, at[1] && sh->mchunks <= 1 ? at[1] + (off - mlp0) : buf + off,
-				    saved, &b->ms);
+		tier_moe_saved_bind_lora(&sh->moe, sh->mT, &el, at[1] && sh->mchunks <= 1 ? at[1] + (off - mlp0) : buf + off,
+					 saved, &b->ms);
 	off += al(saved);
 	/* in chunks, the MoE state holds the last chunk's only: the MLP half keeps g, u, act */
 	b->save_bytes[0] = mlp0, b->save_bytes[1] = (sh->mchunks > 1 ? dense_end : off) - mlp0;

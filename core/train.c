@@ -169,6 +169,7 @@ static int trainer_tables(tier_trainer *t, size_t nckpt)
 	size_t E = m->E > 0 ? (size_t)m->E : 1, T = (size_t)t->sh.T;
 	if (!(t->ckpt = calloc(nckpt, sizeof *t->ckpt)) || !(t->counts = calloc(E, sizeof(int32_t))) ||
 	    !(t->fcounts = calloc(nckpt * E, sizeof(int32_t))) || !(t->fvalid = calloc(nckpt, 1)) ||
+	    !(t->mkept = calloc(nckpt, 1)) ||
 	    !(t->core_kept = calloc((size_t)t->c.micro_batches * m->L, 1)) ||
 	    !(t->lcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
 	    !(t->mbcounts = calloc((size_t)m->L * E, sizeof(int64_t))) ||
@@ -333,6 +334,7 @@ void tier_trainer_destroy(tier_trainer *t)
 	free(t->sched_skip);
 	free(t->fcounts);
 	free(t->fvalid);
+	free(t->mkept);
 	free(t->core_kept);
 	free(t->ptr);
 	free(t->cv_src);
@@ -537,10 +539,16 @@ static int pin_dense(tier_trainer *t, int l, int grads, dec_weights *w)
  * it not, the routed block runs on the forward's offsets and tier_moe_routing_check reports it at
  * the step's end (the block outside the routed halves refuses a routed expert without weights,
  * -EINVAL). */
+/* Layer l's slot in the tables kept by micro-batch (fcounts, fvalid, mkept). */
+static size_t mb_slot(const tier_trainer *t, int l)
+{
+	return (size_t)(t->nck > 1 ? t->mb : 0) * (size_t)(t->m->L + 1) + (size_t)l;
+}
+
 static int route_counts(tier_trainer *t, int l, int bwd, dec_weights *w)
 {
 	tier_model *m = t->m;
-	size_t slot = (size_t)(t->nck > 1 ? t->mb : 0) * (size_t)(m->L + 1) + (size_t)l, E = (size_t)m->E;
+	size_t slot = mb_slot(t, l), E = (size_t)m->E;
 	int32_t *fc = t->fcounts + slot * E;
 	if (bwd && t->fvalid[slot]) {
 		memcpy(t->counts, fc, sizeof(int32_t) * E);
@@ -630,8 +638,12 @@ static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *o
 	trainer_charge(t, TIER_PART_ROUTE);
 	if (bwd && !dec_mlp_recompute(&t->sh, m->layers[l].moe))
 		return rc; /* MoE chunks: the backward runs each chunk's forward before its backward */
-	if (!(bwd && trainer_cache_restore(t, l, 1, &rc)) && !rc)
+	if (bwd && trainer_cache_restore(t, l, 1, &rc)) {
+		t->b.ms.kept = t->mkept[mb_slot(t, l)]; /* what that forward wrote into the state kept */
+	} else if (!rc) {
 		rc = dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out); /* NULL: the state only */
+		t->mkept[mb_slot(t, l)] = (uint8_t)t->b.ms.kept;
+	}
 	trainer_charge(t, TIER_PART_MLP_FWD);
 	return rc;
 }

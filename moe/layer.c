@@ -64,6 +64,29 @@ void moe_cuda_ws_layout(const tier_moe_cfg *c, int T, const tier_moe_loras *lora
 	l->total = o;
 }
 
+/* The kept pieces of a saved buffer (tier_moe_saved's kept_h and kept_z): bf16 only, for these adapters. */
+static void kept_sizes(const tier_moe_cfg *c, int T, const tier_moe_loras *lora, size_t *h, size_t *z, int *cols)
+{
+	size_t n = (size_t)T * c->router.top_k;
+	*h = *z = 0, *cols = 0;
+	if (c->dtype != TIER_MOE_BF16 || !lora)
+		return;
+	for (int q = 0; q < 3; q++)
+		*cols += moe_lora_on(moe_lora_of(lora, q)) ? moe_lora_of(lora, q)->rank : 0;
+	*h = moe_lora_on(&lora->down) ? 2 * n * c->inter : 0;
+	*z = 2 * n * (size_t)*cols;
+}
+
+size_t tier_moe_saved_bytes_lora(const tier_moe_cfg *c, int T, const tier_moe_loras *lora)
+{
+	size_t b = tier_moe_saved_bytes(c, T), h, z;
+	int cols;
+	if (!b)
+		return 0;
+	kept_sizes(c, T, lora, &h, &z, &cols);
+	return b + al(h) + al(z);
+}
+
 size_t tier_moe_saved_bytes(const tier_moe_cfg *c, int T)
 {
 	if (moe_cfg_check("tier_moe_saved_bytes", c, T))
@@ -101,15 +124,22 @@ static void *take(char **p, size_t bytes)
 
 int tier_moe_saved_bind(const tier_moe_cfg *c, int T, void *buf, size_t bytes, tier_moe_saved *s)
 {
-	const char *fn = "tier_moe_saved_bind";
+	return tier_moe_saved_bind_lora(c, T, NULL, buf, bytes, s);
+}
+
+int tier_moe_saved_bind_lora(const tier_moe_cfg *c, int T, const tier_moe_loras *lora, void *buf, size_t bytes,
+			     tier_moe_saved *s)
+{
+	const char *fn = lora ? "tier_moe_saved_bind_lora" : "tier_moe_saved_bind";
 	int rc = moe_cfg_check(fn, c, T);
 	if (rc)
 		return rc;
 	MOE_NONNULL(buf, fn);
 	MOE_NONNULL(s, fn);
-	if (bytes < tier_moe_saved_bytes(c, T))
-		return tier_fail(-EINVAL, "%s: %zu bytes given, tier_moe_saved_bytes says %zu", fn, bytes,
-				 tier_moe_saved_bytes(c, T));
+	size_t need = tier_moe_saved_bytes_lora(c, T, lora), hb, zb;
+	if (bytes < need)
+		return tier_fail(-EINVAL, "%s: %zu bytes given, %s says %zu", fn, bytes,
+				 lora ? "tier_moe_saved_bytes_lora" : "tier_moe_saved_bytes", need);
 	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k, esz = c->dtype == TIER_MOE_BF16 ? 2 : 4;
 	char *p = buf;
 	memset(s, 0, sizeof *s);
@@ -123,6 +153,9 @@ int tier_moe_saved_bind(const tier_moe_cfg *c, int T, void *buf, size_t bytes, t
 	s->pair_row = take(&p, 4 * n);
 	s->g = take(&p, esz * n * c->inter);
 	s->u = take(&p, esz * n * c->inter);
+	kept_sizes(c, T, lora, &hb, &zb, &s->kept_cols);
+	s->kept_h = hb ? take(&p, hb) : NULL;
+	s->kept_z = zb ? take(&p, zb) : NULL;
 	return 0;
 }
 

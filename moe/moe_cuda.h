@@ -73,9 +73,17 @@ int moe_cuda_experts_check(const char *fn, int E, const int32_t *offsets_host, c
  * max LoRA rank) bytes (NULL without LoRA). gs: fp32 scratch [rows, I] where a product that is not
  * fused with its adapter meets the adapter's add (needed with LoRA on gate or up; the layer passes
  * its backward's dh piece). */
+/* What a forward keeps for its backward (tier_moe_saved's kept_h, kept_z, kept_cols and kept; h, z
+ * NULL: not bound). The forward sets kept to the TIER_MOE_KEPT_* bits of what it wrote there (the grouped
+ * products with LoRA inside the wgmma kernels keep both; the other paths nothing); the backward
+ * reads what the bits name and computes the rest as without them. */
+typedef struct {
+	void *h, *z;
+	int z_cols, kept;
+} moe_keep;
 int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			      const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
-			      const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs);
+			      const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs, moe_keep *keep);
 /* y bf16 = x fp32, n elements, on the compute stream. */
 int moe_cuda_to_bf16(tier_dev *dev, size_t n, const float *x, void *y);
 
@@ -129,7 +137,7 @@ int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
 			 const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du,
-			 float *dh, void *z, void *dz);
+			 float *dh, void *z, void *dz, const moe_keep *keep);
 
 /* SwiGLU on n elements of bf16 g and u (computed in fp32), h bf16 = silu(g) u; and its backward over
  * rows x I elements, dg, du bf16 from dh fp32, and with row_dot (not NULL) row_dot[r] = dh[r] .
@@ -148,11 +156,11 @@ int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t *offsets_ho
 				  const tier_moe_loras *lora, const void *const *io, int n_io);
 int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 				 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
-				 const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs);
+				 const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs, moe_keep *keep);
 int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 				 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
 				 const void *xg, const void *g, const void *u, const void *dy, float *dxg, float *row_dot,
-				 void *h, void *dg, void *du, float *dh, void *z, void *dz);
+				 void *h, void *dg, void *du, float *dh, void *z, void *dz, const moe_keep *keep);
 
 /* The public steps on CUDA: offsets on the device (read with one synchronisation), g and u bf16,
  * scratch ws of tier_moe_experts_ws_bytes (more than these need). */

@@ -386,9 +386,12 @@ static int experts_fwd_down(tier_dev *dev, int nl, int E, int H, int I, const in
 
 extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					 const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
-					 const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs)
+					 const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs,
+					 moe_keep *keep)
 {
 	const char *fn = "moe_cuda_experts_fwd";
+	if (keep)
+		keep->kept = 0; /* the per-expert loop keeps nothing */
 	int rc = experts_args(fn, dev, E, H, I, off, w, lora, z);
 	if (!rc && !gs && (moe_lora_on(moe_lora_of(lora, 0)) || moe_lora_on(moe_lora_of(lora, 1))))
 		rc = tier_fail(-EINVAL, "%s: LoRA on gate or up needs the fp32 scratch gs", fn);
@@ -400,7 +403,7 @@ extern "C" int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(h, fn);
 	const void *io[] = { xg, g, u, h, y, z };
 	if (d_off && moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, io, 6))
-		return moe_cuda_experts_fwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, h, y, z, gs);
+		return moe_cuda_experts_fwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, h, y, z, gs, keep);
 	size_t total = (size_t)off[E] * I;
 	int nl = lanes_wanted(off, E);
 	if (total == 0)
@@ -421,7 +424,7 @@ extern "C" int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const in
 			       TIER_MOE_GATE_FIRST };
 	if (!gate || !up || !down)
 		return tier_fail(-EINVAL, "moe_cuda_experts_fwd: gate, up and down pointer arrays are required");
-	return moe_cuda_experts_fwd_lora(dev, E, H, I, offsets_host, NULL, &w, NULL, xg, g, u, h, y, NULL, NULL);
+	return moe_cuda_experts_fwd_lora(dev, E, H, I, offsets_host, NULL, &w, NULL, xg, g, u, h, y, NULL, NULL, NULL);
 }
 
 /* dh [rows, I] fp32 = dY down (+ LoRA on down, its gradients), expert by expert over nl lanes. */
@@ -470,7 +473,7 @@ static int experts_bwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const
 extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *off,
 				    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
 				    const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du,
-				    float *dh, void *z, void *dz)
+				    float *dh, void *z, void *dz, const moe_keep *keep)
 {
 	const char *fn = "moe_cuda_experts_bwd";
 	int rc = experts_args(fn, dev, E, H, I, off, w, lora, z);
@@ -495,7 +498,7 @@ extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const in
 	const void *io[] = { xg, g, u, dy, dxg, h, dg, du, dh, z, dz };
 	if (d_off && moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, io, 11))
 		return moe_cuda_experts_bwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, dy, dxg, row_dot, h, dg, du,
-						    dh, z, dz);
+						    dh, z, dz, keep);
 	/* h is the input of the down adapter: recompute it */
 	if (moe_lora_on(moe_lora_of(lora, 2)) && (rc = moe_cuda_swiglu(dev, total, g, u, h)))
 		return rc;
@@ -535,7 +538,8 @@ extern "C" int moe_cuda_experts_fwd_step(tier_dev *dev, int E, int H, int I, con
 	MOE_NONNULL(ws, fn);
 	size_t rows = off[E] > 0 ? (size_t)off[E] : 0;
 	char *b = (char *)ws, *h = b + 4 * rows * I; /* the backward's dh piece first: fp32 [rows, I] */
-	return moe_cuda_experts_fwd_lora(dev, E, H, I, off, offsets, w, lora, xg, g, u, h, y, h + 2 * rows * I, (float *)b);
+	return moe_cuda_experts_fwd_lora(dev, E, H, I, off, offsets, w, lora, xg, g, u, h, y, h + 2 * rows * I, (float *)b,
+					 NULL);
 }
 
 extern "C" int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, const int32_t *offsets,
@@ -551,5 +555,5 @@ extern "C" int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, con
 	size_t rows = off[E] > 0 ? (size_t)off[E] : 0, r = (size_t)moe_lora_max_rank(lora), hi = 2 * rows * I;
 	char *b = (char *)ws, *h = b + 4 * rows * I;
 	return moe_cuda_experts_bwd(dev, E, H, I, off, offsets, w, lora, xg, g, u, dy, dxg, row_dot, h, h + hi, h + 2 * hi,
-				    (float *)b, h + 3 * hi, h + 3 * hi + moe_lora_z_bytes(rows, (int)r));
+				    (float *)b, h + 3 * hi, h + 3 * hi + moe_lora_z_bytes(rows, (int)r), NULL);
 }

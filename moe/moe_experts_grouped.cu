@@ -180,8 +180,8 @@ static int proj_fwd(tier_dev *dev, const tier_moe_lora *l, int E, int I, int H, 
 }
 
 /* One adapter's backward but dX: dZ = s dY B into dZ; dB += s dY^T Z with Z = X A^T (computed into
- * the Z scratch unless have_z: the caller made it); dA += dZ^T X unless no_da (the caller pairs it
- * with another adapter's). */
+ * the Z scratch unless have_z: 1, the caller made it; 2, the forward kept s X A^T there, so dB's
+ * product takes no s); dA += dZ^T X unless no_da (the caller pairs it with another adapter's). */
 static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
 		      int out, const void *X, const void *dY, bf16 *Z, int have_z, bf16 *dZ, ptrs *a, int no_da = 0)
 {
@@ -195,7 +195,8 @@ static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_
 	if ((rc = gmm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)))
 		return rc;
 	if (l->db && ((!have_z && (rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f))) ||
-		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, l->scale, db.p))))
+		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, have_z == 2 ? 1.0f : l->scale,
+						   db.p))))
 		return rc;
 	return l->da && !no_da ? moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p) : 0;
 }
@@ -257,15 +258,32 @@ static int lora_z2(tier_dev *dev, const tier_moe_lora *lg, const tier_moe_lora *
 	return rc ? rc : lora_z(dev, lu, E, d_off, rows, in, au, X, zu, su);
 }
 
+/* Where the adapters' Z go: the keep's z (gate's, up's, down's [rows, r] one after another) when
+ * it has room for them, else the scratch after the tables (the down adapter's at its start). */
+static int z_places(const tier_moe_loras *lora, int rows, void *z, const moe_keep *keep, bf16 **zg, bf16 **zu,
+		    bf16 **zd)
+{
+	int rg = rank_of(moe_lora_of(lora, 0)), ru = rank_of(moe_lora_of(lora, 1)), rd = rank_of(moe_lora_of(lora, 2));
+	int kept = keep && keep->z && rg + ru + rd <= keep->z_cols;
+	*zg = kept ? (bf16 *)keep->z : z_at(z);
+	*zu = *zg + (size_t)rows * rg;
+	*zd = kept ? *zu + (size_t)rows * ru : *zg;
+	return kept;
+}
+
+/* The forward; with keep, Z (each adapter's, scaled) and h where the backward finds them. */
 static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
 		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, void *g, void *u,
-		     void *h, void *y, void *z)
+		     void *h, void *y, void *z, moe_keep *keep)
 {
 	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1), *ld = moe_lora_of(lora, 2);
 	int rows = off[E], rg = rank_of(lg), ru = rank_of(lu), rd = rank_of(ld), rc;
 	ptrs ag, bg, au, bu, ad, bd;
 	moe_wg_seg sg = {}, sd = {};
-	bf16 *zg = z_at(z), *zu = zg + (size_t)rows * rg;
+	bf16 *zg, *zu, *zd;
+	int kz = z_places(lora, rows, z, keep, &zg, &zu, &zd);
+	if (keep && keep->h)
+		h = keep->h; /* the gate/up product writes h in every call */
 	if (rg)
 		lora_ptrs(lg, E, off, &ag, &bg, NULL, NULL);
 	if (ru)
@@ -273,31 +291,41 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	sg.x0 = zg, sg.w0 = bg.w, sg.K0 = rg, sg.x1 = zu, sg.w1 = bu.w, sg.K1 = ru;
 	if ((rc = lora_z2(dev, lg, lu, E, d_off, rows, H, &ag, &au, xg, zg, zu, rg ? lg->scale : 0, ru ? lu->scale : 0)) ||
 	    (rc = moe_cuda_grouped_gate_up_sm90_lora(dev, E, H, I, d_off, rows, gp->w, upp->w, xg, rg || ru ? &sg : NULL,
-						     z, g, u, h)) || !y)
+						     z, g, u, h)))
 		return rc;
-	if (rd) {
+	/* a recompute (no y) makes the down adapter's Z only to keep it */
+	if (rd && (y || kz)) {
 		lora_ptrs(ld, E, off, &ad, &bd, NULL, NULL);
-		sd.x0 = zg, sd.w0 = bd.w, sd.K0 = rd;
-		if ((rc = lora_z(dev, ld, E, d_off, rows, I, &ad, h, zg, ld->scale)))
+		sd.x0 = zd, sd.w0 = bd.w, sd.K0 = rd;
+		if ((rc = lora_z(dev, ld, E, d_off, rows, I, &ad, h, zd, ld->scale)))
 			return rc;
 	}
+	if (keep)
+		keep->kept = (kz ? TIER_MOE_KEPT_Z : 0) | (keep->h ? TIER_MOE_KEPT_H : 0);
+	if (!y)
+		return 0;
 	return moe_cuda_grouped_mm_sm90_segs(dev, E, H, I, d_off, rows, dp->w, 0, h, rd ? 1 : 0, &sd, z, y, 1, 1.0f, 0.0f);
 }
 
 static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
 		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, const void *g,
 		     const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du, float *dh,
-		     void *z, void *dz)
+		     void *z, void *dz, const moe_keep *keep)
 {
 	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1), *ld = moe_lora_of(lora, 2);
 	int rows = off[E], rg = rank_of(lg), ru = rank_of(lu), rd = rank_of(ld), rc;
 	size_t n = (size_t)rows * I;
 	ptrs ag, au, ad;
 	moe_wg_seg sd = {}, s2[2] = {};
-	bf16 *zb = z_at(z), *dzg = (bf16 *)dz, *dzu = dzg + (size_t)rows * rg;
-	/* h is the input of the down adapter: recompute it */
-	if (rd && ((rc = moe_cuda_swiglu(dev, n, g, u, h)) ||
-		   (rc = lora_grads(dev, ld, E, off, d_off, I, H, h, dy, zb, 0, dzg, &ad))))
+	bf16 *zb = z_at(z), *dzg = (bf16 *)dz, *dzu = dzg + (size_t)rows * rg, *kg, *ku, *kd;
+	/* what the forward kept: h, and Z (scaled) for dB */
+	int kh = keep && keep->h && (keep->kept & TIER_MOE_KEPT_H);
+	int kz = keep && (keep->kept & TIER_MOE_KEPT_Z) && z_places(lora, rows, z, keep, &kg, &ku, &kd);
+	if (kh)
+		h = keep->h;
+	/* h is the input of the down adapter: recompute it unless kept */
+	if (rd && ((!kh && (rc = moe_cuda_swiglu(dev, n, g, u, h))) ||
+		   (rc = lora_grads(dev, ld, E, off, d_off, I, H, h, dy, kz ? kd : zb, kz ? 2 : 0, dzg, &ad))))
 		return rc;
 	sd.x0 = dzg, sd.w0 = ad.w, sd.K0 = rd;
 	/* dh = dY down + dZ_d A_d: down_e [H, I] and A_d [r, I] are [K, N] */
@@ -305,10 +333,10 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 						0.0f)) ||
 	    (rc = moe_cuda_swiglu_bwd(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot)))
 		return rc;
-	/* the adapters' Z for dB, both in one pass over X where they can */
+	/* the adapters' Z for dB: kept, else both in one pass over X where they can */
 	int zs = (!rg || lg->db) && (!ru || lu->db) && (rg || ru);
-	bf16 *zg = zb, *zu = zb + (size_t)rows * rg;
-	if (zs) {
+	bf16 *zg = kz ? kg : zb, *zu = kz ? ku : zb + (size_t)rows * rg;
+	if (zs && !kz) {
 		if (rg)
 			lora_ptrs(lg, E, off, &ag, NULL, NULL, NULL);
 		if (ru)
@@ -317,8 +345,9 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 			return rc;
 	}
 	const int pair = da_pair(lg, lu);
-	if ((rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zg, zs, dzg, &ag, pair)) ||
-	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, zs ? zu : zb, zs, dzu, &au, pair)) ||
+	int hz = kz ? 2 : zs; /* lora_grads' have_z for gate and up */
+	if ((rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zg, hz, dzg, &ag, pair)) ||
+	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, hz ? zu : zb, hz, dzu, &au, pair)) ||
 	    (pair && (rc = da_both(dev, lg, lu, E, off, d_off, H, xg, dzg, dzu))))
 		return rc;
 	/* dX = dG gate + dU up + dZ_g A_g + dZ_u A_u in one product (gate_e, up_e [I, H], A [r, H]: [K, N]) */
@@ -330,15 +359,18 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 
 extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
-					    const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs)
+					    const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs,
+					    moe_keep *keep)
 {
 	ptrs gp, upp, dp;
 	int rows = off[E], rc;
+	if (keep)
+		keep->kept = 0;
 	if (rows == 0)
 		return 0;
 	weights_of(w, E, I, H, off, &gp, &upp, &dp);
 	if (moe_lora_max_rank(lora) > 0 && fused_lora(dev, H, I))
-		return fwd_fused(dev, E, H, I, off, d_off, &gp, &upp, &dp, lora, xg, g, u, h, y, z);
+		return fwd_fused(dev, E, H, I, off, d_off, &gp, &upp, &dp, lora, xg, g, u, h, y, z, keep);
 	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1);
 	/* without an adapter on gate or up, SwiGLU fused into the gate/up product; with one, the
 	 * product and the adapter's add meet in the fp32 scratch gs and are rounded once */
@@ -379,7 +411,8 @@ static int dx_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *d_off, 
 extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
 					    const void *xg, const void *g, const void *u, const void *dy, float *dxg,
-					    float *row_dot, void *h, void *dg, void *du, float *dh, void *z, void *dz)
+					    float *row_dot, void *h, void *dg, void *du, float *dh, void *z, void *dz,
+					    const moe_keep *keep)
 {
 	ptrs gp, upp, dp;
 	int rows = off[E], rc;
@@ -389,7 +422,7 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 	weights_of(w, E, I, H, off, &gp, &upp, &dp);
 	if (moe_lora_max_rank(lora) > 0 && fused_lora(dev, H, I))
 		return bwd_fused(dev, E, H, I, off, d_off, &gp, &upp, &dp, lora, xg, g, u, dy, dxg, row_dot, h, dg, du, dh,
-				 z, dz);
+				 z, dz, keep);
 	const tier_moe_lora *ld = moe_lora_of(lora, 2);
 	/* h is the input of the down adapter: recompute it */
 	if (moe_lora_on(ld) && (rc = moe_cuda_swiglu(dev, n, g, u, h)))

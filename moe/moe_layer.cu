@@ -166,13 +166,16 @@ static int fwd_routed(tier_dev *dev, const char *fn, const tier_moe_cfg *c, int 
 	char *b = (char *)ws;
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
 	int rc = moe_offsets_of(fn, counts, E, n, cap, off), permuted = s->permuted;
+	moe_keep keep = { s->kept_h, s->kept_z, s->kept_cols, 0 };
 	s->permuted = 0; /* the route's permute serves this call alone */
+	s->kept = 0;
 	if (rc || (!permuted && (rc = permute_x(dev, c, T, x, s, b + l.xg))) ||
 	    (rc = route_check(dev, E, s->offsets, off)) ||
 	    /* y in the backward's dy piece, and only when combined: the backward does not read it */
 	    (rc = moe_cuda_experts_fwd_lora(dev, E, H, c->inter, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.h,
-					    out ? b + l.dy : NULL, b + l.z, (float *)(b + l.dh))))
+					    out ? b + l.dy : NULL, b + l.z, (float *)(b + l.dh), &keep)))
 		return rc;
+	s->kept = keep.kept;
 	return out ? moe_cuda_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, b + l.dy, out) : 0;
 }
 
@@ -240,6 +243,7 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	char *b = (char *)ws;
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
 	float *dxg = (float *)(b + l.dxg), *dtw = (float *)(b + l.dtw), *dot = (float *)(b + l.dot), *dl = (float *)(b + l.dl);
+	const moe_keep keep = { s->kept_h, s->kept_z, s->kept_cols, s->kept };
 	if (counts) { /* the forward's: no read back, the device checks */
 		if ((rc = moe_offsets_of(fn, counts, E, n, tier_moe_capacity(T, k, E, c->capacity_factor), off)) ||
 		    (rc = route_check(dev, E, s->offsets, off)))
@@ -256,7 +260,7 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	if ((rc = moe_cuda_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, NULL, d_out, b + l.dy, NULL)) ||
 	    (off[E] > 0 && (rc = moe_cuda_experts_bwd(dev, E, H, I, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.dy, dxg,
 						      dot, b + l.h, b + l.dg, b + l.du, (float *)(b + l.dh), b + l.z,
-						      b + l.dz))) ||
+						      b + l.dz, &keep))) ||
 	    (rc = moe_cuda_combine_dw(dev, T, k, s->pair_row, s->topk_w, dot, dtw)) ||
 	    (rc = moe_cuda_unpermute_sum(dev, T, k, H, s->pair_row, dxg, dx)) ||
 	    (rc = moe_cuda_router_bwd(dev, &c->router, T, s->logits, s->topk_idx, dtw, s->counts, c->aux_coef, c->z_coef,

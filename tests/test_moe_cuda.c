@@ -494,6 +494,9 @@ static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const v
 	tier_dev_free(gpu, dsv2), tier_dev_free(gpu, dout2);
 }
 
+/* 1: layer_case binds the saved state without the adapters' kept Z and h (the backward makes them) */
+static int plain_saved;
+
 static void layer_case(const gcase *c)
 {
 	const tier_moe_router_cfg *rc = &c->rc;
@@ -553,14 +556,16 @@ static void layer_case(const gcase *c)
 					  c->frozen_a ? NULL : (float *const *)gdA[q], (float *const *)gdB[q], r, 0.75f };
 	}
 
-	/* GPU forward */
-	size_t sb = tier_moe_saved_bytes(&gcfg, T), wb = tier_moe_workspace_bytes(&gcfg, T, &glo);
+	/* GPU forward; the saved state with room for the adapters' Z and h (kept_*) unless plain_saved */
+	const tier_moe_loras *klo = r && !plain_saved ? &glo : NULL;
+	size_t sb = tier_moe_saved_bytes_lora(&gcfg, T, klo), wb = tier_moe_workspace_bytes(&gcfg, T, &glo);
 	assert_true(sb > 0 && wb > 0);
 	void *dsv = up(NULL, sb), *dws = up(NULL, wb), *dx = up_bf16(x, TH), *dwr = up_bf16(wr, EH);
 	void *dbias = up(bias, 4 * (size_t)E), *dout_ = up(NULL, 4 * TH), *ddout = up(dout, 4 * TH);
 	void *ddx = up(NULL, 4 * TH), *ddwr = up(dwr0, 4 * EH);
-	tier_moe_saved s;
-	assert_int_equal(tier_moe_saved_bind(&gcfg, T, dsv, sb, &s), 0);
+	tier_moe_saved s, s2;
+	assert_int_equal(tier_moe_saved_bind_lora(&gcfg, T, klo, dsv, sb, &s), 0);
+	assert_true(!klo || ((s.kept_z != NULL) && (s.kept_h != NULL) == (A[2] != NULL)));
 	poison_dev(dsv, sb), poison_dev(dws, wb), poison_dev(dout_, 4 * TH);
 	assert_int_equal(tier_moe_layer_fwd(gpu, &gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL, dout_,
 					    &s, dws, wb), 0);
@@ -571,10 +576,9 @@ static void layer_case(const gcase *c)
 	int32_t *prg = malloc(4 * (size_t)n), *cntg = malloc(4 * (size_t)E);
 	down(ig, s.topk_idx, 4 * (size_t)n), down(og, s.offsets, 4 * (size_t)(E + 1)), down(rpg, s.row_pair, 4 * (size_t)n);
 	down(prg, s.pair_row, 4 * (size_t)n), down(cntg, s.counts, 4 * (size_t)E);
+	void *dsv2 = up(NULL, sb);
 	{ /* out NULL (a backward's recompute): the same saved state, the combine skipped */
-		void *dsv2 = up(NULL, sb);
-		tier_moe_saved s2;
-		assert_int_equal(tier_moe_saved_bind(&gcfg, T, dsv2, sb, &s2), 0);
+		assert_int_equal(tier_moe_saved_bind_lora(&gcfg, T, klo, dsv2, sb, &s2), 0);
 		poison_dev(dsv2, sb);
 		assert_int_equal(tier_moe_layer_fwd(gpu, &gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL,
 						    NULL, &s2, dws, wb), 0);
@@ -586,8 +590,8 @@ static void layer_case(const gcase *c)
 		check_close(g2, gg, (size_t)og[E] * I, CUDA_TOL, "g, out NULL");
 		check_close(u2, ug, (size_t)og[E] * I, CUDA_TOL, "u, out NULL");
 		assert_true(fabs(s2.aux - s.aux) <= 1e-5 * fabs(s.aux) + 1e-9);
+		assert_int_equal(s2.kept, s.kept); /* the recompute keeps what the forward kept */
 		free(g2), free(u2), free(o2);
-		tier_dev_free(gpu, dsv2);
 	}
 
 	routed_case(&gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL, &s, cntg, og, gg, outg, dws, wb);
@@ -747,8 +751,16 @@ static void layer_case(const gcase *c)
 		assert_int_equal(tier_moe_routing_check(gpu), 0);
 		free(dx2);
 	}
+	{ /* the backward on the recompute's state (what it kept without a down product): the same dx */
+		poison_dev(ddx, 4 * TH);
+		assert_int_equal(tier_moe_layer_bwd(gpu, &gcfg, T, dx, dwr, &gwts, r ? &glo : NULL, &s2, ddout, 1.0f, ddx,
+						    NULL, dws, wb), 0);
+		float *dx2 = dl_f32(ddx, TH);
+		check_close(dx2, dxg_, TH, CUDA_TOL, "dx, backward on the recompute's state");
+		free(dx2);
+	}
 
-	void *dp[] = { dsv, dws, dx, dwr, dbias, dout_, ddout, ddx, ddwr };
+	void *dp[] = { dsv, dsv2, dws, dx, dwr, dbias, dout_, ddout, ddx, ddwr };
 	for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
 		tier_dev_free(gpu, dp[i]);
 	for (int q = 0; q < 3; q++) {
@@ -1206,6 +1218,11 @@ static void test_layer_grouped(void **state)
 	for (int only = 1; only < 8; only++)
 		layer_case(&(gcase){ q, 90, 64, 64, 16, 0, 0.01f, 0, 0, 0, 0, only });
 	layer_case(&(gcase){ m, 40, 128, 64, 8, 1.0f, 0, 0, 0, 1, 1, 0 });         /* frozen A, drops, fused gate_up */
+	/* the same products with nothing kept from the forward: the backward computes Z and h again */
+	plain_saved = 1;
+	layer_case(&(gcase){ q, 90, 64, 64, 16, 0, 0.01f, 0, 0, 0, 0, 7 });
+	layer_case(&(gcase){ m, 40, 128, 64, 8, 1.0f, 0, 0, 0, 1, 1, 0 });
+	plain_saved = 0;
 	unsetenv("TIER_MOE_GROUPED");
 }
 
