@@ -90,6 +90,8 @@ IFS=';' read -r -a a_sets <<< "${A_ARGS:-}"
 for i in "${!a_sets[@]}"; do
 	# shellcheck disable=SC2086 # the set's words are options
 	has a && step 200 "train-a-args$i" "${run[@]}" "${am[@]}" ${a_sets[$i]}
+	# shellcheck disable=SC2086
+	has a && [ -n "${RUN_OLD:-}" ] && step 200 "train-a-args$i-old" "${old[@]}" "${am[@]}" ${a_sets[$i]}
 done
 lm=(--batch 8 --micro-batches 4 --layer-major --steps ${B_STEPS:-3} --hbm 24G --ddr 110G)
 # B_CACHE: op-cache rules for (b) (e.g. attention:hbm=3G:ddr=16G, the attention's output kept in
