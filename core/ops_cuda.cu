@@ -158,8 +158,93 @@ __global__ void rmsnorm_bwd4_kernel(int rows, int dim, const float *x, const bf1
 	}
 }
 
+/* Hidden states' norms (dim % 4 == 0, 4 NORM_RT < dim <= 4 NORM_RT NORM_RV): a block of NORM_RT
+ * threads a row, the thread's NV float4 of x (and dy) held in registers from the sum to the scale.
+ * The warp-per-row kernels read each row twice, and at dim 2048 the second read missed L1 (8 rows
+ * of x and dy are 128 KB a block): rmsnorm_bwd4 ran at about half the copy's rate in (a)'s profile. */
+#define NORM_RT 128
+#define NORM_RV 8
+
+template <int NV>
+__global__ void __launch_bounds__(NORM_RT) rmsnorm_fwd_reg_kernel(int dim, float eps, const float *x, const bf16 *w,
+								   bf16 *y, float *rstd)
+{
+	__shared__ float red[33];
+	size_t row = blockIdx.x;
+	const float4 *xr = (const float4 *)(x + row * dim);
+	int n4 = dim / 4;
+	float4 v[NV];
+	float s = 0.0f;
+#pragma unroll
+	for (int i = 0; i < NV; i++) {
+		int j = threadIdx.x + i * NORM_RT;
+		v[i] = j < n4 ? xr[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		s += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+	}
+	float r = rsqrtf(block_sum(s, red) / (float)dim + eps);
+	bf16 *yr = y + row * dim;
+#pragma unroll
+	for (int i = 0; i < NV; i++) { /* HF: (x * rstd) then times the weight */
+		int j = threadIdx.x + i * NORM_RT;
+		if (j >= n4)
+			break;
+		float4 g = bf16x4_load(w + 4 * j);
+		bf16x4 o = { __floats2bfloat162_rn(v[i].x * r * g.x, v[i].y * r * g.y),
+			     __floats2bfloat162_rn(v[i].z * r * g.z, v[i].w * r * g.w) };
+		*(bf16x4 *)(yr + 4 * j) = o;
+	}
+	if (threadIdx.x == 0 && rstd)
+		rstd[row] = r;
+}
+
+/* res may be dx: each thread reads its elements of res before writing them. */
+template <int NV>
+__global__ void __launch_bounds__(NORM_RT) rmsnorm_bwd_reg_kernel(int dim, const float *x, const bf16 *w,
+								   const float *rstd, const float *dy, const float *res,
+								   float *dx)
+{
+	__shared__ float red[33];
+	size_t row = blockIdx.x;
+	const float4 *xr = (const float4 *)(x + row * dim), *dyr = (const float4 *)(dy + row * dim);
+	int n4 = dim / 4;
+	float4 a[NV], d[NV];
+	float s = 0.0f, r = rstd[row];
+#pragma unroll
+	for (int i = 0; i < NV; i++) {
+		int j = threadIdx.x + i * NORM_RT;
+		const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		a[i] = j < n4 ? xr[j] : z, d[i] = j < n4 ? dyr[j] : z;
+		float4 g = j < n4 ? bf16x4_load(w + 4 * j) : z;
+		s += g.x * d[i].x * a[i].x + g.y * d[i].y * a[i].y + g.z * d[i].z * a[i].z + g.w * d[i].w * a[i].w;
+	}
+	float c = block_sum(s, red) * r * r * r / (float)dim;
+	const float4 *rr = res ? (const float4 *)(res + row * dim) : NULL;
+	float4 *dxr = (float4 *)(dx + row * dim);
+#pragma unroll
+	for (int i = 0; i < NV; i++) {
+		int j = threadIdx.x + i * NORM_RT;
+		if (j >= n4)
+			break;
+		float4 g = bf16x4_load(w + 4 * j);
+		float4 v = make_float4(r * g.x * d[i].x - a[i].x * c, r * g.y * d[i].y - a[i].y * c,
+				       r * g.z * d[i].z - a[i].z * c, r * g.w * d[i].w - a[i].w * c);
+		if (rr) {
+			float4 q = rr[j];
+			v.x += q.x, v.y += q.y, v.z += q.z, v.w += q.w;
+		}
+		dxr[j] = v;
+	}
+}
+
+/* The register kernels' float4 a thread for dim (0: the dim is not theirs). */
+static int norm_reg_nv(int dim)
+{
+	int n4 = dim / 4, nv = (n4 + NORM_RT - 1) / NORM_RT;
+	return dim % 4 || nv < 2 || nv > NORM_RV ? 0 : nv <= 2 ? 2 : nv <= 4 ? 4 : 8;
+}
+
 /* The warp-per-row kernels need dim % 4 == 0 and x, dy, dx 16-byte aligned, w and y 8-byte aligned
- * (then every row is). */
+ * (then every row is); so do the register ones. */
 static int al(const void *p, uintptr_t n) { return !((uintptr_t)p % n); }
 
 static unsigned norm_blocks(int rows) { return (unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS); }
@@ -180,7 +265,15 @@ int opsc_rmsnorm_fwd(tier_dev *d, int rows, int dim, float eps, const float *x, 
 	int rc = rows_check("opsc_rmsnorm_fwd", d, rows, dim);
 	if (rc || rows == 0)
 		return rc;
-	if (dim % 4 == 0 && al(x, 16) && al(w, 8) && al(y, 8))
+	int nv = norm_reg_nv(dim);
+	if (nv && al(x, 16) && al(w, 8) && al(y, 8)) {
+		if (nv == 2)
+			rmsnorm_fwd_reg_kernel<2><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, (const bf16 *)w, (bf16 *)y, rstd);
+		else if (nv == 4)
+			rmsnorm_fwd_reg_kernel<4><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, (const bf16 *)w, (bf16 *)y, rstd);
+		else
+			rmsnorm_fwd_reg_kernel<8><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, (const bf16 *)w, (bf16 *)y, rstd);
+	} else if (dim % 4 == 0 && al(x, 16) && al(w, 8) && al(y, 8))
 		rmsnorm_fwd4_kernel<<<norm_blocks(rows), 32 * NORM_WARPS, 0, stream_of(d)>>>(rows, dim, eps, x,
 											 (const bf16 *)w, (bf16 *)y, rstd);
 	else
@@ -197,7 +290,16 @@ static int rmsnorm_bwd(const char *op, tier_dev *d, int rows, int dim, const flo
 		return rc;
 	if (!rstd)
 		return tier_fail(-EINVAL, "%s: rows=%d dim=%d needs the forward's rstd", op, rows, dim);
-	if (dim % 4 == 0 && al(x, 16) && al(w, 8) && al(dy, 16) && al(dx, 16) && (!res || al(res, 16)))
+	int nv = norm_reg_nv(dim), fit = al(x, 16) && al(w, 8) && al(dy, 16) && al(dx, 16) && (!res || al(res, 16));
+	const bf16 *wb = (const bf16 *)w;
+	if (nv && fit) {
+		if (nv == 2)
+			rmsnorm_bwd_reg_kernel<2><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, x, wb, rstd, dy, res, dx);
+		else if (nv == 4)
+			rmsnorm_bwd_reg_kernel<4><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, x, wb, rstd, dy, res, dx);
+		else
+			rmsnorm_bwd_reg_kernel<8><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, x, wb, rstd, dy, res, dx);
+	} else if (dim % 4 == 0 && fit)
 		rmsnorm_bwd4_kernel<<<norm_blocks(rows), 32 * NORM_WARPS, 0, stream_of(d)>>>(rows, dim, x, (const bf16 *)w,
 											 rstd, dy, res, dx);
 	else

@@ -522,7 +522,10 @@ static void test_rmsnorm(void **state)
 	rmsnorm_case(29, 77);   /* one block a row (dim % 4 != 0) */
 	rmsnorm_case(5, 1537);
 	rmsnorm_case(333, 128); /* one warp a row: a q/k head, the rows not a multiple of the block's 8 */
-	rmsnorm_case(67, 2048); /* a hidden state */
+	rmsnorm_case(67, 2048); /* a hidden state: a block a row, the row in registers */
+	rmsnorm_case(41, 1028); /* the same with a partial last float4 pass (2 a thread) */
+	rmsnorm_case(6, 3072);  /* 6 float4 a thread, in the 8-wide kernel */
+	rmsnorm_case(7, 516);   /* 129 float4: the register kernel's smallest */
 	rmsnorm_case(9, 4100);  /* a partial last pass of the warp */
 	rmsnorm_case(3, 4);
 }
