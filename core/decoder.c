@@ -113,13 +113,17 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	size_t mlp0 = off;
 	carve(fm, sizeof fm / sizeof fm[0], buf, &off, at[1], mlp0);
 	size_t dense_end = off; /* g, u, act: a dense layer's MLP half */
-	/* with the adapters' Z and h the LoRA backward would make again (tier_moe_saved's kept_*) */
+	/* with the adapters' Z the LoRA backward would make again (tier_moe_saved's kept_z) */
 	tier_moe_loras el;
 	expert_lora_shape(m, &el);
 	size_t saved = any_moe(m) ? tier_moe_saved_bytes_lora(&sh->moe, sh->mT, &el) : 0;
-	if (buf && saved)
+	if (buf && saved) {
 		tier_moe_saved_bind_lora(&sh->moe, sh->mT, &el, at[1] && sh->mchunks <= 1 ? at[1] + (off - mlp0) : buf + off,
 					 saved, &b->ms);
+		/* a backward right after its recompute takes h from the workspace (train.c clears
+		 * TIER_MOE_KEPT_H on a state the op cache gives back: other layers used it since) */
+		b->ms.h_in_ws = m->cuda;
+	}
 	off += al(saved);
 	/* in chunks, the MoE state holds the last chunk's only: the MLP half keeps g, u, act */
 	b->save_bytes[0] = mlp0, b->save_bytes[1] = (sh->mchunks > 1 ? dense_end : off) - mlp0;

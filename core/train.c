@@ -639,7 +639,8 @@ static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *o
 	if (bwd && !dec_mlp_recompute(&t->sh, m->layers[l].moe))
 		return rc; /* MoE chunks: the backward runs each chunk's forward before its backward */
 	if (bwd && trainer_cache_restore(t, l, 1, &rc)) {
-		t->b.ms.kept = t->mkept[mb_slot(t, l)]; /* what that forward wrote into the state kept */
+		/* what that forward wrote into the state kept; its h in the workspace is gone */
+		t->b.ms.kept = t->mkept[mb_slot(t, l)] & ~TIER_MOE_KEPT_H;
 	} else if (!rc) {
 		rc = dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out); /* NULL: the state only */
 		t->mkept[mb_slot(t, l)] = (uint8_t)t->b.ms.kept;

@@ -72,7 +72,7 @@ struct tier_trainer {
 				* the same experts without routing again (the router's choices read back to
 				* the host: a wait for the device between the attention and the MLP) */
 	uint8_t *mkept;        /* [nck (L + 1)] by slot as fvalid: the TIER_MOE_KEPT_* bits of that forward's
-				* MoE state, set again on the state the operator cache gives back */
+				* MoE state, set again (but h's) on the state the operator cache gives back */
 	int64_t *lcounts;      /* [L E]: tokens routed to each expert by the last step's (or eval's) forwards */
 	int64_t *mbcounts;     /* [L E]: the same for the latest micro-batch forward alone, and for the */
 	int64_t *prevcounts;   /* forward before it: the step schedule lists the experts the latest routed

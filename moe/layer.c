@@ -64,27 +64,22 @@ void moe_cuda_ws_layout(const tier_moe_cfg *c, int T, const tier_moe_loras *lora
 	l->total = o;
 }
 
-/* The kept pieces of a saved buffer (tier_moe_saved's kept_h and kept_z): bf16 only, for these adapters. */
-static void kept_sizes(const tier_moe_cfg *c, int T, const tier_moe_loras *lora, size_t *h, size_t *z, int *cols)
+/* The kept Z of a saved buffer (tier_moe_saved's kept_z): bf16 only, for these adapters. */
+static size_t kept_z_bytes(const tier_moe_cfg *c, int T, const tier_moe_loras *lora, int *cols)
 {
-	size_t n = (size_t)T * c->router.top_k;
-	*h = *z = 0, *cols = 0;
+	*cols = 0;
 	if (c->dtype != TIER_MOE_BF16 || !lora)
-		return;
+		return 0;
 	for (int q = 0; q < 3; q++)
 		*cols += moe_lora_on(moe_lora_of(lora, q)) ? moe_lora_of(lora, q)->rank : 0;
-	*h = moe_lora_on(&lora->down) ? 2 * n * c->inter : 0;
-	*z = 2 * n * (size_t)*cols;
+	return 2 * (size_t)T * c->router.top_k * (size_t)*cols;
 }
 
 size_t tier_moe_saved_bytes_lora(const tier_moe_cfg *c, int T, const tier_moe_loras *lora)
 {
-	size_t b = tier_moe_saved_bytes(c, T), h, z;
+	size_t b = tier_moe_saved_bytes(c, T);
 	int cols;
-	if (!b)
-		return 0;
-	kept_sizes(c, T, lora, &h, &z, &cols);
-	return b + al(h) + al(z);
+	return b ? b + al(kept_z_bytes(c, T, lora, &cols)) : 0;
 }
 
 size_t tier_moe_saved_bytes(const tier_moe_cfg *c, int T)
@@ -136,7 +131,7 @@ int tier_moe_saved_bind_lora(const tier_moe_cfg *c, int T, const tier_moe_loras 
 		return rc;
 	MOE_NONNULL(buf, fn);
 	MOE_NONNULL(s, fn);
-	size_t need = tier_moe_saved_bytes_lora(c, T, lora), hb, zb;
+	size_t need = tier_moe_saved_bytes_lora(c, T, lora);
 	if (bytes < need)
 		return tier_fail(-EINVAL, "%s: %zu bytes given, %s says %zu", fn, bytes,
 				 lora ? "tier_moe_saved_bytes_lora" : "tier_moe_saved_bytes", need);
@@ -153,8 +148,7 @@ int tier_moe_saved_bind_lora(const tier_moe_cfg *c, int T, const tier_moe_loras 
 	s->pair_row = take(&p, 4 * n);
 	s->g = take(&p, esz * n * c->inter);
 	s->u = take(&p, esz * n * c->inter);
-	kept_sizes(c, T, lora, &hb, &zb, &s->kept_cols);
-	s->kept_h = hb ? take(&p, hb) : NULL;
+	size_t zb = kept_z_bytes(c, T, lora, &s->kept_cols);
 	s->kept_z = zb ? take(&p, zb) : NULL;
 	return 0;
 }

@@ -73,13 +73,14 @@ int moe_cuda_experts_check(const char *fn, int E, const int32_t *offsets_host, c
  * max LoRA rank) bytes (NULL without LoRA). gs: fp32 scratch [rows, I] where a product that is not
  * fused with its adapter meets the adapter's add (needed with LoRA on gate or up; the layer passes
  * its backward's dh piece). */
-/* What a forward keeps for its backward (tier_moe_saved's kept_h, kept_z, kept_cols and kept; h, z
- * NULL: not bound). The forward sets kept to the TIER_MOE_KEPT_* bits of what it wrote there (the grouped
- * products with LoRA inside the wgmma kernels keep both; the other paths nothing); the backward
- * reads what the bits name and computes the rest as without them. */
+/* What a forward keeps for its backward (tier_moe_saved's kept_z, kept_cols, h_in_ws, kept): z
+ * NULL when not bound; h_ws 1: h may stay in the h scratch for the backward. The forward sets kept
+ * to the TIER_MOE_KEPT_* bits of what it left (the grouped products with LoRA inside the wgmma
+ * kernels; the other paths nothing); the backward reads what the bits name and computes the rest
+ * as without them. */
 typedef struct {
-	void *h, *z;
-	int z_cols, kept;
+	void *z;
+	int z_cols, h_ws, kept;
 } moe_keep;
 int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			      const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,

@@ -271,7 +271,7 @@ static int z_places(const tier_moe_loras *lora, int rows, void *z, const moe_kee
 	return kept;
 }
 
-/* The forward; with keep, Z (each adapter's, scaled) and h where the backward finds them. */
+/* The forward; with keep, each adapter's Z (scaled) where the backward finds it. */
 static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
 		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, void *g, void *u,
 		     void *h, void *y, void *z, moe_keep *keep)
@@ -282,8 +282,6 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	moe_wg_seg sg = {}, sd = {};
 	bf16 *zg, *zu, *zd;
 	int kz = z_places(lora, rows, z, keep, &zg, &zu, &zd);
-	if (keep && keep->h)
-		h = keep->h; /* the gate/up product writes h in every call */
 	if (rg)
 		lora_ptrs(lg, E, off, &ag, &bg, NULL, NULL);
 	if (ru)
@@ -300,8 +298,8 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 		if ((rc = lora_z(dev, ld, E, d_off, rows, I, &ad, h, zd, ld->scale)))
 			return rc;
 	}
-	if (keep)
-		keep->kept = (kz ? TIER_MOE_KEPT_Z : 0) | (keep->h ? TIER_MOE_KEPT_H : 0);
+	if (keep) /* the gate/up product writes h in every call */
+		keep->kept = (kz ? TIER_MOE_KEPT_Z : 0) | (keep->h_ws ? TIER_MOE_KEPT_H : 0);
 	if (!y)
 		return 0;
 	return moe_cuda_grouped_mm_sm90_segs(dev, E, H, I, d_off, rows, dp->w, 0, h, rd ? 1 : 0, &sd, z, y, 1, 1.0f, 0.0f);
@@ -318,11 +316,9 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	ptrs ag, au, ad;
 	moe_wg_seg sd = {}, s2[2] = {};
 	bf16 *zb = z_at(z), *dzg = (bf16 *)dz, *dzu = dzg + (size_t)rows * rg, *kg, *ku, *kd;
-	/* what the forward kept: h, and Z (scaled) for dB */
-	int kh = keep && keep->h && (keep->kept & TIER_MOE_KEPT_H);
+	/* what the forward kept: h (in the h scratch), and Z (scaled) for dB */
+	int kh = keep && (keep->kept & TIER_MOE_KEPT_H);
 	int kz = keep && (keep->kept & TIER_MOE_KEPT_Z) && z_places(lora, rows, z, keep, &kg, &ku, &kd);
-	if (kh)
-		h = keep->h;
 	/* h is the input of the down adapter: recompute it unless kept */
 	if (rd && ((!kh && (rc = moe_cuda_swiglu(dev, n, g, u, h))) ||
 		   (rc = lora_grads(dev, ld, E, off, d_off, I, H, h, dy, kz ? kd : zb, kz ? 2 : 0, dzg, &ad))))

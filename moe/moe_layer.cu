@@ -166,7 +166,7 @@ static int fwd_routed(tier_dev *dev, const char *fn, const tier_moe_cfg *c, int 
 	char *b = (char *)ws;
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
 	int rc = moe_offsets_of(fn, counts, E, n, cap, off), permuted = s->permuted;
-	moe_keep keep = { s->kept_h, s->kept_z, s->kept_cols, 0 };
+	moe_keep keep = { s->kept_z, s->kept_cols, s->h_in_ws, 0 };
 	s->permuted = 0; /* the route's permute serves this call alone */
 	s->kept = 0;
 	if (rc || (!permuted && (rc = permute_x(dev, c, T, x, s, b + l.xg))) ||
@@ -243,7 +243,7 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	char *b = (char *)ws;
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
 	float *dxg = (float *)(b + l.dxg), *dtw = (float *)(b + l.dtw), *dot = (float *)(b + l.dot), *dl = (float *)(b + l.dl);
-	const moe_keep keep = { s->kept_h, s->kept_z, s->kept_cols, s->kept };
+	const moe_keep keep = { s->kept_z, s->kept_cols, s->h_in_ws, s->kept };
 	if (counts) { /* the forward's: no read back, the device checks */
 		if ((rc = moe_offsets_of(fn, counts, E, n, tier_moe_capacity(T, k, E, c->capacity_factor), off)) ||
 		    (rc = route_check(dev, E, s->offsets, off)))

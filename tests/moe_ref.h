@@ -408,9 +408,10 @@ static inline void ref_row_fwd(int rnd, int H, int I, const ref_expert *w, const
 }
 
 /* Backward of a projection's adapter for one row: from dY [out] (as stored), input x [in]:
- * dZ = R(s B^T dY), Z = R(A x); db += s dY Z^T, da += dZ x^T, dx [in] += A^T dZ. */
+ * dZ = R(s B^T dY), Z = R(A x); db += s dY Z^T, da += dZ x^T, dx [in] += A^T dZ. zk: Z as the
+ * forward kept it, R(s A x), and db += dY Z^T. */
 static inline void ref_lora_row_bwd(int rnd, int in, int out, const float *a, const float *b, int r, double s,
-				    double *da, double *db, const double *x, const double *dY, double *dx)
+				    double *da, double *db, const double *x, const double *dY, double *dx, int zk)
 {
 	double *dz = malloc(sizeof(double) * 2 * (size_t)r), *z = dz + r;
 	for (int q = 0; q < r; q++) {
@@ -420,11 +421,11 @@ static inline void ref_lora_row_bwd(int rnd, int in, int out, const float *a, co
 		for (int i = 0; i < in; i++)
 			az += (double)a[(size_t)q * in + i] * x[i];
 		dz[q] = ref_rnd(rnd, s * acc);
-		z[q] = ref_rnd(rnd, az);
+		z[q] = ref_rnd(rnd, zk ? s * az : az);
 	}
 	for (int o = 0; db && o < out; o++)
 		for (int q = 0; q < r; q++)
-			db[(size_t)o * r + q] += s * dY[o] * z[q];
+			db[(size_t)o * r + q] += (zk ? 1.0 : s) * dY[o] * z[q];
 	for (int q = 0; da && q < r; q++)
 		for (int i = 0; i < in; i++)
 			da[(size_t)q * in + i] += dz[q] * x[i];
@@ -438,18 +439,20 @@ static inline void ref_lora_row_bwd(int rnd, int in, int out, const float *a, co
 }
 
 /* Backward of one row: from x [H], the saved g, u [I] and dy [H] (as stored), dx [H] (fp32, as
- * stored) written and the adapters' increments accumulated. */
-/* dot (not NULL): the row's dh . silu(g) u, dh in fp32 and h unrounded as the CUDA kernel sums them. */
-static inline void ref_row_bwd(int rnd, int H, int I, const ref_expert *w, const float *xr, const float *g,
-			       const float *u, const float *dyr, float *dxr, float *dot)
+ * stored) written and the adapters' increments accumulated. dot (not NULL): the row's dh . silu(g)
+ * u, dh in fp32 and h unrounded as the CUDA kernel sums them. hk (not NULL): the down adapter's
+ * input h as the forward left it (else made again from g and u); zk: the adapters' Z as the forward
+ * kept them (ref_lora_row_bwd). */
+static inline void ref_row_bwd_k(int rnd, int H, int I, const ref_expert *w, const float *xr, const float *g,
+				 const float *u, const float *dyr, float *dxr, float *dot, const float *hk, int zk)
 {
 	int m = H > I ? H : I;
 	double *x = malloc(sizeof(double) * 7 * (size_t)m), *h = x + m, *dy = h + m, *dh = dy + m, *dG = dh + m;
 	double *dU = dG + m, *dx = dU + m;
 	for (int i = 0; i < H; i++)
 		x[i] = xr[i], dy[i] = dyr[i];
-	for (int i = 0; i < I; i++) /* CUDA recomputes h (bf16) for the down adapter */
-		h[i] = ref_rnd(rnd, g[i] * ref_sigmoid(g[i]) * u[i]);
+	for (int i = 0; i < I; i++) /* CUDA recomputes h (bf16) for the down adapter, unless kept */
+		h[i] = hk ? hk[i] : ref_rnd(rnd, g[i] * ref_sigmoid(g[i]) * u[i]);
 	for (int i = 0; i < I; i++) {
 		double acc = 0.0;
 		for (int o = 0; o < H; o++)
@@ -457,7 +460,7 @@ static inline void ref_row_bwd(int rnd, int H, int I, const ref_expert *w, const
 		dh[i] = acc;
 	}
 	if (w->a[2])
-		ref_lora_row_bwd(rnd, I, H, w->a[2], w->b[2], w->r, w->s, w->da[2], w->db[2], h, dy, dh);
+		ref_lora_row_bwd(rnd, I, H, w->a[2], w->b[2], w->r, w->s, w->da[2], w->db[2], h, dy, dh, zk);
 	double dd = 0.0;
 	for (int i = 0; i < I; i++)
 		dd += (double)(float)dh[i] * (g[i] * ref_sigmoid(g[i]) * u[i]);
@@ -476,10 +479,17 @@ static inline void ref_row_bwd(int rnd, int H, int I, const ref_expert *w, const
 	}
 	for (int q = 0; q < 2; q++)
 		if (w->a[q])
-			ref_lora_row_bwd(rnd, H, I, w->a[q], w->b[q], w->r, w->s, w->da[q], w->db[q], x, q == 0 ? dG : dU, dx);
+			ref_lora_row_bwd(rnd, H, I, w->a[q], w->b[q], w->r, w->s, w->da[q], w->db[q], x, q == 0 ? dG : dU, dx,
+					 zk);
 	for (int o = 0; o < H; o++)
 		dxr[o] = (float)dx[o];
 	free(x);
+}
+
+static inline void ref_row_bwd(int rnd, int H, int I, const ref_expert *w, const float *xr, const float *g,
+			       const float *u, const float *dyr, float *dxr, float *dot)
+{
+	ref_row_bwd_k(rnd, H, I, w, xr, g, u, dyr, dxr, dot, NULL, 0);
 }
 
 #endif

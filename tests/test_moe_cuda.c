@@ -565,7 +565,8 @@ static void layer_case(const gcase *c)
 	void *ddx = up(NULL, 4 * TH), *ddwr = up(dwr0, 4 * EH);
 	tier_moe_saved s, s2;
 	assert_int_equal(tier_moe_saved_bind_lora(&gcfg, T, klo, dsv, sb, &s), 0);
-	assert_true(!klo || ((s.kept_z != NULL) && (s.kept_h != NULL) == (A[2] != NULL)));
+	assert_true((s.kept_z != NULL) == (klo != NULL) && s.kept == 0 && s.h_in_ws == 0);
+	s.h_in_ws = klo != NULL; /* the main backward below runs right after a forward on dws */
 	poison_dev(dsv, sb), poison_dev(dws, wb), poison_dev(dout_, 4 * TH);
 	assert_int_equal(tier_moe_layer_fwd(gpu, &gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL, dout_,
 					    &s, dws, wb), 0);
@@ -590,7 +591,7 @@ static void layer_case(const gcase *c)
 		check_close(g2, gg, (size_t)og[E] * I, CUDA_TOL, "g, out NULL");
 		check_close(u2, ug, (size_t)og[E] * I, CUDA_TOL, "u, out NULL");
 		assert_true(fabs(s2.aux - s.aux) <= 1e-5 * fabs(s.aux) + 1e-9);
-		assert_int_equal(s2.kept, s.kept); /* the recompute keeps what the forward kept */
+		assert_int_equal(s2.kept, s.kept & ~TIER_MOE_KEPT_H); /* the recompute keeps Z as the forward */
 		free(g2), free(u2), free(o2);
 	}
 
@@ -652,6 +653,12 @@ static void layer_case(const gcase *c)
 	check_close(gg, ge, (size_t)rows * I, BF16_TOL, "g");
 	check_close(ug, ue, (size_t)rows * I, BF16_TOL, "u");
 	check_close2(outg, oute, oute2, TH, BF16_TOL, "out");
+	/* h as the forward left it where it kept it (SwiGLU in the gate/up product's epilogue, from the
+	 * fp32 sums), and Z as kept: the emulation's backward takes the same */
+	int kh = (s.kept & TIER_MOE_KEPT_H) != 0, kz = (s.kept & TIER_MOE_KEPT_Z) != 0;
+	float *he = malloc(4 * (size_t)n * I + 4);
+	for (size_t i = 0; i < (size_t)rows * I; i++)
+		he[i] = (float)ref_bf16(ge[i] * ref_sigmoid(ge[i]) * ue[i]);
 	for (size_t i = 0; i < (size_t)rows * I; i++) /* the backward reads g and u as saved, in bf16 */
 		ge[i] = (float)ref_bf16(ge[i]), ue[i] = (float)ref_bf16(ue[i]);
 
@@ -665,8 +672,9 @@ static void layer_case(const gcase *c)
 		dye[i] = (float)ref_bf16(dye[i]);
 	for (int e = 0; e < E; e++)
 		for (int row = oc[e]; row < oc[e + 1]; row++)
-			ref_row_bwd(1, H, I, &ex[e], xgc + (size_t)row * H, ge + (size_t)row * I, ue + (size_t)row * I,
-				    dye + (size_t)row * H, dxge + (size_t)row * H, dote + row);
+			ref_row_bwd_k(1, H, I, &ex[e], xgc + (size_t)row * H, ge + (size_t)row * I, ue + (size_t)row * I,
+				      dye + (size_t)row * H, dxge + (size_t)row * H, dote + row,
+				      kh ? he + (size_t)row * I : NULL, kz);
 	/* d_topk_w as the layer takes it, from the rows' dh . h over the bf16 dy (d_out . y unrounded
 	 * differs by that rounding, which Mixtral's w0 w1 (dw0 - dw1) magnified to 1.3% in dw_r) */
 	assert_int_equal(tier_moe_combine_dw(cpu, T, k, prc, twr, dote, dtwe), 0);
@@ -709,7 +717,13 @@ static void layer_case(const gcase *c)
 		free(g2), free(u2), free(y2), free(dx2), free(dot2);
 	}
 
-	/* the layer's backward on CUDA through the public call */
+	/* the layer's backward on CUDA through the public call, right after a forward on dws (a
+	 * recompute, out NULL, as a trainer's): h there is that forward's */
+	if (s.h_in_ws) {
+		assert_int_equal(tier_moe_layer_fwd(gpu, &gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL, NULL,
+						    &s, dws, wb), 0);
+		assert_int_equal(s.kept, (kh ? TIER_MOE_KEPT_H : 0) | (kz ? TIER_MOE_KEPT_Z : 0));
+	}
 	poison_dev(ddx, 4 * TH);
 	assert_int_equal(tier_moe_layer_bwd(gpu, &gcfg, T, dx, dwr, &gwts, r ? &glo : NULL, &s, ddout, 1.0f, ddx, ddwr,
 					    dws, wb), 0);
@@ -742,6 +756,7 @@ static void layer_case(const gcase *c)
 			free(ga), free(gb);
 		}
 
+	s.kept &= ~TIER_MOE_KEPT_H; /* dws serves other calls from here on */
 	{ /* the backward on the forward's counts (no read back): the same dx */
 		poison_dev(ddx, 4 * TH);
 		assert_int_equal(tier_moe_layer_bwd_routed(gpu, &gcfg, T, dx, dwr, &gwts, r ? &glo : NULL, &s, cntg, ddout,
@@ -773,7 +788,7 @@ static void layer_case(const gcase *c)
 	free(cg), free(cu), free(bias), free(dout), free(dwr0), free(lg), free(twg), free(gg), free(ug), free(outg);
 	free(ig), free(og), free(rpg), free(prg), free(cntg), free(lc), free(twc), free(twr), free(ic), free(oc), free(rpc);
 	free(prc), free(cntc), free(lcd), free(xgc), free(ex), free(ge), free(ue), free(ye), free(oute), free(dye);
-	free(ye2), free(oute2);
+	free(ye2), free(oute2), free(he);
 	free(dtwe), free(dxge), free(dxe), free(dle), free(dwre), free(dxg_), free(dwrg), free(dwred), free(dote);
 	case_name[0] = 0;
 }

@@ -368,9 +368,41 @@ static void test_layer_bad_input(void **state)
 	free(sbuf), free(ws);
 }
 
+/* The saved state's room for the adapters' kept Z (tier_moe_saved_bytes_lora): bf16 storage only,
+ * one bf16 column a rank of each adapter present, and a buffer sized without it refused. */
+static void test_saved_lora(void **state)
+{
+	(void)state;
+	tier_moe_cfg b16 = { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 2, 0, 0, 0, 0), 8, 8, 0, 0, 0, TIER_MOE_BF16 }, f32 = b16;
+	f32.dtype = TIER_MOE_F32;
+	const float *arr[4] = { NULL };
+	tier_moe_loras lo;
+	memset(&lo, 0, sizeof lo);
+	lo.gate = (tier_moe_lora){ .a = arr, .b = arr, .rank = 8 };
+	lo.down = (tier_moe_lora){ .a = arr, .b = arr, .rank = 16 }; /* up: no adapter */
+	int T = 5;
+	size_t plain = tier_moe_saved_bytes(&b16, T), with = tier_moe_saved_bytes_lora(&b16, T, &lo);
+	assert_true(plain > 0 && with >= plain + 2 * (size_t)T * 2 * 24 && with < plain + 2 * (size_t)T * 2 * 24 + 64);
+	assert_true(tier_moe_saved_bytes_lora(&b16, T, NULL) == plain);
+	assert_true(tier_moe_saved_bytes_lora(&f32, T, &lo) == tier_moe_saved_bytes(&f32, T));
+	char *buf = malloc(with);
+	tier_moe_saved s;
+	assert_int_equal(tier_moe_saved_bind_lora(&b16, T, &lo, buf, plain, &s), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "tier_moe_saved_bytes_lora"));
+	assert_int_equal(tier_moe_saved_bind_lora(&b16, T, &lo, buf, with, &s), 0);
+	assert_int_equal(s.kept_cols, 24);
+	assert_true((char *)s.kept_z >= (char *)s.u + 2 * (size_t)T * 2 * 8 &&
+		    (char *)s.kept_z + 2 * (size_t)T * 2 * 24 <= buf + with);
+	assert_true(s.kept == 0 && s.h_in_ws == 0);
+	assert_int_equal(tier_moe_saved_bind(&b16, T, buf, plain, &s), 0);
+	assert_true(s.kept_z == NULL && s.kept_cols == 0);
+	free(buf);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_saved_lora),
 		cmocka_unit_test(test_layer_qwen_mixtral), cmocka_unit_test(test_layer_deepseek),
 		cmocka_unit_test(test_layer_edges),        cmocka_unit_test(test_layer_896_experts),
 		cmocka_unit_test(test_layer_bad_input),

@@ -212,27 +212,30 @@ typedef struct {
 	float aux, z;      /* the losses of this forward (already times their coefficients) */
 	int permuted;      /* CUDA, TIER_MOE_EARLY_PERMUTE: the route with counts permuted x into the
 			    * workspace; the next tier_moe_layer_fwd_routed uses that (same x, same ws) */
-	/* Bound by tier_moe_saved_bind_lora on CUDA (NULL otherwise): what the LoRA backward would
-	 * otherwise compute again. kept_h: h = silu(g) u bf16 [T*k, I], with LoRA on down; kept_z: the
-	 * adapters' Z = scale X A^T bf16, gate's [rows, r_g], then up's, then down's (rows: the routed
-	 * rows), kept_cols their rank sum at most. kept: the TIER_MOE_KEPT_* bits of what the last
-	 * forward wrote there (0 after binding); the backward reads only those. A caller that moves the
-	 * buffer and binds it again must set kept back to the forward's value, or leave it 0 (then the
-	 * backward computes them again). */
-	void *kept_h, *kept_z;
+	/* What the LoRA backward would otherwise compute again (CUDA, the grouped wgmma products):
+	 * kept_z, bound by tier_moe_saved_bind_lora (NULL otherwise): the adapters' Z = scale X A^T
+	 * bf16, gate's [rows, r_g], then up's, then down's (rows: the routed rows), kept_cols their
+	 * rank sum at most. h_in_ws (the caller's, 0 after binding): 1 lets the backward take h =
+	 * silu(g) u from the workspace where the forward left it, for a caller that runs nothing else
+	 * on that workspace between the two. kept: the TIER_MOE_KEPT_* bits of what the last forward
+	 * left (0 after binding); the backward reads only those. A caller that moves the buffer and
+	 * binds it again sets kept back to the forward's value or leaves it 0 (then the backward
+	 * computes Z again), and clears TIER_MOE_KEPT_H when the workspace served anything since. */
+	void *kept_z;
 	int kept_cols;
+	int h_in_ws;
 	int kept;
 } tier_moe_saved;
 enum { TIER_MOE_KEPT_H = 1, TIER_MOE_KEPT_Z = 2 };
 
 /* Bytes of the saved buffer and of the workspace for T tokens (device memory with TIER_MOE_BF16);
- * 0 when the config is bad. tier_moe_saved_bytes_lora: with room for kept_h and kept_z (above) for adapters
+ * 0 when the config is bad. tier_moe_saved_bytes_lora: with room for kept_z (above) for adapters
  * of these ranks (only rank and whether a, b are set are read; lora NULL: none). */
 size_t tier_moe_saved_bytes(const tier_moe_cfg *cfg, int T);
 size_t tier_moe_saved_bytes_lora(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora);
 size_t tier_moe_workspace_bytes(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora);
 /* Point s's arrays into buf (tier_moe_saved_bytes long, 64-byte aligned pieces); _lora: a buffer of
- * tier_moe_saved_bytes_lora with the same lora, kept_h and kept_z bound too. */
+ * tier_moe_saved_bytes_lora with the same lora, kept_z bound too. */
 int tier_moe_saved_bind(const tier_moe_cfg *cfg, int T, void *buf, size_t bytes, tier_moe_saved *s);
 int tier_moe_saved_bind_lora(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora, void *buf, size_t bytes,
 			     tier_moe_saved *s);
