@@ -10,16 +10,17 @@
 # tests,moe,a,b,c); A_STEPS and B_STEPS (6, 3) the trainer jobs' steps; TESTS the CUDA tests to run
 # (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
-# Session 18 ran session 17's plan (bench/RESULTS.md, "session 18"); its last changes ran only on
-# an H100 (the store's lazy room count, 07e41aa: (a) +1.9-3.4% against 54e6790 in the same calls)
-# or not at all (opsc_to_bf16_many's one copy, test_ops_cuda's 200-segment case; the schedule
-# rebuilt only when its experts change; TIER_MOE_EARLY_PERMUTE, off by default). The next call, on
-# an H200, with the 07e41aa tier-run as the peer (.device/old, carried; ~500 s):
-#   TESTS="test_ops_cuda test_golden_cuda test_attn_cuda test_moe_cuda" STAGES=tests,a,kprof,b,c
-#   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3" KPROF_TRACE=1 KPROF_LAST_MS=540
-#   A_ALT=TIER_MOE_EARLY_PERMUTE=1 bench/next-session.sh .device/bin $OUT
-# with carry [".device/pack.tar.xz", ".device/lib", ".device/old"]: the gates' (a), (b) and (c) in
-# one call, each tier job beside the older build's.
+# Session 19 ran 987f337 on an H200 beside 23d762b's tier-run (bench/RESULTS.md, "session 19"):
+# every change of that session measured. The next call, on an H200, for whatever comes next, with
+# the last measured build's tier-run as the peer (copy .device/bin/tier-run to .device/old before
+# staging the new build; ~320 s):
+#   TESTS="test_ops_cuda test_moe_cuda test_golden_cuda" STAGES=tests,a,b,c
+#   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3 --op-cache all:hbm=56G"
+#   bench/next-session.sh .device/bin $OUT
+# with carry [".device/pack.tar.xz", ".device/lib", ".device/old"]: the gates' (a) (batch 1 and 3),
+# (b) and (c) in one call, each tier job beside the older build's. At batch 3 the op cache's
+# entries took 43.7 GiB in session 19 (all 576 kept; 56G leaves room for a build whose entries
+# grow, 48G did for session 18's 43.3 GiB).
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
 # TIER_MOE_WGMMA_TILE (~300 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
