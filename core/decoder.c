@@ -118,8 +118,8 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	expert_lora_shape(m, &el);
 	size_t saved = any_moe(m) ? tier_moe_saved_bytes_lora(&sh->moe, sh->mT, &el) : 0;
 	if (buf && saved) {
-		tier_moe_saved_bind_lora(&sh->moe, sh->mT, &el, at[1] && sh->mchunks <= 1 ? at[1] + (off - mlp0) : buf + off,
-					 saved, &b->ms);
+		char *ms = at[1] && sh->mchunks <= 1 ? at[1] + (off - mlp0) : buf + off;
+		tier_moe_saved_bind_lora(&sh->moe, sh->mT, &el, ms, saved, &b->ms);
 		/* a backward right after its recompute takes h from the workspace (train.c clears
 		 * TIER_MOE_KEPT_H on a state the op cache gives back: other layers used it since) */
 		b->ms.h_in_ws = m->cuda;

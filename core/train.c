@@ -534,17 +534,17 @@ static int pin_dense(tier_trainer *t, int l, int grads, dec_weights *w)
 	return lora_convert(t);
 }
 
-/* The experts' token counts of layer l: routed in a forward (and kept), a backward's recompute
- * taking its forward's. The recompute's block routes again on the device, to the same experts: were
- * it not, the routed block runs on the forward's offsets and tier_moe_routing_check reports it at
- * the step's end (the block outside the routed halves refuses a routed expert without weights,
- * -EINVAL). */
 /* Layer l's slot in the tables kept by micro-batch (fcounts, fvalid, mkept). */
 static size_t mb_slot(const tier_trainer *t, int l)
 {
 	return (size_t)(t->nck > 1 ? t->mb : 0) * (size_t)(t->m->L + 1) + (size_t)l;
 }
 
+/* The experts' token counts of layer l: routed in a forward (and kept), a backward's recompute
+ * taking its forward's. The recompute's block routes again on the device, to the same experts: were
+ * it not, the routed block runs on the forward's offsets and tier_moe_routing_check reports it at
+ * the step's end (the block outside the routed halves refuses a routed expert without weights,
+ * -EINVAL). */
 static int route_counts(tier_trainer *t, int l, int bwd, dec_weights *w)
 {
 	tier_model *m = t->m;

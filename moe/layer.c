@@ -70,8 +70,10 @@ static size_t kept_z_bytes(const tier_moe_cfg *c, int T, const tier_moe_loras *l
 	*cols = 0;
 	if (c->dtype != TIER_MOE_BF16 || !lora)
 		return 0;
-	for (int q = 0; q < 3; q++)
-		*cols += moe_lora_on(moe_lora_of(lora, q)) ? moe_lora_of(lora, q)->rank : 0;
+	for (int q = 0; q < 3; q++) { /* a bad rank (the calls refuse it) reserves nothing */
+		const tier_moe_lora *l = moe_lora_of(lora, q);
+		*cols += moe_lora_on(l) && l->rank > 0 && l->rank <= 1024 ? l->rank : 0;
+	}
 	return 2 * (size_t)T * c->router.top_k * (size_t)*cols;
 }
 

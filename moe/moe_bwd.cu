@@ -185,15 +185,16 @@ extern "C" int moe_cuda_unpermute_sum(tier_dev *dev, int T, int k, int H, const 
 	{
 		const float4 *g4 = (const float4 *)dxg;
 		float4 *d4 = (float4 *)dx;
+		cudaStream_t st = moe_stream(dev);
+		int H4 = H / 4, n = T * k;
 		if (k <= 2)
-			unpermute_sum4_kernel<2><<<T, TOK_THREADS, 0, moe_stream(dev)>>>(k, H / 4, T * k, pair_row, g4, d4);
+			unpermute_sum4_kernel<2><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, g4, d4);
 		else if (k <= 4)
-			unpermute_sum4_kernel<4><<<T, TOK_THREADS, 0, moe_stream(dev)>>>(k, H / 4, T * k, pair_row, g4, d4);
+			unpermute_sum4_kernel<4><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, g4, d4);
 		else if (k <= 8)
-			unpermute_sum4_kernel<8><<<T, TOK_THREADS, 0, moe_stream(dev)>>>(k, H / 4, T * k, pair_row, g4, d4);
+			unpermute_sum4_kernel<8><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, g4, d4);
 		else
-			unpermute_sum4_kernel<TIER_MOE_MAX_TOPK><<<T, TOK_THREADS, 0, moe_stream(dev)>>>(k, H / 4, T * k, pair_row,
-												 g4, d4);
+			unpermute_sum4_kernel<TIER_MOE_MAX_TOPK><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, g4, d4);
 	}
 	else
 		unpermute_sum_kernel<<<T, TOK_THREADS, 0, moe_stream(dev)>>>(k, H, T * k, pair_row, dxg, dx);

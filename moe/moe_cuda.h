@@ -157,7 +157,8 @@ int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t *offsets_ho
 				  const tier_moe_loras *lora, const void *const *io, int n_io);
 int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 				 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
-				 const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs, moe_keep *keep);
+				 const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs,
+				 moe_keep *keep);
 int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 				 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
 				 const void *xg, const void *g, const void *u, const void *dy, float *dxg, float *row_dot,

@@ -104,8 +104,8 @@ static __device__ __forceinline__ float swiglu_bwd_at(const bf16 *g, const bf16 
  * issued before the arithmetic, 16-byte accesses (a pair at a time left the rows kernel at half the
  * copy's rate). */
 template <bool DOT>
-static __device__ __forceinline__ float swiglu_bwd_at8(const bf16 *g, const bf16 *u, const float *dh, size_t i, bf16 *dg,
-						       bf16 *du)
+static __device__ __forceinline__ float swiglu_bwd_at8(const bf16 *g, const bf16 *u, const float *dh, size_t i,
+						       bf16 *dg, bf16 *du)
 {
 	uint4 gv = *(const uint4 *)(g + i), uv = *(const uint4 *)(u + i), og, ou;
 	float4 d0 = *(const float4 *)(dh + i), d1 = *(const float4 *)(dh + i + 4);

@@ -494,7 +494,8 @@ static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const v
 	tier_dev_free(gpu, dsv2), tier_dev_free(gpu, dout2);
 }
 
-/* 1: layer_case binds the saved state without the adapters' kept Z and h (the backward makes them) */
+/* 1: layer_case binds the saved state without room for the adapters' Z and leaves h_in_ws 0 (the
+ * backward makes both again) */
 static int plain_saved;
 
 static void layer_case(const gcase *c)
@@ -556,7 +557,7 @@ static void layer_case(const gcase *c)
 					  c->frozen_a ? NULL : (float *const *)gdA[q], (float *const *)gdB[q], r, 0.75f };
 	}
 
-	/* GPU forward; the saved state with room for the adapters' Z and h (kept_*) unless plain_saved */
+	/* GPU forward; the saved state with room for the adapters' Z (kept_z) unless plain_saved */
 	const tier_moe_loras *klo = r && !plain_saved ? &glo : NULL;
 	size_t sb = tier_moe_saved_bytes_lora(&gcfg, T, klo), wb = tier_moe_workspace_bytes(&gcfg, T, &glo);
 	assert_true(sb > 0 && wb > 0);
