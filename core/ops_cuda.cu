@@ -409,13 +409,24 @@ __global__ void from_bf16_kernel(size_t n, const bf16 *x, float *y)
 		y[i] = __bfloat162float(x[i]);
 }
 
-/* Segment s = blockIdx.y (strided: gridDim.y is at most 65535). */
-__global__ void to_bf16_many_kernel(int n_seg, const float *const *src, bf16 *const *dst, const size_t *len)
+/* The segments of one launch travel in the kernel's parameters (12 KiB, __grid_constant__): a
+ * table copied to the device first put a copy's latency on the stream before every launch, ~20 us
+ * of idle device four times a layer (session 19's H100 timeline of (a): 194 gaps, 4.1 ms a step). */
+#define MANY_SEGS 512
+struct many_args {
+	const float *src[MANY_SEGS];
+	bf16 *dst[MANY_SEGS];
+	size_t len[MANY_SEGS];
+	int n;
+};
+
+/* Segment s = blockIdx.y. */
+__global__ void to_bf16_many_kernel(const __grid_constant__ many_args a)
 {
-	for (int s = blockIdx.y; s < n_seg; s += gridDim.y) {
-		const float *x = src[s];
-		bf16 *y = dst[s];
-		size_t n = len[s];
+	for (int s = blockIdx.y; s < a.n; s += gridDim.y) {
+		const float *x = a.src[s];
+		bf16 *y = a.dst[s];
+		size_t n = a.len[s];
 		GRID_STRIDE(i, n)
 			y[i] = __float2bfloat16_rn(x[i]);
 	}
@@ -490,60 +501,41 @@ int opsc_from_bf16(tier_dev *d, size_t n, const opsc_bf16 *x, float *y)
 	return launched("opsc_from_bf16", n);
 }
 
-/* The table: n_seg source pointers, n_seg destination pointers, n_seg lengths. */
-size_t opsc_many_table_bytes(int n_seg)
+static int many_check(int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len)
 {
-	return n_seg > 0 ? (size_t)n_seg * (2 * sizeof(void *) + sizeof(size_t)) : 0;
-}
-
-static int many_check(int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len, void *table,
-		      size_t *max_len)
-{
-	*max_len = 0;
-	if (n_seg < 0 || (n_seg > 0 && (!src || !dst || !len || !table)))
-		return tier_fail(-EINVAL, "opsc_to_bf16_many: bad arguments (n_seg=%d, NULL array or table)", n_seg);
-	for (int i = 0; i < n_seg; i++) {
+	if (n_seg < 0 || (n_seg > 0 && (!src || !dst || !len)))
+		return tier_fail(-EINVAL, "opsc_to_bf16_many: bad arguments (n_seg=%d, or a NULL array)", n_seg);
+	for (int i = 0; i < n_seg; i++)
 		if (len[i] && (!src[i] || !dst[i]))
 			return tier_fail(-EINVAL, "opsc_to_bf16_many: segment %d of %zu elements has a NULL pointer", i,
 					 len[i]);
-		*max_len = len[i] > *max_len ? len[i] : *max_len;
-	}
 	return 0;
 }
 
-int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len,
-		      void *table)
+int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len)
 {
-	size_t max_len, np = (size_t)n_seg * sizeof(void *);
 	int rc = cuda_dev(d, "opsc_to_bf16_many");
-	if (rc || (rc = many_check(n_seg, src, dst, len, table, &max_len)) || max_len == 0)
+	if (rc || (rc = many_check(n_seg, src, dst, len)))
 		return rc;
-	cudaStream_t s = stream_of(d);
-	/* The three arrays go over in one copy (three copies left the device a gap before each: the
-	 * trainer converts a layer's LoRA this way four times a step). From pageable host memory the
-	 * copy returns once its source is staged: the packed buffer may go at once, and the kernel
-	 * below is ordered after the copy on the stream. */
-	size_t nb = 2 * np + (size_t)n_seg * sizeof(size_t);
-	char stackbuf[4096], *h = nb <= sizeof stackbuf ? stackbuf : (char *)malloc(nb);
-	if (!h)
-		return tier_fail(-ENOMEM, "opsc_to_bf16_many: no host memory to pack the table of %d segments", n_seg);
-	memcpy(h, src, np);
-	memcpy(h + np, dst, np);
-	memcpy(h + 2 * np, len, (size_t)n_seg * sizeof(size_t));
-	char *t = (char *)table;
-	cudaError_t e = cudaMemcpyAsync(t, h, nb, cudaMemcpyHostToDevice, s);
-	if (h != stackbuf)
-		free(h);
-	if (e != cudaSuccess)
-		return tier_fail(-EIO, "opsc_to_bf16_many: copying the table of %d segments failed: %s", n_seg,
-				 cudaGetErrorString(e));
-	/* Blocks per segment sized for the longest one, with the whole grid bounded to ~64k blocks. */
-	unsigned gy = n_seg < 65535 ? (unsigned)n_seg : 65535u, gx = grid_for(max_len);
-	if ((size_t)gx * gy > 65536)
-		gx = 65536 / gy > 0 ? 65536 / gy : 1;
-	to_bf16_many_kernel<<<dim3(gx, gy), THREADS, 0, s>>>(n_seg, (const float *const *)t, (bf16 *const *)(t + np),
-							     (const size_t *)(t + 2 * np));
-	return launched("opsc_to_bf16_many", max_len);
+	many_args a; /* one launch per MANY_SEGS segments */
+	for (int s0 = 0; s0 < n_seg; s0 += MANY_SEGS) {
+		size_t max_len = 0;
+		a.n = n_seg - s0 < MANY_SEGS ? n_seg - s0 : MANY_SEGS;
+		for (int i = 0; i < a.n; i++) {
+			a.src[i] = src[s0 + i], a.dst[i] = (bf16 *)dst[s0 + i], a.len[i] = len[s0 + i];
+			max_len = a.len[i] > max_len ? a.len[i] : max_len;
+		}
+		if (max_len == 0)
+			continue;
+		/* blocks per segment sized for the longest one, the whole grid bounded to ~64k blocks */
+		unsigned gy = (unsigned)a.n, gx = grid_for(max_len);
+		if ((size_t)gx * gy > 65536)
+			gx = 65536 / gy > 0 ? 65536 / gy : 1;
+		to_bf16_many_kernel<<<dim3(gx, gy), THREADS, 0, stream_of(d)>>>(a);
+		if ((rc = launched("opsc_to_bf16_many", max_len)))
+			return rc;
+	}
+	return 0;
 }
 
 /* ---- Optimizer ------------------------------------------------------------------------------- */

@@ -52,12 +52,10 @@ int opsc_add(tier_dev *d, size_t n, const float *a, const float *b, float *out);
 int opsc_to_bf16(tier_dev *d, size_t n, const float *x, opsc_bf16 *y);
 /* y [n] (fp32) = x (bf16), exact. */
 int opsc_from_bf16(tier_dev *d, size_t n, const opsc_bf16 *x, float *y);
-/* n_seg conversions at once (one launch): dst[i][0..len[i]) = bf16(src[i][...]). src, dst, len are
- * HOST arrays of device pointers and lengths; table (device memory, opsc_many_table_bytes(n_seg)
- * bytes) receives them (copied from the host, ordered on the stream). */
-size_t opsc_many_table_bytes(int n_seg);
-int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len,
-		      void *table);
+/* n_seg conversions at once (one launch per 512 segments): dst[i][0..len[i]) = bf16(src[i][...]).
+ * src, dst, len are HOST arrays of device pointers and lengths, read during the call (they go in
+ * the launches' parameters: nothing is copied to the device first). */
+int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len);
 
 /* Linear layer with LoRA on bf16 operands, fp32 accumulation (cuBLASLt):
  *   y [T, out] fp32 (written) = x W^T + scale (x A^T) B^T

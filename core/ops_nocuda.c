@@ -1,5 +1,5 @@
 /* ops_nocuda.c - core/ops_cuda.h in a build without CUDA: every operation fails with -ENOTSUP; the
- * two size functions keep their arithmetic (the same as ops_cuda.cu) so that callers can plan. */
+ * size function keeps its arithmetic (the same as ops_cuda.cu) so that callers can plan. */
 #include <errno.h>
 #include "core/ops_cuda.h"
 
@@ -12,11 +12,6 @@ size_t opsc_linear_ws_bytes(int T, int in, int out, int rank, float dropout)
 	size_t t = T > 0 ? (size_t)T : 0, i = in > 0 ? (size_t)in : 0, o = out > 0 ? (size_t)out : 0;
 	size_t r = rank > 0 ? (size_t)rank : 0, drop = dropout > 0 && r ? al256(t * i * 4) : 0;
 	return al256(t * o * 2) + al256(t * r * 4) + 2 * al256(t * r * 2) + drop;
-}
-
-size_t opsc_many_table_bytes(int n_seg)
-{
-	return n_seg > 0 ? (size_t)n_seg * (2 * sizeof(void *) + sizeof(size_t)) : 0;
 }
 
 int opsc_rmsnorm_fwd(tier_dev *d, int rows, int dim, float eps, const float *x, const opsc_bf16 *w,
@@ -68,8 +63,7 @@ int opsc_from_bf16(tier_dev *d, size_t n, const opsc_bf16 *x, float *y)
 	return NOCUDA("opsc_from_bf16");
 }
 
-int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len,
-		      void *table)
+int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16 *const *dst, const size_t *len)
 {
 	return NOCUDA("opsc_to_bf16_many");
 }

@@ -112,7 +112,7 @@ static size_t layer_lora_floats(const tier_model *m, int l)
 }
 
 /* The scratch the CUDA path adds after the loss workspace: bf16 LoRA copies of the largest layer,
- * the conversion table, tokens, labels and the loss's scalars. Carved at c (NULL: only counted);
+ * tokens, labels and the loss's scalars. Carved at c (NULL: only counted);
  * returns its bytes, 0 on the CPU. */
 static uint64_t dev_extra(tier_trainer *t, char *c)
 {
@@ -123,7 +123,7 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
 	for (int l = 0; l < m->L; l++)
 		most = layer_lora_floats(m, l) > most ? layer_lora_floats(m, l) : most;
 	struct { void **p; uint64_t bytes; } part[] = {
-		{ (void **)&t->l16, 2 * (most + 64) }, { &t->cvt, opsc_many_table_bytes(m->E + 2) },
+		{ (void **)&t->l16, 2 * (most + 64) },
 		{ (void **)&t->tok_d, sizeof(int32_t) * T }, { (void **)&t->lab_d, sizeof(int32_t) * T },
 		{ (void **)&t->acc_d, 256 }, /* acc_d, then loss_d and count_d in the same 256 bytes */
 	};
@@ -446,7 +446,7 @@ static int lora_convert(tier_trainer *t)
 {
 	int n = t->cv_n;
 	t->cv_n = 0;
-	return n ? opsc_to_bf16_many(t->m->dev, n, t->cv_src, (opsc_bf16 *const *)t->cv_dst, t->cv_len, t->cvt) : 0;
+	return n ? opsc_to_bf16_many(t->m->dev, n, t->cv_src, (opsc_bf16 *const *)t->cv_dst, t->cv_len) : 0;
 }
 
 /* The LoRA reference of projection proj of g: fp32 parameters on the CPU, their bf16 copy at

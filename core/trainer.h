@@ -86,11 +86,10 @@ struct tier_trainer {
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
 	uint64_t min_hbm, hbm_cap;
 	/* CUDA: bf16 copies of one layer's LoRA (l16, in scratch) made by one batched conversion
-	 * (host segment lists cv_*, device table cvt); tokens, labels and the loss's scalars in device
-	 * memory; hidx: the router's choices copied back to count tokens per expert. */
+	 * (host segment lists cv_*); tokens, labels and the loss's scalars in device memory; hidx: the
+	 * router's choices copied back to count tokens per expert. */
 	uint16_t *l16;
 	size_t l16_off;
-	void *cvt;
 	const float **cv_src;
 	uint16_t **cv_dst;
 	size_t *cv_len;
