@@ -10,10 +10,12 @@
 # tests,moe,a,b,c); A_STEPS and B_STEPS (6, 3) the trainer jobs' steps; TESTS the CUDA tests to run
 # (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
-# Session 19 ran 987f337 on an H200 beside 23d762b's tier-run (bench/RESULTS.md, "session 19"):
-# every change of that session measured. The next call, on an H200, for whatever comes next, with
-# the last measured build's tier-run as the peer (copy .device/bin/tier-run to .device/old before
-# staging the new build; ~320 s):
+# Session 19 ran 987f337 on an H200 beside 23d762b's tier-run (bench/RESULTS.md, "session 19").
+# Not yet run on a GPU: e9f37f8, opsc_to_bf16_many's segments in the launch's parameters (no table
+# copied to the device first; test_ops_cuda's 1,100-segment case). Staged at session 19's end with
+# 987f337's tier-run in .device/old (ignored by git: restage with bench/stage-device.sh, and copy
+# the last measured build's tier-run to .device/old first, if the machine's copy is gone). The next
+# call, on an H200, with that peer (~320 s):
 #   TESTS="test_ops_cuda test_moe_cuda test_golden_cuda" STAGES=tests,a,b,c
 #   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3 --op-cache all:hbm=56G"
 #   bench/next-session.sh .device/bin $OUT
