@@ -118,7 +118,20 @@ extern "C" int moe_cuda_permute_bwd(tier_dev *dev, int T, int k, int H, const in
 	return 0;
 }
 
-__global__ void unpermute_sum_kernel(int k, int H, int n, const int32_t *pair_row, const float *dxg, float *dx)
+/* dxg rows as fp32 or bf16 (the fused experts' backward writes bf16: moe_cuda_experts_bwd). */
+__device__ __forceinline__ float dxg_at(const float *p) { return *p; }
+__device__ __forceinline__ float dxg_at(const bf16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float4 dxg_at4(const float *p) { return __ldg((const float4 *)p); }
+__device__ __forceinline__ float4 dxg_at4(const bf16 *p)
+{
+	uint2 v = __ldg((const uint2 *)p);
+	float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x);
+	float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
+	return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <typename TI>
+__global__ void unpermute_sum_kernel(int k, int H, int n, const int32_t *pair_row, const TI *dxg, float *dx)
 {
 	int t = blockIdx.x;
 	int32_t r[TIER_MOE_MAX_TOPK];
@@ -130,18 +143,18 @@ __global__ void unpermute_sum_kernel(int k, int H, int n, const int32_t *pair_ro
 		float acc = 0.0f;
 		for (int j = 0; j < k; j++)
 			if (r[j] >= 0)
-				acc += dxg[(size_t)r[j] * H + h];
+				acc += dxg_at(dxg + (size_t)r[j] * H + h);
 		dx[(size_t)t * H + h] = acc;
 	}
 }
 
-/* Four columns per thread (H a multiple of 4, 16-byte aligned bases). The loops over the k rows
- * unrolled to KM >= k: the rows stay in registers and a thread's k loads are in flight together (a
- * loop of k's runtime length kept them in local memory and loaded one row at a time: 0.6 of the
- * copy's rate in (a)'s profile). The sum runs in row order j as before. dxg has n rows (row 0
- * exists whenever a token has a row). */
-template <int KM>
-__global__ void unpermute_sum4_kernel(int k, int H4, int n, const int32_t *pair_row, const float4 *dxg, float4 *dx)
+/* Four columns per thread (H a multiple of 4, dxg's rows 16-byte (fp32) or 8-byte (bf16) aligned,
+ * dx 16-byte). The loops over the k rows unrolled to KM >= k: the rows stay in registers and a
+ * thread's k loads are in flight together (a loop of k's runtime length kept them in local memory
+ * and loaded one row at a time: 0.6 of the copy's rate in (a)'s profile). The sum runs in row order
+ * j as before. dxg has n rows (row 0 exists whenever a token has a row). */
+template <int KM, typename TI>
+__global__ void unpermute_sum4_kernel(int k, int H4, int n, const int32_t *pair_row, const TI *dxg, float4 *dx)
 {
 	int t = blockIdx.x;
 	int32_t r[KM], at[KM], safe = 0; /* at: the row loaded, a kept row (or row 0) for the rest */
@@ -160,7 +173,7 @@ __global__ void unpermute_sum4_kernel(int k, int H4, int n, const int32_t *pair_
 		 * repeats a kept one, which the cache serves */
 #pragma unroll
 		for (int j = 0; j < KM; j++)
-			v[j] = __ldg(dxg + (size_t)at[j] * H4 + h);
+			v[j] = dxg_at4(dxg + ((size_t)at[j] * H4 + h) * 4);
 #pragma unroll
 		for (int j = 0; j < KM; j++) {
 			bool on = r[j] >= 0; /* selects, not a branch around the adds */
@@ -171,8 +184,25 @@ __global__ void unpermute_sum4_kernel(int k, int H4, int n, const int32_t *pair_
 	}
 }
 
-extern "C" int moe_cuda_unpermute_sum(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *dxg,
-				      float *dx)
+template <typename TI>
+static void unpermute_launch(cudaStream_t st, int T, int k, int H, const int32_t *pair_row, const TI *dxg, float *dx)
+{
+	int n = T * k, H4 = H / 4;
+	if (H % 4 || (uintptr_t)dxg % (4 * sizeof(TI)) || (uintptr_t)dx % 16)
+		unpermute_sum_kernel<TI><<<T, TOK_THREADS, 0, st>>>(k, H, n, pair_row, dxg, dx);
+	else if (k <= 2)
+		unpermute_sum4_kernel<2, TI><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, dxg, (float4 *)dx);
+	else if (k <= 4)
+		unpermute_sum4_kernel<4, TI><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, dxg, (float4 *)dx);
+	else if (k <= 8)
+		unpermute_sum4_kernel<8, TI><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, dxg, (float4 *)dx);
+	else
+		unpermute_sum4_kernel<TIER_MOE_MAX_TOPK, TI><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, dxg,
+											   (float4 *)dx);
+}
+
+extern "C" int moe_cuda_unpermute_sum(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const void *dxg,
+				      int dxg_bf16, float *dx)
 {
 	const char *fn = "moe_cuda_unpermute_sum";
 	int rc = moe_cuda_dev(dev, fn);
@@ -181,23 +211,10 @@ extern "C" int moe_cuda_unpermute_sum(tier_dev *dev, int T, int k, int H, const 
 	MOE_NONNULL(pair_row, fn);
 	MOE_NONNULL(dxg, fn);
 	MOE_NONNULL(dx, fn);
-	if (H % 4 == 0 && (uintptr_t)dxg % 16 == 0 && (uintptr_t)dx % 16 == 0)
-	{
-		const float4 *g4 = (const float4 *)dxg;
-		float4 *d4 = (float4 *)dx;
-		cudaStream_t st = moe_stream(dev);
-		int H4 = H / 4, n = T * k;
-		if (k <= 2)
-			unpermute_sum4_kernel<2><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, g4, d4);
-		else if (k <= 4)
-			unpermute_sum4_kernel<4><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, g4, d4);
-		else if (k <= 8)
-			unpermute_sum4_kernel<8><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, g4, d4);
-		else
-			unpermute_sum4_kernel<TIER_MOE_MAX_TOPK><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, g4, d4);
-	}
+	if (dxg_bf16)
+		unpermute_launch(moe_stream(dev), T, k, H, pair_row, (const bf16 *)dxg, dx);
 	else
-		unpermute_sum_kernel<<<T, TOK_THREADS, 0, moe_stream(dev)>>>(k, H, T * k, pair_row, dxg, dx);
+		unpermute_launch(moe_stream(dev), T, k, H, pair_row, (const float *)dxg, dx);
 	CUDA_LAUNCHED();
 	return 0;
 }

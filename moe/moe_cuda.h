@@ -45,8 +45,10 @@ int moe_cuda_combine_dw(tier_dev *dev, int T, int k, const int32_t *pair_row, co
 /* dx [T, H] fp32 accumulated with the rows of dxg (fp32) by atomics (the public step). */
 int moe_cuda_permute_bwd(tier_dev *dev, int T, int k, int H, const int32_t *offsets, int E,
 			 const int32_t *row_pair, const float *dxg, float *dx);
-/* dx [T, H] fp32 written: dx_t = sum_j dxg[pair_row(t, j)] (deterministic; the layer's form). */
-int moe_cuda_unpermute_sum(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *dxg, float *dx);
+/* dx [T, H] fp32 written: dx_t = sum_j dxg[pair_row(t, j)] (deterministic; the layer's form), in
+ * fp32 from dxg fp32 or (dxg_bf16) bf16. */
+int moe_cuda_unpermute_sum(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const void *dxg,
+			   int dxg_bf16, float *dx);
 /* The router's backward fused with the aux and z losses' (counts [E] of the forward, read only when
  * d_loss != 0 and a coefficient > 0): d_logits [T, E] fp32 written, and its bf16 copy dl_bf16 when
  * not NULL. */
@@ -134,11 +136,13 @@ int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 /* Backward: dxg [rows, H] fp32 written from dy [rows, H] bf16 and the forward's g, u (bf16); LoRA
  * da, db (fp32) accumulated; row_dot [rows] fp32 = dh . silu(g) u when not NULL.
  * Scratch: h, dg, du bf16 [rows, I]; dh fp32 [rows, I]; z and dz of moe_lora_z_bytes and
- * moe_lora_dz_bytes (rows, max rank) bytes. */
+ * moe_lora_dz_bytes (rows, max rank) bytes. dx16 not NULL: the grouped wgmma products may write
+ * dxg in bf16 instead, a row's sums rounded once as torch's grouped products do (half the bytes
+ * written, and half read by moe_cuda_unpermute_sum); *dx16 says whether they did. */
 int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
 			 const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du,
-			 float *dh, void *z, void *dz, const moe_keep *keep);
+			 float *dh, void *z, void *dz, const moe_keep *keep, int *dx16);
 
 /* SwiGLU on n elements of bf16 g and u (computed in fp32), h bf16 = silu(g) u; and its backward over
  * rows x I elements, dg, du bf16 from dh fp32, and with row_dot (not NULL) row_dot[r] = dh[r] .
@@ -162,7 +166,8 @@ int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32
 int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 				 const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
 				 const void *xg, const void *g, const void *u, const void *dy, float *dxg, float *row_dot,
-				 void *h, void *dg, void *du, float *dh, void *z, void *dz, const moe_keep *keep);
+				 void *h, void *dg, void *du, float *dh, void *z, void *dz, const moe_keep *keep,
+				 int *dx16);
 
 /* The public steps on CUDA: offsets on the device (read with one synchronisation), g and u bf16,
  * scratch ws of tier_moe_experts_ws_bytes (more than these need). */

@@ -528,9 +528,11 @@ static int experts_bwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const
 extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *off,
 				    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
 				    const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du,
-				    float *dh, void *z, void *dz, const moe_keep *keep)
+				    float *dh, void *z, void *dz, const moe_keep *keep, int *dx16)
 {
 	const char *fn = "moe_cuda_experts_bwd";
+	if (dx16)
+		*dx16 = 0; /* the per-expert loop writes fp32 */
 	int rc = experts_args(fn, dev, E, H, I, off, w, lora, z);
 	if (rc)
 		return rc;
@@ -553,7 +555,7 @@ extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const in
 	const void *io[] = { xg, g, u, dy, dxg, h, dg, du, dh, z, dz };
 	if (d_off && moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, io, 11))
 		return moe_cuda_experts_bwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, dy, dxg, row_dot, h, dg, du,
-						    dh, z, dz, keep);
+						    dh, z, dz, keep, dx16);
 	/* h is the input of the down adapter: recompute it */
 	if (moe_lora_on(moe_lora_of(lora, 2)) && (rc = moe_cuda_swiglu(dev, total, g, u, h)))
 		return rc;
@@ -610,5 +612,5 @@ extern "C" int moe_cuda_experts_bwd_step(tier_dev *dev, int E, int H, int I, con
 	size_t rows = off[E] > 0 ? (size_t)off[E] : 0, r = (size_t)moe_lora_max_rank(lora), hi = 2 * rows * I;
 	char *b = (char *)ws, *h = b + 4 * rows * I;
 	return moe_cuda_experts_bwd(dev, E, H, I, off, offsets, w, lora, xg, g, u, dy, dxg, row_dot, h, h + hi, h + 2 * hi,
-				    (float *)b, h + 3 * hi, h + 3 * hi + moe_lora_z_bytes(rows, (int)r), NULL);
+				    (float *)b, h + 3 * hi, h + 3 * hi + moe_lora_z_bytes(rows, (int)r), NULL, NULL);
 }

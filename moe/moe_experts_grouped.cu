@@ -308,7 +308,7 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
 		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, const void *g,
 		     const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du, float *dh,
-		     void *z, void *dz, const moe_keep *keep)
+		     void *z, void *dz, const moe_keep *keep, int *dx16)
 {
 	const tier_moe_lora *lg = moe_lora_of(lora, 0), *lu = moe_lora_of(lora, 1), *ld = moe_lora_of(lora, 2);
 	int rows = off[E], rg = rank_of(lg), ru = rank_of(lu), rd = rank_of(ld), rc;
@@ -346,11 +346,15 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, hz ? zu : zb, hz, dzu, &au, pair)) ||
 	    (pair && (rc = da_both(dev, lg, lu, E, off, d_off, H, xg, dzg, dzu))))
 		return rc;
-	/* dX = dG gate + dU up + dZ_g A_g + dZ_u A_u in one product (gate_e, up_e [I, H], A [r, H]: [K, N]) */
+	/* dX = dG gate + dU up + dZ_g A_g + dZ_u A_u in one product (gate_e, up_e [I, H], A [r, H]: [K, N]),
+	 * in bf16 where the caller takes it */
 	s2[0].x0 = du, s2[0].w0 = upp->w, s2[0].K0 = I;
 	s2[1].x0 = dzg, s2[1].w0 = ag.w, s2[1].K0 = rg, s2[1].x1 = dzu, s2[1].w1 = au.w, s2[1].K1 = ru;
-	return moe_cuda_grouped_mm_sm90_segs(dev, E, H, I, d_off, rows, gp->w, 1, dg, rg || ru ? 2 : 1, s2, z, dxg, 0,
-					     1.0f, 0.0f);
+	rc = moe_cuda_grouped_mm_sm90_segs(dev, E, H, I, d_off, rows, gp->w, 1, dg, rg || ru ? 2 : 1, s2, z, dxg, !!dx16,
+					   1.0f, 0.0f);
+	if (!rc && dx16)
+		*dx16 = 1;
+	return rc;
 }
 
 extern "C" int moe_cuda_experts_fwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
@@ -408,7 +412,7 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
 					    const void *xg, const void *g, const void *u, const void *dy, float *dxg,
 					    float *row_dot, void *h, void *dg, void *du, float *dh, void *z, void *dz,
-					    const moe_keep *keep)
+					    const moe_keep *keep, int *dx16)
 {
 	ptrs gp, upp, dp;
 	int rows = off[E], rc;
@@ -418,7 +422,7 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 	weights_of(w, E, I, H, off, &gp, &upp, &dp);
 	if (moe_lora_max_rank(lora) > 0 && fused_lora(dev, H, I))
 		return bwd_fused(dev, E, H, I, off, d_off, &gp, &upp, &dp, lora, xg, g, u, dy, dxg, row_dot, h, dg, du, dh,
-				 z, dz, keep);
+				 z, dz, keep, dx16);
 	const tier_moe_lora *ld = moe_lora_of(lora, 2);
 	/* h is the input of the down adapter: recompute it */
 	if (moe_lora_on(ld) && (rc = moe_cuda_swiglu(dev, n, g, u, h)))

@@ -244,6 +244,7 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
 	float *dxg = (float *)(b + l.dxg), *dtw = (float *)(b + l.dtw), *dot = (float *)(b + l.dot), *dl = (float *)(b + l.dl);
 	const moe_keep keep = { s->kept_z, s->kept_cols, s->h_in_ws, s->kept };
+	int dx16 = 0; /* whether the experts wrote dxg in bf16 */
 	if (counts) { /* the forward's: no read back, the device checks */
 		if ((rc = moe_offsets_of(fn, counts, E, n, tier_moe_capacity(T, k, E, c->capacity_factor), off)) ||
 		    (rc = route_check(dev, E, s->offsets, off)))
@@ -260,9 +261,9 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	if ((rc = moe_cuda_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, NULL, d_out, b + l.dy, NULL)) ||
 	    (off[E] > 0 && (rc = moe_cuda_experts_bwd(dev, E, H, I, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.dy, dxg,
 						      dot, b + l.h, b + l.dg, b + l.du, (float *)(b + l.dh), b + l.z,
-						      b + l.dz, &keep))) ||
+						      b + l.dz, &keep, &dx16))) ||
 	    (rc = moe_cuda_combine_dw(dev, T, k, s->pair_row, s->topk_w, dot, dtw)) ||
-	    (rc = moe_cuda_unpermute_sum(dev, T, k, H, s->pair_row, dxg, dx)) ||
+	    (rc = moe_cuda_unpermute_sum(dev, T, k, H, s->pair_row, dxg, dx16, dx)) ||
 	    (rc = moe_cuda_router_bwd(dev, &c->router, T, s->logits, s->topk_idx, dtw, s->counts, c->aux_coef, c->z_coef,
 				      d_aux, dl, b + l.dlb)) ||
 	    (rc = moe_cuda_mm(dev, 0, 0, T, H, E, 1.0f, b + l.dlb, E, w_r, H, 1.0f, dx, H, 0)))

@@ -113,6 +113,35 @@ static void test_router(void **state)
 	router_case(m, 2, 60000, 0); /* H far past what an x row in shared memory allowed */
 }
 
+/* The layer's backward sum over each token's rows (moe_cuda_unpermute_sum) from fp32 and from bf16
+ * rows, against fp64 sums of the same values (pc: the CPU's pair_row; dpr the device's, equal). */
+static void unpermute_check(int T, int k, int H, const int32_t *pc, const void *dpr)
+{
+	size_t n = (size_t)T * k, TH = (size_t)T * H;
+	float *g = malloc(4 * n * H), *got = malloc(4 * TH);
+	uint16_t *gb = malloc(2 * n * H);
+	double *want = malloc(8 * TH);
+	fill_bf16(g, gb, n * H, 1.0f); /* g holds the bf16 values: the two inputs are the same numbers */
+	for (int t = 0; t < T; t++)
+		for (int h = 0; h < H; h++) {
+			double acc = 0.0;
+			for (int j = 0; j < k; j++) {
+				int32_t r = pc[t * k + j];
+				acc += r >= 0 && (size_t)r < n ? g[(size_t)r * H + h] : 0.0;
+			}
+			want[(size_t)t * H + h] = acc;
+		}
+	void *dg = up(g, 4 * n * H), *dgb = up(gb, 2 * n * H), *dout = up(NULL, 4 * TH);
+	for (int b16 = 0; b16 < 2; b16++) {
+		poison_dev(dout, 4 * TH);
+		assert_int_equal(moe_cuda_unpermute_sum(gpu, T, k, H, dpr, b16 ? dgb : dg, b16, dout), 0);
+		down(got, dout, 4 * TH);
+		assert_true(ref_relerr(got, want, TH) <= 1e-5);
+	}
+	tier_dev_free(gpu, dg), tier_dev_free(gpu, dgb), tier_dev_free(gpu, dout);
+	free(g), free(got), free(gb), free(want);
+}
+
 static void permute_case(int T, int k, int E, int H, float cf)
 {
 	int n = T * k, cap = tier_moe_capacity(T, k, E, cf);
@@ -162,6 +191,7 @@ static void permute_case(int T, int k, int E, int H, float cf)
 	double *ocd = ref_dup(outc, (size_t)T * H);
 	assert_true(ref_relerr(outg, ocd, (size_t)T * H) <= CUDA_TOL);
 	(void)rows;
+	unpermute_check(T, k, H, pc, dpr);
 	void *ptrs[] = { di, dx, doff, drp, dpr, dc, dxg, dy, dt, dout };
 	for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
 		tier_dev_free(gpu, ptrs[i]);
@@ -183,6 +213,7 @@ static void test_permute_combine(void **state)
 	permute_case(100, 16, 896, 16, 0);
 	permute_case(20000, 8, 128, 8, 0.5f);
 	permute_case(8, 8, 64, 40, 0.25f);
+	permute_case(50, 3, 16, 12, 0); /* k 3: the sum's loop unrolled to 4 */
 }
 
 static void experts_case(int E, int H, int I, const int *nrows)
