@@ -39,6 +39,39 @@ __global__ void combine_bwd_kernel(int k, int H, const int32_t *pair_row, const 
 	}
 }
 
+/* dy alone (the layer's form: no y, no d_topk_w), four columns a thread (H a multiple of 4, d_out
+ * 16-byte and dy 8-byte aligned): the token's d_out read once into registers, each of its k rows
+ * written in 8-byte stores, the same roundings as above. The scalar kernel read d_out again for
+ * every row and wrote 2 bytes at a time: 0.53 of the copy's rate in (a)'s profile. */
+template <int NV>
+__global__ void combine_bwd4_kernel(int k, int H4, const int32_t *pair_row, const float *w, const float4 *d_out,
+				    bf16 *dy)
+{
+	int t = blockIdx.x;
+	float4 g[NV];
+#pragma unroll
+	for (int i = 0; i < NV; i++) {
+		int h = threadIdx.x + i * TOK_THREADS;
+		g[i] = h < H4 ? d_out[(size_t)t * H4 + h] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	}
+	for (int j = 0; j < k; j++) {
+		int p = t * k + j, r = pair_row[p];
+		if (r < 0)
+			continue;
+		float wp = w[p];
+		bf16 *dr = dy + (size_t)r * H4 * 4;
+#pragma unroll
+		for (int i = 0; i < NV; i++) {
+			int h = threadIdx.x + i * TOK_THREADS;
+			if (h < H4) {
+				__nv_bfloat162 v[2] = { __floats2bfloat162_rn(wp * g[i].x, wp * g[i].y),
+							__floats2bfloat162_rn(wp * g[i].z, wp * g[i].w) };
+				*(uint2 *)(dr + 4 * h) = *(const uint2 *)v;
+			}
+		}
+	}
+}
+
 /* tier_moe_combine_dw: a thread a pair. */
 __global__ void combine_dw_kernel(int n, const int32_t *pair_row, const float *w, const float *row_dot, float *d_topk_w)
 {
@@ -62,8 +95,16 @@ extern "C" int moe_cuda_combine_bwd(tier_dev *dev, int T, int k, int H, const in
 	MOE_NONNULL(dy, fn);
 	if (!y != !d_topk_w)
 		return tier_fail(-EINVAL, "%s: give y and d_topk_w both, or neither (dy only)", fn);
-	combine_bwd_kernel<<<T, TOK_THREADS, 0, moe_stream(dev)>>>(k, H, pair_row, topk_w, (const bf16 *)y, d_out,
-								    (bf16 *)dy, d_topk_w);
+	int H4 = H / 4, nv = (H4 + TOK_THREADS - 1) / TOK_THREADS;
+	cudaStream_t st = moe_stream(dev);
+	const float4 *g4 = (const float4 *)d_out;
+	if (y || H % 4 || nv > 4 || (uintptr_t)d_out % 16 || (uintptr_t)dy % 8)
+		combine_bwd_kernel<<<T, TOK_THREADS, 0, st>>>(k, H, pair_row, topk_w, (const bf16 *)y, d_out, (bf16 *)dy,
+							      d_topk_w);
+	else if (nv <= 2)
+		combine_bwd4_kernel<2><<<T, TOK_THREADS, 0, st>>>(k, H4, pair_row, topk_w, g4, (bf16 *)dy);
+	else
+		combine_bwd4_kernel<4><<<T, TOK_THREADS, 0, st>>>(k, H4, pair_row, topk_w, g4, (bf16 *)dy);
 	CUDA_LAUNCHED();
 	return 0;
 }

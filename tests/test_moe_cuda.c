@@ -192,6 +192,20 @@ static void permute_case(int T, int k, int E, int H, float cf)
 	assert_true(ref_relerr(outg, ocd, (size_t)T * H) <= CUDA_TOL);
 	(void)rows;
 	unpermute_check(T, k, H, pc, dpr);
+	{ /* combine's backward as the layer runs it (dy alone): each row bf16(w d_out), bit for bit */
+		float *dout_h = malloc(4 * (size_t)T * H), *dyc = malloc(4 * (size_t)n * H);
+		uint16_t *dyg = malloc(2 * (size_t)n * H);
+		ref_fill(&rng, dout_h, (size_t)T * H, 1.0f);
+		assert_int_equal(tier_moe_combine_bwd(cpu, T, k, H, pc, tw, NULL, dout_h, dyc, NULL), 0);
+		void *ddo = up(dout_h, 4 * (size_t)T * H), *ddy = up(NULL, 2 * (size_t)n * H);
+		poison_dev(ddy, 2 * (size_t)n * H);
+		assert_int_equal(moe_cuda_combine_bwd(gpu, T, k, H, dpr, dt, NULL, ddo, ddy, NULL), 0);
+		down(dyg, ddy, 2 * (size_t)n * H);
+		for (size_t i = 0; i < (size_t)oc[E] * H; i++)
+			assert_int_equal(dyg[i], tier_f32_to_bf16(dyc[i]));
+		tier_dev_free(gpu, ddo), tier_dev_free(gpu, ddy);
+		free(dout_h), free(dyc), free(dyg);
+	}
 	void *ptrs[] = { di, dx, doff, drp, dpr, dc, dxg, dy, dt, dout };
 	for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
 		tier_dev_free(gpu, ptrs[i]);
