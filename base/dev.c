@@ -40,6 +40,15 @@ struct tier_dev {
 	int copy_on[TIER_DEV_COPY_LANES];
 	cudaStream_t copy[TIER_DEV_COPY_LANES];
 	cudaEvent_t copy_from[TIER_DEV_COPY_LANES], copy_done[TIER_DEV_COPY_LANES];
+	/* staged uploads (tier_dev_put_async): pinned buffers used in turn, each free again once the
+	 * copy recorded by its event is done */
+	struct {
+		void *buf;
+		size_t cap;
+		cudaEvent_t done;
+		int made, used;
+	} put[4];
+	int put_next;
 #endif
 };
 
@@ -173,6 +182,14 @@ void tier_dev_close(tier_dev *d)
 				cudaEventDestroy(d->copy_done[i]);
 				cudaStreamDestroy(d->copy[i]);
 			}
+		for (int i = 0; i < 4; i++) {
+			if (d->put[i].used)
+				cudaEventSynchronize(d->put[i].done);
+			if (d->put[i].made)
+				cudaEventDestroy(d->put[i].done);
+			if (d->put[i].buf)
+				cudaFreeHost(d->put[i].buf);
+		}
 		if (d->workspace)
 			cudaFree(d->workspace);
 		if (d->blaslt)
@@ -351,6 +368,56 @@ int tier_dev_copy_async(tier_dev *d, void *dst, const void *src, size_t n, int l
 		CUDA_TRY(cudaStreamWaitEvent(d->copy[lane], d->copy_from[lane], 0), -EIO);
 		CUDA_TRY(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, d->copy[lane]), -EIO);
 		return 0;
+	}
+#endif
+	memcpy(dst, src, n);
+	return 0;
+}
+
+#ifdef TIER_HAVE_CUDA
+/* The next staging buffer: waited for if its last copy may still read it, grown to n bytes. */
+static int put_stage(tier_dev *d, void *dst, const void *src, size_t n)
+{
+	int i = d->put_next;
+	d->put_next = (i + 1) % 4;
+	if (d->put[i].used)
+		CUDA_TRY(cudaEventSynchronize(d->put[i].done), -EIO);
+	d->put[i].used = 0;
+	if (!d->put[i].made) {
+		CUDA_TRY(cudaEventCreateWithFlags(&d->put[i].done, cudaEventDisableTiming), -EIO);
+		d->put[i].made = 1;
+	}
+	if (d->put[i].cap < n) {
+		if (d->put[i].buf)
+			cudaFreeHost(d->put[i].buf);
+		d->put[i].buf = NULL, d->put[i].cap = 0;
+		if (cudaMallocHost(&d->put[i].buf, n) != cudaSuccess) {
+			d->put[i].buf = NULL;
+			return tier_fail(-ENOMEM, "tier_dev_put_async: no pinned host memory for %zu bytes on %s", n,
+					 d->name);
+		}
+		d->put[i].cap = n;
+	}
+	memcpy(d->put[i].buf, src, n);
+	CUDA_TRY(cudaMemcpyAsync(dst, d->put[i].buf, n, cudaMemcpyHostToDevice, d->stream), -EIO);
+	CUDA_TRY(cudaEventRecord(d->put[i].done, d->stream), -EIO);
+	d->put[i].used = 1;
+	return 0;
+}
+#endif
+
+int tier_dev_put_async(tier_dev *d, void *dst, const void *src, size_t n)
+{
+	if (!dst || !src)
+		return tier_fail(-EINVAL, "tier_dev_put_async: NULL destination or source");
+	if (n == 0)
+		return 0;
+#ifdef TIER_HAVE_CUDA
+	if (d->kind == TIER_DEV_CUDA) {
+		pthread_mutex_lock(&d->lane_lock);
+		int rc = put_stage(d, dst, src, n);
+		pthread_mutex_unlock(&d->lane_lock);
+		return rc;
 	}
 #endif
 	memcpy(dst, src, n);

@@ -657,7 +657,9 @@ static int to_dev_ints(tier_trainer *t, const int32_t *h, int32_t *dev, size_t n
 	if (!t->m->cuda)
 		return 0;
 	*out = dev;
-	return core_put(t->m, dev, h, sizeof(int32_t) * n);
+	/* queued, not waited for: a synchronous copy here drained the stream twice a micro-batch (the
+	 * tokens, then the labels before the loss), and the host queued the next work from empty */
+	return tier_dev_put_async(t->m->dev, dev, h, sizeof(int32_t) * n);
 }
 
 /* Copy n activations at src (fp32, or bf16 when is_act on CUDA) to the host as fp32. */

@@ -149,6 +149,16 @@ static void test_cpu_copy_lanes(void **state)
 	assert_non_null(strstr(tier_last_error(), "lane"));
 	assert_int_equal(tier_dev_copy_async(d, dst, NULL, sizeof src, 0), -EINVAL);
 	assert_int_equal(tier_dev_copy_join(d, -1), -EINVAL);
+	/* uploads: at once on the CPU; src may change right after */
+	memset(dst, 0, sizeof dst);
+	assert_int_equal(tier_dev_put_async(d, dst, src, sizeof src), 0);
+	memset(src, 9, sizeof src);
+	for (size_t i = 0; i < sizeof dst; i++)
+		assert_int_equal(dst[i], 7);
+	assert_int_equal(tier_dev_put_async(d, dst, src, 0), 0);
+	assert_int_equal(tier_dev_put_async(d, NULL, src, 1), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "tier_dev_put_async"));
+	assert_int_equal(tier_dev_put_async(d, dst, NULL, 1), -EINVAL);
 	tier_dev_close(d);
 }
 

@@ -858,6 +858,35 @@ static void test_to_bf16_many_large(void **state)
 	check_to_bf16_many(1100, len, 2.0f);
 }
 
+/* tier_dev_put_async: 12 uploads from one host buffer, changed right after each call, into their
+ * own device buffers (more than the context's 4 staging buffers, so each is reused; sizes growing
+ * past each buffer's first size), read back after a sync: each holds what the host had at its call. */
+static void test_put_async(void **state)
+{
+	(void)state;
+	enum { N = 12 };
+	size_t len[N];
+	void *dst[N];
+	uint32_t *h = malloc(4 * 300000), *back = malloc(4 * 300000);
+	for (int i = 0; i < N; i++) {
+		len[i] = (size_t)(i < 6 ? 1000 : 300000) - (size_t)i;
+		dst[i] = poisoned(4 * len[i]);
+		for (size_t j = 0; j < len[i]; j++)
+			h[j] = (uint32_t)(i * 1000003 + j);
+		assert_int_equal(tier_dev_put_async(gpu, dst[i], h, 4 * len[i]), 0);
+		memset(h, 0xab, 4 * len[i]); /* the staged copy must not see this */
+	}
+	assert_int_equal(tier_dev_sync(gpu), 0);
+	for (int i = 0; i < N; i++) {
+		down(back, dst[i], 4 * len[i]);
+		for (size_t j = 0; j < len[i]; j++)
+			if (back[j] != (uint32_t)(i * 1000003 + j))
+				fail_msg("upload %d: element %zu is 0x%08x", i, j, back[j]);
+		tier_dev_free(gpu, dst[i]);
+	}
+	free(h), free(back);
+}
+
 /* ---- Optimizer ------------------------------------------------------------------------------- */
 
 static void test_sumsq(void **state)
@@ -1149,7 +1178,7 @@ int main(void)
 		cmocka_unit_test(test_linear_bwd_bf16),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
 		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many),
-		cmocka_unit_test(test_to_bf16_many_large), cmocka_unit_test(test_sumsq),
+		cmocka_unit_test(test_to_bf16_many_large), cmocka_unit_test(test_put_async), cmocka_unit_test(test_sumsq),
 		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_adamw_many),
 		cmocka_unit_test(test_fill),        cmocka_unit_test(test_bad_args),
 		cmocka_unit_test(test_marks),       cmocka_unit_test(test_waypoint), cmocka_unit_test(test_copy_lanes),

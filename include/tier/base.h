@@ -101,6 +101,12 @@ void *tier_dev_lane_stream(const tier_dev *dev, int i, void **ws, size_t *ws_byt
 #define TIER_DEV_COPY_LANES 2
 int tier_dev_copy_async(tier_dev *dev, void *dst, const void *src, size_t n, int lane);
 int tier_dev_copy_join(tier_dev *dev, int lane);
+/* Upload: n bytes of host memory at src to device memory at dst, queued on the compute stream
+ * without waiting for it (a synchronous copy drains the stream first, and the host then refills
+ * it from empty). src is staged into a pinned buffer of the context during the call, so the caller
+ * may change or free it on return; a buffer is reused once its copy is done (4 of them, grown to
+ * the largest upload). A CPU context copies at once. 0, -EINVAL (NULL pointer), -ENOMEM or -EIO. */
+int tier_dev_put_async(tier_dev *dev, void *dst, const void *src, size_t n);
 /* CUDA: wait for the queued work, then start (on 1) or stop (0) the profiler's collection
  * (cudaProfilerStart/Stop: what `ncu --profile-from-start off` or `nsys --capture-range=cudaProfilerApi`
  * record). 0 or -EIO; nothing on a CPU context. */
