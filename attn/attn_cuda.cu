@@ -264,7 +264,10 @@ __global__ void __launch_bounds__(128) fwd_kernel(fwd_args a)
 	fwd_store<D, MT>(a, o, m, l, t0, r0, h, g, t, 1.0f); /* v1 keeps m in base-2 units */
 }
 
-/* D_i = rowsum(dout_i * o_i), one warp per row (bf16 pairs, fp32 sum). */
+/* D_i = rowsum(dout_i * o_i), one warp per row, fp32 sum: V = 2, bf16 pairs; V = 4, four at a time
+ * in 8-byte loads (D % 4 == 0, 8-byte aligned rows: one load of each a lane at head_dim 128; pairs
+ * ran at half the copy's rate in (a)'s profile). */
+template <int V>
 __global__ void rowdot_kernel(const bf16 *o, const bf16 *dout, float *Di, int64_t rows, int D)
 {
 	int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
@@ -272,7 +275,17 @@ __global__ void rowdot_kernel(const bf16 *o, const bf16 *dout, float *Di, int64_
 	float s = 0.f;
 	if (row >= rows)
 		return;
-	for (int d = 2 * lane; d < D; d += 64) {
+	for (int d = V * lane; d < D; d += 32 * V) {
+		if (V == 4) {
+			uint2 xo = *reinterpret_cast<const uint2 *>(o + row * D + d);
+			uint2 xd = *reinterpret_cast<const uint2 *>(dout + row * D + d);
+			float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&xo.x));
+			float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&xo.y));
+			float2 c = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&xd.x));
+			float2 e = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&xd.y));
+			s += a.x * c.x + a.y * c.y + b.x * e.x + b.y * e.y;
+			continue;
+		}
 		float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(o + row * D + d));
 		float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(dout + row * D + d));
 		s += x.x * y.x + x.y * y.y;
@@ -1315,8 +1328,11 @@ extern "C" int attn_cuda_bwd(tier_dev *dev, const tier_attn_params *p, const voi
 	bwd_args a = { (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, (float *)ws,
 		       dq, dk, dv, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads, (int)G, p->causal, G > 1,
 		       p->scale, p->scale * LOG2E };
-	rowdot_kernel<<<(unsigned)((rows + 3) / 4), 128, 0, s>>>((const bf16 *)o, (const bf16 *)dout, (float *)ws, rows,
-								  (int)p->head_dim);
+	unsigned rb = (unsigned)((rows + 3) / 4);
+	if (p->head_dim % 4 == 0 && (uintptr_t)o % 8 == 0 && (uintptr_t)dout % 8 == 0)
+		rowdot_kernel<4><<<rb, 128, 0, s>>>((const bf16 *)o, (const bf16 *)dout, (float *)ws, rows, (int)p->head_dim);
+	else
+		rowdot_kernel<2><<<rb, 128, 0, s>>>((const bf16 *)o, (const bf16 *)dout, (float *)ws, rows, (int)p->head_dim);
 	if ((rc = cuda_check("attention backward row sums")))
 		return rc;
 	if (cudaMemsetAsync(dq, 0, (size_t)(rows * p->head_dim) * sizeof(float), s) != cudaSuccess ||
