@@ -11,11 +11,14 @@
 # (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
 # Session 19 ran 987f337 on an H200 beside 23d762b's tier-run (bench/RESULTS.md, "session 19").
-# Not yet run on a GPU: e9f37f8, opsc_to_bf16_many's segments in the launch's parameters (no table
-# copied to the device first; test_ops_cuda's 1,100-segment case). Staged at session 19's end with
+# Not yet run on a GPU, each with its tests: e9f37f8 (opsc_to_bf16_many's segments in the launch's
+# parameters, no table copied first), 7ad056e (the fused experts' dX in bf16, the token sum from
+# bf16 rows), b5976d7 (combine's backward four columns a thread), b657be7 (the trainer's tokens and
+# labels uploaded by tier_dev_put_async, no stream drain: compare the losses with the peer's), and
+# bdb2693 (the attention backward's row sums in 8-byte loads). Staged at session 19's end with
 # 987f337's tier-run in .device/old (ignored by git: restage with bench/stage-device.sh, and copy
 # the last measured build's tier-run to .device/old first, if the machine's copy is gone). The next
-# call, on an H200, with that peer (~320 s):
+# call, on an H200, with that peer (~320 s; add test_attn_cuda to TESTS for bdb2693):
 #   TESTS="test_ops_cuda test_moe_cuda test_golden_cuda" STAGES=tests,a,b,c
 #   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3 --op-cache all:hbm=56G"
 #   bench/next-session.sh .device/bin $OUT
