@@ -19,6 +19,8 @@
 #define BLASLT_WORKSPACE (32u << 20)
 #define LANE_WORKSPACE (8u << 20) /* per lane: enough for cuBLASLt's non-split-K Hopper kernels */
 
+#define PUT_SLOTS 4 /* tier_dev_put_async's staging buffers (base.h says 4) */
+
 struct tier_dev {
 	tier_dev_kind kind;
 	int ordinal;
@@ -40,14 +42,14 @@ struct tier_dev {
 	int copy_on[TIER_DEV_COPY_LANES];
 	cudaStream_t copy[TIER_DEV_COPY_LANES];
 	cudaEvent_t copy_from[TIER_DEV_COPY_LANES], copy_done[TIER_DEV_COPY_LANES];
-	/* staged uploads (tier_dev_put_async): pinned buffers used in turn, each free again once the
-	 * copy recorded by its event is done */
+	/* staged uploads (tier_dev_put_async): PUT_SLOTS pinned buffers used in turn, each free again
+	 * once the copy recorded by its event is done */
 	struct {
 		void *buf;
 		size_t cap;
 		cudaEvent_t done;
 		int made, used;
-	} put[4];
+	} put[PUT_SLOTS];
 	int put_next;
 #endif
 };
@@ -182,7 +184,7 @@ void tier_dev_close(tier_dev *d)
 				cudaEventDestroy(d->copy_done[i]);
 				cudaStreamDestroy(d->copy[i]);
 			}
-		for (int i = 0; i < 4; i++) {
+		for (int i = 0; i < PUT_SLOTS; i++) {
 			if (d->put[i].used)
 				cudaEventSynchronize(d->put[i].done);
 			if (d->put[i].made)
@@ -379,7 +381,7 @@ int tier_dev_copy_async(tier_dev *d, void *dst, const void *src, size_t n, int l
 static int put_stage(tier_dev *d, void *dst, const void *src, size_t n)
 {
 	int i = d->put_next;
-	d->put_next = (i + 1) % 4;
+	d->put_next = (i + 1) % PUT_SLOTS;
 	if (d->put[i].used)
 		CUDA_TRY(cudaEventSynchronize(d->put[i].done), -EIO);
 	d->put[i].used = 0;

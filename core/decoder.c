@@ -11,6 +11,21 @@
 #define AL 64
 static size_t al(size_t n) { return (n + AL - 1) / AL * AL; }
 
+/* The experts' adapters as the MoE block's sizes read them: rank r on each projection some layer's
+ * experts adapt (only rank and a, b being set are read). */
+static void expert_lora_shape(const tier_model *m, tier_moe_loras *lo)
+{
+	static const float *const dummy[1] = { NULL };
+	tier_moe_lora *q[3] = { &lo->gate, &lo->up, &lo->down };
+	memset(lo, 0, sizeof *lo);
+	for (int l = 0; l < m->L; l++) {
+		const lora_group *g = m->layers[l].exp ? m->layers[l].exp[0] : NULL;
+		for (int p = 0; g && p < 3; p++)
+			if (g->idx[p] >= 0)
+				*q[p] = (tier_moe_lora){ .a = dummy, .b = dummy, .rank = m->lora.r };
+	}
+}
+
 int dec_shape_init(const tier_model *m, int batch, int seq, int moe_chunks, dec_shape *sh)
 {
 	memset(sh, 0, sizeof *sh);
@@ -35,6 +50,7 @@ int dec_shape_init(const tier_model *m, int batch, int seq, int moe_chunks, dec_
 		return tier_fail(-EINVAL, "MoE chunks %d (--moe-chunks): the router's aux loss (output_router_logits), z-loss or capacity "
 				 "limit depends on every token of the micro-batch; use 1 chunk or turn them off",
 				 sh->mchunks);
+	expert_lora_shape(m, &sh->elora);
 	tier_attn_params_init(&sh->ap, batch, seq, m->nh, m->nkv, m->hd);
 	sh->rq = (tier_rope_params){ .tokens = sh->T, .seq = seq, .n_heads = m->nh, .head_dim = m->hd, .theta = m->theta };
 	sh->rk = sh->rq;
@@ -56,21 +72,6 @@ static int any_dense(const tier_model *m)
 		if (!m->layers[l].moe)
 			return 1;
 	return 0;
-}
-
-/* The experts' adapters as the MoE block's sizes read them: rank r on each projection some layer's
- * experts adapt (only rank and a, b being set are read). */
-static void expert_lora_shape(const tier_model *m, tier_moe_loras *lo)
-{
-	static const float *const dummy[1] = { NULL };
-	tier_moe_lora *q[3] = { &lo->gate, &lo->up, &lo->down };
-	memset(lo, 0, sizeof *lo);
-	for (int l = 0; l < m->L; l++) {
-		const lora_group *g = m->layers[l].exp ? m->layers[l].exp[0] : NULL;
-		for (int p = 0; g && p < 3; p++)
-			if (g->idx[p] >= 0)
-				*q[p] = (tier_moe_lora){ .a = dummy, .b = dummy, .rank = m->lora.r };
-	}
 }
 
 typedef struct { float **p; size_t n, esz; } piece; /* esz 0: fp32 */
@@ -114,12 +115,10 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	carve(fm, sizeof fm / sizeof fm[0], buf, &off, at[1], mlp0);
 	size_t dense_end = off; /* g, u, act: a dense layer's MLP half */
 	/* with the adapters' Z the LoRA backward would make again (tier_moe_saved's kept_z) */
-	tier_moe_loras el;
-	expert_lora_shape(m, &el);
-	size_t saved = any_moe(m) ? tier_moe_saved_bytes_lora(&sh->moe, sh->mT, &el) : 0;
+	size_t saved = any_moe(m) ? tier_moe_saved_bytes_lora(&sh->moe, sh->mT, &sh->elora) : 0;
 	if (buf && saved) {
 		char *ms = at[1] && sh->mchunks <= 1 ? at[1] + (off - mlp0) : buf + off;
-		tier_moe_saved_bind_lora(&sh->moe, sh->mT, &el, ms, saved, &b->ms);
+		tier_moe_saved_bind_lora(&sh->moe, sh->mT, &sh->elora, ms, saved, &b->ms);
 		/* a backward right after its recompute takes h from the workspace (train.c clears
 		 * TIER_MOE_KEPT_H on a state the op cache gives back: other layers used it since) */
 		b->ms.h_in_ws = m->cuda;

@@ -40,6 +40,7 @@ typedef struct {
 	int T, batch, seq;
 	int mT, mchunks;        /* the MoE half runs in mchunks chunks of mT tokens (T = mT mchunks) */
 	tier_moe_cfg moe;
+	tier_moe_loras elora;   /* the experts' adapters as the MoE block's sizes read them (ranks only) */
 	tier_attn_params ap;
 	tier_rope_params rq, rk;
 	int core2;              /* the buffers hold a second o, lse block (o2, lse2): the backward reads

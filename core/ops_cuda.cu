@@ -265,17 +265,17 @@ int opsc_rmsnorm_fwd(tier_dev *d, int rows, int dim, float eps, const float *x, 
 	int rc = rows_check("opsc_rmsnorm_fwd", d, rows, dim);
 	if (rc || rows == 0)
 		return rc;
-	int nv = norm_reg_nv(dim);
+	int nv = norm_reg_nv(dim), fit = al(x, 16) && al(w, 8) && al(y, 8);
 	const bf16 *wb = (const bf16 *)w;
 	bf16 *yb = (bf16 *)y;
-	if (nv && al(x, 16) && al(w, 8) && al(y, 8)) {
+	if (nv && fit) {
 		if (nv == 2)
 			rmsnorm_fwd_reg_kernel<2><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, wb, yb, rstd);
 		else if (nv == 4)
 			rmsnorm_fwd_reg_kernel<4><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, wb, yb, rstd);
 		else
 			rmsnorm_fwd_reg_kernel<8><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, wb, yb, rstd);
-	} else if (dim % 4 == 0 && al(x, 16) && al(w, 8) && al(y, 8))
+	} else if (dim % 4 == 0 && fit)
 		rmsnorm_fwd4_kernel<<<norm_blocks(rows), 32 * NORM_WARPS, 0, stream_of(d)>>>(rows, dim, eps, x,
 											 (const bf16 *)w, (bf16 *)y, rstd);
 	else

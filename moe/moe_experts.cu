@@ -180,17 +180,13 @@ static int pairs_aligned(const void *a, const void *b, const void *c, const void
 	return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 3) == 0;
 }
 
-static int aligned16(const void *a, const void *b, const void *c, const void *d)
-{
-	return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15) == 0;
-}
 
 extern "C" int moe_cuda_swiglu(tier_dev *dev, size_t n, const void *g, const void *u, void *h)
 {
 	const bf16 *gb = (const bf16 *)g, *ub = (const bf16 *)u;
 	if (!n)
 		return 0;
-	if (aligned16(g, u, h, h))
+	if (moe_a16(g) && moe_a16(u) && moe_a16(h))
 		swiglu_kernel<8><<<grid_of((n + 7) / 8), 256, 0, moe_stream(dev)>>>(gb, ub, n, (bf16 *)h);
 	else if (pairs_aligned(g, u, h, h))
 		swiglu_kernel<2><<<grid_of((n + 1) / 2), 256, 0, moe_stream(dev)>>>(gb, ub, n, (bf16 *)h);
@@ -210,7 +206,7 @@ extern "C" int moe_cuda_swiglu_bwd(tier_dev *dev, size_t rows, int I, const void
 	if (row_dot) {
 		size_t b = (rows + 7) / 8;
 		int grid = (int)(b < 8192 ? b : 8192);
-		if (I % 8 == 0 && aligned16(g, u, dg, du) && aligned16(dh, dh, dh, dh))
+		if (I % 8 == 0 && moe_a16(g) && moe_a16(u) && moe_a16(dg) && moe_a16(du) && moe_a16(dh))
 			swiglu_bwd_rows_kernel<8><<<grid, 256, 0, moe_stream(dev)>>>(gb, ub, dh, rows, I, (bf16 *)dg,
 										    (bf16 *)du, row_dot);
 		else if (I % 2 == 0 && pairs_aligned(g, u, dg, du))

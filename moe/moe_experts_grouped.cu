@@ -23,7 +23,6 @@ struct gptrs {
 	float *p[TIER_MOE_MAX_EXPERTS];
 };
 
-static int a16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Whether one LoRA's arrays suit the grouped kernels: rank a multiple of 8, every pointer of an
  * expert with rows 16-byte aligned. */
@@ -36,7 +35,7 @@ static int lora_fits(const tier_moe_lora *l, int E, const int32_t *off)
 	for (int e = 0; e < E; e++) {
 		if (off[e + 1] == off[e])
 			continue;
-		if (!a16(l->a[e]) || !a16(l->b[e]) || (l->da && !a16(l->da[e])) || (l->db && !a16(l->db[e])))
+		if (!moe_a16(l->a[e]) || !moe_a16(l->b[e]) || (l->da && !moe_a16(l->da[e])) || (l->db && !moe_a16(l->db[e])))
 			return 0;
 	}
 	return 1;
@@ -70,14 +69,14 @@ extern "C" int moe_cuda_experts_grouped_fits(int E, int H, int I, const int32_t 
 	if (mode == 0 || H % 8 || I % 8 || E > TIER_MOE_MAX_EXPERTS)
 		return 0;
 	for (int i = 0; i < n_io; i++)
-		if (io[i] && !a16(io[i]))
+		if (io[i] && !moe_a16(io[i]))
 			return 0;
 	for (int e = 0; e < E; e++) {
 		if (off[e + 1] == off[e])
 			continue;
 		busy++;
 		const void *g = w->gate_up ? w->gate_up[e] : w->gate[e], *u = w->gate_up ? NULL : w->up[e];
-		if (!a16(g) || (u && !a16(u)) || !a16(w->down[e]) || (w->gate_up && ((size_t)I * H * 2) % 16))
+		if (!moe_a16(g) || (u && !moe_a16(u)) || !moe_a16(w->down[e]) || (w->gate_up && ((size_t)I * H * 2) % 16))
 			return 0;
 	}
 	for (int q = 0; q < 3; q++)

@@ -97,6 +97,9 @@ int moe_check_table16(const char *fn, const char *name, int E, const void *const
 
 static inline float moe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* Whether p is 16-byte aligned (the kernels' vector accesses). */
+static inline int moe_a16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 /* Insert (v, i) into the descending list vals/idx of length n < cap... keeps the best `cap`.
  * Strict comparison: on ties the earlier (lower) index stays ahead. */
 static inline void moe_topk_push(float *vals, int32_t *idx, int *n, int cap, float v, int32_t i)
