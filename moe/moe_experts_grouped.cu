@@ -178,6 +178,29 @@ static int proj_fwd(tier_dev *dev, const tier_moe_lora *l, int E, int I, int H, 
 	return moe_cuda_to_bf16(dev, (size_t)rows * I, gs, out);
 }
 
+/* Where dZ and dB go in one pass over dY (moe_cuda_grouped_dzdb): ranks 8 and 16, out within the
+ * shared dB's room, and no expert holding more than 1/DZDB_SHARE of the rows. The pass runs one CTA
+ * an expert, so it takes as long as the largest group at one SM's rate, where the separate kernels
+ * spread the rows over every SM but read dY twice, each at about half the copy's rate (session 17's
+ * `tier-bench lora`): with ~130 SMs the one pass wins while the largest group is well under 1/25 of
+ * the rows. Uniform routing over 128 experts gives ~1/110. TIER_MOE_DZDB: 0 keeps the separate
+ * kernels (comparisons), 1 takes the one pass wherever the shapes allow (tests), unset or auto the
+ * rule. */
+#define DZDB_SHARE 32
+
+static int dzdb_fits(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, int out)
+{
+	const char *v = getenv("TIER_MOE_DZDB");
+	if ((v && !strcmp(v, "0")) || (l->rank != 8 && l->rank != 16) || out % 8 || out > moe_cuda_dzdb_max_out(dev))
+		return 0;
+	if (v && !strcmp(v, "1"))
+		return 1;
+	int most = 0;
+	for (int e = 0; e < E; e++)
+		most = off[e + 1] - off[e] > most ? off[e + 1] - off[e] : most;
+	return (long long)most * DZDB_SHARE <= off[E];
+}
+
 /* One adapter's backward but dX: dZ = s dY B into dZ; dB += s dY^T Z with Z = X A^T (computed into
  * the Z scratch unless have_z: 1, the caller made it; 2, the forward kept s X A^T there, so dB's
  * product takes no s); dA += dZ^T X unless no_da (the caller pairs it with another adapter's). */
@@ -189,13 +212,16 @@ static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_
 	ptrs b;
 	gptrs da, db;
 	int rows = off[E], r = l->rank, rc;
+	float db_scale = have_z == 2 ? 1.0f : l->scale;
 	lora_ptrs(l, E, off, a, &b, &da, &db);
-	/* B_e is stored [out, r]: as the right operand of dY B it is [K, N] */
-	if ((rc = gmm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)))
+	if (l->db && !have_z && (rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f)))
 		return rc;
-	if (l->db && ((!have_z && (rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f))) ||
-		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, have_z == 2 ? 1.0f : l->scale,
-						   db.p))))
+	if (l->db && dzdb_fits(dev, l, E, off, out))
+		rc = moe_cuda_grouped_dzdb(dev, E, out, r, d_off, rows, b.w, dY, Z, l->scale, db_scale, dZ, db.p);
+	/* B_e is stored [out, r]: as the right operand of dY B it is [K, N] */
+	else if (!(rc = gmm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)) && l->db)
+		rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, db_scale, db.p);
+	if (rc)
 		return rc;
 	return l->da && !no_da ? moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p) : 0;
 }
