@@ -11,13 +11,17 @@
  * Work. One CTA per expert walks the expert's rows in 64-row slices and, within a slice, out in
  * 64-column stages; a stage holds dY's 64 x 64 tile, the 64 rows of B_e [out, r] of its columns and
  * the 64 rows of Z [rows, r] of its slice (ranks 8 and 16, padded to 16 columns by zero-fill).
- * Warp w computes, from the same shared dY tile:
- *  - dZ of the slice's rows 16 w.. over the stage's 64 columns (k), accumulated in registers over
- *    the slice's stages and stored (bf16 of s times the sum, as moe_cuda_grouped_skinny rounds it)
- *    after the slice's last stage;
- *  - dB of the stage's columns 16 w.. (its m) over the slice's 64 rows (k), added to the CTA's dB
- *    in shared memory (fp32 [out][16]). Each warp owns its columns of every stage, so those adds
- *    need no barrier.
+ * Eight warps share each stage's dY tile, in two roles:
+ *  - warp w < 4: dZ of the slice's rows 16 w.. over the stage's 64 columns (k), accumulated in
+ *    registers over the slice's stages and stored (bf16 of s times the sum, as
+ *    moe_cuda_grouped_skinny rounds it) after the slice's last stage;
+ *  - warp 4 + w: dB of the stage's columns 16 w.. (its m) over the slice's 64 rows (k), added to
+ *    the CTA's dB in shared memory (fp32 [out][16]). Each warp owns its columns of every stage, so
+ *    those adds need no barrier.
+ * Two roles, not four warps doing both: an SM holds one CTA (the experts about fill the SMs, and the
+ * shared dB takes most of the memory), and each warp's products are a chain of dependent mma and
+ * ldmatrix latencies; with both products in one warp a stage took ~0.6 us of that chain (the first
+ * build: dZ + dB of gate at 0.33 of the copy's rate, session 20 on an H200).
  * At the end the CTA adds alpha times its shared dB to dB_e: the CTA owns its expert's gradient, so
  * there are no atomics and the sums have one order (the same bits from run to run).
  *
@@ -38,7 +42,7 @@
 #include "base/mma_sm80.cuh"
 
 #define DZ_BK 64                           /* rows of a slice, columns of a stage */
-#define DZ_THREADS 128                     /* 4 warps */
+#define DZ_THREADS 256                     /* 8 warps: 4 for dZ, 4 for dB */
 #define DZ_PAD 8                           /* bf16 added to each shared row against ldmatrix bank conflicts */
 #define DZ_RP 16                           /* the rank's columns: ranks 8 and 16 */
 #define DZ_LDY (DZ_BK + DZ_PAD)            /* dY tile row stride */
@@ -122,6 +126,15 @@ __device__ __forceinline__ void dzdb_store_dz(const float (*acc)[4], const dzdb_
 	}
 }
 
+/* Rows [row0, row0 + 64) of a bf16 [*, r] matrix into s [64][DZ_LDR] (rows before rend, columns
+ * before r; zeros elsewhere) by 128 threads (q = 0..127): one 16-byte chunk each, two a row. */
+__device__ __forceinline__ void dzdb_load_rows(bf16 *s, const bf16 *g, int r, int row0, int rend, int q)
+{
+	int row = q >> 1, c = (q & 1) * 8, gr = row0 + row;
+	bool ok = gr < rend && c < r; /* r % 8 == 0: a chunk is all in or all out */
+	cp_async16(s + row * DZ_LDR + c, ok ? g + (size_t)gr * r + c : g, ok);
+}
+
 /* dB_e += alpha times the shared sums; C rows of r floats (r % 4 == 0, C 16-byte aligned). */
 __device__ __forceinline__ void dzdb_store_db(const float *sdb, const dzdb_args &a, float *C)
 {
@@ -154,17 +167,20 @@ __global__ void __launch_bounds__(DZ_THREADS) dzdb_kernel(const __grid_constant_
 		bf16 *s = ring + kt % STAGES * DZ_STAGE;
 		int r0 = row0 + kt / ncol * DZ_BK, c0 = kt % ncol * DZ_BK;
 		cp_async_tile<DZ_BK, DZ_BK, DZ_LDY, DZ_THREADS>(s, a.dy, a.out, r0, rend, c0, a.out);
-		cp_async_tile<DZ_BK, DZ_RP, DZ_LDR, DZ_THREADS>(s + DZ_BK * DZ_LDY, B, a.r, c0, a.out, 0, a.r);
-		if (C)
-			cp_async_tile<DZ_BK, DZ_RP, DZ_LDR, DZ_THREADS>(s + DZ_BK * (DZ_LDY + DZ_LDR), a.z, a.r, r0, rend,
-									0, a.r);
+		if (threadIdx.x < 128) /* B's rows of the stage's columns; Z's of its slice */
+			dzdb_load_rows(s + DZ_BK * DZ_LDY, B, a.r, c0, a.out, threadIdx.x);
+		else if (C)
+			dzdb_load_rows(s + DZ_BK * (DZ_LDY + DZ_LDR), a.z, a.r, r0, rend, threadIdx.x - 128);
 	};
 	cp_async_ring<STAGES>(nk, load, [&](int slot, int kt) {
 		const bf16 *sy = ring + slot * DZ_STAGE, *sb = sy + DZ_BK * DZ_LDY, *sz = sb + DZ_BK * DZ_LDR;
 		int ct = kt % ncol;
+		if (warp >= 4) {
+			if (C)
+				dzdb_db(sdb, sy, sz, a.out, ct * DZ_BK, warp - 4, lane);
+			return;
+		}
 		dzdb_dz(dz, sy, sb, warp, lane);
-		if (C)
-			dzdb_db(sdb, sy, sz, a.out, ct * DZ_BK, warp, lane);
 		if (ct == ncol - 1) { /* the slice's last stage: its dZ is whole */
 			dzdb_store_dz(dz, a, row0 + kt / ncol * DZ_BK, rend, warp, lane);
 #pragma unroll
