@@ -118,12 +118,10 @@ int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *
  * C tile walks all the group's rows; no atomics): the same inputs give the same bits. M and N
  * multiples of 8 (fastest with M or N <= 16, the rank of the LoRA), a and b 16-byte aligned, alpha
  * finite; alpha 0 or no wanted gradient launches nothing. -EINVAL before any launch otherwise.
- * Knob (environment, read at each call): TIER_MOE_WGRAD_TILE=walk|64x16|128x16|16x64|16x128|64x64,
- * the C tile of a CTA (default auto: when M <= 16 the column walk, moe_wgrad_walk.cu: a CTA takes 4
- * of an expert's 64-column tiles one after another through one pipeline, each warp 16 columns of
- * all of a stage's rows; else 64 x 16 when N <= 16, else 64 x 64; the pair below takes 64 x 64 one
- * product at a time); walk where M > 16 takes the rule; a malformed value is -EINVAL. tier-bench
- * lora times each tile on the trainer's shapes. */
+ * Knob (environment, read at each call): TIER_MOE_WGRAD_TILE=64x16|128x16|16x64|16x128|64x64, the
+ * C tile of a CTA (default auto: 64 x 16 when N <= 16, 16 x 64 when M <= 16, else 64 x 64; the pair
+ * below takes 64 x 64 one product at a time); a malformed value is -EINVAL. tier-bench lora times
+ * each tile on the trainer's shapes. */
 int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound, const void *a,
 			   const void *b, float alpha, float *const *c);
 /* Two of them sharing B in one pass over it: C0_e += alpha0 A0_e^T B_e and C1_e += alpha1 A1_e^T B_e,

@@ -27,7 +27,6 @@
 #include <string.h>
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
-#include "moe/moe_wgrad.cuh"
 #include "base/mma_sm80.cuh"
 
 #define GG_BN 128      /* B rows (output columns) per CTA; with gate_up 64 of gate and 64 of up */
@@ -398,11 +397,21 @@ extern "C" int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, cons
  * ldmatrix.trans from shared [k][col]. Each of the 4 warps takes its own 16 rows of every 64-row
  * stage and accumulates the whole tile; the 4 partial tiles are summed through shared memory in
  * warp order at the end. The tile fits the rank-r LoRA shapes: 64 x 16 for dB [out, r], 16 x 64 for
- * dA [r, in] (r <= 16: a square tile would compute 4 times what they need), 64 x 64 otherwise. dA's
- * shape (M <= 16) goes to the column walk of moe_wgrad_walk.cu by default (gw_tile). */
+ * dA [r, in] (r <= 16: a square tile would compute 4 times what they need), 64 x 64 otherwise. */
 #define GW_BK 64       /* rows per pipeline stage: 16 per warp */
 #define GW_STAGES 4    /* the groups are read once: stages in flight hide the memory latency */
 #define GW_THREADS 128 /* 4 warps */
+
+/* NW products sharing B: C_j,e += alpha_j A_j,e^T B_e (two: the gate's and the up adapter's dA from
+ * one pass over X). */
+template <int NW>
+struct gw_args {
+	float *c[NW][TIER_MOE_MAX_EXPERTS]; /* NULL: that expert's gradient is not wanted */
+	const int32_t *off;
+	const bf16 *a[NW], *b;
+	float alpha[NW];
+	int M, N;
+};
 
 /* Shared memory: the ring of NW [GW_BK][BM + PAD] A and one [GW_BK][BN + PAD] B stages, reused
  * after the loop for the warps' partial tiles (one float4 per lane and 16 x 8 tile). */
@@ -577,11 +586,9 @@ static int gw_check(const char *fn, tier_dev *dev, int E, int M, int N, const in
 	return 0;
 }
 
-/* The C tile: TIER_MOE_WGRAD_TILE=MxN (one of gw_tiles) or walk for measurements, else the rule:
- * the column walk (moe_wgrad_walk.cu) for dA [r, in] (M <= 16), 64 x 16 tiles for dB [out, r],
- * 16 x 64 for any other pair (whose two accumulators must fit the registers), 64 x 64 otherwise.
- * *bm = 0 asks for the rule, -1 for the walk (where M <= 16; the rule elsewhere); a malformed value
- * is -EINVAL. */
+/* The C tile: TIER_MOE_WGRAD_TILE=MxN (one of gw_tiles) for measurements, else the rule: 64 x 16
+ * for dB [out, r], 16 x 64 for dA [r, in] (and for every pair, whose two accumulators must fit the
+ * registers), 64 x 64 otherwise. *bm = 0 asks for the rule; a malformed value is -EINVAL. */
 static const int gw_tiles[][2] = { { 64, 16 }, { 128, 16 }, { 16, 64 }, { 16, 128 }, { 64, 64 } };
 
 static int gw_tile(const char *fn, int *bm, int *bn)
@@ -590,10 +597,6 @@ static int gw_tile(const char *fn, int *bm, int *bn)
 	*bm = *bn = 0;
 	if (!v || !*v || !strcmp(v, "auto"))
 		return 0;
-	if (!strcmp(v, "walk")) {
-		*bm = -1;
-		return 0;
-	}
 	for (size_t i = 0; i < sizeof gw_tiles / sizeof gw_tiles[0]; i++) {
 		char name[16];
 		snprintf(name, sizeof name, "%dx%d", gw_tiles[i][0], gw_tiles[i][1]);
@@ -602,17 +605,15 @@ static int gw_tile(const char *fn, int *bm, int *bn)
 			return 0;
 		}
 	}
-	return tier_fail(-EINVAL, "%s: TIER_MOE_WGRAD_TILE=%s; use auto, walk, 64x16, 128x16, 16x64, 16x128 or "
-			 "64x64, or unset it", fn, v);
+	return tier_fail(-EINVAL, "%s: TIER_MOE_WGRAD_TILE=%s; use auto, 64x16, 128x16, 16x64, 16x128 or 64x64, or "
+			 "unset it", fn, v);
 }
 
 template <int NW>
 static int gw_run(tier_dev *dev, gw_args<NW> &g, int E, int bm, int bn)
 {
-	if (bm <= 0 && g.M <= 16) /* dA's shape: the rule's kernel, or the walk named */
-		return gw_walk_launch<NW>(dev, g, E);
-	if (bm <= 0)
-		bm = g.N <= 16 ? 64 : NW > 1 ? 16 : 64, bn = g.N <= 16 ? 16 : 64;
+	if (!bm)
+		bm = g.N <= 16 ? 64 : NW > 1 || g.M <= 16 ? 16 : 64, bn = g.N <= 16 ? 16 : 64;
 	if (bm == 64 && bn == 16)
 		return gw_launch<64, 16, NW>(dev, g, E);
 	if (bm == 128)

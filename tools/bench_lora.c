@@ -50,7 +50,7 @@ static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u
  * dB from one read of dY (moe_cuda_grouped_dzdb) */
 static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1, 0, 0 };
 static const int one_pass[L_N] = { 0, 0, 0, 0, 1, 0, 0, 0, 1, 2, 1 };
-static const char *const tiles[] = { "walk", "64x16", "128x16", "16x64", "16x128", "64x64" };
+static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64" };
 #define NTILES (sizeof tiles / sizeof tiles[0])
 #define LZ_E 128
 
