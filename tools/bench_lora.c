@@ -205,8 +205,6 @@ static int lz_rows(lz *z, unsigned iters, unsigned layers)
 	for (int row = 0; row < L_N; row++)
 		for (size_t i = 0; is_wgrad(row) && i < NTILES; i++) {
 			double ti;
-			if (!strcmp(tiles[i], "walk") && (row == L_DBG || row == L_DBD))
-				continue; /* the walk is for dA's shape only (dB's takes the rule under it) */
 			if ((rc = lz_row(z, row, tiles[i], iters, copy_rate, &ti)))
 				return rc;
 			best[row] = ti < best[row] ? ti : best[row];
