@@ -50,13 +50,21 @@
 #define DZ_STAGE (DZ_BK * (DZ_LDY + 2 * DZ_LDR)) /* bf16 per stage: dY tile, B rows, Z rows */
 #define DZ_STAGE_BYTES (DZ_STAGE * 2)
 
-/* __grid_constant__: the two pointer tables (8 KiB each) stay in parameter space. */
+#define DZ_MAX_CHUNKS 1536 /* CTAs a launch: the chunk list rides in the parameters (12 KiB) */
+
+/* __grid_constant__: the two pointer tables (8 KiB each) and the chunk list stay in parameter space
+ * (28 KiB of the 32 KiB a launch may pass). CTA i takes chunk ck[i]: chunk j of nck of expert e,
+ * packed e | j << 10 | nck << 21 (E <= 1024, nck <= 2047), and its experts' first partial slot
+ * (multi-chunk experts only). */
 struct dzdb_args {
 	const bf16 *b[TIER_MOE_MAX_EXPERTS]; /* B_e [out, r] */
 	float *db[TIER_MOE_MAX_EXPERTS];     /* dB_e [out, r] fp32; NULL: not wanted */
+	uint2 ck[DZ_MAX_CHUNKS];             /* x: e, j, nck; y: the expert's first slot in part */
 	const int32_t *off;
 	const bf16 *dy, *z;
 	bf16 *dz;
+	float *part; /* [slots][out][r] fp32: the chunks' partial dB of the experts split in chunks */
+	int *cnt;    /* [E]: the chunks of expert e done (zeroed before the launch) */
 	float s, alpha;
 	int out, r;
 };
@@ -147,13 +155,58 @@ __device__ __forceinline__ void dzdb_store_db(const float *sdb, const dzdb_args 
 	}
 }
 
+/* A chunk of an expert split in nck: its partial dB into slot0 + j; the expert's last chunk to get
+ * here (a counter) adds alpha times the partials' sum, taken in chunk order, to C: the same bits
+ * whichever chunk is last. The threadfence-reduction pattern: each partial is made visible before
+ * its count, and the last chunk reads them past its own L1 (__ldcg). */
+__device__ __forceinline__ void dzdb_finish(const float *sdb, const dzdb_args &a, float *C, int e, int j, int nck,
+					    int slot0)
+{
+	__shared__ int last;
+	size_t each = (size_t)a.out * a.r;
+	int q = a.r / 4;
+	float *mine = a.part + (slot0 + j) * each;
+	for (int i = threadIdx.x; i < a.out * q; i += DZ_THREADS) {
+		int m = i / q, n = i % q * 4;
+		*(float4 *)(mine + (size_t)m * a.r + n) = *(const float4 *)(sdb + m * DZ_RP + n);
+	}
+	__threadfence();
+	__syncthreads();
+	if (threadIdx.x == 0)
+		last = atomicAdd(a.cnt + e, 1) == nck - 1;
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence();
+	const float *p0 = a.part + slot0 * each;
+	for (int i = threadIdx.x; i < a.out * q; i += DZ_THREADS) {
+		size_t at = (size_t)(i / q) * a.r + i % q * 4;
+		float4 t = __ldcg((const float4 *)(p0 + at)), *p = (float4 *)(C + at), c = *p;
+		for (int k = 1; k < nck; k++) {
+			float4 v = __ldcg((const float4 *)(p0 + k * each + at));
+			t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+		}
+		c.x += a.alpha * t.x, c.y += a.alpha * t.y, c.z += a.alpha * t.z, c.w += a.alpha * t.w;
+		*p = c;
+	}
+}
+
+/* Chunk j of nck of a group [lo, hi): 64-row multiples of ceil(n / nck), the last shorter; its first
+ * row and end. */
+__device__ __forceinline__ int2 dzdb_chunk(int lo, int hi, int j, int nck)
+{
+	int cs = ((hi - lo + nck - 1) / nck + DZ_BK - 1) / DZ_BK * DZ_BK, row0 = min(hi, lo + j * cs);
+	return make_int2(row0, min(hi, row0 + cs));
+}
+
 template <int STAGES>
 __global__ void __launch_bounds__(DZ_THREADS) dzdb_kernel(const __grid_constant__ dzdb_args a)
 {
 	extern __shared__ __align__(16) unsigned char dz_smem[];
-	int e = blockIdx.x, row0 = a.off[e], rend = a.off[e + 1];
-	if (rend <= row0)
-		return; /* no rows: dB_e stays as it is */
+	uint2 ck = a.ck[blockIdx.x];
+	int e = ck.x & 1023, j = (ck.x >> 10) & 2047, nck = ck.x >> 21;
+	int2 rows = dzdb_chunk(a.off[e], a.off[e + 1], j, nck);
+	int row0 = rows.x, rend = rows.y;
 	float *C = a.db[e], *sdb = (float *)dz_smem;
 	const bf16 *B = a.b[e];
 	bf16 *ring = (bf16 *)(dz_smem + (size_t)a.out * DZ_RP * sizeof(float));
@@ -194,29 +247,32 @@ __global__ void __launch_bounds__(DZ_THREADS) dzdb_kernel(const __grid_constant_
 	if (!C)
 		return;
 	__syncthreads(); /* every warp's adds to the shared dB are done */
-	dzdb_store_db(sdb, a, C);
+	if (nck == 1)
+		dzdb_store_db(sdb, a, C);
+	else
+		dzdb_finish(sdb, a, C, e, j, nck, (int)ck.y);
 }
 
 /* ---- host side ---- */
 static size_t dzdb_bytes(int out, int stages) { return (size_t)out * DZ_RP * sizeof(float) + (size_t)stages * DZ_STAGE_BYTES; }
 
 template <int STAGES>
-static int dzdb_launch(tier_dev *dev, const dzdb_args &a, int E)
+static int dzdb_launch(tier_dev *dev, const dzdb_args &a, int n)
 {
 	size_t bytes = dzdb_bytes(a.out, STAGES);
 	CUDA_TRY(cudaFuncSetAttribute(dzdb_kernel<STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-	dzdb_kernel<STAGES><<<(unsigned)E, DZ_THREADS, bytes, moe_stream(dev)>>>(a);
+	dzdb_kernel<STAGES><<<(unsigned)n, DZ_THREADS, bytes, moe_stream(dev)>>>(a);
 	CUDA_LAUNCHED();
 	return 0;
 }
 
 /* The stages: as many as fit beside the dB (at most 8, which keep ~100 KB of dY in flight on an SM)
- * with one CTA an SM when the experts fit the SMs, else with two (4 stages of gate's shape), so that
- * an SM streams one expert while it starts the next; at least 3. 0 when not even 3 fit. */
-static int dzdb_stages(int out, int E, int per_block, int per_sm, int sms)
+ * with one CTA an SM when the chunks fit the SMs, else with two (4 stages of gate's shape), so that
+ * an SM streams one chunk while it starts the next; at least 3. 0 when not even 3 fit. */
+static int dzdb_stages(int out, int n, int per_block, int per_sm, int sms)
 {
 	static const int st[] = { 8, 6, 4, 3 };
-	for (int want = E > sms ? 2 : 1; want >= 1; want--)
+	for (int want = n > sms ? 2 : 1; want >= 1; want--)
 		for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
 			size_t b = dzdb_bytes(out, st[i]);
 			if (b <= (size_t)per_block && (size_t)want * (b + 1024) <= (size_t)per_sm)
@@ -243,8 +299,60 @@ extern "C" int moe_cuda_dzdb_max_out(tier_dev *dev)
 	return out < 8 ? 0 : (int)(out / 8 * 8);
 }
 
-/* The scalar arguments and the buffers; the tables are checked by the caller below. */
-static int dzdb_check(const char *fn, tier_dev *dev, int E, int out, int r, int rows_bound, float s, float alpha)
+/* ---- the chunks: one CTA each ---- */
+#define DZ_CNT_BYTES (TIER_MOE_MAX_EXPERTS * 4) /* the counters at the scratch's start */
+
+static int dzdb_cs(int n, int nck) { return ((n + nck - 1) / nck + DZ_BK - 1) / DZ_BK * DZ_BK; }
+
+/* How many chunks a group of n rows takes for chunks of about R rows: floor(n / R) (a group under
+ * 2R stays whole), fewer where the 64-row rounding would leave the last ones empty. */
+static int dzdb_nck(int n, long long R)
+{
+	long long k = n / R;
+	int nck = k < 1 ? 1 : k > 2047 ? 2047 : (int)k;
+	while (nck > 1 && (long long)(nck - 1) * dzdb_cs(n, nck) >= n)
+		nck--;
+	return nck;
+}
+
+/* Chunks per expert (nck[e]; 0 without rows) for chunks of about R rows, the split experts' partial
+ * slots within `slots` (an expert with no room left stays whole); their total, the slots in *used. */
+static int dzdb_split(const int32_t *off, int E, long long R, size_t slots, int *nck, int *used)
+{
+	int n = 0;
+	*used = 0;
+	for (int e = 0; e < E; e++) {
+		int rows_e = off[e + 1] - off[e], k = slots ? dzdb_nck(rows_e, R) : 1;
+		if (k > 1 && (size_t)*used + (size_t)k > slots)
+			k = 1;
+		nck[e] = rows_e > 0 ? k : 0;
+		n += nck[e];
+		*used += nck[e] > 1 ? nck[e] : 0;
+	}
+	return n;
+}
+
+/* The chunk list: every expert with rows in chunks of about R rows, R the rows an SM would take if
+ * they were spread evenly (at least 64), doubled until the list fits DZ_MAX_CHUNKS (every expert
+ * whole always does: E <= 1024). Returns the chunks; the split experts' slots in *nslots. */
+static int dzdb_plan(const int32_t *off, int E, int sms, size_t slots, uint2 *ck, int *nslots)
+{
+	static_assert(TIER_MOE_MAX_EXPERTS <= DZ_MAX_CHUNKS && TIER_MOE_MAX_EXPERTS <= 1024, "the packing");
+	int nck[TIER_MOE_MAX_EXPERTS], n = 0, used = 0;
+	long long R = ((long long)off[E] + sms - 1) / sms;
+	R = R < DZ_BK ? DZ_BK : (R + DZ_BK - 1) / DZ_BK * DZ_BK;
+	while (dzdb_split(off, E, R, slots, nck, nslots) > DZ_MAX_CHUNKS)
+		R *= 2;
+	for (int e = 0; e < E; e++) {
+		for (int j = 0; j < nck[e]; j++)
+			ck[n++] = make_uint2((unsigned)e | (unsigned)j << 10 | (unsigned)nck[e] << 21, (unsigned)used);
+		used += nck[e] > 1 ? nck[e] : 0;
+	}
+	return n;
+}
+
+/* The scalar arguments and the host offsets. */
+static int dzdb_check(const char *fn, tier_dev *dev, int E, int out, int r, const int32_t *off, float s, float alpha)
 {
 	int rc = moe_cuda_dev(dev, fn);
 	if (rc || (rc = moe_check_tk(fn, 1, 1, E)) || (rc = moe_check_dim(fn, "out", out)))
@@ -255,49 +363,80 @@ static int dzdb_check(const char *fn, tier_dev *dev, int E, int out, int r, int 
 	if (out % 8)
 		return tier_fail(-EINVAL, "%s: out = %d is not a multiple of 8 (16-byte copies); use the separate "
 				 "products for other shapes", fn, out);
-	if (rows_bound < 0)
-		return tier_fail(-EINVAL, "%s: rows_bound %d < 0; pass an upper bound on offsets[E]", fn, rows_bound);
 	if (!isfinite(s) || !isfinite(alpha))
 		return tier_fail(-EINVAL, "%s: s = %g, alpha = %g; pass finite scales", fn, (double)s, (double)alpha);
+	MOE_NONNULL(off, fn);
+	if (off[0] != 0)
+		return tier_fail(-EINVAL, "%s: off[0] = %d; the host offsets start at 0", fn, off[0]);
+	for (int e = 0; e < E; e++)
+		if (off[e + 1] < off[e])
+			return tier_fail(-EINVAL, "%s: off[%d] = %d < off[%d] = %d; pass the routing's nondecreasing offsets",
+					 fn, e + 1, off[e + 1], e, off[e]);
 	return 0;
 }
 
-extern "C" int moe_cuda_grouped_dzdb(tier_dev *dev, int E, int out, int r, const int32_t *d_off, int rows_bound,
+/* The pointer tables; *wanted: the experts whose dB is wanted. */
+static int dzdb_tables(const char *fn, int E, const void *const *b, float *const *db, float alpha, dzdb_args *a,
+		       int *wanted)
+{
+	int rc = moe_check_table16(fn, "b", E, b);
+	if (rc)
+		return rc;
+	MOE_NONNULL(db, fn);
+	*wanted = 0;
+	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++) {
+		a->b[e] = e < E ? (const bf16 *)b[e] : NULL;
+		a->db[e] = e < E && alpha != 0.0f ? db[e] : NULL;
+		if ((uintptr_t)a->db[e] % 16)
+			return tier_fail(-EINVAL, "%s: db[%d] is not 16-byte aligned; pass aligned gradients", fn, e);
+		*wanted += a->db[e] != NULL;
+	}
+	return 0;
+}
+
+extern "C" int moe_cuda_grouped_dzdb(tier_dev *dev, int E, int out, int r, const int32_t *off, const int32_t *d_off,
 				     const void *const *b, const void *dy, const void *z, float s, float alpha, void *dz,
-				     float *const *db)
+				     float *const *db, void *scratch, size_t scratch_bytes)
 {
 	const char *fn = "moe_cuda_grouped_dzdb";
-	int per_block, per_sm, sms, rc = dzdb_check(fn, dev, E, out, r, rows_bound, s, alpha);
+	int per_block, per_sm, sms, wanted, rc = dzdb_check(fn, dev, E, out, r, off, s, alpha);
+	dzdb_args a; /* 28 KiB, copied into the launch's parameters */
 	if (rc || (rc = moe_check_buf16(fn, "dy", dy)) || (rc = moe_check_buf16(fn, "dz", dz)) ||
-	    (rc = moe_check_table16(fn, "b", E, b)))
+	    (rc = dzdb_tables(fn, E, b, db, alpha, &a, &wanted)))
 		return rc;
 	MOE_NONNULL(d_off, fn);
-	MOE_NONNULL(db, fn);
-	dzdb_args a; /* 16 KiB */
-	int wanted = 0;
-	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++) {
-		a.b[e] = e < E ? (const bf16 *)b[e] : NULL;
-		a.db[e] = e < E && alpha != 0.0f ? db[e] : NULL;
-		if ((uintptr_t)a.db[e] % 16)
-			return tier_fail(-EINVAL, "%s: db[%d] is not 16-byte aligned; pass aligned gradients", fn, e);
-		wanted += a.db[e] != NULL;
-	}
 	if (wanted && (rc = moe_check_buf16(fn, "z", z)))
 		return rc;
+	if (scratch && (uintptr_t)scratch % 16)
+		return tier_fail(-EINVAL, "%s: scratch is not 16-byte aligned; pass an aligned buffer", fn);
 	if ((rc = dzdb_limits(dev, &per_block, &per_sm, &sms)))
 		return rc;
-	int stages = dzdb_stages(out, E, per_block, per_sm, sms);
-	if (!stages)
+	if (!dzdb_stages(out, 1, per_block, per_sm, sms))
 		return tier_fail(-EINVAL, "%s: out = %d leaves no room for the shared dB (%d bytes a block); use the "
 				 "separate products (moe_cuda_dzdb_max_out says the largest out)", fn, out, per_block);
-	if (rows_bound == 0)
+	if (off[E] == 0)
 		return 0; /* no rows: nothing to write */
+	/* split experts' partial dB slots: any number without a dB to sum, else what the scratch holds */
+	size_t each = (size_t)out * r * sizeof(float), slots = !wanted ? (size_t)-1
+		: scratch && scratch_bytes > DZ_CNT_BYTES ? (scratch_bytes - DZ_CNT_BYTES) / each : 0;
+	int nslots, n = dzdb_plan(off, E, sms, slots, a.ck, &nslots);
 	a.off = d_off, a.dy = (const bf16 *)dy, a.z = (const bf16 *)z, a.dz = (bf16 *)dz;
+	a.cnt = (int *)scratch, a.part = scratch ? (float *)((char *)scratch + DZ_CNT_BYTES) : NULL;
 	a.s = s, a.alpha = alpha, a.out = out, a.r = r;
-	switch (stages) {
-	case 8: return dzdb_launch<8>(dev, a, E);
-	case 6: return dzdb_launch<6>(dev, a, E);
-	case 4: return dzdb_launch<4>(dev, a, E);
-	default: return dzdb_launch<3>(dev, a, E);
+	if (wanted && nslots)
+		CUDA_TRY(cudaMemsetAsync(scratch, 0, sizeof(int) * (size_t)E, moe_stream(dev)));
+	switch (dzdb_stages(out, n, per_block, per_sm, sms)) {
+	case 8: return dzdb_launch<8>(dev, a, n);
+	case 6: return dzdb_launch<6>(dev, a, n);
+	case 4: return dzdb_launch<4>(dev, a, n);
+	default: return dzdb_launch<3>(dev, a, n);
 	}
+}
+
+extern "C" size_t moe_cuda_dzdb_scratch_bytes(int E, int out, int r, int rows)
+{
+	(void)E; /* the counters' room is fixed */
+	size_t chunks = (size_t)(rows > 0 ? rows : 0) / DZ_BK + TIER_MOE_MAX_EXPERTS;
+	chunks = chunks < DZ_MAX_CHUNKS ? chunks : DZ_MAX_CHUNKS;
+	return DZ_CNT_BYTES + chunks * (size_t)(out > 0 ? out : 0) * (size_t)(r > 0 ? r : 0) * sizeof(float);
 }

@@ -3,7 +3,9 @@
  * moe_cuda_grouped_skinny's bit for bit, dB to moe_cuda_grouped_wgrad's within fp32 rounding. Ranks
  * 8 and 16; out 8 (one partial stage), 200 (a 16-column remainder), 768 and 2048 (the gate's and the
  * down adapter's), the largest out the device admits; 1 to 896 experts with empty, one-row and
- * 64/65-row groups; dB of some experts not wanted; alpha 0 (no Z read); rows_bound past the groups;
+ * 64/65-row groups; large experts split in chunks (their partial dB summed by the last chunk) with
+ * room in the scratch, whole without it; dB of some experts not wanted; alpha 0 (no Z read);
+ * rows_bound past the groups;
  * dZ poisoned before each call and every byte outside the groups untouched; two runs equal bit for
  * bit; bad arguments refused before any write. Skips (77) without a CUDA GPU. */
 #include "config.h"
@@ -55,7 +57,14 @@ typedef struct {
 	float *dy, *z, **b, **db0; /* db0: dB_e before the call */
 	double *ref_dz, **ref_db;  /* dZ / s; dB_e without db0 and alpha */
 	void *ddy, *dz_in, *doff, **db_dev, **dbuf, **dgrad; /* dbuf: B_e; dgrad: dB_e */
+	void *scratch; /* the split experts' partial dB (NULL: none, every expert whole) */
+	size_t scratch_bytes;
 } dprob;
+
+/* The scratch prob_make gives the call: room to split every expert (FULL), none (NONE), or the
+ * counters and two partial slots (TWO: an expert that needs more stays whole). */
+enum { SCR_FULL, SCR_NONE, SCR_TWO };
+static int scr_mode;
 
 static void prob_ref(dprob *p)
 {
@@ -103,6 +112,10 @@ static void prob_make(dprob *p, int E, int out, int r, const int *nrows, int ext
 	p->ddy = ref_dev_bf16(gpu, p->dy, (size_t)p->rows * out);
 	p->dz_in = ref_dev_bf16(gpu, p->z, (size_t)p->rows * r);
 	p->doff = up(p->off, 4 * (size_t)(E + 1));
+	p->scratch_bytes = scr_mode == SCR_NONE ? 0
+		: scr_mode == SCR_TWO ? 4 * (size_t)TIER_MOE_MAX_EXPERTS + 2 * 4 * (size_t)out * r
+		: moe_cuda_dzdb_scratch_bytes(E, out, r, p->rows);
+	p->scratch = p->scratch_bytes ? up(NULL, p->scratch_bytes) : NULL;
 	assert_non_null(p->ddy);
 	assert_non_null(p->dz_in);
 	prob_ref(p);
@@ -116,6 +129,8 @@ static void prob_free(dprob *p)
 	}
 	free(p->b), free(p->db0), free(p->ref_db), free(p->dbuf), free(p->dgrad), free(p->db_dev);
 	tier_dev_free(gpu, p->ddy), tier_dev_free(gpu, p->dz_in), tier_dev_free(gpu, p->doff);
+	if (p->scratch)
+		tier_dev_free(gpu, p->scratch);
 	free(p->off), free(p->dy), free(p->z), free(p->ref_dz);
 }
 
@@ -189,9 +204,9 @@ static unsigned char *run_fused(const dprob *p, float s, float alpha, int with_z
 	unsigned char *got = malloc(bytes);
 	memset(got, 0xff, bytes);
 	void *dz = up(got, bytes);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, p->E, p->out, p->r, p->doff, p->rb, (const void *const *)p->dbuf,
-					       p->ddy, with_z ? p->dz_in : NULL, s, alpha, dz,
-					       (float *const *)p->db_dev),
+	assert_int_equal(moe_cuda_grouped_dzdb(gpu, p->E, p->out, p->r, p->off, p->doff, (const void *const *)p->dbuf,
+					       p->ddy, with_z ? p->dz_in : NULL, s, alpha, dz, (float *const *)p->db_dev,
+					       p->scratch, p->scratch_bytes),
 			 0);
 	assert_int_equal(tier_dev_sync(gpu), 0);
 	down(got, dz, bytes);
@@ -244,7 +259,8 @@ static void run_case(int E, int out, int r, const int *nrows, int extra, int ski
 	char what[160];
 	const float s = 0.625f, alpha = 1.75f;
 	prob_make(&p, E, out, r, nrows, extra, skip);
-	snprintf(what, sizeof what, "E %d out %d r %d rows %d rows_bound %d skip %d", E, out, r, p.rows, p.rb, skip);
+	snprintf(what, sizeof what, "E %d out %d r %d rows %d rows_bound %d skip %d scratch %s", E, out, r, p.rows, p.rb,
+		 skip, scr_mode == SCR_FULL ? "full" : scr_mode == SCR_NONE ? "none" : "two slots");
 	unsigned char *a = run_fused(&p, s, alpha, 1);
 	check_dz(&p, a, s, what);
 	check_db(&p, alpha, what);
@@ -311,6 +327,23 @@ static void test_many_experts(void **state)
 	free(n);
 }
 
+/* One expert with most of the rows, under each scratch: split in chunks whose partials the last one
+ * sums (full), whole (none), and whole while a 150-row expert splits in two (two slots). */
+static void test_skewed(void **state)
+{
+	(void)state;
+	int n[40];
+	for (int e = 0; e < 40; e++)
+		n[e] = (int)tier_rng_below(&rng, 40);
+	n[0] = 3001, n[1] = 150, n[7] = 0;
+	for (int m = SCR_FULL; m <= SCR_TWO; m++) {
+		scr_mode = m;
+		run_case(40, 768, 16, n, 7, 9);
+		run_case(40, 200, 8, n, 0, 0); /* the split expert's dB not wanted */
+	}
+	scr_mode = SCR_FULL;
+}
+
 /* The largest out the device admits (the fewest stages), and one past it refused. */
 static void test_largest_out(void **state)
 {
@@ -323,7 +356,8 @@ static void test_largest_out(void **state)
 	void *p = up(zero, sizeof zero);
 	const void *b[1] = { p };
 	float *db[1] = { p };
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 1, most + 8, 8, p, 1, b, p, p, 1.0f, 1.0f, p, db), -EINVAL);
+	static const int32_t one[2] = { 0, 1 };
+	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 1, most + 8, 8, one, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL);
 	tier_dev_free(gpu, p);
 }
 
@@ -332,31 +366,38 @@ static void test_bad_input(void **state)
 {
 	(void)state;
 	static const int32_t zero[1024]; /* as offsets: every group empty */
+	static const int32_t down_off[3] = { 0, 5, 4 }, late[3] = { 1, 5, 6 };
 	void *p = up(zero, sizeof zero);
 	const void *b[2] = { p, p };
 	float *db[2] = { p, p }, *odd[2] = { (float *)((char *)p + 4), p };
 	const void *bodd[2] = { (char *)p + 2, p };
-	assert_int_equal(moe_cuda_grouped_dzdb(cpu, 2, 16, 16, p, 2, b, p, p, 1.0f, 1.0f, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 0, 16, 16, p, 2, b, p, p, 1.0f, 1.0f, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, TIER_MOE_MAX_EXPERTS + 1, 16, 16, p, 2, b, p, p, 1.0f, 1.0f, p, db),
-			 -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 12, p, 2, b, p, p, 1.0f, 1.0f, p, db), -EINVAL); /* r */
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 32, p, 2, b, p, p, 1.0f, 1.0f, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 20, 16, p, 2, b, p, p, 1.0f, 1.0f, p, db), -EINVAL); /* out % 8 */
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 0, 16, p, 2, b, p, p, 1.0f, 1.0f, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, -1, b, p, p, 1.0f, 1.0f, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 2, b, p, p, NAN, 1.0f, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 2, b, p, p, 1.0f, INFINITY, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, NULL, 2, b, p, p, 1.0f, 1.0f, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 2, NULL, p, p, 1.0f, 1.0f, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 2, b, p, p, 1.0f, 1.0f, p, NULL), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 2, bodd, p, p, 1.0f, 1.0f, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 2, b, p, p, 1.0f, 1.0f, p, odd), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 2, b, (char *)p + 8, p, 1.0f, 1.0f, p, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 2, b, p, p, 1.0f, 1.0f, NULL, db), -EINVAL);
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 2, b, p, NULL, 1.0f, 1.0f, p, db), -EINVAL); /* z */
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 2, b, p, NULL, 1.0f, 0.0f, p, db), 0); /* alpha 0 */
-	assert_int_equal(moe_cuda_grouped_dzdb(gpu, 2, 16, 16, p, 0, b, p, p, 1.0f, 1.0f, p, db), 0); /* no rows */
+	const int32_t *o = zero;
+#define DZ(...) moe_cuda_grouped_dzdb(__VA_ARGS__)
+	assert_int_equal(DZ(cpu, 2, 16, 16, o, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 0, 16, 16, o, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, TIER_MOE_MAX_EXPERTS + 1, 16, 16, o, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 12, o, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL); /* r */
+	assert_int_equal(DZ(gpu, 2, 16, 32, o, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 20, 16, o, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL); /* out % 8 */
+	assert_int_equal(DZ(gpu, 2, 0, 16, o, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, b, p, p, NAN, 1.0f, p, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, b, p, p, 1.0f, INFINITY, p, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 16, NULL, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL); /* off */
+	assert_int_equal(DZ(gpu, 2, 16, 16, late, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL); /* off[0] */
+	assert_int_equal(DZ(gpu, 2, 16, 16, down_off, p, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "nondecreasing"));
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, NULL, b, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL); /* d_off */
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, NULL, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, b, p, p, 1.0f, 1.0f, p, NULL, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, bodd, p, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, b, p, p, 1.0f, 1.0f, p, odd, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, b, (char *)p + 8, p, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, b, p, p, 1.0f, 1.0f, NULL, db, NULL, 0), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, b, p, NULL, 1.0f, 1.0f, p, db, NULL, 0), -EINVAL); /* z */
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, b, p, p, 1.0f, 1.0f, p, db, (char *)p + 4, 4096), -EINVAL);
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, b, p, NULL, 1.0f, 0.0f, p, db, NULL, 0), 0); /* alpha 0 */
+	assert_int_equal(DZ(gpu, 2, 16, 16, o, p, b, p, p, 1.0f, 1.0f, p, db, p, 4096), 0);   /* no rows */
+#undef DZ
 	assert_int_equal(moe_cuda_dzdb_max_out(cpu), 0);
 	assert_int_equal(tier_dev_sync(gpu), 0);
 	tier_dev_free(gpu, p);
@@ -387,6 +428,7 @@ int main(void)
 		cmocka_unit_test(test_shapes),
 		cmocka_unit_test(test_many_rows),
 		cmocka_unit_test(test_many_experts),
+		cmocka_unit_test(test_skewed),
 		cmocka_unit_test(test_largest_out),
 		cmocka_unit_test(test_bad_input),
 	};

@@ -1,12 +1,13 @@
 /* bench_lora.c - tier-bench lora: the experts' LoRA kernels of the trainer's backward, one row each, on
  * the trainer's shape (Qwen3-30B-A3B: 4,096 tokens, 128 experts of 8 a token, H 2048, I 768, LoRA
- * rank 16, uniform routing), each as the bytes it must move, its time and the rate against a device-
+ * rank 16, uniform or Zipf routing), each as the bytes it must move, its time and the rate against a device-
  * to-device copy measured in the same run (the peer: these kernels read each operand once and are
  * bound by memory, so the copy's rate is their ceiling). The weight-gradient reductions
  * (moe_cuda_grouped_wgrad, _wgrad2) run again under each C tile of TIER_MOE_WGRAD_TILE, so that one
  * run says which tile each shape wants. CUDA only. */
 #include "config.h"
 #include <getopt.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"Usage: tier-bench lora [--tokens T] [--layers L] [--iters N]\n"
 		"The experts' LoRA kernels of the trainer's backward (gate, up and down adapters of rank 16\n"
-		"on Qwen3-30B-A3B's experts: 128 of 8 a token, H 2048, I 768; uniform routing), one row\n"
+		"on Qwen3-30B-A3B's experts: 128 of 8 a token, H 2048, I 768), one row\n"
 		"each: the rank products (Z = X A^T, dZ = dY B), the weight-gradient reductions (dB, dA) and\n"
 		"dZ with dB in one pass over dY (moe_cuda_grouped_dzdb),\n"
 		"with the bytes each must read and write, the median of N timed runs (default 20, after two\n"
@@ -38,6 +39,8 @@ static void usage(FILE *f)
 		"  --tokens T   tokens of the micro-batch (default 4096)\n"
 		"  --layers L   layers in the summary's step figure (default 48)\n"
 		"  --iters N    timed runs per figure (default 20)\n"
+		"  --routing R  uniform (default: each expert rows / 128) or zipf (expert e's share\n"
+		"               1 / (e + 1)^1.2: the hottest holds ~28% of the rows)\n"
 		"  --help       this text\n");
 }
 
@@ -62,8 +65,10 @@ typedef struct {
 	float *ga;                                                  /* their gradients, fp32 */
 	const void *ag[LZ_E], *au[LZ_E], *bg[LZ_E], *ad[LZ_E], *bd[LZ_E];
 	float *dag[LZ_E], *dau[LZ_E], *dbg[LZ_E], *dad[LZ_E], *dbd[LZ_E];
-	int32_t *off;
-	int row;
+	int32_t *off, hoff[LZ_E + 1]; /* the routing's offsets on the device and on the host */
+	void *scratch;                /* the one pass's split experts' partial dB */
+	size_t scratch_bytes;
+	int row, zipf;
 } lz;
 
 static int lz_calls(void *arg)
@@ -81,8 +86,12 @@ static int lz_calls(void *arg)
 	case L_ZD: return moe_cuda_grouped_skinny(d, E, r, I, z->off, n, 1, z->ad, NULL, 0, z->h, z->zd, NULL, 1.0f);
 	case L_DZD: return moe_cuda_grouped_skinny(d, E, r, H, z->off, n, 1, z->bd, NULL, 1, z->dy, z->dzd, NULL, 0.5f);
 	case L_DBD: return moe_cuda_grouped_wgrad(d, E, H, r, z->off, n, z->dy, z->zd, 0.5f, z->dbd);
-	case L_DZDBG: return moe_cuda_grouped_dzdb(d, E, I, r, z->off, n, z->bg, z->dg, z->zg, 0.5f, 0.5f, z->dzg, z->dbg);
-	case L_DZDBD: return moe_cuda_grouped_dzdb(d, E, H, r, z->off, n, z->bd, z->dy, z->zd, 0.5f, 0.5f, z->dzd, z->dbd);
+	case L_DZDBG:
+		return moe_cuda_grouped_dzdb(d, E, I, r, z->hoff, z->off, z->bg, z->dg, z->zg, 0.5f, 0.5f, z->dzg, z->dbg,
+					     z->scratch, z->scratch_bytes);
+	case L_DZDBD:
+		return moe_cuda_grouped_dzdb(d, E, H, r, z->hoff, z->off, z->bd, z->dy, z->zd, 0.5f, 0.5f, z->dzd, z->dbd,
+					     z->scratch, z->scratch_bytes);
 	default: return moe_cuda_grouped_wgrad(d, E, r, I, z->off, n, z->dzd, z->h, 1.0f, z->dad);
 	}
 }
@@ -121,6 +130,25 @@ static void lz_gtable(float *base, size_t each, int E, float **t)
 		t[e] = base + (size_t)e * each;
 }
 
+/* The routing: uniform (each expert rows / E, exactly), or zipf: expert e's share 1 / (e + 1)^1.2
+ * of the rows (the hottest ~28% at 128 experts), the rounding's remainder to expert 0. */
+static void lz_offsets(lz *z)
+{
+	double w[LZ_E], sum = 0;
+	int got = 0;
+	for (int e = 0; e < z->E; e++)
+		sum += w[e] = z->zipf ? pow(e + 1, -1.2) : 1.0;
+	for (int e = 0; e < z->E; e++) {
+		int n = (int)(z->rows * w[e] / sum);
+		z->hoff[e + 1] = n; /* counts first */
+		got += n;
+	}
+	z->hoff[1] += z->rows - got;
+	z->hoff[0] = 0;
+	for (int e = 0; e < z->E; e++)
+		z->hoff[e + 1] += z->hoff[e];
+}
+
 static int lz_alloc(lz *z)
 {
 	tier_dev *d = z->dev;
@@ -146,17 +174,18 @@ static int lz_alloc(lz *z)
 	float *g = z->ga;
 	lz_gtable(g, rh, z->E, z->dag), lz_gtable(g + E * rh, rh, z->E, z->dau), lz_gtable(g + 2 * E * rh, ri, z->E, z->dbg);
 	lz_gtable(g + 2 * E * rh + E * ri, ri, z->E, z->dad), lz_gtable(g + 2 * E * rh + 2 * E * ri, rh, z->E, z->dbd);
-	int32_t off[LZ_E + 1];
-	for (int e = 0; e <= z->E; e++) /* uniform routing */
-		off[e] = (int32_t)(n * (size_t)e / E);
-	if ((rc = tier_dev_malloc(d, sizeof off, (void **)&z->off)))
+	lz_offsets(z);
+	z->scratch_bytes = moe_cuda_dzdb_scratch_bytes(z->E, z->H, z->r, z->rows);
+	if ((rc = bench_dev_buf(d, &z->scratch, z->scratch_bytes, 4)) ||
+	    (rc = tier_dev_malloc(d, sizeof z->hoff, (void **)&z->off)))
 		return rc;
-	return tier_dev_memcpy_h2d(d, z->off, off, sizeof off);
+	return tier_dev_memcpy_h2d(d, z->off, z->hoff, sizeof z->hoff);
 }
 
 static void lz_free(lz *z)
 {
-	void *p[] = { z->x, z->dy, z->cp, z->h, z->dg, z->zg, z->zu, z->dzg, z->dzu, z->zd, z->dzd, z->wa, z->ga, z->off };
+	void *p[] = { z->x, z->dy, z->cp, z->h, z->dg, z->zg, z->zu, z->dzg, z->dzu, z->zd, z->dzd, z->wa, z->ga, z->off,
+		      z->scratch };
 	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
 		if (p[i])
 			tier_dev_free(z->dev, p[i]);
@@ -226,17 +255,24 @@ int bench_lora(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "tokens", required_argument, NULL, 't' }, { "layers", required_argument, NULL, 'l' },
-		{ "iters", required_argument, NULL, 'i' },  { "help", no_argument, NULL, 'h' },
-		{ NULL, 0, NULL, 0 },
+		{ "iters", required_argument, NULL, 'i' },  { "routing", required_argument, NULL, 'r' },
+		{ "help", no_argument, NULL, 'h' },	    { NULL, 0, NULL, 0 },
 	};
 	unsigned T = 4096, layers = 48, iters = 20;
-	int ch;
+	int ch, zipf = 0;
 	optind = 1;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (ch) {
 		case 't': if (bench_parse_uint(cmd, "--tokens", optarg, &T)) return 1; break;
 		case 'l': if (bench_parse_uint(cmd, "--layers", optarg, &layers)) return 1; break;
 		case 'i': if (bench_parse_uint(cmd, "--iters", optarg, &iters)) return 1; break;
+		case 'r':
+			if (strcmp(optarg, "uniform") && strcmp(optarg, "zipf")) {
+				fprintf(stderr, "tier-bench lora: --routing %s; use uniform or zipf\n", optarg);
+				return 1;
+			}
+			zipf = !strcmp(optarg, "zipf");
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 1;
 		}
@@ -258,10 +294,11 @@ int bench_lora(int argc, char **argv)
 	}
 	lz z;
 	memset(&z, 0, sizeof z);
-	z.E = LZ_E, z.H = 2048, z.I = 768, z.r = 16, z.rows = (int)T * 8;
+	z.E = LZ_E, z.H = 2048, z.I = 768, z.r = 16, z.rows = (int)T * 8, z.zipf = zipf;
 	int rc = tier_dev_open(&z.dev, TIER_DEV_CUDA, 0);
 	bench_comment("tier-bench lora: the experts' LoRA backward kernels against a device-to-device copy");
-	bench_comment("%u tokens x 8 of 128 experts, H 2048, I 768, rank 16, uniform; median of %u", T, iters);
+	bench_comment("%u tokens x 8 of 128 experts, H 2048, I 768, rank 16, %s routing; median of %u", T,
+		      zipf ? "zipf 1.2" : "uniform", iters);
 	if (!rc && !(rc = lz_alloc(&z)))
 		rc = lz_rows(&z, iters, layers);
 	if (rc)
