@@ -25,7 +25,7 @@ static const char *const cmd = "lora";
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"Usage: tier-bench lora [--tokens T] [--layers L] [--iters N]\n"
+		"Usage: tier-bench lora [--tokens T] [--layers L] [--iters N] [--routing uniform|zipf]\n"
 		"The experts' LoRA kernels of the trainer's backward (gate, up and down adapters of rank 16\n"
 		"on Qwen3-30B-A3B's experts: 128 of 8 a token, H 2048, I 768), one row\n"
 		"each: the rank products (Z = X A^T, dZ = dY B), the weight-gradient reductions (dB, dA) and\n"
@@ -40,7 +40,7 @@ static void usage(FILE *f)
 		"  --layers L   layers in the summary's step figure (default 48)\n"
 		"  --iters N    timed runs per figure (default 20)\n"
 		"  --routing R  uniform (default: each expert rows / 128) or zipf (expert e's share\n"
-		"               1 / (e + 1)^1.2: the hottest holds ~28% of the rows)\n"
+		"               1 / (e + 1)^1.2: the hottest holds ~28%% of the rows)\n"
 		"  --help       this text\n");
 }
 
