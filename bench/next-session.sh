@@ -57,6 +57,7 @@ if has attn; then # the default kernels and the wgmma ones against torch's SDPA 
 fi
 # STAGES=lora: the experts' LoRA backward kernels alone (the separate passes, the one-pass dZ + dB)
 has lora && step 60 lora "$b/tier-bench" lora
+has lora && step 60 lora-zipf "$b/tier-bench" lora --routing zipf
 if has tiles; then # the trainer's own MoE shape (4,096 tokens, mean group 256 rows) under each wgmma tile
 	for tl in auto 128x256 pp64x256 64x256 pp128x128; do
 		TIER_MOE_WGMMA_TILE=${tl#auto} step 60 "tiles-$tl" "$b/tier-bench" moe --shape 4096,2048,768,128,8 \
@@ -140,7 +141,7 @@ if [ -f "$out/kprof-a-trace.log" ]; then # a step's idle gaps, read on the devic
 fi
 [ -f "$out/kprof-b.txt" ] && { echo "== kprof-b"; head -40 "$out/kprof-b.txt"; grep "device busy" "$out/kprof-b.txt"; }
 [ -f "$out/fused.log" ] && { echo "== fused"; grep -v '^{' "$out/fused.log"; }
-[ -f "$out/lora.log" ] && { echo "== lora"; grep -v '^{' "$out/lora.log"; }
+for f in "$out"/lora*.log; do [ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -v " [0-9]*x[0-9]* "; }; done
 [ -f "$out/lora.log" ] && { echo "== lora"; cat "$out/lora.log"; }
 for f in "$out"/tiles-*.log; do
 	[ -f "$f" ] && { echo "== ${f##*/}"; grep -E " (gate-up|down|experts-bwd|block-fwd|block-fwd\+bwd) " "$f"; }
