@@ -55,7 +55,7 @@ if has attn; then # the default kernels and the wgmma ones against torch's SDPA 
 	step 60 fused "$b/tier-bench" fused # the fused q/k, norm and dA steps against the separate ones
 	step 60 lora "$b/tier-bench" lora # the experts' LoRA kernels (each reduction by tile) against a copy
 fi
-# STAGES=lora: the experts' LoRA backward kernels alone (the separate passes, the one-pass dZ + dB)
+# STAGES=lora: the experts' LoRA backward kernels alone, under uniform and Zipf routing
 has lora && step 60 lora "$b/tier-bench" lora
 has lora && step 60 lora-zipf "$b/tier-bench" lora --routing zipf
 if has tiles; then # the trainer's own MoE shape (4,096 tokens, mean group 256 rows) under each wgmma tile

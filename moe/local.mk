@@ -4,10 +4,10 @@ libtier_la_SOURCES += moe/gemm.c moe/router.c moe/permute.c moe/experts.c moe/co
 tierinclude_HEADERS += include/tier/moe.h
 if HAVE_CUDA
 libtier_la_SOURCES += moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
-	moe/moe_wgmma.cu moe/moe_skinny.cu moe/moe_lora_dzdb.cu
+	moe/moe_wgmma.cu moe/moe_skinny.cu
 endif
 EXTRA_DIST += moe/moe_cu.cuh moe/moe_wgmma_cfg.cuh moe/moe_wgmma_ptx.cuh moe/moe_wgmma_store.cuh moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
-	moe/moe_wgmma.cu moe/moe_skinny.cu moe/moe_lora_dzdb.cu
+	moe/moe_wgmma.cu moe/moe_skinny.cu
 
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_moe_router tests/test_moe_permute tests/test_moe_experts tests/test_moe_layer \
@@ -47,13 +47,4 @@ TESTS += tests/test_moe_skinny
 tests_test_moe_skinny_SOURCES = tests/test_moe_skinny.c tests/moe_ref.h
 tests_test_moe_skinny_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_moe_skinny_LDFLAGS = $(TESTLD)
-endif
-
-## The LoRA backward's fused dZ + dB pass (skipped without a CUDA GPU)
-if HAVE_CMOCKA
-check_PROGRAMS += tests/test_moe_dzdb
-TESTS += tests/test_moe_dzdb
-tests_test_moe_dzdb_SOURCES = tests/test_moe_dzdb.c tests/moe_ref.h
-tests_test_moe_dzdb_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
-tests_test_moe_dzdb_LDFLAGS = $(TESTLD)
 endif

@@ -178,58 +178,24 @@ static int proj_fwd(tier_dev *dev, const tier_moe_lora *l, int E, int I, int H, 
 	return moe_cuda_to_bf16(dev, (size_t)rows * I, gs, out);
 }
 
-/* Where dZ and dB go in one pass over dY (moe_cuda_grouped_dzdb): ranks 8 and 16, out within the
- * shared dB's room, and either scratch to split the large experts in (the MoE backward's dh, free at
- * both calls) or no expert holding more than 1/DZDB_SHARE of the rows: unsplit, the pass takes as long
- * as the largest group at one SM's rate, where the separate kernels spread the rows over every SM
- * but read dY twice, each at about half the copy's rate (session 17's `tier-bench lora`): with ~130
- * SMs the one pass wins while the largest group is well under 1/25 of the rows. TIER_MOE_DZDB: 0
- * keeps the separate kernels (comparisons), 1 takes the one pass wherever the shapes allow (tests),
- * unset or auto the rule. */
-#define DZDB_SHARE 32
-
-static int dzdb_fits(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, int out, const void *scratch)
-{
-	const char *v = getenv("TIER_MOE_DZDB");
-	if ((v && !strcmp(v, "0")) || (l->rank != 8 && l->rank != 16) || out % 8 || out > moe_cuda_dzdb_max_out(dev))
-		return 0;
-	if ((v && !strcmp(v, "1")) || scratch)
-		return 1;
-	int most = 0;
-	for (int e = 0; e < E; e++)
-		most = off[e + 1] - off[e] > most ? off[e + 1] - off[e] : most;
-	return (long long)most * DZDB_SHARE <= off[E];
-}
-
-/* fp32 scratch for lora_grads' one pass (NULL: none) */
-struct scratch {
-	void *p;
-	size_t bytes;
-};
-
 /* One adapter's backward but dX: dZ = s dY B into dZ; dB += s dY^T Z with Z = X A^T (computed into
  * the Z scratch unless have_z: 1, the caller made it; 2, the forward kept s X A^T there, so dB's
  * product takes no s); dA += dZ^T X unless no_da (the caller pairs it with another adapter's). */
 static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
-		      int out, const void *X, const void *dY, bf16 *Z, int have_z, bf16 *dZ, ptrs *a, scratch sc,
-		      int no_da = 0)
+		      int out, const void *X, const void *dY, bf16 *Z, int have_z, bf16 *dZ, ptrs *a, int no_da = 0)
 {
 	if (!moe_lora_on(l))
 		return 0;
 	ptrs b;
 	gptrs da, db;
 	int rows = off[E], r = l->rank, rc;
-	float db_scale = have_z == 2 ? 1.0f : l->scale;
 	lora_ptrs(l, E, off, a, &b, &da, &db);
-	if (l->db && !have_z && (rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f)))
-		return rc;
-	if (l->db && dzdb_fits(dev, l, E, off, out, sc.p))
-		rc = moe_cuda_grouped_dzdb(dev, E, out, r, off, d_off, b.w, dY, Z, l->scale, db_scale, dZ, db.p, sc.p,
-					   sc.bytes);
 	/* B_e is stored [out, r]: as the right operand of dY B it is [K, N] */
-	else if (!(rc = gmm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)) && l->db)
-		rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, db_scale, db.p);
-	if (rc)
+	if ((rc = gmm(dev, E, r, out, d_off, rows, b.w, 1, dY, dZ, 1, l->scale, 0.0f)))
+		return rc;
+	if (l->db && ((!have_z && (rc = lora_z(dev, l, E, d_off, rows, in, a, X, Z, 1.0f))) ||
+		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, have_z == 2 ? 1.0f : l->scale,
+						   db.p))))
 		return rc;
 	return l->da && !no_da ? moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p) : 0;
 }
@@ -259,7 +225,7 @@ static int lora_bwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
 	if (!moe_lora_on(l))
 		return 0;
 	ptrs a;
-	int rc = lora_grads(dev, l, E, off, d_off, in, out, X, dY, (bf16 *)Z, 0, (bf16 *)dZ, &a, scratch{ NULL, 0 });
+	int rc = lora_grads(dev, l, E, off, d_off, in, out, X, dY, (bf16 *)Z, 0, (bf16 *)dZ, &a);
 	/* A_e is stored [r, in]: [K, N] of dZ A */
 	return rc ? rc : gmm(dev, E, in, l->rank, d_off, off[E], a.w, 1, dZ, dX, 0, 1.0f, 1.0f);
 }
@@ -349,15 +315,12 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	ptrs ag, au, ad;
 	moe_wg_seg sd = {}, s2[2] = {};
 	bf16 *zb = z_at(z), *dzg = (bf16 *)dz, *dzu = dzg + (size_t)rows * rg, *kg, *ku, *kd;
-	/* dh's room holds nothing yet at the down adapter's dZ and dB, and nothing any more at the gate's
-	 * and up's (SwiGLU's backward has read it): the one pass splits large experts there */
-	const scratch dh_free = { dh, n * sizeof(float) };
 	/* what the forward kept: h (in the h scratch), and Z (scaled) for dB */
 	int kh = keep && (keep->kept & TIER_MOE_KEPT_H);
 	int kz = keep && (keep->kept & TIER_MOE_KEPT_Z) && z_places(lora, rows, z, keep, &kg, &ku, &kd);
 	/* h is the input of the down adapter: recompute it unless kept */
 	if (rd && ((!kh && (rc = moe_cuda_swiglu(dev, n, g, u, h))) ||
-		   (rc = lora_grads(dev, ld, E, off, d_off, I, H, h, dy, kz ? kd : zb, kz ? 2 : 0, dzg, &ad, dh_free))))
+		   (rc = lora_grads(dev, ld, E, off, d_off, I, H, h, dy, kz ? kd : zb, kz ? 2 : 0, dzg, &ad))))
 		return rc;
 	sd.x0 = dzg, sd.w0 = ad.w, sd.K0 = rd;
 	/* dh = dY down + dZ_d A_d: down_e [H, I] and A_d [r, I] are [K, N] */
@@ -378,8 +341,8 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	}
 	const int pair = da_pair(lg, lu);
 	int hz = kz ? 2 : zs; /* lora_grads' have_z for gate and up */
-	if ((rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zg, hz, dzg, &ag, dh_free, pair)) ||
-	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, hz ? zu : zb, hz, dzu, &au, dh_free, pair)) ||
+	if ((rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zg, hz, dzg, &ag, pair)) ||
+	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, hz ? zu : zb, hz, dzu, &au, pair)) ||
 	    (pair && (rc = da_both(dev, lg, lu, E, off, d_off, H, xg, dzg, dzu))))
 		return rc;
 	/* dX = dG gate + dU up + dZ_g A_g + dZ_u A_u in one product (gate_e, up_e [I, H], A [r, H]: [K, N]),

@@ -1275,22 +1275,15 @@ static void test_layer_grouped(void **state)
 	layer_case(&(gcase){ m, 1, 128, 160, 0, 0, 0.01f, 0.01f, 0, 0, 0, 0 });    /* T = 1 */
 	layer_case(&(gcase){ one, 150, 64, 32, 0, 2.0f, 0.01f, 0, 1, 0, 0, 0 });   /* all to one expert, drops */
 	layer_case(&(gcase){ big, 24, 64, 40, 0, 0, 0.001f, 0.0001f, 0, 0, 0, 0 }); /* E = 896, k = 16 */
-	/* H, I >= 64: LoRA inside the wgmma products (on an H200), one adapter or two, frozen A; dZ and
-	 * dB of each adapter in one pass over dY (TIER_MOE_DZDB=1: wherever the shapes allow; these
-	 * groups are too few for the rule) and in two */
-	static const char *dzdb[] = { "1", "0" };
-	for (int v = 0; v < 2; v++) {
-		setenv("TIER_MOE_DZDB", dzdb[v], 1);
-		for (int only = 1; only < 8; only++)
-			layer_case(&(gcase){ q, 90, 64, 64, 16, 0, 0.01f, 0, 0, 0, 0, only });
-		layer_case(&(gcase){ m, 40, 128, 64, 8, 1.0f, 0, 0, 0, 1, 1, 0 }); /* frozen A, drops, fused gate_up */
-		/* the same products with nothing kept from the forward: the backward computes Z and h again */
-		plain_saved = 1;
-		layer_case(&(gcase){ q, 90, 64, 64, 16, 0, 0.01f, 0, 0, 0, 0, 7 });
-		layer_case(&(gcase){ m, 40, 128, 64, 8, 1.0f, 0, 0, 0, 1, 1, 0 });
-		plain_saved = 0;
-	}
-	unsetenv("TIER_MOE_DZDB");
+	/* H, I >= 64: LoRA inside the wgmma products (on an H200), one adapter or two, frozen A */
+	for (int only = 1; only < 8; only++)
+		layer_case(&(gcase){ q, 90, 64, 64, 16, 0, 0.01f, 0, 0, 0, 0, only });
+	layer_case(&(gcase){ m, 40, 128, 64, 8, 1.0f, 0, 0, 0, 1, 1, 0 });         /* frozen A, drops, fused gate_up */
+	/* the same products with nothing kept from the forward: the backward computes Z and h again */
+	plain_saved = 1;
+	layer_case(&(gcase){ q, 90, 64, 64, 16, 0, 0.01f, 0, 0, 0, 0, 7 });
+	layer_case(&(gcase){ m, 40, 128, 64, 8, 1.0f, 0, 0, 0, 1, 1, 0 });
+	plain_saved = 0;
 	unsetenv("TIER_MOE_GROUPED");
 }
 

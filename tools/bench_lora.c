@@ -28,13 +28,12 @@ static void usage(FILE *f)
 		"Usage: tier-bench lora [--tokens T] [--layers L] [--iters N] [--routing uniform|zipf]\n"
 		"The experts' LoRA kernels of the trainer's backward (gate, up and down adapters of rank 16\n"
 		"on Qwen3-30B-A3B's experts: 128 of 8 a token, H 2048, I 768), one row\n"
-		"each: the rank products (Z = X A^T, dZ = dY B), the weight-gradient reductions (dB, dA) and\n"
-		"dZ with dB in one pass over dY (moe_cuda_grouped_dzdb),\n"
+		"each: the rank products (Z = X A^T, dZ = dY B) and the weight-gradient reductions (dB, dA),\n"
 		"with the bytes each must read and write, the median of N timed runs (default 20, after two\n"
 		"warm-ups; CUDA events) and the rate against a device-to-device copy in the same run. The\n"
 		"reductions run again under every TIER_MOE_WGRAD_TILE tile. The summary adds one layer's\n"
-		"backward (the up adapter's dZ and dB as the gate's; Z kept by the forward), by the separate\n"
-		"passes and with the one pass, and L layers of it (default 48).\n"
+		"backward (the up adapter's dZ and dB as the gate's; Z kept by the forward) and L layers of\n"
+		"it (default 48).\n"
 		"\n"
 		"  --tokens T   tokens of the micro-batch (default 4096)\n"
 		"  --layers L   layers in the summary's step figure (default 48)\n"
@@ -45,14 +44,11 @@ static void usage(FILE *f)
 }
 
 #ifdef TIER_HAVE_CUDA
-enum { L_COPY, L_ZGU, L_DZG, L_DBG, L_DAGU, L_ZD, L_DZD, L_DBD, L_DAD, L_DZDBG, L_DZDBD, L_N };
-static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u", "Z d", "dZ d", "dB d", "dA d",
-					"dZ+dB g", "dZ+dB d" };
-/* how often a row's kernel runs in one layer's backward by the separate passes (dZ u and dB u: as
- * dZ g and dB g; the Z products none: the forward keeps Z since session 19); one_pass: with dZ and
- * dB from one read of dY (moe_cuda_grouped_dzdb) */
-static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1, 0, 0 };
-static const int one_pass[L_N] = { 0, 0, 0, 0, 1, 0, 0, 0, 1, 2, 1 };
+enum { L_COPY, L_ZGU, L_DZG, L_DBG, L_DAGU, L_ZD, L_DZD, L_DBD, L_DAD, L_N };
+static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u", "Z d", "dZ d", "dB d", "dA d" };
+/* how often a row's kernel runs in one layer's backward (dZ u and dB u: as dZ g and dB g; the Z
+ * products none: the forward keeps Z since session 19) */
+static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1 };
 static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64" };
 #define NTILES (sizeof tiles / sizeof tiles[0])
 #define LZ_E 128
@@ -66,8 +62,6 @@ typedef struct {
 	const void *ag[LZ_E], *au[LZ_E], *bg[LZ_E], *ad[LZ_E], *bd[LZ_E];
 	float *dag[LZ_E], *dau[LZ_E], *dbg[LZ_E], *dad[LZ_E], *dbd[LZ_E];
 	int32_t *off, hoff[LZ_E + 1]; /* the routing's offsets on the device and on the host */
-	void *scratch;                /* the one pass's split experts' partial dB */
-	size_t scratch_bytes;
 	int row, zipf;
 } lz;
 
@@ -86,12 +80,6 @@ static int lz_calls(void *arg)
 	case L_ZD: return moe_cuda_grouped_skinny(d, E, r, I, z->off, n, 1, z->ad, NULL, 0, z->h, z->zd, NULL, 1.0f);
 	case L_DZD: return moe_cuda_grouped_skinny(d, E, r, H, z->off, n, 1, z->bd, NULL, 1, z->dy, z->dzd, NULL, 0.5f);
 	case L_DBD: return moe_cuda_grouped_wgrad(d, E, H, r, z->off, n, z->dy, z->zd, 0.5f, z->dbd);
-	case L_DZDBG:
-		return moe_cuda_grouped_dzdb(d, E, I, r, z->hoff, z->off, z->bg, z->dg, z->zg, 0.5f, 0.5f, z->dzg, z->dbg,
-					     z->scratch, z->scratch_bytes);
-	case L_DZDBD:
-		return moe_cuda_grouped_dzdb(d, E, H, r, z->hoff, z->off, z->bd, z->dy, z->zd, 0.5f, 0.5f, z->dzd, z->dbd,
-					     z->scratch, z->scratch_bytes);
 	default: return moe_cuda_grouped_wgrad(d, E, r, I, z->off, n, z->dzd, z->h, 1.0f, z->dad);
 	}
 }
@@ -108,8 +96,6 @@ static double lz_bytes(const lz *z, int row)
 	case L_DBG: case L_DAD: return n * I * 2 + n * r * 2 + 2 * E * I * r * 4;
 	case L_DAGU: return n * H * 2 + 2 * n * r * 2 + 2 * 2 * E * r * H * 4;
 	case L_DZD: return n * H * 2 + E * H * r * 2 + n * r * 2;
-	case L_DZDBG: return n * I * 2 + 2 * n * r * 2 + E * I * r * 2 + 2 * E * I * r * 4;
-	case L_DZDBD: return n * H * 2 + 2 * n * r * 2 + E * H * r * 2 + 2 * E * H * r * 4;
 	default: return n * H * 2 + n * r * 2 + 2 * E * H * r * 4; /* L_DBD */
 	}
 }
@@ -175,17 +161,14 @@ static int lz_alloc(lz *z)
 	lz_gtable(g, rh, z->E, z->dag), lz_gtable(g + E * rh, rh, z->E, z->dau), lz_gtable(g + 2 * E * rh, ri, z->E, z->dbg);
 	lz_gtable(g + 2 * E * rh + E * ri, ri, z->E, z->dad), lz_gtable(g + 2 * E * rh + 2 * E * ri, rh, z->E, z->dbd);
 	lz_offsets(z);
-	z->scratch_bytes = moe_cuda_dzdb_scratch_bytes(z->E, z->H, z->r, z->rows);
-	if ((rc = bench_dev_buf(d, &z->scratch, z->scratch_bytes, 4)) ||
-	    (rc = tier_dev_malloc(d, sizeof z->hoff, (void **)&z->off)))
+	if ((rc = tier_dev_malloc(d, sizeof z->hoff, (void **)&z->off)))
 		return rc;
 	return tier_dev_memcpy_h2d(d, z->off, z->hoff, sizeof z->hoff);
 }
 
 static void lz_free(lz *z)
 {
-	void *p[] = { z->x, z->dy, z->cp, z->h, z->dg, z->zg, z->zu, z->dzg, z->dzu, z->zd, z->dzd, z->wa, z->ga, z->off,
-		      z->scratch };
+	void *p[] = { z->x, z->dy, z->cp, z->h, z->dg, z->zg, z->zu, z->dzg, z->dzu, z->zd, z->dzd, z->wa, z->ga, z->off };
 	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
 		if (p[i])
 			tier_dev_free(z->dev, p[i]);
@@ -221,7 +204,7 @@ static int lz_row(lz *z, int row, const char *tile, unsigned iters, double copy_
 
 static int lz_rows(lz *z, unsigned iters, unsigned layers)
 {
-	double t[L_N], best[L_N], copy_rate = 0, layer = 0, layer_best = 0, layer_one = 0;
+	double t[L_N], best[L_N], copy_rate = 0, layer = 0, layer_best = 0;
 	int rc;
 	bench_table_header(cols, NCOLS);
 	for (int row = 0; row < L_N; row++) {
@@ -238,15 +221,11 @@ static int lz_rows(lz *z, unsigned iters, unsigned layers)
 				return rc;
 			best[row] = ti < best[row] ? ti : best[row];
 		}
-	for (int row = 0; row < L_N; row++) {
+	for (int row = 0; row < L_N; row++)
 		layer += per_layer[row] * t[row], layer_best += per_layer[row] * best[row];
-		layer_one += one_pass[row] * t[row];
-	}
 	bench_summary("one layer's experts' LoRA backward %.1f us by the default tiles, %.1f us by each reduction's "
 		      "fastest; x %u layers: %.2f ms, %.2f ms", layer / 1e3, layer_best / 1e3, layers,
 		      layer * layers / 1e6, layer_best * layers / 1e6);
-	bench_summary("with dZ and dB in one pass over dY: %.1f us a layer, x %u: %.2f ms (%.2fx the separate passes)",
-		      layer_one / 1e3, layers, layer_one * layers / 1e6, layer / layer_one);
 	return 0;
 }
 #endif
