@@ -36,6 +36,9 @@
 # bench/next-session.sh .device/bin $OUT`.
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
+# the logs outside $out, archived into $out/logs.tgz after every step (session-lib.sh's LOGS_DIR;
+# LOGS_TAR=0 keeps them loose in $out)
+[ "${LOGS_TAR:-1}" = 1 ] && LOGS_DIR=$(mktemp -d)
 stages=${STAGES:-tests,moe,a,b,c}
 . "$(dirname "$0")/session-lib.sh"
 has() { case ",$stages," in *",$1,"*) return 0;; esac; return 1; }
@@ -51,7 +54,7 @@ fi
 if has attn; then # the default kernels and the wgmma ones against torch's SDPA on the trainer's shape
 	TIER_ATTN_FWD=v2 TIER_ATTN_BWD=q64 step 60 attn-v2 "$b/tier-bench" attn --json
 	TIER_ATTN_FWD=wg TIER_ATTN_BWD=wg step 60 attn-wg "$b/tier-bench" attn --json
-	step 90 attn-torch python3 bench/attn_torch.py --tier "$out/attn-wg.log"
+	step 90 attn-torch python3 bench/attn_torch.py --tier "$logs/attn-wg.log"
 	step 60 fused "$b/tier-bench" fused # the fused q/k, norm and dA steps against the separate ones
 	step 60 lora "$b/tier-bench" lora # the experts' LoRA kernels (each reduction by tile) against a copy
 fi
@@ -67,7 +70,7 @@ fi
 if has moe; then
 	step 200 moe "$b/tier-bench" moe --model qwen3-30b --model seed-896 --json
 	[ -n "${BIN_U1:-}" ] && step 200 moe-u1 "$BIN_U1" moe --model qwen3-30b --model seed-896 --json
-	step 200 moe-torch python3 bench/moe_torch.py --model qwen3-30b --model seed-896 --tier "$out/moe.log"
+	step 200 moe-torch python3 bench/moe_torch.py --model qwen3-30b --model seed-896 --tier "$logs/moe.log"
 fi
 cfg=bench/configs/qwen3-30b-a3b.json
 run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
@@ -84,7 +87,7 @@ elif has kprof; then
 	# ~540 for (a)'s last two); KPROF_TRACE=1: every record with the host's runtime calls, as
 	# kprof-a-trace.log, for bench/kprof_trace.py (each gap, the kernels around it, what the host did)
 	step 150 kprof-a env CUDA_INJECTION64_PATH="$kprof_lib" TIER_KPROF_OUT="$out/kprof-a.txt" TIER_KPROF_TOP=60 \
-		TIER_KPROF_LAST_MS="${KPROF_LAST_MS:-0}" ${KPROF_TRACE:+TIER_KPROF_TRACE="$out/kprof-a-trace.log"} \
+		TIER_KPROF_LAST_MS="${KPROF_LAST_MS:-0}" ${KPROF_TRACE:+TIER_KPROF_TRACE="$logs/kprof-a-trace.log"} \
 		"${run[@]}" "${am[@]}" --steps 3
 fi
 has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
@@ -126,30 +129,26 @@ for i in "${!b_sets[@]}"; do
 done
 has c && step 150 torch-experts python3 bench/train_torch.py --targets attn+experts --gradient-checkpointing \
 	--seq 4096 --batch 8 --steps 4 --warmup 2
-for f in "$out"/train-*.log; do
+for f in "$logs"/train-*.log; do
 	[ -f "$f" ] || continue
 	n=${f##*/}; echo "== ${n%.log}"
 	grep -E "^# (done|MFU|hbm|op cache|time by|pinned)|^ +[0-9]+ |rror" "$f" | tail -11
 done
-for f in "$out"/attn-*.log; do
+for f in "$logs"/attn-*.log; do
 	[ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -E "fwd|bwd|ratio" | head -8; }
 done
 [ -f "$out/kprof-a.txt" ] && { echo "== kprof-a"; head -75 "$out/kprof-a.txt"; }
-if [ -f "$out/kprof-a-trace.log" ]; then # a step's idle gaps, read on the device where python3 is
-	python3 bench/kprof_trace.py "$out/kprof-a-trace.log" --gaps 10 --top 12 >"$out/kprof-a-gaps.txt" 2>&1
+if [ -f "$logs/kprof-a-trace.log" ]; then # a step's idle gaps, read on the device where python3 is
+	python3 bench/kprof_trace.py "$logs/kprof-a-trace.log" --gaps 10 --top 12 >"$out/kprof-a-gaps.txt" 2>&1
 	echo "== kprof-a gaps"; head -60 "$out/kprof-a-gaps.txt"
 fi
 [ -f "$out/kprof-b.txt" ] && { echo "== kprof-b"; head -40 "$out/kprof-b.txt"; grep "device busy" "$out/kprof-b.txt"; }
-[ -f "$out/fused.log" ] && { echo "== fused"; grep -v '^{' "$out/fused.log"; }
-for f in "$out"/lora*.log; do [ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -v " [0-9]*x[0-9]* "; }; done
-[ -f "$out/lora.log" ] && { echo "== lora"; cat "$out/lora.log"; }
-for f in "$out"/tiles-*.log; do
+[ -f "$logs/fused.log" ] && { echo "== fused"; grep -v '^{' "$logs/fused.log"; }
+for f in "$logs"/lora*.log; do [ -f "$f" ] && { echo "== $f"; grep -v '^{' "$f" | grep -v " [0-9]*x[0-9]* "; }; done
+for f in "$logs"/tiles-*.log; do
 	[ -f "$f" ] && { echo "== ${f##*/}"; grep -E " (gate-up|down|experts-bwd|block-fwd|block-fwd\+bwd) " "$f"; }
 done
-[ -f "$out/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$out/torch-experts.log"; }
-[ -f "$out/moe-torch.log" ] && { echo "== moe-torch"; grep -v "^{" "$out/moe-torch.log" | head -60; }
+[ -f "$logs/torch-experts.log" ] && { echo "== torch-experts"; grep '^{' "$logs/torch-experts.log"; }
+[ -f "$logs/moe-torch.log" ] && { echo "== moe-torch"; grep -v "^{" "$logs/moe-torch.log" | head -60; }
 cat "$sum"
-# the device returns only a few files: every log in one archive (LOGS_TAR=0 keeps them loose)
-if [ "${LOGS_TAR:-1}" = 1 ]; then
-	(cd "$out" && tar czf ../logs.tgz -- * && rm -f -- *.log && mv ../logs.tgz .)
-fi
+# the device returns only a few files: every log is in $out/logs.tgz, rewritten after each step

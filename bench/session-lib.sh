@@ -1,13 +1,18 @@
 # session-lib.sh - what the GPU session scripts share (sourced, with $out set): step runs one
-# command under a time limit, its output in $out/NAME.log and a line in $out/summary.txt, so that
+# command under a time limit, its output in $logs/NAME.log and a line in $out/summary.txt, so that
 # one hang cannot eat the lease; the GPU's name goes to $out/gpu.txt.
 export TIER_TEST_SRCDIR=$PWD
 sum="$out/summary.txt"; : > "$sum"
+# LOGS_DIR: where the steps' logs go (default $out); elsewhere, each step also rewrites
+# $out/logs.tgz from it, so that a run cut off by its time limit still returns every finished
+# step's log in one file (the device returns only a few files from $out)
+logs=${LOGS_DIR:-$out}; mkdir -p "$logs"
 step() { # limit name command...
 	local lim=$1 name=$2; shift 2
 	local t0=$SECONDS
 	# -k: a job that outlives its SIGTERM by 15 s (tier-run finishes its step first) is killed
-	timeout -k 15 "$lim" "$@" > "$out/$name.log" 2>&1; local rc=$?
+	timeout -k 15 "$lim" "$@" > "$logs/$name.log" 2>&1; local rc=$?
+	[ "$logs" = "$out" ] || tar czf "$out/logs.tgz" -C "$logs" .
 	printf '%-22s rc=%-3d %4ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$sum"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
