@@ -10,22 +10,18 @@
 # tests,moe,a,b,c); A_STEPS and B_STEPS (6, 3) the trainer jobs' steps; TESTS the CUDA tests to run
 # (default: all six below). Fits one 600 s call only in
 # part: split it by STAGES over two calls.
-# Session 19 ran 987f337 on an H200 beside 23d762b's tier-run (bench/RESULTS.md, "session 19").
-# Not yet run on a GPU, each with its tests: e9f37f8 (opsc_to_bf16_many's segments in the launch's
-# parameters, no table copied first), 7ad056e (the fused experts' dX in bf16, the token sum from
-# bf16 rows), b5976d7 (combine's backward four columns a thread), b657be7 (the trainer's tokens and
-# labels uploaded by tier_dev_put_async, no stream drain: compare the losses with the peer's), and
-# bdb2693 (the attention backward's row sums in 8-byte loads). Staged at session 19's end with
-# 987f337's tier-run in .device/old (ignored by git: restage with bench/stage-device.sh, and copy
-# the last measured build's tier-run to .device/old first, if the machine's copy is gone). The next
-# call, on an H200, with that peer (~320 s; add test_attn_cuda to TESTS for bdb2693):
-#   TESTS="test_ops_cuda test_moe_cuda test_golden_cuda" STAGES=tests,a,b,c
+# Session 20 ran session 19's commits (e1c2104) on an H200 beside 987f337's tier-run: tests pass,
+# +1.9% (a) at batch 1 and +2.1% at batch 3 (bench/RESULTS.md, "session 20"); its last call's (a)
+# at batch 1 and (b) logs were lost (a cut-off call returns only 8 files: the logs now go into
+# $OUT/logs.tgz after every step). Staged at session 20's end: e1c2104's binaries, with 987f337's
+# tier-run in .device/old (ignored by git: restage with bench/stage-device.sh, and copy the last
+# measured build's tier-run to .device/old first, if the machine's copy is gone). The next call,
+# on an H200, re-measures the gates with that peer (~330 s):
+#   TESTS="test_ops_cuda test_attn_cuda" STAGES=tests,a,b,c
 #   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3 --op-cache all:hbm=56G"
 #   bench/next-session.sh .device/bin $OUT
-# with carry [".device/pack.tar.xz", ".device/lib", ".device/old"]: the gates' (a) (batch 1 and 3),
-# (b) and (c) in one call, each tier job beside the older build's. At batch 3 the op cache's
-# entries took 43.7 GiB in session 19 (all 576 kept; 56G leaves room for a build whose entries
-# grow, 48G did for session 18's 43.3 GiB).
+# with carry [".device/pack.tar.xz", ".device/lib", ".device/old"]. At batch 3 the op cache's
+# entries took 43.7 GiB (all 576 kept; 56G leaves room for a build whose entries grow).
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
 # TIER_MOE_WGMMA_TILE (~300 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
