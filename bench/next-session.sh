@@ -16,10 +16,11 @@
 # $OUT/logs.tgz after every step). Staged at session 20's end: the binaries of e1c2104's code, with 987f337's
 # tier-run in .device/old (ignored by git: restage with bench/stage-device.sh, and copy the last
 # measured build's tier-run to .device/old first, if the machine's copy is gone). The next call,
-# on an H200, re-measures the gates with that peer (~330 s):
-#   TESTS="test_ops_cuda test_attn_cuda" STAGES=tests,a,b,c
-#   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3 --op-cache all:hbm=56G"
-#   bench/next-session.sh .device/bin $OUT
+# on an H200, re-measures the gates with that peer, and TIER_MOE_EARLY_PERMUTE=1 (the permute queued
+# before the route's read-back, never yet measured) against the default in (a) and (b) (~420 s):
+#   TESTS="test_ops_cuda test_attn_cuda" STAGES=tests,a,b,c A_ALT=TIER_MOE_EARLY_PERMUTE=1
+#   B_ALT=TIER_MOE_EARLY_PERMUTE=1 RUN_OLD=$PWD/.device/old/tier-run
+#   A_ARGS="--batch 3 --op-cache all:hbm=56G" bench/next-session.sh .device/bin $OUT
 # with carry [".device/pack.tar.xz", ".device/lib", ".device/old"]. At batch 3 the op cache's
 # entries took 43.7 GiB (all 576 kept; 56G leaves room for a build whose entries grow).
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
