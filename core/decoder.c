@@ -136,13 +136,10 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	size_t ws = 0, aw = 0, out = H > qd ? H : qd, lw;
 	out = out > I ? out : I;
 	lw = dop_linear_ws(m, sh->T, (int)out, (int)out, m->lora.r); /* out: the largest of H, q dim, I */
-	tier_moe_loras lo;
-	memset(&lo, 0, sizeof lo);
-	const float *dummy[1] = { NULL }; /* only the rank is read: LoRA "on" needs non-NULL arrays */
-	lo.gate = (tier_moe_lora){ .a = dummy, .b = dummy, .rank = m->lora.r };
-	lo.up = lo.down = lo.gate;
+	/* the MoE block's room for the adapters' Z and dZ: only the projections some layer's experts
+	 * adapt (dec_shape.elora), none where the experts have no adapters */
 	if (any_moe(m))
-		ws = tier_moe_workspace_bytes(&sh->moe, sh->mT, &lo);
+		ws = tier_moe_workspace_bytes(&sh->moe, sh->mT, &sh->elora);
 	tier_attn_workspace_bytes(m->dev, &sh->ap, &aw);
 	ws = ws > aw ? ws : aw;
 	ws = ws > lw ? ws : lw;
