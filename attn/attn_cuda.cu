@@ -26,6 +26,7 @@
 #include <string.h>
 #include "attn/attn_impl.h"
 #include "attn/attn_cu.cuh"
+#include "base/bf16x4.cuh"
 #include "base/mma_sm80.cuh"
 
 typedef __nv_bfloat16 bf16;
@@ -277,13 +278,8 @@ __global__ void rowdot_kernel(const bf16 *o, const bf16 *dout, float *Di, int64_
 		return;
 	for (int d = V * lane; d < D; d += 32 * V) {
 		if (V == 4) {
-			uint2 xo = *reinterpret_cast<const uint2 *>(o + row * D + d);
-			uint2 xd = *reinterpret_cast<const uint2 *>(dout + row * D + d);
-			float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&xo.x));
-			float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&xo.y));
-			float2 c = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&xd.x));
-			float2 e = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&xd.y));
-			s += a.x * c.x + a.y * c.y + b.x * e.x + b.y * e.y;
+			float4 a = bf16x4_load(o + row * D + d), c = bf16x4_load(dout + row * D + d);
+			s += a.x * c.x + a.y * c.y + a.z * c.z + a.w * c.w;
 			continue;
 		}
 		float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(o + row * D + d));

@@ -5,4 +5,4 @@ tierinclude_HEADERS += include/tier/base.h include/tier/tier.h
 if HAVE_CUDA
 libtier_la_SOURCES += base/gemm_cuda.cu base/tmap_cuda.cu
 endif
-EXTRA_DIST += base/cuda_reduce.cuh base/mma_sm80.cuh base/sm90.cuh base/gemm_cuda.cu base/tmap_cuda.cu
+EXTRA_DIST += base/bf16x4.cuh base/cuda_reduce.cuh base/mma_sm80.cuh base/sm90.cuh base/gemm_cuda.cu base/tmap_cuda.cu

@@ -9,7 +9,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 #include "core/ops_cuda.h"
+#include "base/bf16x4.cuh"
 #include "base/cuda_reduce.cuh"
 
 #define THREADS 256
@@ -94,16 +96,6 @@ __global__ void rmsnorm_bwd_kernel(int dim, const float *x, const bf16 *w, const
  * then scale); the second read hits L1. */
 #define NORM_WARPS 8
 
-struct bf16x4 { __nv_bfloat162 a, b; };
-
-
-__device__ static inline float4 bf16x4_load(const bf16 *p)
-{
-	bf16x4 v = *(const bf16x4 *)p;
-	float2 a = __bfloat1622float2(v.a), b = __bfloat1622float2(v.b);
-	return make_float4(a.x, a.y, b.x, b.y);
-}
-
 __global__ void rmsnorm_fwd4_kernel(int rows, int dim, float eps, const float *x, const bf16 *w, bf16 *y, float *rstd)
 {
 	size_t row = (size_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
@@ -121,9 +113,7 @@ __global__ void rmsnorm_fwd4_kernel(int rows, int dim, float eps, const float *x
 	bf16 *yr = y + row * dim;
 	for (int j = lane; j < n4; j += 32) { /* HF: (x * rstd) then times the weight */
 		float4 v = xr[j], g = bf16x4_load(w + 4 * j);
-		bf16x4 o = { __floats2bfloat162_rn(v.x * r * g.x, v.y * r * g.y),
-			     __floats2bfloat162_rn(v.z * r * g.z, v.w * r * g.w) };
-		*(bf16x4 *)(yr + 4 * j) = o;
+		bf16x4_store(yr + 4 * j, v.x * r * g.x, v.y * r * g.y, v.z * r * g.z, v.w * r * g.w);
 	}
 	if (lane == 0 && rstd)
 		rstd[row] = r;
@@ -189,9 +179,7 @@ __global__ void __launch_bounds__(NORM_RT) rmsnorm_fwd_reg_kernel(int dim, float
 		if (j >= n4)
 			break;
 		float4 g = bf16x4_load(w + 4 * j);
-		bf16x4 o = { __floats2bfloat162_rn(v[i].x * r * g.x, v[i].y * r * g.y),
-			     __floats2bfloat162_rn(v[i].z * r * g.z, v[i].w * r * g.w) };
-		*(bf16x4 *)(yr + 4 * j) = o;
+		bf16x4_store(yr + 4 * j, v[i].x * r * g.x, v[i].y * r * g.y, v[i].z * r * g.z, v[i].w * r * g.w);
 	}
 	if (threadIdx.x == 0 && rstd)
 		rstd[row] = r;
@@ -243,6 +231,18 @@ static int norm_reg_nv(int dim)
 	return dim % 4 || nv < 2 || nv > NORM_RV ? 0 : nv <= 2 ? 2 : nv <= 4 ? 4 : 8;
 }
 
+/* launch(std::integral_constant<int, NV>()) for norm_reg_nv's NV (2, 4 or 8). */
+template <class L>
+static void norm_reg_launch(int nv, L launch)
+{
+	if (nv == 2)
+		launch(std::integral_constant<int, 2>());
+	else if (nv == 4)
+		launch(std::integral_constant<int, 4>());
+	else
+		launch(std::integral_constant<int, 8>());
+}
+
 /* The warp-per-row kernels need dim % 4 == 0 and x, dy, dx 16-byte aligned, w and y 8-byte aligned
  * (then every row is); so do the register ones. */
 static int al(const void *p, uintptr_t n) { return !((uintptr_t)p % n); }
@@ -268,14 +268,11 @@ int opsc_rmsnorm_fwd(tier_dev *d, int rows, int dim, float eps, const float *x, 
 	int nv = norm_reg_nv(dim), fit = al(x, 16) && al(w, 8) && al(y, 8);
 	const bf16 *wb = (const bf16 *)w;
 	bf16 *yb = (bf16 *)y;
-	if (nv && fit) {
-		if (nv == 2)
-			rmsnorm_fwd_reg_kernel<2><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, wb, yb, rstd);
-		else if (nv == 4)
-			rmsnorm_fwd_reg_kernel<4><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, wb, yb, rstd);
-		else
-			rmsnorm_fwd_reg_kernel<8><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, wb, yb, rstd);
-	} else if (dim % 4 == 0 && fit)
+	if (nv && fit)
+		norm_reg_launch(nv, [&](auto v) {
+			rmsnorm_fwd_reg_kernel<decltype(v)::value><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, wb, yb, rstd);
+		});
+	else if (dim % 4 == 0 && fit)
 		rmsnorm_fwd4_kernel<<<norm_blocks(rows), 32 * NORM_WARPS, 0, stream_of(d)>>>(rows, dim, eps, x,
 											 (const bf16 *)w, (bf16 *)y, rstd);
 	else
@@ -294,14 +291,12 @@ static int rmsnorm_bwd(const char *op, tier_dev *d, int rows, int dim, const flo
 		return tier_fail(-EINVAL, "%s: rows=%d dim=%d needs the forward's rstd", op, rows, dim);
 	int nv = norm_reg_nv(dim), fit = al(x, 16) && al(w, 8) && al(dy, 16) && al(dx, 16) && (!res || al(res, 16));
 	const bf16 *wb = (const bf16 *)w;
-	if (nv && fit) {
-		if (nv == 2)
-			rmsnorm_bwd_reg_kernel<2><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, x, wb, rstd, dy, res, dx);
-		else if (nv == 4)
-			rmsnorm_bwd_reg_kernel<4><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, x, wb, rstd, dy, res, dx);
-		else
-			rmsnorm_bwd_reg_kernel<8><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, x, wb, rstd, dy, res, dx);
-	} else if (dim % 4 == 0 && fit)
+	if (nv && fit)
+		norm_reg_launch(nv, [&](auto v) {
+			rmsnorm_bwd_reg_kernel<decltype(v)::value><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, x, wb, rstd, dy, res,
+													 dx);
+		});
+	else if (dim % 4 == 0 && fit)
 		rmsnorm_bwd4_kernel<<<norm_blocks(rows), 32 * NORM_WARPS, 0, stream_of(d)>>>(rows, dim, x, (const bf16 *)w,
 											 rstd, dy, res, dx);
 	else
@@ -388,7 +383,7 @@ __global__ void to_bf16_4_kernel(size_t n, const float *x, bf16 *y)
 	size_t n4 = n / 4;
 	GRID_STRIDE(i, n4) {
 		float4 v = ((const float4 *)x)[i];
-		((bf16x4 *)y)[i] = bf16x4{ __floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w) };
+		bf16x4_store(y + 4 * i, v.x, v.y, v.z, v.w);
 	}
 	GRID_STRIDE(i, n - 4 * n4)
 		y[4 * n4 + i] = __float2bfloat16_rn(x[4 * n4 + i]);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
+#include "base/bf16x4.cuh"
 
 #define TOK_THREADS 256
 
@@ -63,11 +64,8 @@ __global__ void combine_bwd4_kernel(int k, int H4, const int32_t *pair_row, cons
 #pragma unroll
 		for (int i = 0; i < NV; i++) {
 			int h = threadIdx.x + i * TOK_THREADS;
-			if (h < H4) {
-				__nv_bfloat162 v[2] = { __floats2bfloat162_rn(wp * g[i].x, wp * g[i].y),
-							__floats2bfloat162_rn(wp * g[i].z, wp * g[i].w) };
-				*(uint2 *)(dr + 4 * h) = *(const uint2 *)v;
-			}
+			if (h < H4)
+				bf16x4_store(dr + 4 * h, wp * g[i].x, wp * g[i].y, wp * g[i].z, wp * g[i].w);
 		}
 	}
 }
@@ -165,10 +163,7 @@ __device__ __forceinline__ float dxg_at(const bf16 *p) { return __bfloat162float
 __device__ __forceinline__ float4 dxg_at4(const float *p) { return __ldg((const float4 *)p); }
 __device__ __forceinline__ float4 dxg_at4(const bf16 *p)
 {
-	uint2 v = __ldg((const uint2 *)p);
-	float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x);
-	float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
-	return make_float4(a.x, a.y, b.x, b.y);
+	return bf16x4_float4(__ldg((const uint2 *)p));
 }
 
 template <typename TI>

@@ -69,12 +69,6 @@ int moe_cuda_mm_lane(tier_dev *dev, int lane, int ta, int tb, int M, int N, int 
 /* Checks of the expert and LoRA pointers against host offsets [E+1] (NULL only for empty experts). */
 int moe_cuda_experts_check(const char *fn, int E, const int32_t *offsets_host, const tier_moe_experts *w,
 			   const tier_moe_loras *lora);
-/* Forward over rows 0..offsets_host[E]-1 of xg (bf16): g, u [rows, I] bf16 (LoRA added in fp32,
- * then rounded once), h bf16, y [rows, H] bf16 (LoRA added; NULL: no down product, and h may
- * be left unwritten). z: scratch of moe_lora_z_bytes(rows,
- * max LoRA rank) bytes (NULL without LoRA). gs: fp32 scratch [rows, I] where a product that is not
- * fused with its adapter meets the adapter's add (needed with LoRA on gate or up; the layer passes
- * its backward's dh piece). */
 /* What a forward keeps for its backward (tier_moe_saved's kept_z, kept_cols, h_in_ws, kept): z
  * NULL when not bound; h_ws 1: h may stay in the h scratch for the backward. The forward sets kept
  * to the TIER_MOE_KEPT_* bits of what it left (the grouped products with LoRA inside the wgmma
@@ -84,6 +78,12 @@ typedef struct {
 	void *z;
 	int z_cols, h_ws, kept;
 } moe_keep;
+/* Forward over rows 0..offsets_host[E]-1 of xg (bf16): g, u [rows, I] bf16 (LoRA added in fp32,
+ * then rounded once), h bf16, y [rows, H] bf16 (LoRA added; NULL: no down product, and h may
+ * be left unwritten). z: scratch of moe_lora_z_bytes(rows,
+ * max LoRA rank) bytes (NULL without LoRA). gs: fp32 scratch [rows, I] where a product that is not
+ * fused with its adapter meets the adapter's add (needed with LoRA on gate or up; the layer passes
+ * its backward's dh piece). keep: what it keeps (above), or NULL. */
 int moe_cuda_experts_fwd_lora(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			      const int32_t *offsets_dev, const tier_moe_experts *w, const tier_moe_loras *lora,
 			      const void *xg, void *g, void *u, void *h, void *y, void *z, float *gs, moe_keep *keep);

@@ -180,7 +180,6 @@ static int pairs_aligned(const void *a, const void *b, const void *c, const void
 	return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 3) == 0;
 }
 
-
 extern "C" int moe_cuda_swiglu(tier_dev *dev, size_t n, const void *g, const void *u, void *h)
 {
 	const bf16 *gb = (const bf16 *)g, *ub = (const bf16 *)u;

@@ -23,7 +23,6 @@ struct gptrs {
 	float *p[TIER_MOE_MAX_EXPERTS];
 };
 
-
 /* Whether one LoRA's arrays suit the grouped kernels: rank a multiple of 8, every pointer of an
  * expert with rows 16-byte aligned. */
 static int lora_fits(const tier_moe_lora *l, int E, const int32_t *off)
