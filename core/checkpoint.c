@@ -45,6 +45,9 @@ int tier_trainer_save(tier_trainer *t, const char *path)
 	if (!t || !path)
 		return tier_fail(-EINVAL, "tier_trainer_save: trainer and path are required");
 	tier_model *m = trainer_model(t);
+	int rs = model_settle(m); /* the state after the last step, its deferred update included */
+	if (rs)
+		return rs;
 	size_t n = m->n_groups, nt = 2 * n + 2;
 	tier_st_wtensor *w = calloc(nt, sizeof *w);
 	char (*names)[96] = calloc(nt, sizeof *names);
@@ -166,8 +169,11 @@ int tier_trainer_load(tier_trainer *t, const char *path)
 		if (!rc)
 			g->t = steps[i];
 	}
-	if (!rc)
+	if (!rc) { /* the file's state replaces the last step's: its deferred update (if any) is void */
 		trainer_set_step(t, now);
+		trainer_optim_drop(t);
+		m->settle_err = 0;
+	}
 	free(buf);
 	free(steps);
 	tier_st_close(st);

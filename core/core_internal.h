@@ -47,6 +47,9 @@ typedef struct lora_group {
 	uint64_t pin_seq;
 	int64_t t;            /* AdamW steps this group took (bias correction) */
 	int touched;          /* gradients written since they were last zeroed */
+	/* The last step's update (train_optim.c), marked at its end from zeroed and touched, which the
+	 * next step clears: set_due (owner) its set gets one, due this group's parameters do. */
+	int set_due, due;
 } lora_group;
 
 typedef struct {
@@ -74,6 +77,14 @@ struct tier_model {
 	uint64_t base_bytes, lora_n;
 	int have_data;
 	int grads_spent; /* the last step's optimizer consumed (dropped) the LoRA gradients */
+	/* A trainer whose last step's optimizer update waits for each layer's next forward
+	 * (tier_train_cfg.optim_in_forward) runs what is still due through settle(settle_arg) before
+	 * anything reads or writes the LoRA state from outside (model_settle); settle_err: the rc of an
+	 * update that failed part-way (the weights lack part of it: no export until a checkpoint is
+	 * loaded). */
+	int (*settle)(void *arg);
+	void *settle_arg;
+	int settle_err;
 	tier_progress_fn progress; /* tier_model_set_progress */
 	void *progress_arg;
 };
@@ -94,6 +105,10 @@ void model_lora_ref(const tier_model *m, const lora_group *g, int proj, const fl
 typedef int (*fill_fn)(tier_model *m, float *dst, size_t n, const char *name, void *arg);
 typedef int (*fill_dev_fn)(tier_model *m, void *dst, size_t n, const char *name, void *arg);
 int model_fill_all(tier_model *m, fill_fn fn, fill_dev_fn dfn, void *arg);
+
+/* Run a trainer's deferred optimizer update before the LoRA state is read or written from outside
+ * its steps (tier_model.settle); 0, or the error that left the update undone. */
+int model_settle(tier_model *m);
 
 /* Object memory from and to the host: plain copies on the CPU, synchronous cudaMemcpy on CUDA. */
 int core_put(const tier_model *m, void *dst, const void *src, size_t bytes);
@@ -121,5 +136,7 @@ int pin_fill_done_all(pinset *ps);
 tier_model *trainer_model(tier_trainer *t);
 int64_t trainer_step_index(const tier_trainer *t);
 void trainer_set_step(tier_trainer *t, int64_t step);
+/* Forget the optimizer update still due (train_optim.c): a checkpoint's state replaced it. */
+void trainer_optim_drop(tier_trainer *t);
 
 #endif

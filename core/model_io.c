@@ -62,10 +62,22 @@ int tier_model_load_hf(tier_model *m, const char *dir)
 	return rc;
 }
 
-/* Copy every group's parameters (which 0) or gradients (which 1) out, or parameters in (dir 1). */
+int model_settle(tier_model *m)
+{
+	if (m->settle_err)
+		return tier_fail(m->settle_err, "the LoRA weights lack part of a training step's optimizer update, which "
+				 "failed; load the last checkpoint (tier_trainer_load) or train again");
+	return m->settle ? m->settle(m->settle_arg) : 0;
+}
+
+/* Copy every group's parameters (which 0) or gradients (which 1) out, or parameters in (dir 1),
+ * the last step's optimizer update first when it is still due (model_settle). */
 static int walk_groups(tier_model *m, int which, tier_peft_adapter *a, int in)
 {
 	size_t k = 0;
+	int rs = model_settle(m);
+	if (rs)
+		return rs;
 	if (which && m->grads_spent)
 		return tier_fail(-ENODATA, "the LoRA gradients of a training step are dropped once its optimizer has used "
 				 "them: compute them with tier_trainer_eval(..., grads = 1) to export them");

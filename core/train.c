@@ -177,8 +177,16 @@ static int trainer_tables(tier_trainer *t, size_t nckpt)
 	    !(t->sched_skip = calloc((size_t)m->L * E, 1)) ||
 	    !(t->ptr = calloc(15 * E, sizeof *t->ptr)) || !(t->cv_src = calloc(E + 2, sizeof *t->cv_src)) ||
 	    !(t->cv_dst = calloc(E + 2, sizeof *t->cv_dst)) || !(t->cv_len = calloc(E + 2, sizeof(size_t))) ||
-	    !(t->hidx = calloc(T * (m->k > 0 ? (size_t)m->k : 1), sizeof(int32_t))))
+	    !(t->hidx = calloc(T * (m->k > 0 ? (size_t)m->k : 1), sizeof(int32_t))) ||
+	    !(t->glo = calloc((size_t)m->L + 1, sizeof *t->glo)) || !(t->opt_due = calloc((size_t)m->L + 1, 1)) ||
+	    !(t->sched_due = calloc((size_t)m->L + 1, 1)))
 		return tier_fail(-ENOMEM, "out of memory for the trainer's tables");
+	size_t g = 0; /* groups are in layer order */
+	for (int l = 0; l <= m->L; l++) {
+		t->glo[l] = g;
+		while (l < m->L && g < m->n_groups && m->groups[g].layer == l)
+			g++;
+	}
 	return 0;
 }
 
@@ -242,6 +250,12 @@ static int trainer_budget(tier_trainer *t, uint64_t sbytes, size_t ta, size_t nc
 			 tier_format_size(t->hbm_cap, have, sizeof have), tier_format_size(t->min_hbm, need, sizeof need));
 }
 
+/* tier_model.settle: the deferred update still due, run outside a step. */
+static int settle_cb(void *arg)
+{
+	return trainer_optim_settle(arg);
+}
+
 int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **out)
 {
 	if (!out)
@@ -299,8 +313,13 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 		if ((rc = tier_obj_create(m->s, ta, TIER_CLASS_ACT, 0, &t->ckpt[i])))
 			goto fail;
 	t->ck = t->ckpt;
-	if ((rc = trainer_cache_open(t)) || (rc = trainer_budget(t, sbytes, ta, nckpt, save)) || (rc = trainer_set_schedule(t)))
+	if ((rc = trainer_cache_open(t)) || (rc = trainer_budget(t, sbytes, ta, nckpt, save)))
 		goto fail;
+	t->defer = c->optim_in_forward && t->scratch_keep; /* the scratch stays pinned beside a set */
+	if ((rc = trainer_set_schedule(t)))
+		goto fail;
+	if (t->defer)
+		m->settle = settle_cb, m->settle_arg = t;
 	*out = t;
 	return 0;
 fail:
@@ -312,6 +331,10 @@ void tier_trainer_destroy(tier_trainer *t)
 {
 	if (!t)
 		return;
+	if (t->m->settle_arg == t) { /* an update still due is made before the state goes */
+		(void)model_settle(t->m); /* a failure is kept in settle_err */
+		t->m->settle = NULL, t->m->settle_arg = NULL;
+	}
 	if (t->prev_on || t->ps.n)
 		(void)tier_dev_sync(t->m->dev);
 	pin_release_all(&t->ps_prev);
@@ -345,11 +368,15 @@ void tier_trainer_destroy(tier_trainer *t)
 	tier_waypoint_close(t->wp);
 	free(t->aw);
 	free(t->aw_grp);
+	free(t->glo);
+	free(t->opt_due);
+	free(t->sched_due);
 	free(t);
 }
 
 uint64_t tier_trainer_min_hbm(const tier_trainer *t) { return t->min_hbm; }
 uint64_t tier_trainer_scratch_bytes(const tier_trainer *t) { return tier_obj_size(t->scratch); }
+int tier_trainer_optim_in_forward(const tier_trainer *t) { return t->defer; }
 
 int tier_trainer_cache_stats(tier_trainer *t, tier_cache_stats *out)
 {
@@ -875,7 +902,9 @@ static int micro(tier_trainer *t, const int32_t *tok, const int32_t *lab, float 
 		rc = trainer_op_end(t, rc);
 	}
 	for (int l = 0; l < m->L && !rc; l++) {
-		rc = op_fwd(t, l, hidden ? hidden + (l + 1) * th : NULL);
+		if (t->mb == 0) /* the step's first forward of the layer: its last update when deferred */
+			rc = trainer_optim_due(t, l);
+		rc = rc ? rc : op_fwd(t, l, hidden ? hidden + (l + 1) * th : NULL);
 		if (m->layers[l].moe)
 			*aux += t->b.ms.aux + t->b.ms.z;
 	}
@@ -915,6 +944,8 @@ static int step_layer_major(tier_trainer *t, const int32_t *tok, const int32_t *
 	rc = trainer_op_close(t, rc, POST_NONE, 0, 0, nm, -1);
 	trainer_charge(t, TIER_PART_EMBED);
 	for (int l = 0; l < m->L && !rc; l++) {
+		if ((rc = trainer_optim_due(t, l))) /* its last update when deferred */
+			break;
 		trainer_at_op(t);
 		for (int mb = 0; mb < nm && !rc; mb++) {
 			use_mb(t, mb);
@@ -1071,8 +1102,8 @@ static int step_end(tier_trainer *t, int rc, double *norm, float *lr, tier_step_
 	rc = rc ? rc : r2;
 	*lr = trainer_lr_at(&t->c, t->step);
 	float gs = t->c.clip > 0 && *norm > t->c.clip ? (float)(t->c.clip / (*norm + 1e-6)) : 1.0f;
-	if (!rc)
-		rc = trainer_adamw(t, *lr, gs); /* announces its operations, one per layer */
+	if (!rc) /* now, announcing its operations, one per layer; or due before each layer's next use */
+		rc = trainer_optim_step(t, *lr, gs);
 	trainer_charge(t, TIER_PART_OPTIM);
 	step_parts(t, rc, r);
 	memcpy(r->ns_part, t->part, sizeof r->ns_part);
@@ -1093,7 +1124,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 				 "(tier_model_init_random) first");
 	uint64_t t0 = tier_now_ns();
 	memset(r, 0, sizeof *r);
-	t->n_piped = t->n_early = t->n_routes = 0;
+	t->n_piped = t->n_early = t->n_routes = t->n_deferred = 0;
 	if ((rc = step_begin(t)))
 		return rc;
 	float loss_sum = 0.0f, lr = 0.0f;
@@ -1109,6 +1140,7 @@ int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 		r->tokens += labels[i] != t->lp.ignore_index;
 	r->ns = tier_now_ns() - t0;
 	r->ops_pipelined = t->n_piped, r->ops_finished_early = t->n_early, r->routes = t->n_routes;
+	r->updates_in_forward = t->n_deferred;
 	return 0;
 }
 
@@ -1123,7 +1155,7 @@ int tier_trainer_eval(tier_trainer *t, const int32_t *tokens, const int32_t *lab
 	if (!t->m->have_data)
 		return tier_fail(-ENODATA, "the model has no base weights; load or make them first");
 	float aux = 0.0f;
-	if ((rc = pass_begin(t)))
+	if ((rc = trainer_optim_settle(t)) || (rc = pass_begin(t))) /* on the weights the last step left */
 		return rc;
 	t->mb = 0, t->last_mb = 1;
 	rc = micro(t, tokens, labels, 1.0f, grads, loss, &aux, hidden);

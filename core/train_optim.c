@@ -1,5 +1,6 @@
 /* train_optim.c - the learning-rate schedule, the global gradient norm (summed as the backward
- * finishes each layer) and AdamW over the LoRA groups, in batches of pinned groups. */
+ * finishes each layer) and AdamW over the LoRA groups, in batches of pinned groups: at the step's
+ * end, or each layer's just before its next forward (tier_train_cfg.optim_in_forward). */
 #include "config.h"
 #include <errno.h>
 #include <math.h>
@@ -135,8 +136,9 @@ int trainer_optim_post(tier_trainer *t, size_t from, size_t to)
 	int rc = 0;
 	for (size_t i = from; i < to && !rc; i += m->groups[i].n_members) {
 		lora_group *own = &m->groups[i];
-		if (!own->zeroed)
+		if (!own->set_due)
 			continue;
+		own->set_due = 0;
 		rc = tier_obj_discard(m->s, own->grad);
 		if (t->spill)
 			tier_writeback(m->s, own->param), tier_writeback(m->s, own->optim);
@@ -165,7 +167,7 @@ static int adamw_set(tier_trainer *t, lora_group *own, float lr, float gscale)
 	    (rc = trainer_pin(t, own->grad, 0, 0, &gr)))
 		return rc;
 	for (int j = 0; j < own->n_members && !rc; j++)
-		if (own[j].touched)
+		if (own[j].due)
 			rc = adamw_group(t, own + j, p, gr, mv, lr, gscale);
 	return rc;
 }
@@ -178,12 +180,12 @@ static int adamw_layer(tier_trainer *t, size_t lo, size_t hi, float lr, float gs
 	size_t from = lo, i;
 	for (i = lo; i < hi && !rc; i += t->m->groups[i].n_members) {
 		lora_group *own = &t->m->groups[i];
-		if (!own->zeroed)
+		if (!own->set_due)
 			continue;
 		rc = adamw_set(t, own, lr, gscale);
 		/* no room: end the batch (its pins split the budget) and try the set alone; alone, drop
-		 * the scratch kept between steps and try once more */
-		while (rc == -ENOSPC && (in_batch || t->scratch_p)) {
+		 * the scratch kept between steps and try once more (not inside a step: it is in use) */
+		while (rc == -ENOSPC && (in_batch || (t->scratch_p && !t->in_fwd))) {
 			if ((rc = adamw_batch_end(t, from, i, lr, gscale, 0)) || (!in_batch && (rc = trainer_scratch_drop(t))))
 				return rc;
 			from = i, in_batch = 0, bytes = 0;
@@ -197,22 +199,92 @@ static int adamw_layer(tier_trainer *t, size_t lo, size_t hi, float lr, float gs
 	return adamw_batch_end(t, from, i, lr, gscale, rc);
 }
 
+/* Layer l's update when due: its groups' batches, each ended as an operation (pipelined). */
+static int optim_layer(tier_trainer *t, int l)
+{
+	if (!t->opt_due[l])
+		return 0;
+	t->opt_due[l] = 0, t->opt_pending--;
+	int rc = adamw_layer(t, t->glo[l], t->glo[l + 1], t->opt_lr, t->opt_gs);
+	if (rc == -ENOSPC && t->in_fwd)
+		rc = tier_fail(rc, "%s; layer %d's optimizer state found no room in HBM beside the step's activations: "
+			       "run with the optimizer at the step's end (tier-run --optimizer-at end)", tier_last_error(), l);
+	if (rc && !t->m->settle_err) /* part of the update may be in: no export of such weights */
+		t->m->settle_err = rc;
+	return rc;
+}
+
+/* Mark what the step updates: the sets whose gradients were zeroed in it (they received some) and
+ * the groups written since; the next step clears zeroed and touched, not these. */
+static void optim_mark(tier_trainer *t, float lr, float gscale)
+{
+	tier_model *m = t->m;
+	memset(t->opt_due, 0, (size_t)m->L);
+	t->opt_pending = 0;
+	for (size_t i = 0; i < m->n_groups; i++) {
+		lora_group *g = &m->groups[i];
+		g->due = g->touched;
+		g->set_due = g->own == g && g->zeroed;
+		if (g->set_due && !t->opt_due[g->layer])
+			t->opt_due[g->layer] = 1, t->opt_pending++;
+	}
+	t->opt_lr = lr, t->opt_gs = gscale;
+}
+
 /* Layer by layer, last to first, each layer an operation of the schedule (train_sched.c). That
  * order ends on the state the next step's forward reads first, still in HBM, while the last
- * layers' state, updated first, has been written down by then and is evicted without a wait. */
-int trainer_adamw(tier_trainer *t, float lr, float gscale)
+ * layers' state, updated first, has been written down by then and is evicted without a wait.
+ * Deferred, each layer's update waits for its next use instead (trainer_optim_due): its state's
+ * transfers then overlap the forward of the layer before, not a phase of their own. */
+int trainer_optim_step(tier_trainer *t, float lr, float gscale)
 {
-	const tier_model *m = t->m;
-	size_t hi = m->n_groups;
+	optim_mark(t, lr, gscale);
+	if (t->defer) /* the next step's schedule lists the updates */
+		return trainer_sched_due(t);
 	int rc = 0;
 	t->aw_n = 0;
-	for (int l = m->L - 1; l >= 0 && !rc; l--) {
-		size_t lo = hi;
-		while (lo > 0 && m->groups[lo - 1].layer == l) /* groups are in layer order */
-			lo--;
+	for (int l = t->m->L - 1; l >= 0 && !rc; l--) {
 		trainer_at_op(t);
-		rc = adamw_layer(t, lo, hi, lr, gscale);
-		hi = lo;
+		rc = optim_layer(t, l);
 	}
 	return trainer_op_end(t, rc); /* the last batch's gradients dropped before the next step */
+}
+
+int trainer_optim_due(tier_trainer *t, int l)
+{
+	if (!t->defer)
+		return 0;
+	trainer_at_op(t); /* the slot is in the schedule whether or not an update is due */
+	if (!t->opt_due[l])
+		return 0;
+	t->in_fwd = 1;
+	int rc = optim_layer(t, l);
+	t->in_fwd = 0;
+	t->n_deferred++;
+	trainer_charge(t, TIER_PART_OPTIM);
+	return rc;
+}
+
+int trainer_optim_settle(tier_trainer *t)
+{
+	if (!t->opt_pending)
+		return 0;
+	int rc = 0;
+	for (int l = t->m->L - 1; l >= 0 && !rc; l--)
+		if (t->opt_due[l]) {
+			tier_store_at_op(t->m->s, trainer_sched_optim_at(t, l));
+			rc = optim_layer(t, l);
+		}
+	rc = trainer_op_end(t, rc);
+	int r2 = trainer_sched_due(t); /* none due now */
+	return rc ? rc : r2;
+}
+
+void trainer_optim_drop(tier_trainer *t)
+{
+	memset(t->opt_due, 0, (size_t)t->m->L);
+	t->opt_pending = 0;
+	for (size_t i = 0; i < t->m->n_groups; i++)
+		t->m->groups[i].due = t->m->groups[i].set_due = 0;
+	(void)trainer_sched_due(t); /* a failure leaves the old schedule: hints only */
 }

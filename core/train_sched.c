@@ -75,53 +75,100 @@ static int skips_unchanged(tier_trainer *t)
 }
 
 /* The optimizer is one operation per layer, last layer first (its sets' parameters, gradients and
- * moments; trainer_adamw), so that the prefetcher brings layer l - 1's state while layer l is
+ * moments; trainer_optim_step), so that the prefetcher brings layer l - 1's state while layer l is
  * updated, and the first layers' updates bring the next step's embedding and first layer. As one
  * operation it left no room to prefetch: its 13 GiB of state, not yet in HBM, was all "needed
- * now". */
+ * now". Deferred (t->defer), layer l's update is the operation before its forward in the step's
+ * first pass: its state comes while the layer before runs. */
+/* Deferred updates: the layers due as the step's end (or a settle) left them, listed from now on
+ * (rebuilt only when that changes: the first step, the one after a settle). */
+int trainer_sched_due(tier_trainer *t)
+{
+	if (!t->defer || !memcmp(t->sched_due, t->opt_due, (size_t)t->m->L))
+		return 0;
+	memcpy(t->sched_due, t->opt_due, (size_t)t->m->L);
+	t->sched_redo = 1;
+	return trainer_set_schedule(t);
+}
+
+size_t trainer_sched_optim_at(const tier_trainer *t, int l)
+{
+	int L = t->m->L, reps = t->nck > 1 ? 1 : t->c.micro_batches;
+	return t->defer ? 1 + 2 * (size_t)l : (size_t)(2 * L + 2) * reps + (size_t)(L - 1 - l);
+}
+
+/* The objects of the step's operations of each kind into pool p: the embedding's, each layer's
+ * forward and backward, the loss's and each layer's optimizer's (op[0], fwd[L], bwd[L], op[1],
+ * opt[L]). Returns the pool's end. */
+static uint64_t *sched_kinds(tier_trainer *t, uint64_t *p, tier_sched_op *op, tier_sched_op *fwd,
+			     tier_sched_op *bwd, tier_sched_op *opt)
+{
+	tier_model *m = t->m;
+	int L = m->L;
+	size_t n = ckpt_ids(t, 0, 0, p, add_ids(p, 0, m->embed));
+	op[0] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
+	p += n;
+	for (int l = 0; l < L; l++) {
+		n = layer_ids(t, l, 0, p);
+		fwd[l] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
+		p += n;
+		n = layer_ids(t, l, 1, p);
+		bwd[l] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
+		p += n;
+	}
+	n = ckpt_ids(t, L, L, p, add_ids(p, add_ids(p, 0, m->norm), m->lm_head));
+	op[1] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
+	p += n;
+	size_t g = 0;
+	for (int l = 0; l < L; l++) {
+		n = 0;
+		for (; g < m->n_groups && m->groups[g].layer == l; g += m->groups[g].n_members) {
+			if (t->defer && !t->sched_due[l])
+				continue;
+			n = add_ids(p, n, m->groups[g].optim); /* in adamw_set's pin order */
+			n = group_ids(p, n, &m->groups[g], 1);
+		}
+		opt[l] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
+		p += n;
+	}
+	return p;
+}
+
 int trainer_set_schedule(tier_trainer *t)
 {
 	tier_model *m = t->m;
 	/* after each step's forward with routing (sched_routed) this ran again: 0.6-0.9 ms of the host's
 	 * time a step with the (a) job, between the forward and the loss, where every expert gets
 	 * tokens every step and the schedule came out the same */
-	if (skips_unchanged(t))
+	if (skips_unchanged(t) && !t->sched_redo)
 		return 0;
+	t->sched_redo = 0;
 	/* micro-batch-major: the operations repeat for each micro-batch; layer-major: once */
 	int L = m->L, per = L * 2 + 2, reps = t->nck > 1 ? 1 : t->c.micro_batches, nops = per * reps + L;
 	size_t cap = (size_t)W_NSLOTS + 4 + 4 * (size_t)m->E + 3 * m->n_groups + 8 + 2 * (size_t)t->nck;
-	tier_sched_op *ops = calloc((size_t)nops, sizeof *ops);
-	uint64_t *pool = calloc((size_t)per * cap + 3 * m->n_groups + 8, sizeof *pool), *p = pool;
+	tier_sched_op *ops = calloc((size_t)nops + 3 * (size_t)L + 2, sizeof *ops);
+	uint64_t *pool = calloc((size_t)per * cap + 3 * m->n_groups + 8, sizeof *pool);
 	if (!ops || !pool) {
 		free(ops);
 		free(pool);
 		return tier_fail(-ENOMEM, "out of memory for the step schedule");
 	}
-	for (int i = 0; i < per; i++) {
-		size_t n = 0;
-		if (i == 0) {
-			n = ckpt_ids(t, 0, 0, p, add_ids(p, 0, m->embed));
-		} else if (i <= L) {
-			n = layer_ids(t, i - 1, 0, p);
-		} else if (i == L + 1) {
-			n = ckpt_ids(t, L, L, p, add_ids(p, add_ids(p, 0, m->norm), m->lm_head));
-		} else {
-			n = layer_ids(t, 2 * L + 1 - i, 1, p);
+	tier_sched_op *kind = ops + nops, *fwd = kind + 2, *bwd = fwd + L, *opt = bwd + L;
+	sched_kinds(t, pool, kind, fwd, bwd, opt);
+	size_t k = 0;
+	for (int r = 0; r < reps; r++) {
+		ops[k++] = kind[0];
+		for (int l = 0; l < L; l++) {
+			if (t->defer && r == 0)
+				ops[k++] = opt[l];
+			ops[k++] = fwd[l];
 		}
-		for (int mb = 0; mb < reps; mb++)
-			ops[mb * per + i] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
-		p += n;
+		ops[k++] = kind[1];
+		for (int l = L - 1; l >= 0; l--)
+			ops[k++] = bwd[l];
 	}
-	size_t g = 0;
-	for (int l = 0; l < L; l++) {
-		size_t n = 0;
-		for (; g < m->n_groups && m->groups[g].layer == l; g += m->groups[g].n_members) {
-			n = add_ids(p, n, m->groups[g].optim); /* in adamw_set's pin order */
-			n = group_ids(p, n, &m->groups[g], 1);
-		}
-		ops[nops - 1 - l] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
-		p += n;
-	}
+	for (int l = L - 1; l >= 0 && !t->defer; l--)
+		ops[k++] = opt[l];
 	int rc = tier_store_set_schedule(m->s, ops, (size_t)nops, 1);
 	t->sched_built = rc == 0;
 	free(ops);

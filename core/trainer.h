@@ -83,6 +83,7 @@ struct tier_trainer {
 	int have_mbcounts;     /* 0 before the first forward (and with $TIER_SCHED_ROUTED=0): all experts */
 	uint8_t *sched_skip;   /* [L E]: the experts the store's schedule left out of their operations, */
 	int sched_built;       /* once built: a schedule leaving out the same ones is not built again */
+	int sched_redo;        /* build it again even so (the deferred updates due changed) */
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
 	uint64_t min_hbm, hbm_cap;
 	/* CUDA: bf16 copies of one layer's LoRA (l16, in scratch) made by one batched conversion
@@ -120,6 +121,18 @@ struct tier_trainer {
 	int spill;                        /* the step's objects exceed the HBM budget: what is written
 					   * and read again later is written down ahead of its eviction */
 	double gss;                       /* CPU: the sum of squares of the step's LoRA gradients */
+	/* The optimizer (train_optim.c): each layer's groups [glo[l], glo[l + 1]); a step's update is
+	 * marked at its end with its lr and clip scale and runs then, or with defer before each layer's
+	 * next forward (tier_train_cfg.optim_in_forward; only where the HBM budget keeps the scratch
+	 * pinned beside an optimizer set); opt_due[l]: layer l's update is still to run, opt_pending
+	 * how many are; in_fwd: one runs inside a step (the scratch, in use, may not be dropped for
+	 * room); n_deferred: the step's deferred updates (tier_step_result.updates_in_forward). */
+	size_t *glo;
+	uint8_t *opt_due;
+	uint8_t *sched_due;    /* [L] the layers due as the schedule lists them (deferred: a layer with
+				* none due lists no objects for its update, prefetching none) */
+	int defer, opt_pending, in_fwd, n_deferred;
+	float opt_lr, opt_gs;
 	opsc_adamw_t *aw;                 /* CUDA: the optimizer batch's updates, one launch (train_optim.c) */
 	struct lora_group **aw_grp;       /* their groups (a batch not launched takes their steps back) */
 	int aw_n, aw_cap;
@@ -150,11 +163,16 @@ void trainer_at_op(tier_trainer *t);
 /* Unpin and drop the scratch kept between steps (the optimizer, short of room); 0 or the error. */
 int trainer_scratch_drop(tier_trainer *t);
 
-/* train_sched.c: hand the step's operations (objects, forward then backward, then the optimizer)
+/* train_sched.c: hand the step's operations (objects, forward then backward, then the optimizer, or
+ * deferred each layer's update before its forward)
  * to the store's prefetcher and schedule-aware policy; a backward lists only the experts its
  * micro-batch's forward routed tokens to, so that the store does not bring experts that no token
  * uses (forwards too with $TIER_SCHED_ROUTED=all, from the latest routing). */
 int trainer_set_schedule(tier_trainer *t);
+/* The schedule's index of layer l's optimizer operation; sched_due: the schedule rebuilt when the
+ * deferred updates due (t->opt_due) differ from those it lists. */
+size_t trainer_sched_optim_at(const tier_trainer *t, int l);
+int trainer_sched_due(tier_trainer *t);
 
 /* train_optim.c: the learning rate of step s; the global LoRA gradient norm (its sum of squares
  * reset at the start of a step and accumulated by trainer_grads_done as each layer's gradients are
@@ -163,7 +181,15 @@ float trainer_lr_at(const tier_train_cfg *c, int64_t s);
 int trainer_grad_norm_reset(tier_trainer *t);
 int trainer_grads_done(tier_trainer *t, int l);
 int trainer_grad_norm(tier_trainer *t, double *out);
-int trainer_adamw(tier_trainer *t, float lr, float gscale);
+/* The step's end: mark the update of every group that received gradients (lr, clip scale gscale)
+ * and run it now, layer by layer from the last (each an operation of the schedule), or with
+ * t->defer leave it due. optim_due: before layer l's first forward in a step (its schedule slot
+ * announced), layer l's update when due. settle: every update still due, now (before anything
+ * outside the steps reads or writes the LoRA state); trainer_optim_drop (core_internal.h) forgets
+ * them. */
+int trainer_optim_step(tier_trainer *t, float lr, float gscale);
+int trainer_optim_due(tier_trainer *t, int l);
+int trainer_optim_settle(tier_trainer *t);
 /* An optimizer batch's post (groups [from, to)): their gradients dropped, state written down. */
 int trainer_optim_post(tier_trainer *t, size_t from, size_t to);
 

@@ -117,6 +117,13 @@ expect1 "must divide" --moe-chunks 3 $small # 2 x 16 tokens
 ./tier-run $small --micro-batches 2 --quiet --out "$tmp/mb" >/dev/null 2>"$tmp/err" || fail "--micro-batches 2: $(cat "$tmp/err")"
 ./tier-run $small --micro-batches 2 --layer-major --quiet --out "$tmp/lm" >/dev/null 2>"$tmp/err" || fail "--layer-major: $(cat "$tmp/err")"
 cmp -s "$tmp/mb/adapter_model.safetensors" "$tmp/lm/adapter_model.safetensors" || fail "--layer-major changed the adapter"
+# the optimizer in the next step's forward: the same adapter, with a checkpoint written on the way
+expect1 "end or forward" --optimizer-at later $small
+./tier-run $small --micro-batches 2 --optimizer-at forward --checkpoint-every 3 --quiet --out "$tmp/of" >/dev/null \
+	2>"$tmp/err" || fail "--optimizer-at forward: $(cat "$tmp/err")"
+! grep -q "AdamW runs at each step's end" "$tmp/err" || fail "--optimizer-at forward fell back: $(cat "$tmp/err")"
+cmp -s "$tmp/mb/adapter_model.safetensors" "$tmp/of/adapter_model.safetensors" ||
+	fail "--optimizer-at forward changed the adapter"
 # micro-batches whose weights do not fit the HBM budget: tier-run suggests --layer-major, not when given
 ./tier-run $small --steps 1 --micro-batches 2 --out "$tmp/h1" >"$tmp/hint.txt" 2>&1 || fail "--micro-batches 2: $(cat "$tmp/hint.txt")"
 grep -q "^# hint: .*--layer-major fetches them once a step for all 2" "$tmp/hint.txt" || fail "no --layer-major hint"

@@ -62,11 +62,12 @@ static const char *rig_opcache; /* operator cache rules of the next rig (NULL: n
 static int rig_micro = 1;        /* micro-batches of the next rig */
 static int rig_chunks = 0;       /* MoE chunks of the next rig (tier_train_cfg.moe_chunks) */
 static int rig_lmajor = 0;       /* tier_train_cfg.layer_major of the next rig */
+static int rig_optfwd = 0;       /* tier_train_cfg.optim_in_forward of the next rig */
 
 /* The next rigs' settings back to the above: a test that changed them ends with this. */
 static void rig_defaults(void)
 {
-	rig_opcache = NULL, rig_micro = 1, rig_chunks = 0, rig_lmajor = 0;
+	rig_opcache = NULL, rig_micro = 1, rig_chunks = 0, rig_lmajor = 0, rig_optfwd = 0;
 }
 
 static int rig_open(rig *r, const tier_hf_config *c, const tier_lora_cfg *lc, uint64_t hbm, int batch, int seq,
@@ -82,7 +83,7 @@ static int rig_open(rig *r, const tier_hf_config *c, const tier_lora_cfg *lc, ui
 	tier_train_cfg_init(&r->tc);
 	r->tc.batch = batch, r->tc.seq = seq, r->tc.steps = 30, r->tc.warmup = 0, r->tc.lr = 1e-2f;
 	r->tc.opcache = rig_opcache, r->tc.micro_batches = rig_micro, r->tc.moe_chunks = rig_chunks;
-	r->tc.layer_major = rig_lmajor;
+	r->tc.layer_major = rig_lmajor, r->tc.optim_in_forward = rig_optfwd;
 	if ((rc = tier_trainer_create(r->m, &r->tc, &r->t)))
 		return rc;
 	size_t T = (size_t)batch * seq * 4;
@@ -580,6 +581,124 @@ static void test_layer_major(void **state)
 		tier_peft_free(w[1]);
 	}
 	rig_defaults();
+}
+
+/* One configuration of test_optim_in_forward: 5 steps with the optimizer at each step's end (v 0)
+ * and in the next step's forward (v 1), a checkpoint saved after step 2; the losses, the
+ * checkpoints' bytes, an evaluation after the steps and the adapters equal bit for bit. *deferred
+ * gets the updates the forwards ran; v 1's adapter is exported after its trainer is destroyed (its
+ * last update made then). Returns whether v 1 deferred (the budget allowed it). */
+static int optim_fwd_case(const tier_hf_config *c, const tier_lora_cfg *lc, const char *what, uint64_t hbm,
+			  const char *ck[2], int *deferred)
+{
+	float loss[2][5], ev[2];
+	tier_peft_adapter *w[2];
+	int on = 0;
+	*deferred = 0;
+	for (int v = 0; v < 2; v++) {
+		rig q;
+		rig_optfwd = v;
+		assert_int_equal(rig_open(&q, c, lc, hbm, 2, 8, 3, 0.1), 0);
+		on = tier_trainer_optim_in_forward(q.t);
+		if (!v)
+			assert_int_equal(on, 0);
+		for (int st = 0; st < 5; st++) {
+			fill_batch(&q, 23, seed + 17 + (uint64_t)st, 16 * (size_t)rig_micro);
+			tier_step_result res;
+			int rc = tier_trainer_step(q.t, q.tok, q.lab, &res);
+			if (rc)
+				printf("# %s, step %d: %s\n", what, st, tier_last_error());
+			assert_int_equal(rc, 0);
+			loss[v][st] = res.loss;
+			/* the first step has nothing due, nor the one after the checkpoint (saving ran it) */
+			if (!on || st == 0 || st == 2)
+				assert_int_equal(res.updates_in_forward, 0);
+			else
+				assert_true(res.updates_in_forward > 0);
+			*deferred += v ? res.updates_in_forward : 0;
+			if (st == 1)
+				assert_int_equal(tier_trainer_save(q.t, ck[v]), 0);
+		}
+		assert_int_equal(tier_trainer_eval(q.t, q.tok, q.lab, 0, &ev[v], NULL), 0);
+		assert_int_equal(tier_trainer_step(q.t, q.tok, q.lab, &(tier_step_result){ 0 }), 0);
+		tier_trainer_destroy(q.t); /* v 1: the sixth step's update made here */
+		q.t = NULL;
+		assert_int_equal(tier_model_lora_export(q.m, 0, &w[v]), 0);
+		rig_close(&q);
+	}
+	printf("# %s: losses %.7f .. %.7f, %d updates in the next forward%s\n", what, loss[1][0], loss[1][4], *deferred,
+	       on ? "" : " (the budget holds no optimizer set beside the scratch: at the step's end)");
+	assert_memory_equal(loss[0], loss[1], sizeof loss[0]);
+	assert_memory_equal(&ev[0], &ev[1], sizeof ev[0]);
+	assert_adapters_equal(w[0], w[1]);
+	tier_peft_free(w[0]);
+	tier_peft_free(w[1]);
+	FILE *f[2] = { fopen(ck[0], "rb"), fopen(ck[1], "rb") };
+	assert_true(f[0] && f[1]);
+	for (int a, b;;) { /* the same checkpoint, byte for byte */
+		a = fgetc(f[0]), b = fgetc(f[1]);
+		assert_int_equal(a, b);
+		if (a == EOF)
+			break;
+	}
+	fclose(f[0]);
+	fclose(f[1]);
+	return on;
+}
+
+/* The optimizer in the next step's forward (tier_train_cfg.optim_in_forward) changes no value:
+ * losses, checkpoints, evaluations and adapters equal the step-end optimizer's bit for bit, under a
+ * large budget, a spilling one, layer-major with 3 micro-batches, 2 micro-batches with the op cache,
+ * and not pipelined; a budget with no room for an optimizer set beside the scratch falls back to
+ * the step's end. Resuming from the deferred run's checkpoint continues it exactly. */
+static void test_optim_in_forward(void **state)
+{
+	(void)state;
+	tier_hf_config c;
+	tier_lora_cfg lc;
+	wider_all_targets(&c, &lc);
+	lc.dropout = 0.0f;
+	char dir[256], p0[300], p1[300];
+	const char *base = getenv("TMPDIR");
+	snprintf(dir, sizeof dir, "%s/tier-train-optfwd.XXXXXX", base && *base ? base : P_tmpdir);
+	assert_non_null(mkdtemp(dir));
+	snprintf(p0, sizeof p0, "%s/end.safetensors", dir);
+	snprintf(p1, sizeof p1, "%s/fwd.safetensors", dir);
+	const char *ck[2] = { p0, p1 };
+	uint64_t need = min_hbm_of(&c, &lc);
+	int n;
+	assert_true(optim_fwd_case(&c, &lc, "large budget", 64u << 20, ck, &n) && n > 0);
+	assert_true(optim_fwd_case(&c, &lc, "spilling budget", need * 2, ck, &n) && n > 0);
+	assert_false(optim_fwd_case(&c, &lc, "the smallest budget", need * 9 / 8, ck, &n));
+	rig_micro = 3, rig_lmajor = 1;
+	assert_true(optim_fwd_case(&c, &lc, "layer-major, 3 micro-batches, spilling", need * 5 / 2, ck, &n) && n > 0);
+	rig_lmajor = 0, rig_micro = 2, rig_opcache = "all:hbm=4M:ddr=8M";
+	assert_true(optim_fwd_case(&c, &lc, "2 micro-batches, op cache", 64u << 20, ck, &n) && n > 0);
+	rig_micro = 1, rig_opcache = NULL;
+	setenv("TIER_PIPELINE", "0", 1);
+	assert_true(optim_fwd_case(&c, &lc, "not pipelined", need * 2, ck, &n) && n > 0);
+	unsetenv("TIER_PIPELINE");
+	/* resumed from the deferred run's checkpoint (after step 2): steps 3 to 5 as that run's */
+	float whole[5], part[5];
+	for (int run = 0; run < 2; run++) {
+		rig q;
+		rig_optfwd = 1;
+		assert_int_equal(rig_open(&q, &c, &lc, 64u << 20, 2, 8, 3, 0.1), 0);
+		if (run)
+			assert_int_equal(tier_trainer_load(q.t, p1), 0);
+		for (int st = run ? 2 : 0; st < 5; st++) {
+			fill_batch(&q, 23, seed + 17 + (uint64_t)st, 16);
+			tier_step_result res;
+			assert_int_equal(tier_trainer_step(q.t, q.tok, q.lab, &res), 0);
+			(run ? part : whole)[st] = res.loss;
+		}
+		rig_close(&q);
+	}
+	assert_memory_equal(whole + 2, part + 2, 3 * sizeof whole[0]);
+	rig_defaults();
+	unlink(p0);
+	unlink(p1);
+	rmdir(dir);
 }
 
 /* Pipelined operations (train_pending.c: an operation's end put off behind the next one's kernels)
@@ -1477,6 +1596,7 @@ int main(void)
 		cmocka_unit_test(test_grad_norm_and_spent_grads),
 		cmocka_unit_test(test_moe_chunks),
 		cmocka_unit_test(test_layer_major),
+		cmocka_unit_test(test_optim_in_forward),
 		cmocka_unit_test(test_pipeline_transparent),
 		cmocka_unit_test(test_opcache_transparent),
 		cmocka_unit_test(test_opcache_attention_output),

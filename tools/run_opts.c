@@ -49,6 +49,10 @@ void run_opts_usage(FILE *f)
 		"  --layer-major        with --micro-batches N: each layer's forward and backward runs all N\n"
 		"                       micro-batches, its weights fetched once a step, not N times (the same\n"
 		"                       losses; N micro-batches' layer inputs kept, spilled to --ddr)\n"
+		"  --optimizer-at WHEN  end: AdamW at each step's end (default); forward: each layer's update\n"
+		"                       just before its next forward, its state's transfers overlapping the\n"
+		"                       layer before (the same updates; needs HBM for an optimizer set beside\n"
+		"                       the step's scratch, else end)\n"
 		"  --lr X               peak learning rate (default 1e-2)\n"
 		"  --warmup N           linear warmup steps (default 20), then cosine\n"
 		"  --min-lr-ratio X     the cosine's floor as a fraction of --lr (default 0.1)\n"
@@ -89,7 +93,7 @@ enum {
 	O_MODEL = 256, O_INIT, O_CONFIG, O_INITR, O_DATA, O_R, O_ALPHA, O_RSLORA, O_TARGETS, O_STEPS, O_BATCH, O_SEQ,
 	O_MICRO, O_LR, O_WARMUP, O_MINLR, O_WD, O_CLIP, O_SEED, O_HBM, O_DDR, O_NVME, O_POLICY, O_DEVICE, O_OUT,
 	O_QUIET, O_HELP, O_CKPT, O_RESUME,
-	O_TRACE, O_PEAK, O_OPCACHE, O_PWIN, O_DROPOUT, O_MOECHUNKS, O_LMAJOR,
+	O_TRACE, O_PEAK, O_OPCACHE, O_PWIN, O_DROPOUT, O_MOECHUNKS, O_LMAJOR, O_OPTAT,
 };
 static const struct option opts[] = {
 	{ "model", required_argument, NULL, O_MODEL }, { "init", required_argument, NULL, O_INIT },
@@ -110,7 +114,7 @@ static const struct option opts[] = {
 	{ "trace", required_argument, NULL, O_TRACE }, { "peak-tflops", required_argument, NULL, O_PEAK },
 	{ "op-cache", required_argument, NULL, O_OPCACHE }, { "prefetch-window", required_argument, NULL, O_PWIN },
 	{ "lora-dropout", required_argument, NULL, O_DROPOUT }, { "moe-chunks", required_argument, NULL, O_MOECHUNKS },
-	{ "layer-major", no_argument, NULL, O_LMAJOR },
+	{ "layer-major", no_argument, NULL, O_LMAJOR }, { "optimizer-at", required_argument, NULL, O_OPTAT },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -220,6 +224,11 @@ static int parse_one(run_opts *o, int c, const char *a)
 	case O_PWIN: return parse_int(name, a, 0, 64, &o->pwin);
 	case O_MOECHUNKS: return parse_int(name, a, 1, 1 << 20, &o->moe_chunks);
 	case O_LMAJOR: o->layer_major = 1; return 0;
+	case O_OPTAT:
+		if (strcmp(a, "end") && strcmp(a, "forward"))
+			return bad_arg(name, a, "end or forward");
+		o->optim_fwd = !strcmp(a, "forward");
+		return 0;
 	case O_OPCACHE: {
 		tier_cache_config cc;
 		if (tier_cache_config_parse(a, &cc)) {

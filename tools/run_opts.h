@@ -12,6 +12,7 @@ typedef struct {
 	uint64_t hbm, ddr, nvme;
 	char nvme_dir[4096];
 	int lora_r, rslora, steps, batch, seq, micro, warmup, quiet, ckpt_every, hbm_max, hbm_set, pwin, moe_chunks, layer_major;
+	int optim_fwd; /* --optimizer-at forward */
 	double lora_alpha, lr, min_lr_ratio, wd, clip, init_range, peak_tflops, dropout;
 	uint64_t seed;
 	char *kept[64];      /* values read from CONFIG.json, which the fields above point into */

@@ -279,7 +279,7 @@ static int job_model(job *j, const run_opts *o, const tier_hf_config *cfg, tier_
 	tc->batch = o->batch, tc->seq = o->seq, tc->micro_batches = o->micro, tc->steps = o->steps;
 	tc->warmup = o->warmup, tc->lr = (float)o->lr, tc->min_lr_ratio = (float)o->min_lr_ratio;
 	tc->weight_decay = (float)o->wd, tc->clip = (float)o->clip, tc->opcache = o->opcache;
-	tc->moe_chunks = o->moe_chunks, tc->layer_major = o->layer_major;
+	tc->moe_chunks = o->moe_chunks, tc->layer_major = o->layer_major, tc->optim_in_forward = o->optim_fwd;
 	if (o->layer_major && o->micro < 2)
 		fprintf(stderr, "tier-run: --layer-major has no effect with one micro-batch (add --micro-batches N)\n");
 	if (tier_trainer_create(j->m, tc, &j->t))
@@ -345,6 +345,9 @@ static void job_report(const job *j, const run_opts *o, const tier_hf_config *cf
 			tier_format_size(j->hbm, h, sizeof h), tier_format_size(need, nd, sizeof nd),
 			tier_format_size(roomy_hbm(need), w, sizeof w));
 	}
+	if (o->optim_fwd && !tier_trainer_optim_in_forward(j->t))
+		fprintf(stderr, "tier-run: --optimizer-at forward: the HBM budget cannot hold an optimizer set beside the "
+			"step's scratch, so AdamW runs at each step's end\n");
 	if (!o->quiet && o->micro > 1 && !o->layer_major && bytes > j->hbm) /* the order that streams less */
 		printf("# hint: the base weights exceed --hbm, so each micro-batch fetches every layer again; "
 		       "--layer-major fetches them once a step for all %d (the same losses and adapter; measured "

@@ -171,6 +171,14 @@ typedef struct {
 	 * (store objects, spilled to DDR under a small budget) and running gradient (in the scratch).
 	 * The same sums in the same order: the losses equal the micro-batch-major step's bit for bit. */
 	int layer_major;
+	/* Each layer's AdamW update runs just before that layer's first forward in the next step, not
+	 * in a phase at the step's end: the same updates in the same values (the global norm's clip
+	 * is known by then), but the optimizer state's transfers overlap the forward of the layer
+	 * before. What is still due runs before anything reads or writes the LoRA state from outside
+	 * the steps (tier_model_lora_export and _import, tier_trainer_save, tier_trainer_eval, and
+	 * tier_trainer_destroy). Only where the HBM budget holds an optimizer set beside the step's
+	 * scratch (else at the step's end: tier_trainer_optim_in_forward says which). */
+	int optim_in_forward;
 } tier_train_cfg;
 /* batch 4, seq 64, 1 micro-batch, 100 steps, warmup 5, lr 2e-3, min_lr_ratio 0.1, betas 0.9/0.999,
  * eps 1e-8, weight decay 0, clip 1. */
@@ -204,6 +212,9 @@ typedef struct {
 	 * forward's experts instead (the MoE chunks' too), routing only where that forward's counts
 	 * are missing. */
 	int routes;
+	/* Layers whose update from the step before ran inside this step's forward
+	 * (tier_train_cfg.optim_in_forward); their time is in ns_part[TIER_PART_OPTIM]. */
+	int updates_in_forward;
 } tier_step_result;
 enum { TIER_PART_EMBED, TIER_PART_ATTN_FWD, TIER_PART_ROUTE, TIER_PART_MLP_FWD, TIER_PART_LOSS,
        TIER_PART_MLP_BWD, TIER_PART_ATTN_BWD, TIER_PART_OPTIM, TIER_PART_PIN, TIER_NPARTS };
@@ -217,13 +228,18 @@ typedef struct tier_trainer tier_trainer;
  * the HBM budget cannot hold one layer's weights with the workspace (message: bytes needed),
  * -ENOMEM. *out NULL on failure. */
 int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **out);
-void tier_trainer_destroy(tier_trainer *t); /* NULL is fine */
+/* NULL is fine. An optimizer update still due (tier_train_cfg.optim_in_forward) runs first; should
+ * it fail, the model's LoRA export and import refuse with the reason until a checkpoint is loaded. */
+void tier_trainer_destroy(tier_trainer *t);
 /* Bytes of HBM one step needs at least (largest layer's weights and LoRA state, two checkpoints,
  * the workspace). */
 uint64_t tier_trainer_min_hbm(const tier_trainer *t);
 /* Of it, the step's scratch: one layer's activations and gradients, the MoE and loss workspaces
  * (grows with batch x seq; what decides the largest batch under an HBM budget). */
 uint64_t tier_trainer_scratch_bytes(const tier_trainer *t);
+/* 1 when the optimizer runs in the next step's forward (tier_train_cfg.optim_in_forward, and the
+ * budget allows it), 0 when at each step's end. */
+int tier_trainer_optim_in_forward(const tier_trainer *t);
 /* One optimizer step over micro_batches micro-batches: tokens and labels [micro_batches, batch,
  * seq] (labels: the target of each position, -100 for none). Returns 0 with *r filled, -EINVAL
  * (token or label out of range), or the store's error (the step is then lost: LoRA weights are
