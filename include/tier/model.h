@@ -243,7 +243,8 @@ int tier_trainer_optim_in_forward(const tier_trainer *t);
 /* One optimizer step over micro_batches micro-batches: tokens and labels [micro_batches, batch,
  * seq] (labels: the target of each position, -100 for none). Returns 0 with *r filled, -EINVAL
  * (token or label out of range), or the store's error (the step is then lost: LoRA weights are
- * as before unless the failure hit the optimizer update itself). */
+ * as before unless the failure hit the optimizer update itself; with optim_in_forward the updates
+ * of the step before that its forward had made stay made, and those not yet made stay due). */
 int tier_trainer_step(tier_trainer *t, const int32_t *tokens, const int32_t *labels, tier_step_result *r);
 /* The operator cache's counters since the trainer was made: 0, or -ENOENT without a cache. */
 int tier_trainer_cache_stats(tier_trainer *t, tier_cache_stats *out);
