@@ -13,20 +13,25 @@
 # Session 20 ran session 19's commits (e1c2104) on an H200 beside 987f337's tier-run: tests pass,
 # +1.9% (a) at batch 1 and +2.1% at batch 3 (bench/RESULTS.md, "session 20"); its last call's (a)
 # at batch 1 and (b) logs were lost (a cut-off call returns only 8 files: the logs now go into
-# $OUT/logs.tgz after every step). Staged at session 20's end: 1e18e50's binaries (e1c2104's
-# kernels; the decoder's MoE workspace sized by the experts' adapters, the same for this job; the
-# mends' bf16x4 helpers, which make the norms', conversions', combine backward's and row sums' bf16
-# accesses single 8-byte ones: not yet run on a GPU, so the CUDA tests first), with
+# $OUT/logs.tgz after every step). Session 21 had no device. Staged at its end: the binaries of
+# its last commit: 1e18e50's kernels (the mends' bf16x4 helpers, which make the norms',
+# conversions', combine backward's and row sums' bf16 accesses single 8-byte ones: not yet run on
+# a GPU, so the CUDA tests first) and session 21's `--optimizer-at forward` (each layer's AdamW
+# update just before its next forward; the same values on the CPU, never run on a GPU), with
 # 987f337's tier-run in .device/old (ignored by git: restage with bench/stage-device.sh, and copy
-# the last measured build's tier-run to .device/old first, if the machine's copy is gone). The next call,
-# on an H200, re-measures the gates with that peer, and TIER_MOE_EARLY_PERMUTE=1 (the permute queued
-# before the route's read-back, never yet measured) against the default in (a) and (b) (~460 s):
+# the last measured build's tier-run to .device/old first, if the machine's copy is gone). Two
+# calls on an H200 (needs_h200), carry [".device/pack.tar.xz", ".device/lib", ".device/old"]:
+# 1. the tests and the gates beside the old build (~420 s):
 #   TESTS="test_ops_cuda test_attn_cuda test_moe_cuda test_golden_cuda" STAGES=tests,a,b,c
-#   A_ALT=TIER_MOE_EARLY_PERMUTE=1
-#   B_ALT=TIER_MOE_EARLY_PERMUTE=1 RUN_OLD=$PWD/.device/old/tier-run
-#   A_ARGS="--batch 3 --op-cache all:hbm=56G" bench/next-session.sh .device/bin $OUT
-# with carry [".device/pack.tar.xz", ".device/lib", ".device/old"]. At batch 3 the op cache's
-# entries took 43.7 GiB (all 576 kept; 56G leaves room for a build whose entries grow).
+#   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3 --op-cache all:hbm=56G"
+#   bench/next-session.sh .device/bin $OUT
+# 2. the untried options against the default in the same call (~500 s): (b) with the optimizer in
+#   the next forward, and TIER_MOE_EARLY_PERMUTE=1 (the permute queued before the route's
+#   read-back) in (a) and (b):
+#   STAGES=a,b B_ARGS="--optimizer-at forward" A_ALT=TIER_MOE_EARLY_PERMUTE=1
+#   B_ALT=TIER_MOE_EARLY_PERMUTE=1 bench/next-session.sh .device/bin $OUT
+# At batch 3 the op cache's entries took 43.7 GiB (all 576 kept; 56G leaves room for a build whose
+# entries grow).
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
 # TIER_MOE_WGMMA_TILE (~300 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
