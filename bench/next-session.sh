@@ -25,11 +25,12 @@
 #   TESTS="test_ops_cuda test_attn_cuda test_moe_cuda test_golden_cuda" STAGES=tests,a,b,c
 #   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3 --op-cache all:hbm=56G"
 #   bench/next-session.sh .device/bin $OUT
-# 2. the untried options against the default in the same call (~500 s): (b) with the optimizer in
-#   the next forward, and TIER_MOE_EARLY_PERMUTE=1 (the permute queued before the route's
-#   read-back) in (a) and (b):
-#   STAGES=a,b B_ARGS="--optimizer-at forward" A_ALT=TIER_MOE_EARLY_PERMUTE=1
-#   B_ALT=TIER_MOE_EARLY_PERMUTE=1 bench/next-session.sh .device/bin $OUT
+# 2. the untried options against the default in the same call (~350 s): the optimizer in the
+#   next forward (in (b) its state's transfers overlap the forward; in (a) the host's pinning
+#   between its 48 operations does), and TIER_MOE_EARLY_PERMUTE=1 (the permute queued before the
+#   route's read-back), each in (a) and (b):
+#   STAGES=a,b A_ARGS="--optimizer-at forward" B_ARGS="--optimizer-at forward"
+#   A_ALT=TIER_MOE_EARLY_PERMUTE=1 B_ALT=TIER_MOE_EARLY_PERMUTE=1 bench/next-session.sh .device/bin $OUT
 # At batch 3 the op cache's entries took 43.7 GiB (all 576 kept; 56G leaves room for a build whose
 # entries grow).
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
