@@ -124,6 +124,10 @@ expect1 "end or forward" --optimizer-at later $small
 ! grep -q "AdamW runs at each step's end" "$tmp/err" || fail "--optimizer-at forward fell back: $(cat "$tmp/err")"
 cmp -s "$tmp/mb/adapter_model.safetensors" "$tmp/of/adapter_model.safetensors" ||
 	fail "--optimizer-at forward changed the adapter"
+# its log: the 6 layers updated in the forwards of steps 2 and 3, none in the first step nor in the
+# one after the checkpoint (its save ran them)
+[ "$(sed -n 's/.*"updates_in_forward":\([0-9]*\)}$/\1/p' "$tmp/of/train_log.jsonl" | tr '\n' ' ')" = "0 6 6 0 " ] ||
+	fail "--optimizer-at forward: updates_in_forward in train_log.jsonl: $(cat "$tmp/of/train_log.jsonl")"
 # micro-batches whose weights do not fit the HBM budget: tier-run suggests --layer-major, not when given
 ./tier-run $small --steps 1 --micro-batches 2 --out "$tmp/h1" >"$tmp/hint.txt" 2>&1 || fail "--micro-batches 2: $(cat "$tmp/hint.txt")"
 grep -q "^# hint: .*--layer-major fetches them once a step for all 2" "$tmp/hint.txt" || fail "no --layer-major hint"

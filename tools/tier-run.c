@@ -410,7 +410,8 @@ static void log_step(job *j, int s, const tier_step_result *r, const counters *n
 		fprintf(j->log, "null");
 	log_parts(j->log, "ns_part", r->ns_part, TIER_NPARTS);
 	log_parts(j->log, "ns_pin_part", r->ns_pin_part, TIER_PART_PIN);
-	fprintf(j->log, "}\n");
+	fprintf(j->log, ",\"ops_pipelined\":%d,\"ops_finished_early\":%d,\"routes\":%d,\"updates_in_forward\":%d}\n",
+		r->ops_pipelined, r->ops_finished_early, r->routes, r->updates_in_forward);
 }
 
 /* After a step refused for room in HBM whose free bytes sufficed but were split among pinned
