@@ -158,6 +158,9 @@ int tier_trainer_load(tier_trainer *t, const char *path)
 				rc = check_values(path, name, buf, count, k);
 		}
 	}
+	int checked = !rc;
+	if (checked) /* the file's state replaces the last step's: its deferred update (if any) is void */
+		trainer_optim_drop(t);
 	for (size_t i = 0; i < n && !rc; i++) {
 		lora_group *g = &m->groups[i];
 		for (int k = 0; k < 2 && !rc; k++) {
@@ -169,11 +172,10 @@ int tier_trainer_load(tier_trainer *t, const char *path)
 		if (!rc)
 			g->t = steps[i];
 	}
-	if (!rc) { /* the file's state replaces the last step's: its deferred update (if any) is void */
+	if (!rc)
 		trainer_set_step(t, now);
-		trainer_optim_drop(t);
-		m->settle_err = 0;
-	}
+	if (checked) /* loaded: whole again; failed part-way: no export of the mix */
+		m->settle_err = rc;
 	free(buf);
 	free(steps);
 	tier_st_close(st);

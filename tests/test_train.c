@@ -620,7 +620,10 @@ static int optim_fwd_case(const tier_hf_config *c, const tier_lora_cfg *lc, cons
 				assert_int_equal(tier_trainer_save(q.t, ck[v]), 0);
 		}
 		assert_int_equal(tier_trainer_eval(q.t, q.tok, q.lab, 0, &ev[v], NULL), 0);
-		assert_int_equal(tier_trainer_step(q.t, q.tok, q.lab, &(tier_step_result){ 0 }), 0);
+		int rs = tier_trainer_step(q.t, q.tok, q.lab, &(tier_step_result){ 0 });
+		if (rs)
+			printf("# %s, the step after the evaluation: %s\n", what, tier_last_error());
+		assert_int_equal(rs, 0);
 		tier_trainer_destroy(q.t); /* v 1: the sixth step's update made here */
 		q.t = NULL;
 		assert_int_equal(tier_model_lora_export(q.m, 0, &w[v]), 0);
@@ -649,8 +652,9 @@ static int optim_fwd_case(const tier_hf_config *c, const tier_lora_cfg *lc, cons
 /* The optimizer in the next step's forward (tier_train_cfg.optim_in_forward) changes no value:
  * losses, checkpoints, evaluations and adapters equal the step-end optimizer's bit for bit, under a
  * large budget, a spilling one, layer-major with 3 micro-batches, 2 micro-batches with the op cache,
- * and not pipelined; a budget with no room for an optimizer set beside the scratch falls back to
- * the step's end. Resuming from the deferred run's checkpoint continues it exactly. */
+ * and not pipelined; a budget a quarter over the smallest, with no room for an optimizer set beside
+ * the scratch, falls back to the step's end. Resuming from the deferred run's checkpoint continues
+ * it exactly. */
 static void test_optim_in_forward(void **state)
 {
 	(void)state;
@@ -669,7 +673,7 @@ static void test_optim_in_forward(void **state)
 	int n;
 	assert_true(optim_fwd_case(&c, &lc, "large budget", 64u << 20, ck, &n) && n > 0);
 	assert_true(optim_fwd_case(&c, &lc, "spilling budget", need * 2, ck, &n) && n > 0);
-	assert_false(optim_fwd_case(&c, &lc, "the smallest budget", need * 9 / 8, ck, &n));
+	assert_false(optim_fwd_case(&c, &lc, "a quarter over the smallest budget", need * 5 / 4, ck, &n));
 	rig_micro = 3, rig_lmajor = 1;
 	assert_true(optim_fwd_case(&c, &lc, "layer-major, 3 micro-batches, spilling", need * 5 / 2, ck, &n) && n > 0);
 	rig_lmajor = 0, rig_micro = 2, rig_opcache = "all:hbm=4M:ddr=8M";
