@@ -74,12 +74,6 @@ static int skips_unchanged(tier_trainer *t)
 	return same;
 }
 
-/* The optimizer is one operation per layer, last layer first (its sets' parameters, gradients and
- * moments; trainer_optim_step), so that the prefetcher brings layer l - 1's state while layer l is
- * updated, and the first layers' updates bring the next step's embedding and first layer. As one
- * operation it left no room to prefetch: its 13 GiB of state, not yet in HBM, was all "needed
- * now". Deferred (t->defer), layer l's update is the operation before its forward in the step's
- * first pass: its state comes while the layer before runs. */
 /* Deferred updates: the layers due as the step's end (or a settle) left them, listed from now on
  * (rebuilt only when that changes: the first step, the one after a settle). */
 int trainer_sched_due(tier_trainer *t)
@@ -91,6 +85,12 @@ int trainer_sched_due(tier_trainer *t)
 	return trainer_set_schedule(t);
 }
 
+/* The optimizer is one operation per layer, last layer first (its sets' parameters, gradients and
+ * moments; trainer_optim_step), so that the prefetcher brings layer l - 1's state while layer l is
+ * updated, and the first layers' updates bring the next step's embedding and first layer. As one
+ * operation it left no room to prefetch: its 13 GiB of state, not yet in HBM, was all "needed
+ * now". Deferred (t->defer), layer l's update is the operation before its forward in the step's
+ * first pass: its state comes while the layer before runs. */
 size_t trainer_sched_optim_at(const tier_trainer *t, int l)
 {
 	int L = t->m->L, reps = t->nck > 1 ? 1 : t->c.micro_batches;
@@ -99,8 +99,8 @@ size_t trainer_sched_optim_at(const tier_trainer *t, int l)
 
 /* The objects of the step's operations of each kind into pool p: the embedding's, each layer's
  * forward and backward, the loss's and each layer's optimizer's (op[0], fwd[L], bwd[L], op[1],
- * opt[L]). Returns the pool's end. */
-static uint64_t *sched_kinds(tier_trainer *t, uint64_t *p, tier_sched_op *op, tier_sched_op *fwd,
+ * opt[L]). */
+static void sched_kinds(tier_trainer *t, uint64_t *p, tier_sched_op *op, tier_sched_op *fwd,
 			     tier_sched_op *bwd, tier_sched_op *opt)
 {
 	tier_model *m = t->m;
@@ -131,7 +131,6 @@ static uint64_t *sched_kinds(tier_trainer *t, uint64_t *p, tier_sched_op *op, ti
 		opt[l] = (tier_sched_op){ .objects = p, .n_objects = (unsigned)n, .tier = TIER_HBM };
 		p += n;
 	}
-	return p;
 }
 
 int trainer_set_schedule(tier_trainer *t)
