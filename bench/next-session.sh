@@ -13,7 +13,7 @@
 # Session 20 ran session 19's commits (e1c2104) on an H200 beside 987f337's tier-run: tests pass,
 # +1.9% (a) at batch 1 and +2.1% at batch 3 (bench/RESULTS.md, "session 20"); its last call's (a)
 # at batch 1 and (b) logs were lost (a cut-off call returns only 8 files: the logs now go into
-# $OUT/logs.tgz after every step). Session 21 had no device. Staged at its end: 629056f's
+# $OUT/logs.tgz after every step). Session 21 had no device. Staged at its end: c445510's
 # binaries: 1e18e50's kernels (the mends' bf16x4 helpers, which make the norms',
 # conversions', combine backward's and row sums' bf16 accesses single 8-byte ones: not yet run on
 # a GPU, so the CUDA tests first) and session 21's `--optimizer-at forward` (each layer's AdamW
