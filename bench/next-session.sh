@@ -13,24 +13,17 @@
 # Session 20 ran session 19's commits (e1c2104) on an H200 beside 987f337's tier-run: tests pass,
 # +1.9% (a) at batch 1 and +2.1% at batch 3 (bench/RESULTS.md, "session 20"); its last call's (a)
 # at batch 1 and (b) logs were lost (a cut-off call returns only 8 files: the logs now go into
-# $OUT/logs.tgz after every step). Session 21 had no device. Staged at its end: c445510's
-# binaries: 1e18e50's kernels (the mends' bf16x4 helpers, which make the norms',
-# conversions', combine backward's and row sums' bf16 accesses single 8-byte ones: not yet run on
-# a GPU, so the CUDA tests first) and session 21's `--optimizer-at forward` (each layer's AdamW
-# update just before its next forward; the same values on the CPU, never run on a GPU), with
-# 987f337's tier-run in .device/old (ignored by git: restage with bench/stage-device.sh, and copy
-# the last measured build's tier-run to .device/old first, if the machine's copy is gone). Two
-# calls on an H200 (needs_h200), carry [".device/pack.tar.xz", ".device/lib", ".device/old"]:
-# 1. the tests and the gates beside the old build (~420 s):
-#   TESTS="test_ops_cuda test_attn_cuda test_moe_cuda test_golden_cuda" STAGES=tests,a,b,c
-#   RUN_OLD=$PWD/.device/old/tier-run A_ARGS="--batch 3 --op-cache all:hbm=56G"
+# $OUT/logs.tgz after every step). Session 21 ran c445510 on an H100 only (the H200 refused): its
+# CUDA tests pass (1e18e50's codegen included); `--optimizer-at forward` gave (b) +0.7% and (a)
+# -7.1% (the H100's HBM edge), TIER_MOE_EARLY_PERMUTE=1 nothing (bench/RESULTS.md, "session 21").
+# Staged: c445510's binaries, with 987f337's tier-run in .device/old (ignored by git: restage with
+# bench/stage-device.sh, and copy the last measured build's tier-run to .device/old first, if the
+# machine's copy is gone). Next, on an H200 (needs_h200), carry [".device/pack.tar.xz", ".device/lib",
+# ".device/old"]: the gates of the final code beside the old build, and (a) with the optimizer in
+# the next forward where HBM has room (~450 s):
+#   TESTS="test_golden_cuda" STAGES=tests,a,b,c RUN_OLD=$PWD/.device/old/tier-run
+#   A_ARGS="--batch 3 --op-cache all:hbm=56G;--optimizer-at forward" B_ARGS="--optimizer-at forward"
 #   bench/next-session.sh .device/bin $OUT
-# 2. the untried options against the default in the same call (~350 s): the optimizer in the
-#   next forward (in (b) its state's transfers overlap the forward; in (a) the host's pinning
-#   between its 48 operations does), and TIER_MOE_EARLY_PERMUTE=1 (the permute queued before the
-#   route's read-back), each in (a) and (b):
-#   STAGES=a,b A_ARGS="--optimizer-at forward" B_ARGS="--optimizer-at forward"
-#   A_ALT=TIER_MOE_EARLY_PERMUTE=1 B_ALT=TIER_MOE_EARLY_PERMUTE=1 bench/next-session.sh .device/bin $OUT
 # At batch 3 the op cache's entries took 43.7 GiB (all 576 kept; 56G leaves room for a build whose
 # entries grow).
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
