@@ -204,7 +204,7 @@ static int optim_layer(tier_trainer *t, int l)
 {
 	if (!t->opt_due[l])
 		return 0;
-	t->opt_due[l] = 0, t->opt_pending--;
+	t->opt_due[l] = 0;
 	int rc = adamw_layer(t, t->glo[l], t->glo[l + 1], t->opt_lr, t->opt_gs);
 	if (rc == -ENOSPC && t->in_fwd)
 		rc = tier_fail(rc, "%s; layer %d's optimizer state found no room in HBM beside the step's activations: "
@@ -220,13 +220,11 @@ static void optim_mark(tier_trainer *t, float lr, float gscale)
 {
 	tier_model *m = t->m;
 	memset(t->opt_due, 0, (size_t)m->L);
-	t->opt_pending = 0;
 	for (size_t i = 0; i < m->n_groups; i++) {
 		lora_group *g = &m->groups[i];
 		g->due = g->touched;
 		g->set_due = g->own == g && g->zeroed;
-		if (g->set_due && !t->opt_due[g->layer])
-			t->opt_due[g->layer] = 1, t->opt_pending++;
+		t->opt_due[g->layer] |= (uint8_t)g->set_due;
 	}
 	t->opt_lr = lr, t->opt_gs = gscale;
 }
@@ -239,15 +237,8 @@ static void optim_mark(tier_trainer *t, float lr, float gscale)
 int trainer_optim_step(tier_trainer *t, float lr, float gscale)
 {
 	optim_mark(t, lr, gscale);
-	if (t->defer) /* the next step's schedule lists the updates */
-		return trainer_sched_due(t);
-	int rc = 0;
-	t->aw_n = 0;
-	for (int l = t->m->L - 1; l >= 0 && !rc; l--) {
-		trainer_at_op(t);
-		rc = optim_layer(t, l);
-	}
-	return trainer_op_end(t, rc); /* the last batch's gradients dropped before the next step */
+	/* deferred: the next step's schedule lists the updates; else they run now */
+	return t->defer ? trainer_sched_due(t) : trainer_optim_settle(t);
 }
 
 int trainer_optim_due(tier_trainer *t, int l)
@@ -265,25 +256,25 @@ int trainer_optim_due(tier_trainer *t, int l)
 	return rc;
 }
 
+/* Each layer's operation announced at its place in the schedule (at the step's end: where the
+ * step's operations left off), its update run when due. */
 int trainer_optim_settle(tier_trainer *t)
 {
-	if (!t->opt_pending)
+	if (!memchr(t->opt_due, 1, (size_t)t->m->L))
 		return 0;
 	int rc = 0;
-	for (int l = t->m->L - 1; l >= 0 && !rc; l--)
-		if (t->opt_due[l]) {
-			tier_store_at_op(t->m->s, trainer_sched_optim_at(t, l));
-			rc = optim_layer(t, l);
-		}
-	rc = trainer_op_end(t, rc);
-	int r2 = trainer_sched_due(t); /* none due now */
+	for (int l = t->m->L - 1; l >= 0 && !rc; l--) {
+		tier_store_at_op(t->m->s, trainer_sched_optim_at(t, l));
+		rc = optim_layer(t, l);
+	}
+	rc = trainer_op_end(t, rc); /* the last batch's gradients dropped before the next step */
+	int r2 = trainer_sched_due(t); /* deferred: none due now */
 	return rc ? rc : r2;
 }
 
 void trainer_optim_drop(tier_trainer *t)
 {
 	memset(t->opt_due, 0, (size_t)t->m->L);
-	t->opt_pending = 0;
 	for (size_t i = 0; i < t->m->n_groups; i++)
 		t->m->groups[i].due = t->m->groups[i].set_due = 0;
 	(void)trainer_sched_due(t); /* a failure leaves the old schedule: hints only */

@@ -81,7 +81,7 @@ int trainer_sched_due(tier_trainer *t)
 	if (!t->defer || !memcmp(t->sched_due, t->opt_due, (size_t)t->m->L))
 		return 0;
 	memcpy(t->sched_due, t->opt_due, (size_t)t->m->L);
-	t->sched_redo = 1;
+	t->sched_built = 0; /* built again even where the experts it leaves out are the same */
 	return trainer_set_schedule(t);
 }
 
@@ -139,9 +139,8 @@ int trainer_set_schedule(tier_trainer *t)
 	/* after each step's forward with routing (sched_routed) this ran again: 0.6-0.9 ms of the host's
 	 * time a step with the (a) job, between the forward and the loss, where every expert gets
 	 * tokens every step and the schedule came out the same */
-	if (skips_unchanged(t) && !t->sched_redo)
+	if (skips_unchanged(t))
 		return 0;
-	t->sched_redo = 0;
 	/* micro-batch-major: the operations repeat for each micro-batch; layer-major: once */
 	int L = m->L, per = L * 2 + 2, reps = t->nck > 1 ? 1 : t->c.micro_batches, nops = per * reps + L;
 	size_t cap = (size_t)W_NSLOTS + 4 + 4 * (size_t)m->E + 3 * m->n_groups + 8 + 2 * (size_t)t->nck;

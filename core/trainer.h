@@ -83,7 +83,6 @@ struct tier_trainer {
 	int have_mbcounts;     /* 0 before the first forward (and with $TIER_SCHED_ROUTED=0): all experts */
 	uint8_t *sched_skip;   /* [L E]: the experts the store's schedule left out of their operations, */
 	int sched_built;       /* once built: a schedule leaving out the same ones is not built again */
-	int sched_redo;        /* build it again even so (the deferred updates due changed) */
 	const float **ptr;     /* [15 E]: expert weight and LoRA pointer arrays */
 	uint64_t min_hbm, hbm_cap;
 	/* CUDA: bf16 copies of one layer's LoRA (l16, in scratch) made by one batched conversion
@@ -124,14 +123,13 @@ struct tier_trainer {
 	/* The optimizer (train_optim.c): each layer's groups [glo[l], glo[l + 1]); a step's update is
 	 * marked at its end with its lr and clip scale and runs then, or with defer before each layer's
 	 * next forward (tier_train_cfg.optim_in_forward; only where the HBM budget keeps the scratch
-	 * pinned beside an optimizer set); opt_due[l]: layer l's update is still to run, opt_pending
-	 * how many are; in_fwd: one runs inside a step (the scratch, in use, may not be dropped for
+	 * pinned beside an optimizer set); opt_due[l]: layer l's update is still to run; in_fwd: one runs inside a step (the scratch, in use, may not be dropped for
 	 * room); n_deferred: the step's deferred updates (tier_step_result.updates_in_forward). */
 	size_t *glo;
 	uint8_t *opt_due;
 	uint8_t *sched_due;    /* [L] the layers due as the schedule lists them (deferred: a layer with
 				* none due lists no objects for its update, prefetching none) */
-	int defer, opt_pending, in_fwd, n_deferred;
+	int defer, in_fwd, n_deferred;
 	float opt_lr, opt_gs;
 	opsc_adamw_t *aw;                 /* CUDA: the optimizer batch's updates, one launch (train_optim.c) */
 	struct lora_group **aw_grp;       /* their groups (a batch not launched takes their steps back) */

@@ -103,6 +103,14 @@ static void rig_close(rig *r)
 	free(r->lab);
 }
 
+/* A fresh directory dir (n bytes) under $TMPDIR (else P_tmpdir) named NAME.XXXXXX. */
+static void temp_dir(char *dir, size_t n, const char *name)
+{
+	const char *base = getenv("TMPDIR");
+	snprintf(dir, n, "%s/%s.XXXXXX", base && *base ? base : P_tmpdir, name);
+	assert_non_null(mkdtemp(dir));
+}
+
 static void fill_batch(rig *r, int V, uint64_t s, size_t n)
 {
 	tier_rng g;
@@ -663,9 +671,7 @@ static void test_optim_in_forward(void **state)
 	wider_all_targets(&c, &lc);
 	lc.dropout = 0.0f;
 	char dir[256], p0[300], p1[300];
-	const char *base = getenv("TMPDIR");
-	snprintf(dir, sizeof dir, "%s/tier-train-optfwd.XXXXXX", base && *base ? base : P_tmpdir);
-	assert_non_null(mkdtemp(dir));
+	temp_dir(dir, sizeof dir, "tier-train-optfwd");
 	snprintf(p0, sizeof p0, "%s/end.safetensors", dir);
 	snprintf(p1, sizeof p1, "%s/fwd.safetensors", dir);
 	const char *ck[2] = { p0, p1 };
@@ -1013,9 +1019,7 @@ static void test_data(void **state)
 {
 	(void)state;
 	char dir[256], path[300], text[300];
-	const char *base = getenv("TMPDIR");
-	snprintf(dir, sizeof dir, "%s/tier-train-test.XXXXXX", base && *base ? base : P_tmpdir);
-	assert_non_null(mkdtemp(dir));
+	temp_dir(dir, sizeof dir, "tier-train-test");
 	snprintf(path, sizeof path, "%s/t.tok", dir);
 	uint32_t tk[50];
 	for (int i = 0; i < 50; i++)
@@ -1243,9 +1247,7 @@ static void test_load_hf(void **state)
 	tier_hf_config c;
 	tiny_config(&c);
 	char dir[256];
-	const char *base = getenv("TMPDIR");
-	snprintf(dir, sizeof dir, "%s/tier-train-ckpt.XXXXXX", base && *base ? base : P_tmpdir);
-	assert_non_null(mkdtemp(dir));
+	temp_dir(dir, sizeof dir, "tier-train-ckpt");
 	ckpt_w w, f;
 	tiny_tensors(&w, &f);
 	int rc;
@@ -1349,9 +1351,7 @@ static void test_lora_init_and_adapter(void **state)
 	fill_batch(&r, 23, seed, 10);
 	float l0 = loss_at(&r);
 	char dir[256];
-	const char *base = getenv("TMPDIR");
-	snprintf(dir, sizeof dir, "%s/tier-train-adapter.XXXXXX", base && *base ? base : P_tmpdir);
-	assert_non_null(mkdtemp(dir));
+	temp_dir(dir, sizeof dir, "tier-train-adapter");
 	assert_int_equal(tier_peft_save(dir, a), 0);
 	a->modules[0].b[0] += 1.0f;
 	assert_int_equal(tier_model_lora_import(r.m, a), 0);
@@ -1453,9 +1453,7 @@ static void test_resume(void **state)
 	tier_lora_cfg lc;
 	tiny_all_targets(&c, &lc);
 	char dir[256], path[300];
-	const char *base = getenv("TMPDIR");
-	snprintf(dir, sizeof dir, "%s/tier-train-resume.XXXXXX", base && *base ? base : P_tmpdir);
-	assert_non_null(mkdtemp(dir));
+	temp_dir(dir, sizeof dir, "tier-train-resume");
 	snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
 	float whole[6], part[6];
 	tier_step_result res;
