@@ -16,7 +16,8 @@
 # $OUT/logs.tgz after every step). Session 21 ran c445510 on an H100 only (the H200 refused): its
 # CUDA tests pass (1e18e50's codegen included); `--optimizer-at forward` gave (b) +0.7% and (a)
 # -7.1% (the H100's HBM edge), TIER_MOE_EARLY_PERMUTE=1 nothing (bench/RESULTS.md, "session 21").
-# Staged: c445510's binaries, with 987f337's tier-run in .device/old (ignored by git: restage with
+# Staged: ec9d08c's binaries (c445510's and the review's mends, results unchanged on the CPU: the
+# optimizer's step-end loop and settle made one), with 987f337's tier-run in .device/old (ignored by git: restage with
 # bench/stage-device.sh, and copy the last measured build's tier-run to .device/old first, if the
 # machine's copy is gone). Next, on an H200 (needs_h200), carry [".device/pack.tar.xz", ".device/lib",
 # ".device/old"]: the gates of the final code beside the old build, and (a) with the optimizer in
