@@ -11,7 +11,7 @@ then worked before launching again).
 
 Steps are found by the embedding kernel, which runs once at the start of each step's forward.
 
-usage: bench/kprof_trace.py TRACE[.gz] [--step N (default: the last whole one)] [--gaps 25]
+usage: bench/kprof_trace.py TRACE[.gz] [--step N (default: the last whole one)] [--gaps 25] [--seq FILE]
 """
 import argparse
 import bisect
@@ -106,6 +106,8 @@ def main():
     ap.add_argument("--step", type=int, default=0, help="1-based step (0: the last whole one)")
     ap.add_argument("--gaps", type=int, default=25)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--seq", metavar="FILE", help="also write the step's device records in order "
+                    "(start us from the step's start, us, name) to FILE: which product is which kernel")
     a = ap.parse_args()
     dev, host = read(a.trace)
     wins = step_windows(dev)
@@ -117,6 +119,10 @@ def main():
     h = [r for r in host if lo <= r[0] < hi]
     short = demangler([r[2] for r in d])
     span = max(r[1] for r in d) - lo
+    if a.seq:
+        with open(a.seq, "w") as f:
+            for r in d:
+                f.write(f"{(r[0] - lo) / 1e3:10.1f} {(r[1] - r[0]) / 1e3:8.1f}  {short.get(r[2], r[2])}\n")
     # union of the device spans, and its gaps (length, start, end, name before, record after)
     busy, gaps, cur_s, cur_e, prev = 0, [], None, None, None
     for r in d:
