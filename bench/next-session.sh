@@ -59,6 +59,13 @@ if has attn; then # the default kernels and the wgmma ones against torch's SDPA 
 	step 60 fused "$b/tier-bench" fused # the fused q/k, norm and dA steps against the separate ones
 	step 60 lora "$b/tier-bench" lora # the experts' LoRA kernels (each reduction by tile) against a copy
 fi
+# STAGES=attnq: what the attention backward's dQ atomics cost (TIER_ATTN_BWD_DEBUG=nodq leaves them
+# out, dq wrong), beside the default kernels and torch's SDPA
+if has attnq; then
+	step 60 attn-wg "$b/tier-bench" attn --json
+	TIER_ATTN_BWD_DEBUG=nodq step 60 attn-nodq "$b/tier-bench" attn --json
+	step 90 attn-torch python3 bench/attn_torch.py --tier "$logs/attn-wg.log"
+fi
 # STAGES=lora: the experts' LoRA backward kernels alone, under uniform and Zipf routing
 has lora && step 60 lora "$b/tier-bench" lora
 has lora && step 60 lora-zipf "$b/tier-bench" lora --routing zipf
