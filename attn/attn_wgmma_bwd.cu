@@ -59,9 +59,12 @@ typedef __nv_bfloat16 bf16;
 #define AB_DS_BYTES (2 * AB_BR * 128)              /* one dS buffer: 16 KiB */
 #define AB_STAGE_AT (2 * AB_KV_BYTES)
 #define AB_DS_AT (AB_STAGE_AT + AB_STAGES * AB_STAGE)
-#define AB_LD_AT (AB_DS_AT + 2 * AB_DS_BYTES)      /* per stage: lse [64], then D [64] */
+#define AB_DQ_AT (AB_DS_AT + 2 * AB_DS_BYTES)      /* dQ by TMA: per warpgroup [d box 2][64 queries][32 fp32] */
+#define AB_DQ_BYTES (2 * AB_BR * 128)              /* one warpgroup's: 16 KiB */
+#define AB_LD_AT (AB_DQ_AT + 2 * AB_DQ_BYTES)      /* per stage: lse [64], then D [64] */
 #define AB_LD_BYTES (2 * AB_BR * 4)
 #define AB_SMEM (AB_LD_AT + AB_STAGES * AB_LD_BYTES + 1024) /* + the alignment's slack */
+static_assert(AB_SMEM + 64 <= 227 * 1024, "one CTA an SM: the dynamic and static shared memory fit 227 KiB");
 #define AB_LOG2E 1.4426950408889634f
 
 namespace {
@@ -71,7 +74,8 @@ struct ab_args {
 	float *dq, *dk, *dv;
 	int S, H, KH, G, causal, atomic_kv;
 	float scale, sl2;
-	int no_dq; /* TIER_ATTN_BWD_DEBUG=nodq: dQ's product runs, its atomics do not (measurement only) */
+	int no_dq;  /* TIER_ATTN_BWD_DEBUG=nodq: dQ's product runs, its atomics do not (measurement only) */
+	int dq_tma; /* TIER_ATTN_BWD_DQ=tma: dQ added by TMA reductions from shared memory */
 };
 
 #ifdef TIER_SM90A
@@ -227,9 +231,41 @@ __device__ __forceinline__ void ab_step(float (&dk)[64], float (&dv)[64], const 
 	acc_fence(dv);
 }
 
+/* This warpgroup's dQ (times the scale) into its staging at dqs, [d box 2][64 queries][32 fp32] in
+ * the 128B swizzle (16-byte chunk c of row r at c ^ (r & 7)), and one thread adds it to dq by two TMA
+ * reductions. The staging is free again once the previous step's reductions have read it (their
+ * thread waits, then the warpgroup's named barrier). */
+__device__ __forceinline__ void ab_dq_tma(const CUtensorMap *dqm, const float (&acc)[32], float scale, uint32_t dqs,
+					  int seq, int h, int i0, int w, int wi, int g, int t)
+{
+	const bool issuer = wi == 0 && (threadIdx.x & 31) == 0;
+	if (issuer)
+		tma_reduce_wait_read();
+	asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory");
+#pragma unroll
+	for (int r = 0; r < 2; r++) {
+		const int row = 16 * wi + g + 8 * r;
+#pragma unroll
+		for (int i = 0; i < 8; i++) {
+			const int c = 2 * (i & 3) + (t >> 1);
+			const uint32_t at = dqs + (i >> 2) * 8192 + row * 128 + ((c ^ (row & 7)) << 4) + (t & 1) * 8;
+			asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(acc[4 * i + 2 * r] * scale),
+				     "f"(acc[4 * i + 2 * r + 1] * scale)
+				     : "memory");
+		}
+	}
+	fence_proxy_async(); /* the plain stores, then the reductions' reads */
+	asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory");
+	if (issuer) {
+		tma_reduce_add3(dqm, dqs, h * AB_D + 64 * w, i0, seq);
+		tma_reduce_add3(dqm, dqs + 8192, h * AB_D + 64 * w + 32, i0, seq);
+		tma_reduce_commit();
+	}
+}
+
 /* dQ [64 queries x this warpgroup's 64 d] = dS K_half, added to dq with the softmax scale. */
-__device__ __forceinline__ void ab_dq(const ab_args &a, uint32_t ds, uint32_t khalf, int64_t qrow0, int h, int i0,
-				      int w, int wi, int g, int t)
+__device__ __forceinline__ void ab_dq(const ab_args &a, const CUtensorMap *dqm, uint32_t ds, uint32_t khalf,
+				      uint32_t dqs, int64_t qrow0, int h, int i0, int w, int wi, int g, int t)
 {
 	float acc[32];
 	wgmma_fence();
@@ -247,6 +283,10 @@ __device__ __forceinline__ void ab_dq(const ab_args &a, uint32_t ds, uint32_t kh
 			sum += acc[i];
 		if (sum == 1.2345e-30f)
 			a.dq[0] = sum;
+		return;
+	}
+	if (a.dq_tma) {
+		ab_dq_tma(dqm, acc, a.scale, dqs, (int)(qrow0 / a.S), h, i0, w, wi, g, t);
 		return;
 	}
 #pragma unroll
@@ -291,7 +331,8 @@ __device__ __forceinline__ void ab_store_kv(const ab_args &a, const float (&dk)[
 
 __global__ void __launch_bounds__(AB_THREADS, 1)
 	ab_bwd_kernel(const __grid_constant__ CUtensorMap qm, const __grid_constant__ CUtensorMap km,
-		      const __grid_constant__ CUtensorMap vm, const __grid_constant__ CUtensorMap om, const ab_args a)
+		      const __grid_constant__ CUtensorMap vm, const __grid_constant__ CUtensorMap om,
+		      const __grid_constant__ CUtensorMap dqm, const ab_args a)
 {
 #ifdef TIER_SM90A
 	extern __shared__ __align__(16) unsigned char smem[]; /* 1024 made below, as in attn_wgmma.cu */
@@ -343,8 +384,10 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 		if (warp == 0 && n + AB_STAGES - 1 < nsteps)
 			ab_load_step(a, &qm, &om, base, b, h, row0, ibeg, n + AB_STAGES - 1, lane);
 		__syncwarp(); /* warp 0 converged again (lane 0's copies) for the .aligned products */
-		ab_dq(a, ds, base + w * (AB_BC * 128), row0, h, i0, w, wi, g, t);
+		ab_dq(a, &dqm, ds, base + w * (AB_BC * 128), base + AB_DQ_AT + w * AB_DQ_BYTES, row0, h, i0, w, wi, g, t);
 	}
+	if (a.dq_tma && wi == 0 && lane == 0)
+		tma_reduce_wait(); /* the staging stays until the last reductions have read it */
 	acc_fence(dk);
 	acc_fence(dv);
 	ab_store_kv(a, dk, dv, row0, kvh, kw0 + 16 * wi + g, t);
@@ -370,17 +413,26 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 	    (rc = base_tmap_bf16_seq(&km, k, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)) ||
 	    (rc = base_tmap_bf16_seq(&vm, v, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)))
 		return rc;
-	const char *dbg = getenv("TIER_ATTN_BWD_DEBUG");
+	const char *dbg = getenv("TIER_ATTN_BWD_DEBUG"), *dqv = getenv("TIER_ATTN_BWD_DQ");
 	if (dbg && *dbg && strcmp(dbg, "nodq"))
 		return tier_fail(-EINVAL, "attention backward (wgmma): TIER_ATTN_BWD_DEBUG=%s; use nodq (measurements only: "
 				 "dq is left wrong) or unset it", dbg);
+	if (dqv && *dqv && strcmp(dqv, "tma") && strcmp(dqv, "atomic"))
+		return tier_fail(-EINVAL, "attention backward (wgmma): TIER_ATTN_BWD_DQ=%s; use atomic or tma, or unset it",
+				 dqv);
+	/* dQ by TMA reductions where asked and the map takes dq (16-byte aligned), else by atomics */
+	CUtensorMap dqm;
+	int dq_tma = dqv && !strcmp(dqv, "tma") && (uintptr_t)dq % 16 == 0 &&
+		     !base_tmap_f32_seq(&dqm, dq, B, S, (uint64_t)(p->n_heads * AB_D), AB_BR);
+	if (!dq_tma)
+		memset(&dqm, 0, sizeof dqm);
 	ab_args a = { lse, Di, dq, dk, dv, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads,
-		      (int)(p->n_heads / p->n_kv_heads), p->causal, atomic_kv, scale, sl2, dbg && *dbg };
+		      (int)(p->n_heads / p->n_kv_heads), p->causal, atomic_kv, scale, sl2, dbg && *dbg, dq_tma };
 	dim3 grid((unsigned)(p->n_heads / p->n_kv_heads), (unsigned)((p->seq + AB_BC - 1) / AB_BC),
 		  (unsigned)(p->n_kv_heads * p->batch));
 	if (cudaFuncSetAttribute(ab_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, AB_SMEM) != cudaSuccess)
 		return tier_fail(-EIO, "attention backward (wgmma): %s", cudaGetErrorString(cudaGetLastError()));
-	ab_bwd_kernel<<<grid, AB_THREADS, AB_SMEM, (cudaStream_t)stream>>>(qm, km, vm, om, a);
+	ab_bwd_kernel<<<grid, AB_THREADS, AB_SMEM, (cudaStream_t)stream>>>(qm, km, vm, om, dqm, a);
 	cudaError_t e = cudaGetLastError();
 	return e == cudaSuccess ? 0 : tier_fail(-EIO, "attention backward (wgmma): %s", cudaGetErrorString(e));
 }

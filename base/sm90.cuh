@@ -93,6 +93,22 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap *map, 
 		     : "memory");
 }
 
+/* Adds the fp32 box at shared src (1024-byte aligned, in the map's 128B swizzle) to global memory at
+ * (column c0, row c1, sequence c2) of a 3-D map (base_tmap_f32_seq), element by element in L2;
+ * elements past the map's edges are not written. One thread issues it; it reads src asynchronously
+ * (tma_reduce_commit, then tma_reduce_wait_read before src is written again). */
+__device__ __forceinline__ void tma_reduce_add3(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2)
+{
+	asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+		     ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2)
+		     : "memory");
+}
+__device__ __forceinline__ void tma_reduce_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* The committed reductions have read their shared sources (they may still be writing). */
+__device__ __forceinline__ void tma_reduce_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+/* The committed reductions are complete. */
+__device__ __forceinline__ void tma_reduce_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 __device__ __forceinline__ void fence_barrier_init()
 {
 	asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

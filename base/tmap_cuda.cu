@@ -37,14 +37,22 @@ extern "C" int base_tmap_ok(void)
 
 /* The 128B-swizzle map of bf16 rows x cols (rank 2), or of batch such matrices one after the other
  * (rank 3); boxes of 64 columns x box_rows (x 1). */
+static CUresult encode_as(CUtensorMap *m, const void *base, int rank, uint64_t batch, uint64_t rows, uint64_t cols,
+			  uint32_t box_rows, int f32)
+{
+	const uint64_t esz = f32 ? 4 : 2;
+	cuuint64_t dims[3] = { cols, rows, batch }, strides[2] = { cols * esz, rows * cols * esz };
+	cuuint32_t box[3] = { (cuuint32_t)(128 / esz), box_rows, 1 }, step[3] = { 1, 1, 1 };
+	return encode_fn(m, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank,
+			 (void *)base, dims, strides, box, step,
+			 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+			 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 static CUresult encode(CUtensorMap *m, const void *base, int rank, uint64_t batch, uint64_t rows, uint64_t cols,
 		       uint32_t box_rows)
 {
-	cuuint64_t dims[3] = { cols, rows, batch }, strides[2] = { cols * 2, rows * cols * 2 };
-	cuuint32_t box[3] = { 64, box_rows, 1 }, step[3] = { 1, 1, 1 };
-	return encode_fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, dims, strides, box, step,
-			 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-			 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	return encode_as(m, base, rank, batch, rows, cols, box_rows, 0);
 }
 
 extern "C" int base_tmap_bf16_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
@@ -80,5 +88,24 @@ extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, u
 	if (r != CUDA_SUCCESS)
 		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused a %llu x %llu matrix (CUresult %d)", fn,
 				 (unsigned long long)rows, (unsigned long long)cols, (int)r);
+	return 0;
+}
+
+extern "C" int base_tmap_f32_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
+				 uint32_t box_rows)
+{
+	const char *fn = "base_tmap_f32_seq";
+	int rc = tmap_ready(fn);
+	if (rc)
+		return rc;
+	if (!m || !base || (uintptr_t)base % 16 || batch < 1 || seq < 1 || cols < 4 || cols % 4 || batch >> 31 ||
+	    seq >> 31 || cols >> 32 || box_rows < 1 || box_rows > 256)
+		return tier_fail(-EINVAL, "%s: %llu sequences of %llu x %llu fp32 at %p with %u-row boxes cannot be mapped",
+				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, base,
+				 box_rows);
+	CUresult r = encode_as(m, base, 3, batch, seq, cols, box_rows, 1);
+	if (r != CUDA_SUCCESS)
+		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused %llu sequences of %llu x %llu fp32 (CUresult %d)",
+				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, (int)r);
 	return 0;
 }

@@ -27,6 +27,11 @@ int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t col
 int base_tmap_bf16_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
 		       uint32_t box_rows);
 
+/* The same for fp32 (tma_reduce_add3's target): batch sequences of seq rows of cols floats (cols a
+ * multiple of 4), boxes of 32 columns (128 bytes) x box_rows x 1 in the 128B swizzle. */
+int base_tmap_f32_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
+		      uint32_t box_rows);
+
 #ifdef __cplusplus
 }
 #endif

@@ -160,8 +160,15 @@ static void test_shapes(void **state)
 	};
 	char *fwd = getenv("TIER_ATTN_FWD") ? strdup(getenv("TIER_ATTN_FWD")) : NULL;
 	char *bwd = getenv("TIER_ATTN_BWD") ? strdup(getenv("TIER_ATTN_BWD")) : NULL;
+	char *dqv = getenv("TIER_ATTN_BWD_DQ") ? strdup(getenv("TIER_ATTN_BWD_DQ")) : NULL;
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		compare(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4], (int)cases[i][5]);
+	/* the wgmma backward's dQ by TMA reductions (head_dim 128): the other dQ path, the same sums */
+	assert_int_equal(setenv("TIER_ATTN_BWD_DQ", "tma", 1), 0);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+		if (cases[i][4] == 128)
+			compare(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4], (int)cases[i][5]);
+	restore_env("TIER_ATTN_BWD_DQ", dqv);
 	restore_env("TIER_ATTN_FWD", fwd);
 	restore_env("TIER_ATTN_BWD", bwd);
 }
@@ -231,6 +238,19 @@ static void test_bad_input(void **state)
 	assert_int_equal(tier_attn_bwd(gpu, &p, b, b, b, b, (float *)b, b, (float *)b, (float *)b, (float *)b, b, bytes),
 			 -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_BWD=nope"));
+	unsetenv("TIER_ATTN_BWD");
+	tier_dev_free(gpu, buf);
+	/* an unknown dQ path of the wgmma backward (head_dim 128 on the compute capability 9.0 GPU the
+	 * tests run on): refused by name, the kernel not launched */
+	tier_attn_params_init(&p, 1, 8, 4, 2, 128);
+	assert_int_equal(tier_attn_workspace_bytes(gpu, &p, &bytes), 0);
+	buf = dev_poisoned(bytes + 8 * 4 * 128 * 4), b = buf;
+	assert_int_equal(setenv("TIER_ATTN_BWD", "wg", 1), 0);
+	assert_int_equal(setenv("TIER_ATTN_BWD_DQ", "nope", 1), 0);
+	assert_int_equal(tier_attn_bwd(gpu, &p, b, b, b, b, (float *)b, b, (float *)b, (float *)b, (float *)b, b, bytes),
+			 -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_BWD_DQ=nope"));
+	unsetenv("TIER_ATTN_BWD_DQ");
 	unsetenv("TIER_ATTN_BWD");
 	tier_dev_free(gpu, buf);
 }
