@@ -14,9 +14,10 @@
  *   dV += P^T dO and dK += dS^T Q: 4 + 4 wgmma m64n128k16, P^T and dS^T as the register A operand,
  *     dO and Q MN-major from the same stage;
  *   dS^T written transposed into shared memory as dS [64 queries][128 keys] (this warpgroup's 64-key
- *     half, in the 128B swizzle by hand), a CTA barrier, then
+ *     half, in the 128B swizzle, by stmatrix .trans from the dK product's fragments), a CTA barrier, then
  *   dQ [64 x 64] (this warpgroup's half of head_dim) = dS K_half: 8 wgmma m64n64k16, dS K-major and
- *     K MN-major from shared memory (the K tile serves both ways), added to dq with atomics.
+ *     K MN-major from shared memory (the K tile serves both ways), added to dq with atomics
+ *     (TIER_ATTN_BWD_DQ=tma: staged in shared memory, added by two TMA reductions).
  * One CTA barrier per step orders everything shared: dS is double-buffered (a warpgroup writes step
  * n + 1's buffer after both passed step n's barrier, which each reaches after its step n - 1
  * products), and step n + 2's loads go into step n - 1's stage right after step n's barrier.
@@ -25,8 +26,9 @@
  * are zeros (as bwd2_kernel's loads make them), and masked pairs get 0 outright.
  *
  * Shared memory (1024-byte aligned): K, V [d half 2][128 keys][64 d] 32 KiB each; three stages of
- * Q, dO [d half 2][64 queries][64 d] 32 KiB; dS [2][key half 2][64 queries][64 keys] 32 KiB; the
- * stages' lse and D, 512 bytes each: 193.5 KiB, one CTA per SM. Registers: 236 a thread (ptxas,
+ * Q, dO [d half 2][64 queries][64 d] 32 KiB; dS [2][key half 2][64 queries][64 keys] 32 KiB; dQ's
+ * staging [warpgroup 2][d box 2][64 queries][32 fp32] 32 KiB; the stages' lse and D, 512 bytes each:
+ * 225.5 KiB, one CTA per SM. Registers: 236 a thread (ptxas,
  * no spills): dK and dV accumulators (64 + 64) and S^T and dP^T (32 + 32). The dK and dV products
  * are waited for before dQ's: with their register A operands still live beside dQ's accumulator,
  * ptxas serialised every wgmma of the kernel for want of registers.
@@ -151,21 +153,23 @@ __device__ __forceinline__ void ab_probs(float (&st)[32], float (&dp)[32], uint3
 	}
 }
 
-/* dS^T of this thread (rows: keys 16 wi + g, + 8 of the warpgroup's 64; columns: queries) into
- * dS [query][key] of this warpgroup's key half at ds (64 rows of 128 bytes, 128B swizzle: the
- * 16-byte chunk c of row r sits at chunk c ^ (r & 7)). */
-__device__ __forceinline__ void ab_store_ds(uint32_t ds, const float (&v)[32], int wi, int g, int t)
+/* dS^T of this thread as the dK product's packed fragments (ab_frags) into dS [query][key] of this
+ * warpgroup's key half at ds (64 rows of 128 bytes, 128B swizzle: the 16-byte chunk c of row r sits
+ * at chunk c ^ (r & 7)), by stmatrix .trans: fragment kt's register j is this thread's pair of the
+ * 8 x 8 block (keys 16 wi + 8 (j & 1).. as rows, queries 16 kt + 8 (j >> 1).. as columns), stored
+ * transposed, so that each query row gets the block's 8 keys as one 16-byte chunk; lane l names
+ * the address of row l & 7 of block l >> 3. The rounding is ab_frags': bf16 of each value. */
+__device__ __forceinline__ void ab_store_ds(uint32_t ds, const uint32_t (&f)[4][4], int wi, int lane)
 {
+	const int j = lane >> 3, rr = lane & 7;
 #pragma unroll
-	for (int i = 0; i < 8; i++)
-#pragma unroll
-		for (int e = 0; e < 4; e++) {
-			const int q = 8 * i + 2 * t + (e & 1), key = 16 * wi + g + 8 * (e >> 1);
-			const uint32_t at = ds + q * 128 + ((((key >> 3) ^ (q & 7)) << 4) | ((key & 7) << 1));
-			const bf16 x = __float2bfloat16_rn(v[4 * i + e]);
-			asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(at), "h"(*reinterpret_cast<const unsigned short *>(&x))
-				     : "memory");
-		}
+	for (int kt = 0; kt < 4; kt++) {
+		const int q = 16 * kt + 8 * (j >> 1) + rr;
+		const uint32_t at = ds + q * 128 + (((2 * wi + (j & 1)) ^ rr) << 4);
+		asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at),
+			     "r"(f[kt][0]), "r"(f[kt][1]), "r"(f[kt][2]), "r"(f[kt][3])
+			     : "memory");
+	}
 }
 
 /* The four k-steps (16 queries each) of a 64 x 64 accumulator as register A fragments. */
@@ -209,10 +213,10 @@ __device__ __forceinline__ void ab_step(float (&dk)[64], float (&dv)[64], const 
 		const int lo[2] = { 0, 0 };
 		ab_probs<false>(s, dp, ld, t, lo, 0, a.sl2);
 	}
-	ab_store_ds(ds_half, dp, wi, g, t);
 	uint32_t pf[4][4], df[4][4];
-	ab_frags(pf, s);
 	ab_frags(df, dp);
+	ab_store_ds(ds_half, df, wi, 4 * g + t);
+	ab_frags(pf, s);
 	acc_fence(dv);
 	acc_fence(dk);
 	frag_fence(pf); /* the packed P^T and dS^T written before the fence, as PTX requires */
@@ -371,8 +375,8 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 		__syncwarp();
 		if (a.causal && kw0 > i0 + AB_BR - 1) {
 			/* every key of this warpgroup follows every query of the step: its dS half is zero */
-			const float zero[32] = {};
-			ab_store_ds(ds + w * 8192, zero, wi, g, t);
+			const uint32_t zero[4][4] = {};
+			ab_store_ds(ds + w * 8192, zero, wi, lane);
 		} else if ((a.causal && kw0 + 63 > i0) || i0 + AB_BR > a.S || kw0 + 64 > a.S) {
 			ab_step<true>(dk, dv, a, kw, vw, st, ld, ds + w * 8192, kw0 + 16 * wi, i0, wi, g, t);
 		} else {
