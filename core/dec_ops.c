@@ -62,6 +62,15 @@ int dop_linear_bwd_act(const tier_model *m, int T, int in, int out, const void *
 	return tier_linear_bwd(m->dev, T, in, out, x, w, l, dy, dx, accumulate, ws);
 }
 
+int dop_linear_bwd_to_act(const tier_model *m, int T, int in, int out, const void *x, const void *w,
+			  const tier_lora_ref *l, const float *dy, void *dx_act, float *dx32, void *ws)
+{
+	if (m->cuda)
+		return opsc_linear_bwd_to16(m->dev, T, in, out, x, w, l, dy, dx_act, dx32, ws);
+	int rc = tier_linear_bwd(m->dev, T, in, out, x, w, l, dy, dx32, 0, ws);
+	return rc ? rc : dop_to_act(m, (size_t)T * in, dx32, dx_act);
+}
+
 int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
 		const float *rstd, void *out, float *tmp, int fused)
 {

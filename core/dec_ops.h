@@ -28,6 +28,11 @@ int dop_linear_bwd(const tier_model *m, int T, int in, int out, const void *x, c
 /* dop_linear_bwd from dy in the activations' type (bf16 on CUDA: no conversion; fp32 on the CPU). */
 int dop_linear_bwd_act(const tier_model *m, int T, int in, int out, const void *x, const void *w,
 		       const tier_lora_ref *l, const void *dy, float *dx, int accumulate, void *ws);
+/* dop_linear_bwd (accumulate 0) with dx in the activations' type at dx_act: on CUDA bf16 straight
+ * from the products (dx32, fp32 [T, in], is scratch for LoRA dropout only); on the CPU dx into dx32,
+ * then dx_act (dx32 itself there, or a copy). */
+int dop_linear_bwd_to_act(const tier_model *m, int T, int in, int out, const void *x, const void *w,
+			  const tier_lora_ref *l, const float *dy, void *dx_act, float *dx32, void *ws);
 /* The q or k gradient for its projection's backward: dq [tokens * heads, head_dim] taken back
  * through RoPE (r: the forward's parameters) and the q/k RMSNorm (x its input, w, rstd; w NULL:
  * no norm) into out, in the activations' type. fused on CUDA: one kernel (opsc_qk_grad), dq left

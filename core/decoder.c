@@ -402,8 +402,7 @@ int dec_attn_bwd(const tier_model *m, const dec_shape *sh, const float *x, const
 	if ((rc = dop_norm_bwd_add(m, T, H, b->h1, w->w[W_LN2], b->r2, b->db, dout, b->dh1, b->dtmp)))
 		return rc;
 	void *gq, *gk, *gv;
-	if ((rc = dop_linear_bwd(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->dh1, b->dO, 0, ws)) ||
-	    (rc = dop_to_act(m, (size_t)T * qd, b->dO, dO16)) ||
+	if ((rc = dop_linear_bwd_to_act(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->dh1, dO16, b->dO, ws)) ||
 	    (rc = tier_attn_bwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, dO16, b->dq, b->dk, b->dv, b->ws,
 				b->ws_bytes)) ||
 	    (rc = qkv_grads(m, sh, b, w, &gq, &gk, &gv)) ||

@@ -946,6 +946,47 @@ int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 	return linear_bwd_from16(d, T, in, out, x, w, lora, dx, accumulate, &s);
 }
 
+/* dx16 = bf16(dy W + A^T dxa): the adapter's part rounded into dx16 (K = r), then the main product
+ * added to it by cuBLASLt's beta, so that no fp32 [T, in] is written or read. */
+static int linear_dx_to16(tier_dev *d, int T, int in, int out, const opsc_bf16 *w, const tier_lora_ref *l,
+			  bf16 *dx16, const lin_ws *s)
+{
+	int rc, lo = lora_on(l);
+	/* dx16^T [in, T] = A^T (A stored [in, r]) dxa^T (stored [r, T]) */
+	if (lo && (rc = tier_cuda_gemm(d, -1, "opsc_linear_bwd_to16 (LoRA)", in, T, l->rank, 1.0f, bf(0, l->a, in),
+				       bf(0, s->dxa16, l->rank), 0.0f, dx16, CUDA_R_16BF, in)))
+		return rc;
+	/* dx16^T (+)= W^T (W stored [in, out]) dy^T (stored [out, T]) */
+	return tier_cuda_gemm(d, -1, "opsc_linear_bwd_to16", in, T, out, 1.0f, bf(0, w, in), bf(0, s->dy16, out),
+			      lo ? 1.0f : 0.0f, dx16, CUDA_R_16BF, in);
+}
+
+int opsc_linear_bwd_to16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+			 const tier_lora_ref *lora, const float *dy, opsc_bf16 *dx16, float *dx32, void *ws)
+{
+	int rc = linear_check("opsc_linear_bwd_to16", d, T, in, out, x, w, lora, ws, 1);
+	if (rc || T == 0)
+		return rc;
+	if (!dx16)
+		return tier_fail(-EINVAL, "opsc_linear_bwd_to16: dx16 is NULL (T=%d in=%d out=%d)", T, in, out);
+	if (lora_on(lora) && lora->dropout > 0) { /* the adapter's dx goes back through the mask in fp32 */
+		if (!dx32)
+			return tier_fail(-EINVAL, "opsc_linear_bwd_to16: LoRA dropout needs the fp32 dx32 (T=%d in=%d "
+					 "out=%d)", T, in, out);
+		rc = opsc_linear_bwd(d, T, in, out, x, w, lora, dy, dx32, 0, ws);
+		return rc ? rc : opsc_to_bf16(d, (size_t)T * in, dx32, dx16);
+	}
+	lin_ws s = ws_split(ws, T, out, lora_on(lora) ? lora->rank : 0);
+	if ((rc = opsc_to_bf16(d, (size_t)T * out, dy, (opsc_bf16 *)s.dy16)))
+		return rc;
+	/* the adapter's gradients, and dxa16 even where none is wanted (dx needs it) */
+	if (lora_on(lora) && ((rc = linear_bwd_lora(d, T, in, out, x, lora, NULL, &s)) ||
+			      (!lora->da && (rc = gemm_to_bf16(d, lora->rank, T, out, lora->scale, bf(0, lora->b, lora->rank),
+								bf(0, s.dy16, out), s.dxa16)))))
+		return rc;
+	return linear_dx_to16(d, T, in, out, w, lora, (bf16 *)dx16, &s);
+}
+
 int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 			 const tier_lora_ref *lora, const opsc_bf16 *dy16, float *dx, int accumulate, void *ws)
 {

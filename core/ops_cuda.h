@@ -80,6 +80,12 @@ int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 			 const tier_lora_ref *lora, const opsc_bf16 *dy16, float *dx, int accumulate, void *ws);
 
+/* opsc_linear_bwd (accumulate 0) with dx in bf16: dx16 [T, in] = bf16(bf16(scale (dy B) A) + dy W),
+ * the adapter's gradients as there. No fp32 [T, in] is written or read, except with LoRA dropout,
+ * which takes opsc_linear_bwd into dx32 (fp32 [T, in]; may be NULL without dropout) and converts. */
+int opsc_linear_bwd_to16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+			 const tier_lora_ref *lora, const float *dy, opsc_bf16 *dx16, float *dx32, void *ws);
+
 /* The q (or k) path from its projection to the attention (ops_qk_cuda.cu): out [tokens * heads,
  * head_dim] bf16 = RoPE (r: positions t % seq) of bf16(the q/k RMSNorm of x with w, eps), rstd
  * [tokens * heads] written; w NULL: no norm (Mixtral), RoPE of bf16(x), rstd not touched. */

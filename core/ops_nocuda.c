@@ -86,6 +86,12 @@ int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x
 	return NOCUDA("opsc_linear_bwd_bf16");
 }
 
+int opsc_linear_bwd_to16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+			 const tier_lora_ref *lora, const float *dy, opsc_bf16 *dx16, float *dx32, void *ws)
+{
+	return NOCUDA("opsc_linear_bwd_to16");
+}
+
 int opsc_qk_fwd(tier_dev *d, const tier_rope_params *r, const float *x, const opsc_bf16 *w, float eps,
 		opsc_bf16 *out, float *rstd)
 {

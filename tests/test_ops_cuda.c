@@ -454,6 +454,78 @@ static void test_linear_bwd_bf16(void **state)
 	assert_int_equal(opsc_linear_bwd_bf16(gpu, 3, 4, 5, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL, 0, NULL), -EINVAL);
 }
 
+/* opsc_linear_bwd_to16: dx in bf16 straight from the products against the fp64 reference (the
+ * adapter's part large enough that leaving it out fails), and da, db bit for bit opsc_linear_bwd's
+ * (the same products). With dropout the fp32 path through dx32, against the CPU layer. */
+static void linear_to16_case(int mode, float p)
+{
+	lin L = { .T = 37, .in = 91, .out = 53, .r = 5, .scale = 2.0 };
+	tier_lora_ref ref, *lr;
+	lin_init(&L);
+	lr = lin_lora(&L, mode, p, &ref);
+	int T = L.T, in = L.in, out = L.out, r = L.r;
+	size_t nx = (size_t)T * in, na = (size_t)r * in, nb = (size_t)out * r;
+	size_t wsb = opsc_linear_ws_bytes(T, in, out, lr ? r : 0, p);
+	double *dx = calloc(nx, 8), *dxl = calloc(nx, 8), *dxa = calloc((size_t)T * r, 8);
+	float *da0 = rand_f32(NULL, na, 0.1f), *db0 = rand_f32(NULL, nb, 0.1f), *got[2][2];
+	uint16_t *dx16 = malloc(2 * nx);
+	ref_mm(T, in, out, 1, L.dy, 0, L.w, 0, dx); /* dy W */
+	if (lr) {
+		ref_mm(T, r, out, L.scale, L.dy, 0, L.b, 0, dxa); /* scale dy B */
+		ref_mm(T, in, r, 1, dxa, 0, L.a, 0, dxl);         /* dxa A */
+		assert_true(max_abs(dxl, nx) > 0.1 * max_abs(dx, nx));
+		for (size_t i = 0; i < nx; i++)
+			dx[i] += dxl[i];
+	}
+	if (lr && p > 0)
+		cpu_bwd(&L, lr, dx, NULL, NULL);
+	for (int v = 0; v < 2; v++) {
+		void *dda = up(da0, 4 * na), *ddb = up(db0, 4 * nb), *ws = poisoned(wsb), *ddx = poisoned(4 * nx);
+		void *d16 = poisoned(2 * nx);
+		if (lr)
+			lr->da = mode == LORA ? dda : NULL, lr->db = mode == LORA ? ddb : NULL;
+		if (!v)
+			assert_int_equal(opsc_linear_bwd(gpu, T, in, out, L.dx_, L.dw_, lr, L.ddy, ddx, 0, ws), 0);
+		else
+			assert_int_equal(opsc_linear_bwd_to16(gpu, T, in, out, L.dx_, L.dw_, lr, L.ddy, d16, p > 0 ? ddx : NULL,
+							      ws),
+					 0);
+		got[v][0] = malloc(4 * na), got[v][1] = malloc(4 * nb);
+		down(got[v][0], dda, 4 * na), down(got[v][1], ddb, 4 * nb);
+		if (v)
+			down(dx16, d16, 2 * nx);
+		tier_dev_free(gpu, dda), tier_dev_free(gpu, ddb), tier_dev_free(gpu, ws), tier_dev_free(gpu, ddx);
+		tier_dev_free(gpu, d16);
+	}
+	print_message("linear bwd to bf16 dx: mode %d dropout %.2g\n", mode, p);
+	check("linear bwd dx (bf16)", err_bf16(dx16, dx, nx), TOL_BF16);
+	assert_memory_equal(got[0][0], got[1][0], 4 * na);
+	assert_memory_equal(got[0][1], got[1][1], 4 * nb);
+	for (int v = 0; v < 2; v++)
+		free(got[v][0]), free(got[v][1]);
+	free(dx), free(dxl), free(dxa), free(da0), free(db0), free(dx16);
+	lin_free(&L);
+}
+
+static void test_linear_bwd_to16(void **state)
+{
+	(void)state;
+	linear_to16_case(NO_LORA, 0);
+	linear_to16_case(LORA, 0);
+	linear_to16_case(LORA_FROZEN, 0);
+	linear_to16_case(LORA, 0.3f);
+	/* no dx16; dropout without the fp32 scratch */
+	tier_lora_ref drop = { .a = L_NONNULL, .b = L_NONNULL, .rank = 4, .scale = 1.0f, .dropout = 0.3f };
+	tier_clear_error();
+	assert_int_equal(opsc_linear_bwd_to16(gpu, 3, 4, 5, L_NONNULL, L_NONNULL, NULL, L_NONNULL, NULL, NULL, L_NONNULL),
+			 -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "dx16"));
+	assert_int_equal(opsc_linear_bwd_to16(gpu, 3, 4, 5, L_NONNULL, L_NONNULL, &drop, L_NONNULL, L_NONNULL, NULL,
+					      L_NONNULL),
+			 -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "dx32"));
+}
+
 /* The same cases with dropout 0.3; the workspace grows by one 4 T in piece, only with an adapter. */
 static void test_linear_dropout(void **state)
 {
@@ -1176,6 +1248,7 @@ int main(void)
 		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_linear_dropout),
 		cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_qk_fwd),   cmocka_unit_test(test_qk_grad),
 		cmocka_unit_test(test_linear_bwd_bf16),
+		cmocka_unit_test(test_linear_bwd_to16),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
 		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many),
 		cmocka_unit_test(test_to_bf16_many_large), cmocka_unit_test(test_put_async), cmocka_unit_test(test_sumsq),
