@@ -861,27 +861,31 @@ int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 	int rc = linear_check("opsc_linear_fwd", d, T, in, out, x, w, lora, ws, 0);
 	if (rc || T == 0)
 		return rc;
-	/* y^T [out, T] = W (stored [in, out], transposed) x^T (stored [in, T]) */
-	if ((rc = opsc_gemm(d, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), 0.0f, y, out)) || !lora_on(lora))
-		return rc;
-	int r = lora->rank;
-	lin_ws s = ws_split(ws, T, out, r);
-	const opsc_bf16 *xl;
-	if ((rc = lora_input(d, T, in, x, lora, &s, &xl)) || (rc = lora_xa(d, T, in, xl, lora, &s)))
-		return rc;
-	/* y^T += scale B (stored [r, out], transposed) xa^T (stored [r, T]) */
-	return opsc_gemm(d, out, T, r, lora->scale, bf(1, lora->b, r), bf(0, s.xa16, r), 1.0f, y, out);
+	/* The adapter's part first, then the main product adds to it through its beta: y is read once,
+	 * in the main product's epilogue (a compute-bound product), not by a pass of its own after it. */
+	int lo = lora_on(lora);
+	if (lo) {
+		int r = lora->rank;
+		lin_ws s = ws_split(ws, T, out, r);
+		const opsc_bf16 *xl;
+		/* y^T = scale B (stored [r, out], transposed) xa^T (stored [r, T]) */
+		if ((rc = lora_input(d, T, in, x, lora, &s, &xl)) || (rc = lora_xa(d, T, in, xl, lora, &s)) ||
+		    (rc = opsc_gemm(d, out, T, r, lora->scale, bf(1, lora->b, r), bf(0, s.xa16, r), 0.0f, y, out)))
+			return rc;
+	}
+	/* y^T (+)= W (stored [in, out], transposed) x^T (stored [in, T]) */
+	return opsc_gemm(d, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), lo ? 1.0f : 0.0f, y, out);
 }
 
 /* dx += the adapter's part, A^T dxa^T. With dropout it goes through the fp32 piece over xd (the
  * da product that last reads xd is queued before on the same stream) and back through the mask. */
-static int lora_dx(tier_dev *d, int T, int in, const tier_lora_ref *l, float *dx, const lin_ws *s)
+static int lora_dx(tier_dev *d, int T, int in, const tier_lora_ref *l, float *dx, int accumulate, const lin_ws *s)
 {
 	int r = l->rank, rc;
 	size_t n = (size_t)T * in;
 	/* dx^T [in, T] (+)= A^T (A stored [in, r]) dxa^T (stored [r, T]) */
 	if (!(l->dropout > 0))
-		return opsc_gemm(d, in, T, r, 1.0f, bf(0, l->a, in), bf(0, s->dxa16, r), 1.0f, dx, in);
+		return opsc_gemm(d, in, T, r, 1.0f, bf(0, l->a, in), bf(0, s->dxa16, r), accumulate ? 1.0f : 0.0f, dx, in);
 	if ((rc = opsc_gemm(d, in, T, r, 1.0f, bf(0, l->a, in), bf(0, s->dxa16, r), 0.0f, (float *)s->drop, in)))
 		return rc;
 	lora_mask_add_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, in, l->mask_key, l->dropout, keep_scale(l),
@@ -892,7 +896,7 @@ static int lora_dx(tier_dev *d, int T, int in, const tier_lora_ref *l, float *dx
 /* The adapter's part of the backward, after dy16 is in the workspace and dx holds dy W. The
  * adapter's input (x, or x masked) is made again here, as the forward made it. */
 static int linear_bwd_lora(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const tier_lora_ref *l,
-			   float *dx, const lin_ws *s)
+			   float *dx, int accumulate, const lin_ws *s)
 {
 	int r = l->rank, rc;
 	const opsc_bf16 *xl = x;
@@ -913,19 +917,24 @@ static int linear_bwd_lora(tier_dev *d, int T, int in, int out, const opsc_bf16 
 	/* da^T [in, r] += xl^T (stored [in, T]) dxa (stored [r, T], transposed) */
 	if (l->da && (rc = opsc_gemm(d, in, r, T, 1.0f, bf(0, xl, in), bf(1, s->dxa16, r), 1.0f, l->da, in)))
 		return rc;
-	return dx ? lora_dx(d, T, in, l, dx, s) : 0;
+	return dx ? lora_dx(d, T, in, l, dx, accumulate, s) : 0;
 }
 
 /* The backward's products from dy in bf16 (s->dy16: the workspace's piece, or the caller's). */
 static int linear_bwd_from16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 			     const tier_lora_ref *lora, float *dx, int accumulate, const lin_ws *s)
 {
-	int rc;
-	/* dx^T [in, T] (+)= W^T (W stored [in, out]) dy^T (stored [out, T]) */
-	if (dx && (rc = opsc_gemm(d, in, T, out, 1.0f, bf(0, w, in), bf(0, s->dy16, out), accumulate ? 1.0f : 0.0f, dx,
-				  in)))
+	int rc, lo = lora_on(lora);
+	/* Without dropout the adapter's part of dx goes first and the main product adds to it through
+	 * its beta, as in the forward; with dropout the mask adds the adapter's part to dx after. */
+	int first = lo && !(lora->dropout > 0);
+	if (first && (rc = linear_bwd_lora(d, T, in, out, x, lora, dx, accumulate, s)))
 		return rc;
-	return lora_on(lora) ? linear_bwd_lora(d, T, in, out, x, lora, dx, s) : 0;
+	/* dx^T [in, T] (+)= W^T (W stored [in, out]) dy^T (stored [out, T]) */
+	if (dx && (rc = opsc_gemm(d, in, T, out, 1.0f, bf(0, w, in), bf(0, s->dy16, out), accumulate || first ? 1.0f : 0.0f,
+				  dx, in)))
+		return rc;
+	return lo && !first ? linear_bwd_lora(d, T, in, out, x, lora, dx, 1, s) : 0;
 }
 
 /* Whether a backward has anything to compute: dx, or a LoRA gradient. */
@@ -980,7 +989,7 @@ int opsc_linear_bwd_to16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x
 	if ((rc = opsc_to_bf16(d, (size_t)T * out, dy, (opsc_bf16 *)s.dy16)))
 		return rc;
 	/* the adapter's gradients, and dxa16 even where none is wanted (dx needs it) */
-	if (lora_on(lora) && ((rc = linear_bwd_lora(d, T, in, out, x, lora, NULL, &s)) ||
+	if (lora_on(lora) && ((rc = linear_bwd_lora(d, T, in, out, x, lora, NULL, 0, &s)) ||
 			      (!lora->da && (rc = gemm_to_bf16(d, lora->rank, T, out, lora->scale, bf(0, lora->b, lora->rank),
 								bf(0, s.dy16, out), s.dxa16)))))
 		return rc;
