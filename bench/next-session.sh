@@ -120,7 +120,8 @@ lm=(--batch 8 --micro-batches 4 --layer-major --steps ${B_STEPS:-3} --hbm 24G --
 # DDR); (b) then runs with them and, as their peer in the same call, without (train-b-nocache)
 has b && step 300 train-b "${run[@]}" "${lm[@]}" ${B_CACHE:+--op-cache "$B_CACHE"}
 has b && [ -n "${B_CACHE:-}" ] && step 300 train-b-nocache "${run[@]}" "${lm[@]}"
-has b && [ -n "${RUN_OLD:-}" ] && step 300 train-b-old "${old[@]}" "${lm[@]}"
+# B_OLD=0: (b) without the old build's run (RUN_OLD then serves (a) alone)
+has b && [ -n "${RUN_OLD:-}" ] && [ "${B_OLD:-1}" = 1 ] && step 300 train-b-old "${old[@]}" "${lm[@]}"
 # STAGES=kprofb: (b) under the profiler, its table and (with KPROF_B_LAST_MS, e.g. 19000: its last
 # two steps) the busy time in kprof-b.txt
 if has kprofb && [ ! -f "$kprof_lib" ]; then
