@@ -877,8 +877,9 @@ int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 	return opsc_gemm(d, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), lo ? 1.0f : 0.0f, y, out);
 }
 
-/* dx += the adapter's part, A^T dxa^T. With dropout it goes through the fp32 piece over xd (the
- * da product that last reads xd is queued before on the same stream) and back through the mask. */
+/* dx (+)= the adapter's part, A^T dxa^T (written when not accumulate). With dropout it goes through
+ * the fp32 piece over xd (the da product that last reads xd is queued before on the same stream) and
+ * back through the mask, which adds it to dx whatever accumulate says. */
 static int lora_dx(tier_dev *d, int T, int in, const tier_lora_ref *l, float *dx, int accumulate, const lin_ws *s)
 {
 	int r = l->rank, rc;
@@ -893,8 +894,9 @@ static int lora_dx(tier_dev *d, int T, int in, const tier_lora_ref *l, float *dx
 	return launched("opsc_linear_bwd (LoRA dropout mask)", n);
 }
 
-/* The adapter's part of the backward, after dy16 is in the workspace and dx holds dy W. The
- * adapter's input (x, or x masked) is made again here, as the forward made it. */
+/* The adapter's part of the backward, after dy16 is in the workspace: db, da, and its part of dx
+ * (lora_dx; dx NULL: none). The adapter's input (x, or x masked) is made again here, as the forward
+ * made it. */
 static int linear_bwd_lora(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const tier_lora_ref *l,
 			   float *dx, int accumulate, const lin_ws *s)
 {
