@@ -68,6 +68,9 @@ typedef __nv_bfloat16 bf16;
 #define AB_SMEM (AB_LD_AT + AB_STAGES * AB_LD_BYTES + 1024) /* + the alignment's slack */
 static_assert(AB_SMEM + 64 <= 227 * 1024, "one CTA an SM: the dynamic and static shared memory fit 227 KiB");
 #define AB_LOG2E 1.4426950408889634f
+/* Whether dS goes by stmatrix where TIER_ATTN_BWD_DS is unset: 0 until the stmatrix form has passed
+ * tests/test_attn_cuda on a GPU (it was written without one, session 22) */
+#define AB_DS_STM_DEFAULT 0
 
 namespace {
 
@@ -78,6 +81,7 @@ struct ab_args {
 	float scale, sl2;
 	int no_dq;  /* TIER_ATTN_BWD_DEBUG=nodq: dQ's product runs, its atomics do not (measurement only) */
 	int dq_tma; /* TIER_ATTN_BWD_DQ=tma: dQ added by TMA reductions from shared memory */
+	int ds_stm; /* TIER_ATTN_BWD_DS: dS stored by stmatrix (stm) or one element at a time (scalar) */
 };
 
 #ifdef TIER_SM90A
@@ -153,13 +157,31 @@ __device__ __forceinline__ void ab_probs(float (&st)[32], float (&dp)[32], uint3
 	}
 }
 
+/* dS^T of this thread (rows: keys 16 wi + g, + 8 of the warpgroup's 64; columns: queries) into
+ * dS [query][key] of this warpgroup's key half at ds (64 rows of 128 bytes, 128B swizzle: the
+ * 16-byte chunk c of row r sits at chunk c ^ (r & 7)), one 2-byte store at a time: the form before
+ * ab_store_ds_stm, kept (TIER_ATTN_BWD_DS=scalar) until that one has run on a GPU. */
+__device__ __forceinline__ void ab_store_ds_scalar(uint32_t ds, const float (&v)[32], int wi, int g, int t)
+{
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int q = 8 * i + 2 * t + (e & 1), key = 16 * wi + g + 8 * (e >> 1);
+			const uint32_t at = ds + q * 128 + ((((key >> 3) ^ (q & 7)) << 4) | ((key & 7) << 1));
+			const bf16 x = __float2bfloat16_rn(v[4 * i + e]);
+			asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(at), "h"(*reinterpret_cast<const unsigned short *>(&x))
+				     : "memory");
+		}
+}
+
 /* dS^T of this thread as the dK product's packed fragments (ab_frags) into dS [query][key] of this
  * warpgroup's key half at ds (64 rows of 128 bytes, 128B swizzle: the 16-byte chunk c of row r sits
  * at chunk c ^ (r & 7)), by stmatrix .trans: fragment kt's register j is this thread's pair of the
  * 8 x 8 block (keys 16 wi + 8 (j & 1).. as rows, queries 16 kt + 8 (j >> 1).. as columns), stored
  * transposed, so that each query row gets the block's 8 keys as one 16-byte chunk; lane l names
  * the address of row l & 7 of block l >> 3. The rounding is ab_frags': bf16 of each value. */
-__device__ __forceinline__ void ab_store_ds(uint32_t ds, const uint32_t (&f)[4][4], int wi, int lane)
+__device__ __forceinline__ void ab_store_ds_stm(uint32_t ds, const uint32_t (&f)[4][4], int wi, int lane)
 {
 	const int j = lane >> 3, rr = lane & 7;
 #pragma unroll
@@ -214,8 +236,11 @@ __device__ __forceinline__ void ab_step(float (&dk)[64], float (&dv)[64], const 
 		ab_probs<false>(s, dp, ld, t, lo, 0, a.sl2);
 	}
 	uint32_t pf[4][4], df[4][4];
+	if (!a.ds_stm)
+		ab_store_ds_scalar(ds_half, dp, wi, g, t);
 	ab_frags(df, dp);
-	ab_store_ds(ds_half, df, wi, 4 * g + t);
+	if (a.ds_stm)
+		ab_store_ds_stm(ds_half, df, wi, 4 * g + t);
 	ab_frags(pf, s);
 	acc_fence(dv);
 	acc_fence(dk);
@@ -376,7 +401,11 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 		if (a.causal && kw0 > i0 + AB_BR - 1) {
 			/* every key of this warpgroup follows every query of the step: its dS half is zero */
 			const uint32_t zero[4][4] = {};
-			ab_store_ds(ds + w * 8192, zero, wi, lane);
+			const float zf[32] = {};
+			if (a.ds_stm)
+				ab_store_ds_stm(ds + w * 8192, zero, wi, lane);
+			else
+				ab_store_ds_scalar(ds + w * 8192, zf, wi, g, t);
 		} else if ((a.causal && kw0 + 63 > i0) || i0 + AB_BR > a.S || kw0 + 64 > a.S) {
 			ab_step<true>(dk, dv, a, kw, vw, st, ld, ds + w * 8192, kw0 + 16 * wi, i0, wi, g, t);
 		} else {
@@ -417,7 +446,11 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 	    (rc = base_tmap_bf16_seq(&km, k, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)) ||
 	    (rc = base_tmap_bf16_seq(&vm, v, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)))
 		return rc;
-	const char *dbg = getenv("TIER_ATTN_BWD_DEBUG"), *dqv = getenv("TIER_ATTN_BWD_DQ");
+	const char *dbg = getenv("TIER_ATTN_BWD_DEBUG"), *dqv = getenv("TIER_ATTN_BWD_DQ"), *dsv = getenv("TIER_ATTN_BWD_DS");
+	if (dsv && *dsv && strcmp(dsv, "stm") && strcmp(dsv, "scalar"))
+		return tier_fail(-EINVAL, "attention backward (wgmma): TIER_ATTN_BWD_DS=%s; use stm or scalar, or unset it",
+				 dsv);
+	const int ds_stm = dsv && *dsv ? !strcmp(dsv, "stm") : AB_DS_STM_DEFAULT;
 	if (dbg && *dbg && strcmp(dbg, "nodq"))
 		return tier_fail(-EINVAL, "attention backward (wgmma): TIER_ATTN_BWD_DEBUG=%s; use nodq (measurements only: "
 				 "dq is left wrong) or unset it", dbg);
@@ -431,7 +464,7 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 	if (!dq_tma)
 		memset(&dqm, 0, sizeof dqm);
 	ab_args a = { lse, Di, dq, dk, dv, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads,
-		      (int)(p->n_heads / p->n_kv_heads), p->causal, atomic_kv, scale, sl2, dbg && *dbg, dq_tma };
+		      (int)(p->n_heads / p->n_kv_heads), p->causal, atomic_kv, scale, sl2, dbg && *dbg, dq_tma, ds_stm };
 	dim3 grid((unsigned)(p->n_heads / p->n_kv_heads), (unsigned)((p->seq + AB_BC - 1) / AB_BC),
 		  (unsigned)(p->n_kv_heads * p->batch));
 	if (cudaFuncSetAttribute(ab_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, AB_SMEM) != cudaSuccess)

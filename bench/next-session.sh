@@ -59,13 +59,14 @@ if has attn; then # the default kernels and the wgmma ones against torch's SDPA 
 	step 60 fused "$b/tier-bench" fused # the fused q/k, norm and dA steps against the separate ones
 	step 60 lora "$b/tier-bench" lora # the experts' LoRA kernels (each reduction by tile) against a copy
 fi
-# STAGES=attnq: what the attention backward's dQ atomics cost (TIER_ATTN_BWD_DEBUG=nodq leaves them
-# out, dq wrong) and dQ by TMA reductions (TIER_ATTN_BWD_DQ=tma), beside the default kernels and
-# torch's SDPA
+# STAGES=attnq: the attention backward's dS by stmatrix (TIER_ATTN_BWD_DS=stm), and with it what
+# the dQ atomics cost (TIER_ATTN_BWD_DEBUG=nodq leaves them out, dq wrong) and dQ by TMA reductions
+# (TIER_ATTN_BWD_DQ=tma), beside the default kernels and torch's SDPA
 if has attnq; then
 	step 60 attn-wg "$b/tier-bench" attn --json
-	TIER_ATTN_BWD_DEBUG=nodq step 60 attn-nodq "$b/tier-bench" attn --json
-	TIER_ATTN_BWD_DQ=tma step 60 attn-tma "$b/tier-bench" attn --json
+	TIER_ATTN_BWD_DS=stm step 60 attn-stm "$b/tier-bench" attn --json
+	TIER_ATTN_BWD_DS=stm TIER_ATTN_BWD_DEBUG=nodq step 60 attn-stm-nodq "$b/tier-bench" attn --json
+	TIER_ATTN_BWD_DS=stm TIER_ATTN_BWD_DQ=tma step 60 attn-stm-tma "$b/tier-bench" attn --json
 	step 90 attn-torch python3 bench/attn_torch.py --tier "$logs/attn-wg.log"
 fi
 # STAGES=lora: the experts' LoRA backward kernels alone, under uniform and Zipf routing

@@ -855,6 +855,19 @@ static int lora_xa(tier_dev *d, int T, int in, const opsc_bf16 *x, const tier_lo
 	return gemm_to_bf16(d, l->rank, T, in, 1.0f, bf(1, l->a, in), bf(0, x, in), s->xa16);
 }
 
+/* $TIER_LORA_FIRST: 1, the adapter's part of a linear layer's output (forward y, backward dx) is
+ * written first and the main product adds to it through its beta, and the o projection's dx goes
+ * to bf16 straight from the products (opsc_linear_bwd_to16); 0, the main product first and the
+ * adapter's part added by a pass of its own over the fp32 output, as before session 22. Unset:
+ * LORA_FIRST_DEFAULT, 0 until the first form has passed test_ops_cuda and test_golden_cuda on a
+ * GPU (it was written without one). */
+#define LORA_FIRST_DEFAULT 0
+static int lora_first(void)
+{
+	const char *v = getenv("TIER_LORA_FIRST");
+	return v && *v ? strcmp(v, "0") != 0 : LORA_FIRST_DEFAULT;
+}
+
 int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 		    const tier_lora_ref *lora, float *y, void *ws)
 {
@@ -863,8 +876,18 @@ int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 		return rc;
 	/* The adapter's part first, then the main product adds to it through its beta: y is read once,
 	 * in the main product's epilogue (a compute-bound product), not by a pass of its own after it. */
-	int lo = lora_on(lora);
-	if (lo) {
+	int lo = lora_on(lora), first = lo && lora_first();
+	if (lo && !first) {
+		/* y^T = W x^T, then y^T += scale B xa^T (the order before TIER_LORA_FIRST) */
+		int r = lora->rank;
+		lin_ws s = ws_split(ws, T, out, r);
+		const opsc_bf16 *xl;
+		if ((rc = opsc_gemm(d, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), 0.0f, y, out)) ||
+		    (rc = lora_input(d, T, in, x, lora, &s, &xl)) || (rc = lora_xa(d, T, in, xl, lora, &s)))
+			return rc;
+		return opsc_gemm(d, out, T, r, lora->scale, bf(1, lora->b, r), bf(0, s.xa16, r), 1.0f, y, out);
+	}
+	if (first) {
 		int r = lora->rank;
 		lin_ws s = ws_split(ws, T, out, r);
 		const opsc_bf16 *xl;
@@ -929,7 +952,7 @@ static int linear_bwd_from16(tier_dev *d, int T, int in, int out, const opsc_bf1
 	int rc, lo = lora_on(lora);
 	/* Without dropout the adapter's part of dx goes first and the main product adds to it through
 	 * its beta, as in the forward; with dropout the mask adds the adapter's part to dx after. */
-	int first = lo && !(lora->dropout > 0);
+	int first = lo && !(lora->dropout > 0) && lora_first();
 	if (first && (rc = linear_bwd_lora(d, T, in, out, x, lora, dx, accumulate, s)))
 		return rc;
 	/* dx^T [in, T] (+)= W^T (W stored [in, out]) dy^T (stored [out, T]) */
@@ -980,10 +1003,11 @@ int opsc_linear_bwd_to16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x
 		return rc;
 	if (!dx16)
 		return tier_fail(-EINVAL, "opsc_linear_bwd_to16: dx16 is NULL (T=%d in=%d out=%d)", T, in, out);
-	if (lora_on(lora) && lora->dropout > 0) { /* the adapter's dx goes back through the mask in fp32 */
+	/* with dropout the adapter's dx goes back through the mask in fp32 */
+	if ((lora_on(lora) && lora->dropout > 0) || !lora_first()) {
 		if (!dx32)
-			return tier_fail(-EINVAL, "opsc_linear_bwd_to16: LoRA dropout needs the fp32 dx32 (T=%d in=%d "
-					 "out=%d)", T, in, out);
+			return tier_fail(-EINVAL, "opsc_linear_bwd_to16: LoRA dropout (or TIER_LORA_FIRST=0) needs the fp32 "
+					 "dx32 (T=%d in=%d out=%d)", T, in, out);
 		rc = opsc_linear_bwd(d, T, in, out, x, w, lora, dy, dx32, 0, ws);
 		return rc ? rc : opsc_to_bf16(d, (size_t)T * in, dx32, dx16);
 	}

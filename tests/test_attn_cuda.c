@@ -163,11 +163,16 @@ static void test_shapes(void **state)
 	char *dqv = getenv("TIER_ATTN_BWD_DQ") ? strdup(getenv("TIER_ATTN_BWD_DQ")) : NULL;
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		compare(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4], (int)cases[i][5]);
-	/* the wgmma backward's dQ by TMA reductions (head_dim 128): the other dQ path, the same sums */
-	assert_int_equal(setenv("TIER_ATTN_BWD_DQ", "tma", 1), 0);
-	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-		if (cases[i][4] == 128)
-			compare(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4], (int)cases[i][5]);
+	/* the wgmma backward's other paths (head_dim 128): dS by stmatrix, then also dQ by TMA reductions */
+	char *dsv = getenv("TIER_ATTN_BWD_DS") ? strdup(getenv("TIER_ATTN_BWD_DS")) : NULL;
+	assert_int_equal(setenv("TIER_ATTN_BWD_DS", "stm", 1), 0);
+	for (int tma = 0; tma < 2; tma++) {
+		assert_int_equal(setenv("TIER_ATTN_BWD_DQ", tma ? "tma" : "atomic", 1), 0);
+		for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+			if (cases[i][4] == 128)
+				compare(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4], (int)cases[i][5]);
+	}
+	restore_env("TIER_ATTN_BWD_DS", dsv);
 	restore_env("TIER_ATTN_BWD_DQ", dqv);
 	restore_env("TIER_ATTN_FWD", fwd);
 	restore_env("TIER_ATTN_BWD", bwd);
@@ -251,6 +256,11 @@ static void test_bad_input(void **state)
 			 -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_BWD_DQ=nope"));
 	unsetenv("TIER_ATTN_BWD_DQ");
+	assert_int_equal(setenv("TIER_ATTN_BWD_DS", "nope", 1), 0);
+	assert_int_equal(tier_attn_bwd(gpu, &p, b, b, b, b, (float *)b, b, (float *)b, (float *)b, (float *)b, b, bytes),
+			 -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_BWD_DS=nope"));
+	unsetenv("TIER_ATTN_BWD_DS");
 	unsetenv("TIER_ATTN_BWD");
 	tier_dev_free(gpu, buf);
 }

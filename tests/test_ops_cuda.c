@@ -393,9 +393,26 @@ static void linear_case(int mode, float p, int accumulate, int want_dx)
 	lin_free(&L);
 }
 
-static void test_linear(void **state)
+/* Each linear case under both orders of $TIER_LORA_FIRST (ops_cuda.cu), the caller's setting put
+ * back after. */
+static void both_orders(void (*cases)(void))
 {
-	(void)state;
+	const char *was = getenv("TIER_LORA_FIRST");
+	char *saved = was ? strdup(was) : NULL;
+	for (int first = 1; first >= 0; first--) {
+		assert_int_equal(setenv("TIER_LORA_FIRST", first ? "1" : "0", 1), 0);
+		print_message("TIER_LORA_FIRST=%d\n", first);
+		cases();
+	}
+	if (saved)
+		setenv("TIER_LORA_FIRST", saved, 1);
+	else
+		unsetenv("TIER_LORA_FIRST");
+	free(saved);
+}
+
+static void linear_cases(void)
+{
 	linear_case(NO_LORA, 0, 0, 1);
 	linear_case(NO_LORA, 0, 1, 1);
 	linear_case(LORA, 0, 0, 1);
@@ -403,6 +420,12 @@ static void test_linear(void **state)
 	linear_case(LORA_FROZEN, 0, 0, 1);
 	linear_case(LORA_FROZEN, 0, 1, 1);
 	linear_case(LORA, 0, 0, 0);
+}
+
+static void test_linear(void **state)
+{
+	(void)state;
+	both_orders(linear_cases);
 }
 
 /* opsc_linear_bwd_bf16 from dy in bf16 (the case's dy is exact in bf16) gives opsc_linear_bwd's
@@ -487,9 +510,7 @@ static void linear_to16_case(int mode, float p)
 		if (!v)
 			assert_int_equal(opsc_linear_bwd(gpu, T, in, out, L.dx_, L.dw_, lr, L.ddy, ddx, 0, ws), 0);
 		else
-			assert_int_equal(opsc_linear_bwd_to16(gpu, T, in, out, L.dx_, L.dw_, lr, L.ddy, d16, p > 0 ? ddx : NULL,
-							      ws),
-					 0);
+			assert_int_equal(opsc_linear_bwd_to16(gpu, T, in, out, L.dx_, L.dw_, lr, L.ddy, d16, ddx, ws), 0);
 		got[v][0] = malloc(4 * na), got[v][1] = malloc(4 * nb);
 		down(got[v][0], dda, 4 * na), down(got[v][1], ddb, 4 * nb);
 		if (v)
@@ -507,13 +528,18 @@ static void linear_to16_case(int mode, float p)
 	lin_free(&L);
 }
 
-static void test_linear_bwd_to16(void **state)
+static void to16_cases(void)
 {
-	(void)state;
 	linear_to16_case(NO_LORA, 0);
 	linear_to16_case(LORA, 0);
 	linear_to16_case(LORA_FROZEN, 0);
 	linear_to16_case(LORA, 0.3f);
+}
+
+static void test_linear_bwd_to16(void **state)
+{
+	(void)state;
+	both_orders(to16_cases);
 	/* no dx16; dropout without the fp32 scratch */
 	tier_lora_ref drop = { .a = L_NONNULL, .b = L_NONNULL, .rank = 4, .scale = 1.0f, .dropout = 0.3f };
 	tier_clear_error();
@@ -526,6 +552,15 @@ static void test_linear_bwd_to16(void **state)
 	assert_non_null(strstr(tier_last_error(), "dx32"));
 }
 
+static void dropout_cases(void)
+{
+	linear_case(LORA, 0.3f, 0, 1);
+	linear_case(LORA, 0.3f, 1, 1);
+	linear_case(LORA_FROZEN, 0.3f, 0, 1);
+	linear_case(LORA_FROZEN, 0.3f, 1, 1);
+	linear_case(LORA, 0.3f, 0, 0);
+}
+
 /* The same cases with dropout 0.3; the workspace grows by one 4 T in piece, only with an adapter. */
 static void test_linear_dropout(void **state)
 {
@@ -533,11 +568,7 @@ static void test_linear_dropout(void **state)
 	assert_int_equal(opsc_linear_ws_bytes(37, 91, 53, 5, 0.3f) - opsc_linear_ws_bytes(37, 91, 53, 5, 0),
 			 (4 * 37 * 91 + 255) / 256 * 256);
 	assert_int_equal(opsc_linear_ws_bytes(37, 91, 53, 0, 0.3f), opsc_linear_ws_bytes(37, 91, 53, 0, 0));
-	linear_case(LORA, 0.3f, 0, 1);
-	linear_case(LORA, 0.3f, 1, 1);
-	linear_case(LORA_FROZEN, 0.3f, 0, 1);
-	linear_case(LORA_FROZEN, 0.3f, 1, 1);
-	linear_case(LORA, 0.3f, 0, 0);
+	both_orders(dropout_cases);
 }
 
 /* ---- Row and elementwise kernels ------------------------------------------------------------- */
