@@ -17,5 +17,22 @@ b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
 	rm -f "$out/g.log"
 } > "$out/tests.txt" 2>&1
 grep "^== " "$out/tests.txt"
+if [ "${QUICK:-0}" = 1 ]; then # QUICK=1: the attention benchmark's forms, then (a) under the new forms
+	for v in "" "TIER_ATTN_BWD_DS=stm" "TIER_ATTN_BWD_DS=stm TIER_ATTN_BWD_DQ=tma"; do
+		echo "== attn ${v:-default}"
+		# shellcheck disable=SC2086 # the settings are separate words
+		env $v timeout 60 "$b/tier-bench" attn 2>&1 | grep -E "fwd|bwd"
+	done > "$out/attn.txt"
+	cat "$out/attn.txt"
+	. "$(dirname "$0")/session-lib.sh"
+	a=("${job_args[@]}" --config bench/configs/qwen3-30b-a3b.json --batch 1 --steps 6 --ddr 4G --op-cache all:hbm=48G)
+	for v in "" "TIER_LORA_FIRST=1 TIER_ATTN_BWD_DS=stm TIER_ATTN_BWD_DQ=tma"; do
+		echo "== (a) ${v:-default}"
+		# shellcheck disable=SC2086
+		env $v timeout 90 "$b/tier-run" "${a[@]}" 2>&1 | grep -E "^ +[0-9]+ |^# done|rror"
+	done > "$out/train-a.txt"
+	cat "$out/train-a.txt"
+	exit 0
+fi
 STAGES=attnq,a A_ALT="TIER_LORA_FIRST=1,TIER_ATTN_BWD_DS=stm TIER_LORA_FIRST=1,TIER_ATTN_BWD_DS=stm,TIER_ATTN_BWD_DQ=tma" \
 	"$(dirname "$0")/next-session.sh" "$b" "$out"
