@@ -16,12 +16,17 @@
 # $OUT/logs.tgz after every step). Session 21 ran c445510 on an H100 only (the H200 refused): its
 # CUDA tests pass (1e18e50's codegen included); `--optimizer-at forward` gave (b) +0.7% and (a)
 # -7.1% (the H100's HBM edge), TIER_MOE_EARLY_PERMUTE=1 nothing (bench/RESULTS.md, "session 21").
-# Staged: ec9d08c's binaries (c445510's and the review's mends, results unchanged on the CPU: the
-# optimizer's step-end loop and settle made one), with 987f337's tier-run in .device/old (ignored by git: restage with
-# bench/stage-device.sh, and copy the last measured build's tier-run to .device/old first, if the
-# machine's copy is gone). Next, on an H200 (needs_h200), carry [".device/pack.tar.xz", ".device/lib",
-# ".device/old"]: the gates of the final code beside the old build, and (a) with the optimizer in
-# the next forward where HBM has room (~450 s):
+# Session 22 lent no GPU at all. Its forms, written without one and off by default until run
+# (TIER_ATTN_BWD_DS=stm, TIER_ATTN_BWD_DQ=tma, TIER_LORA_FIRST=1), go first:
+# bench/validate-session22.sh (QUICK=1: tests, tier-bench attn's forms and (a) without torch, about
+# 150 s on an H100; else attnq and (a) with the old build, about 300 s); if they pass and gain,
+# flip AB_DS_STM_DEFAULT (attn/attn_wgmma_bwd.cu), LORA_FIRST_DEFAULT (core/ops_cuda.cu) and the
+# dQ default, and restage. Staged: the session's final build, with 987f337's tier-run in
+# .device/old (ignored by git: restage with bench/stage-device.sh, and copy the last measured
+# build's tier-run to .device/old first, if the machine's copy is gone). Then, on an H200
+# (needs_h200), carry [".device/pack.tar.xz", ".device/lib", ".device/old"]: the gates of the final
+# code beside the old build, and (a) with the optimizer in the next forward where HBM has room
+# (~450 s):
 #   TESTS="test_golden_cuda" STAGES=tests,a,b,c RUN_OLD=$PWD/.device/old/tier-run
 #   A_ARGS="--batch 3 --op-cache all:hbm=56G;--optimizer-at forward" B_ARGS="--optimizer-at forward"
 #   bench/next-session.sh .device/bin $OUT
