@@ -49,29 +49,38 @@ static CUresult encode_as(CUtensorMap *m, const void *base, int rank, uint64_t b
 			 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-static CUresult encode(CUtensorMap *m, const void *base, int rank, uint64_t batch, uint64_t rows, uint64_t cols,
-		       uint32_t box_rows)
+/* The sequence maps of either type: rows of cols elements (16 bytes' worth a multiple), checked,
+ * then encoded; the errors name fn. */
+static int map_seq(const char *fn, CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
+		   uint32_t box_rows, int f32)
 {
-	return encode_as(m, base, rank, batch, rows, cols, box_rows, 0);
+	const char *ty = f32 ? "fp32" : "bf16";
+	const uint64_t per16 = f32 ? 4 : 8; /* elements in 16 bytes */
+	int rc = tmap_ready(fn);
+	if (rc)
+		return rc;
+	if (!m || !base || (uintptr_t)base % 16 || batch < 1 || seq < 1 || cols < per16 || cols % per16 ||
+	    batch >> 31 || seq >> 31 || cols >> 32 || box_rows < 1 || box_rows > 256)
+		return tier_fail(-EINVAL, "%s: %llu sequences of %llu x %llu %s at %p with %u-row boxes cannot be mapped",
+				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, ty, base,
+				 box_rows);
+	CUresult r = encode_as(m, base, 3, batch, seq, cols, box_rows, f32);
+	if (r != CUDA_SUCCESS)
+		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused %llu sequences of %llu x %llu %s (CUresult %d)",
+				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, ty, (int)r);
+	return 0;
 }
 
 extern "C" int base_tmap_bf16_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
 				  uint32_t box_rows)
 {
-	const char *fn = "base_tmap_bf16_seq";
-	int rc = tmap_ready(fn);
-	if (rc)
-		return rc;
-	if (!m || !base || (uintptr_t)base % 16 || batch < 1 || seq < 1 || cols < 8 || cols % 8 || batch >> 31 ||
-	    seq >> 31 || cols >> 32 || box_rows < 1 || box_rows > 256)
-		return tier_fail(-EINVAL, "%s: %llu sequences of %llu x %llu bf16 at %p with %u-row boxes cannot be mapped",
-				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, base,
-				 box_rows);
-	CUresult r = encode(m, base, 3, batch, seq, cols, box_rows);
-	if (r != CUDA_SUCCESS)
-		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused %llu sequences of %llu x %llu (CUresult %d)",
-				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, (int)r);
-	return 0;
+	return map_seq("base_tmap_bf16_seq", m, base, batch, seq, cols, box_rows, 0);
+}
+
+extern "C" int base_tmap_f32_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
+				 uint32_t box_rows)
+{
+	return map_seq("base_tmap_f32_seq", m, base, batch, seq, cols, box_rows, 1);
 }
 
 extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows)
@@ -84,28 +93,10 @@ extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, u
 	    box_rows < 1 || box_rows > 256)
 		return tier_fail(-EINVAL, "%s: a %llu x %llu bf16 matrix at %p with %u-row boxes cannot be mapped", fn,
 				 (unsigned long long)rows, (unsigned long long)cols, base, box_rows);
-	CUresult r = encode(m, base, 2, 1, rows, cols, box_rows);
+	CUresult r = encode_as(m, base, 2, 1, rows, cols, box_rows, 0);
 	if (r != CUDA_SUCCESS)
 		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused a %llu x %llu matrix (CUresult %d)", fn,
 				 (unsigned long long)rows, (unsigned long long)cols, (int)r);
 	return 0;
 }
 
-extern "C" int base_tmap_f32_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
-				 uint32_t box_rows)
-{
-	const char *fn = "base_tmap_f32_seq";
-	int rc = tmap_ready(fn);
-	if (rc)
-		return rc;
-	if (!m || !base || (uintptr_t)base % 16 || batch < 1 || seq < 1 || cols < 4 || cols % 4 || batch >> 31 ||
-	    seq >> 31 || cols >> 32 || box_rows < 1 || box_rows > 256)
-		return tier_fail(-EINVAL, "%s: %llu sequences of %llu x %llu fp32 at %p with %u-row boxes cannot be mapped",
-				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, base,
-				 box_rows);
-	CUresult r = encode_as(m, base, 3, batch, seq, cols, box_rows, 1);
-	if (r != CUDA_SUCCESS)
-		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused %llu sequences of %llu x %llu fp32 (CUresult %d)",
-				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, (int)r);
-	return 0;
-}

@@ -219,6 +219,19 @@ static void test_rope(void **state)
 	rope_case(36);
 }
 
+/* The backward with name=value set refuses (-EINVAL) and names the setting; name unset after. */
+static void bwd_refuses(const tier_attn_params *p, char *b, size_t bytes, const char *name, const char *value)
+{
+	char want[64];
+	snprintf(want, sizeof want, "%s=%s", name, value);
+	assert_int_equal(setenv(name, value, 1), 0);
+	tier_clear_error();
+	assert_int_equal(tier_attn_bwd(gpu, p, b, b, b, b, (float *)b, b, (float *)b, (float *)b, (float *)b, b, bytes),
+			 -EINVAL);
+	assert_non_null(strstr(tier_last_error(), want));
+	unsetenv(name);
+}
+
 static void test_bad_input(void **state)
 {
 	tier_attn_params p;
@@ -239,28 +252,17 @@ static void test_bad_input(void **state)
 	assert_int_equal(tier_attn_fwd(gpu, &p, b, b, b, b, (float *)b, b, bytes), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_FWD=nope"));
 	unsetenv("TIER_ATTN_FWD");
-	assert_int_equal(setenv("TIER_ATTN_BWD", "nope", 1), 0);
-	assert_int_equal(tier_attn_bwd(gpu, &p, b, b, b, b, (float *)b, b, (float *)b, (float *)b, (float *)b, b, bytes),
-			 -EINVAL);
-	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_BWD=nope"));
-	unsetenv("TIER_ATTN_BWD");
+	bwd_refuses(&p, b, bytes, "TIER_ATTN_BWD", "nope");
 	tier_dev_free(gpu, buf);
-	/* an unknown dQ path of the wgmma backward (head_dim 128 on the compute capability 9.0 GPU the
-	 * tests run on): refused by name, the kernel not launched */
+	/* unknown values of the wgmma backward's switches (head_dim 128 on the compute capability 9.0
+	 * GPU the tests run on): refused by name, the kernel not launched */
 	tier_attn_params_init(&p, 1, 8, 4, 2, 128);
 	assert_int_equal(tier_attn_workspace_bytes(gpu, &p, &bytes), 0);
 	buf = dev_poisoned(bytes + 8 * 4 * 128 * 4), b = buf;
 	assert_int_equal(setenv("TIER_ATTN_BWD", "wg", 1), 0);
-	assert_int_equal(setenv("TIER_ATTN_BWD_DQ", "nope", 1), 0);
-	assert_int_equal(tier_attn_bwd(gpu, &p, b, b, b, b, (float *)b, b, (float *)b, (float *)b, (float *)b, b, bytes),
-			 -EINVAL);
-	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_BWD_DQ=nope"));
-	unsetenv("TIER_ATTN_BWD_DQ");
-	assert_int_equal(setenv("TIER_ATTN_BWD_DS", "nope", 1), 0);
-	assert_int_equal(tier_attn_bwd(gpu, &p, b, b, b, b, (float *)b, b, (float *)b, (float *)b, (float *)b, b, bytes),
-			 -EINVAL);
-	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_BWD_DS=nope"));
-	unsetenv("TIER_ATTN_BWD_DS");
+	bwd_refuses(&p, b, bytes, "TIER_ATTN_BWD_DQ", "nope");
+	bwd_refuses(&p, b, bytes, "TIER_ATTN_BWD_DS", "nope");
+	bwd_refuses(&p, b, bytes, "TIER_ATTN_BWD_DEBUG", "nope");
 	unsetenv("TIER_ATTN_BWD");
 	tier_dev_free(gpu, buf);
 }
