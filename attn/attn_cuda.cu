@@ -1318,6 +1318,9 @@ extern "C" int attn_cuda_bwd(tier_dev *dev, const tier_attn_params *p, const voi
 		return rc;
 	if ((var = pick_variant("TIER_ATTN_BWD", bwd_variants, (int)(sizeof bwd_variants / sizeof bwd_variants[0]))) < 0)
 		return var;
+	int no_dq, dq_tma, ds_stm; /* the wgmma kernel's switches, checked whichever kernel runs */
+	if ((rc = attn_wgmma_bwd_switches(&no_dq, &dq_tma, &ds_stm)))
+		return rc;
 	const int64_t rows = p->batch * p->seq * p->n_heads, G = p->n_heads / p->n_kv_heads;
 	const size_t kv_bytes = (size_t)(p->batch * p->seq * p->n_kv_heads * p->head_dim) * sizeof(float);
 	cudaStream_t s = (cudaStream_t)tier_dev_stream(dev);

@@ -44,6 +44,10 @@ int attn_wgmma_usable(int head_dim);
  * errors as usual. sl2: scale * log2(e). */
 int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const void *k, const void *v, void *o, float *lse,
 		   float sl2, void *stream);
+/* The wgmma backward's switches (attn_wgmma_bwd.cu): TIER_ATTN_BWD_DEBUG=nodq, TIER_ATTN_BWD_DQ
+ * (atomic, tma), TIER_ATTN_BWD_DS (scalar, stm); -EINVAL naming a bad value. attn_cuda_bwd checks
+ * them before choosing a kernel, so that a typo fails on any device and variant. */
+int attn_wgmma_bwd_switches(int *no_dq, int *dq_tma, int *ds_stm);
 /* The backward on wgmma (attn_wgmma_bwd.cu), the same terms; Di: rowsum(dout o) [T x n_heads],
  * dq (and with atomic_kv dk, dv) cleared by the caller. */
 int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const void *k, const void *v, const void *dout,

@@ -26,9 +26,9 @@
  * are zeros (as bwd2_kernel's loads make them), and masked pairs get 0 outright.
  *
  * Shared memory (1024-byte aligned): K, V [d half 2][128 keys][64 d] 32 KiB each; three stages of
- * Q, dO [d half 2][64 queries][64 d] 32 KiB; dS [2][key half 2][64 queries][64 keys] 32 KiB; dQ's
- * staging [warpgroup 2][d box 2][64 queries][32 fp32] 32 KiB; the stages' lse and D, 512 bytes each:
- * 225.5 KiB, one CTA per SM. Registers: 236 a thread (ptxas,
+ * Q, dO [d half 2][64 queries][64 d] 32 KiB; dS [2][key half 2][64 queries][64 keys] 32 KiB; with
+ * TMA dQ its staging [warpgroup 2][d box 2][64 queries][32 fp32] 32 KiB; the stages' lse and D, 512
+ * bytes each: 193.5 KiB, 225.5 with the staging, one CTA per SM. Registers: 236 a thread (ptxas,
  * no spills): dK and dV accumulators (64 + 64) and S^T and dP^T (32 + 32). The dK and dV products
  * are waited for before dQ's: with their register A operands still live beside dQ's accumulator,
  * ptxas serialised every wgmma of the kernel for want of registers.
@@ -63,9 +63,12 @@ typedef __nv_bfloat16 bf16;
 #define AB_DS_AT (AB_STAGE_AT + AB_STAGES * AB_STAGE)
 #define AB_DQ_AT (AB_DS_AT + 2 * AB_DS_BYTES)      /* dQ by TMA: per warpgroup [d box 2][64 queries][32 fp32] */
 #define AB_DQ_BYTES (2 * AB_BR * 128)              /* one warpgroup's: 16 KiB */
-#define AB_LD_AT (AB_DQ_AT + 2 * AB_DQ_BYTES)      /* per stage: lse [64], then D [64] */
+/* per stage: lse [64], then D [64]; after the staging with TMA dQ, in its place without (ab_args.ld_at) */
 #define AB_LD_BYTES (2 * AB_BR * 4)
-#define AB_SMEM (AB_LD_AT + AB_STAGES * AB_LD_BYTES + 1024) /* + the alignment's slack */
+#define AB_LD_AT_TMA (AB_DQ_AT + 2 * AB_DQ_BYTES)
+#define AB_SMEM (AB_LD_AT_TMA + AB_STAGES * AB_LD_BYTES + 1024) /* + the alignment's slack */
+#define AB_SMEM_NO_DQ (AB_DQ_AT + AB_STAGES * AB_LD_BYTES + 1024)
+static_assert(AB_DQ_AT % 1024 == 0, "the staging in the 128B swizzle's 1024-byte rows");
 static_assert(AB_SMEM + 64 <= 227 * 1024, "one CTA an SM: the dynamic and static shared memory fit 227 KiB");
 #define AB_LOG2E 1.4426950408889634f
 /* Whether dS goes by stmatrix where TIER_ATTN_BWD_DS is unset: 0 until the stmatrix form has passed
@@ -82,6 +85,7 @@ struct ab_args {
 	int no_dq;  /* TIER_ATTN_BWD_DEBUG=nodq: dQ's product runs, its atomics do not (measurement only) */
 	int dq_tma; /* TIER_ATTN_BWD_DQ=tma: dQ added by TMA reductions from shared memory */
 	int ds_stm; /* TIER_ATTN_BWD_DS: dS stored by stmatrix (stm) or one element at a time (scalar) */
+	uint32_t ld_at; /* where the lse and D stages start: AB_LD_AT_TMA, or AB_DQ_AT without TMA dQ */
 };
 
 #ifdef TIER_SM90A
@@ -110,7 +114,7 @@ __device__ __forceinline__ void ab_load_step(const ab_args &a, const CUtensorMap
 					     uint32_t base, uint32_t bars, int h, int row0, int ibeg, int n, int lane)
 {
 	const int s = n % AB_STAGES, i0 = ibeg + n * AB_BR;
-	const uint32_t full = bars + 8 * s, st = base + AB_STAGE_AT + s * AB_STAGE, ld = base + AB_LD_AT + s * AB_LD_BYTES;
+	const uint32_t full = bars + 8 * s, st = base + AB_STAGE_AT + s * AB_STAGE, ld = base + a.ld_at + s * AB_LD_BYTES;
 	if (lane == 0) {
 		bar_expect_tx(full, AB_STAGE);
 		for (int dc = 0; dc < 2; dc++) {
@@ -260,6 +264,16 @@ __device__ __forceinline__ void ab_step(float (&dk)[64], float (&dv)[64], const 
 	acc_fence(dv);
 }
 
+/* Warpgroup w's 128 threads meet (named barriers 1 and 2; __syncthreads is 0). The ids are
+ * immediates: from a register ptxas reserves all 16 barriers. */
+__device__ __forceinline__ void ab_wg_bar(int w)
+{
+	if (w)
+		asm volatile("bar.sync 2, 128;\n" ::: "memory");
+	else
+		asm volatile("bar.sync 1, 128;\n" ::: "memory");
+}
+
 /* This warpgroup's dQ (times the scale) into its staging at dqs, [d box 2][64 queries][32 fp32] in
  * the 128B swizzle (16-byte chunk c of row r at c ^ (r & 7)), and one thread adds it to dq by two TMA
  * reductions. The staging is free again once the previous step's reductions have read it (their
@@ -270,7 +284,7 @@ __device__ __forceinline__ void ab_dq_tma(const CUtensorMap *dqm, const float (&
 	const bool issuer = wi == 0 && (threadIdx.x & 31) == 0;
 	if (issuer)
 		tma_reduce_wait_read();
-	asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory");
+	ab_wg_bar(w);
 #pragma unroll
 	for (int r = 0; r < 2; r++) {
 		const int row = 16 * wi + g + 8 * r;
@@ -284,7 +298,7 @@ __device__ __forceinline__ void ab_dq_tma(const CUtensorMap *dqm, const float (&
 		}
 	}
 	fence_proxy_async(); /* the plain stores, then the reductions' reads */
-	asm volatile("bar.sync %0, 128;\n" ::"r"(1 + w) : "memory");
+	ab_wg_bar(w);
 	if (issuer) {
 		tma_reduce_add3(dqm, dqs, h * AB_D + 64 * w, i0, seq);
 		tma_reduce_add3(dqm, dqs + 8192, h * AB_D + 64 * w + 32, i0, seq);
@@ -395,7 +409,7 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 	for (int n = 0; n < nsteps; n++) {
 		const int s = n % AB_STAGES, i0 = ibeg + n * AB_BR;
 		const uint32_t st = base + AB_STAGE_AT + s * AB_STAGE, ds = base + AB_DS_AT + (n & 1) * AB_DS_BYTES;
-		const uint32_t ld = base + AB_LD_AT + s * AB_LD_BYTES;
+		const uint32_t ld = base + a.ld_at + s * AB_LD_BYTES;
 		mbar_wait(b + 8 * s, (n / AB_STAGES) & 1);
 		__syncwarp();
 		if (a.causal && kw0 > i0 + AB_BR - 1) {
@@ -429,6 +443,22 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 
 } /* namespace */
 
+extern "C" int attn_wgmma_bwd_switches(int *no_dq, int *dq_tma, int *ds_stm)
+{
+	const char *dbg = getenv("TIER_ATTN_BWD_DEBUG"), *dqv = getenv("TIER_ATTN_BWD_DQ"), *dsv = getenv("TIER_ATTN_BWD_DS");
+	if (dsv && *dsv && strcmp(dsv, "stm") && strcmp(dsv, "scalar"))
+		return tier_fail(-EINVAL, "attention backward: TIER_ATTN_BWD_DS=%s; use stm or scalar, or unset it", dsv);
+	if (dbg && *dbg && strcmp(dbg, "nodq"))
+		return tier_fail(-EINVAL, "attention backward: TIER_ATTN_BWD_DEBUG=%s; use nodq (measurements only: dq is "
+				 "left wrong) or unset it", dbg);
+	if (dqv && *dqv && strcmp(dqv, "tma") && strcmp(dqv, "atomic"))
+		return tier_fail(-EINVAL, "attention backward: TIER_ATTN_BWD_DQ=%s; use atomic or tma, or unset it", dqv);
+	*ds_stm = dsv && *dsv ? !strcmp(dsv, "stm") : AB_DS_STM_DEFAULT;
+	*no_dq = dbg && *dbg;
+	*dq_tma = dqv && !strcmp(dqv, "tma");
+	return 0;
+}
+
 extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const void *k, const void *v,
 			      const void *dout, const float *lse, const float *Di, float *dq, float *dk, float *dv,
 			      float scale, float sl2, int atomic_kv, void *stream)
@@ -446,30 +476,27 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 	    (rc = base_tmap_bf16_seq(&km, k, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)) ||
 	    (rc = base_tmap_bf16_seq(&vm, v, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)))
 		return rc;
-	const char *dbg = getenv("TIER_ATTN_BWD_DEBUG"), *dqv = getenv("TIER_ATTN_BWD_DQ"), *dsv = getenv("TIER_ATTN_BWD_DS");
-	if (dsv && *dsv && strcmp(dsv, "stm") && strcmp(dsv, "scalar"))
-		return tier_fail(-EINVAL, "attention backward (wgmma): TIER_ATTN_BWD_DS=%s; use stm or scalar, or unset it",
-				 dsv);
-	const int ds_stm = dsv && *dsv ? !strcmp(dsv, "stm") : AB_DS_STM_DEFAULT;
-	if (dbg && *dbg && strcmp(dbg, "nodq"))
-		return tier_fail(-EINVAL, "attention backward (wgmma): TIER_ATTN_BWD_DEBUG=%s; use nodq (measurements only: "
-				 "dq is left wrong) or unset it", dbg);
-	if (dqv && *dqv && strcmp(dqv, "tma") && strcmp(dqv, "atomic"))
-		return tier_fail(-EINVAL, "attention backward (wgmma): TIER_ATTN_BWD_DQ=%s; use atomic or tma, or unset it",
-				 dqv);
-	/* dQ by TMA reductions where asked and the map takes dq (16-byte aligned), else by atomics */
+	int no_dq, dq_tma, ds_stm;
+	if ((rc = attn_wgmma_bwd_switches(&no_dq, &dq_tma, &ds_stm)))
+		return rc;
+	/* dQ by TMA reductions where asked: dq must be 16-byte aligned for the map (asked for and not
+	 * possible is an error, not atomics in silence) */
 	CUtensorMap dqm;
-	int dq_tma = dqv && !strcmp(dqv, "tma") && (uintptr_t)dq % 16 == 0 &&
-		     !base_tmap_f32_seq(&dqm, dq, B, S, (uint64_t)(p->n_heads * AB_D), AB_BR);
-	if (!dq_tma)
-		memset(&dqm, 0, sizeof dqm);
+	memset(&dqm, 0, sizeof dqm);
+	if (dq_tma && (uintptr_t)dq % 16)
+		return tier_fail(-EINVAL, "attention backward (wgmma): TIER_ATTN_BWD_DQ=tma needs dq 16-byte aligned (%p); "
+				 "unset it for the atomics", (void *)dq);
+	if (dq_tma && (rc = base_tmap_f32_seq(&dqm, dq, B, S, (uint64_t)(p->n_heads * AB_D), AB_BR)))
+		return rc;
 	ab_args a = { lse, Di, dq, dk, dv, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads,
-		      (int)(p->n_heads / p->n_kv_heads), p->causal, atomic_kv, scale, sl2, dbg && *dbg, dq_tma, ds_stm };
+		      (int)(p->n_heads / p->n_kv_heads), p->causal, atomic_kv, scale, sl2, no_dq, dq_tma, ds_stm,
+		      dq_tma ? (uint32_t)AB_LD_AT_TMA : (uint32_t)AB_DQ_AT };
 	dim3 grid((unsigned)(p->n_heads / p->n_kv_heads), (unsigned)((p->seq + AB_BC - 1) / AB_BC),
 		  (unsigned)(p->n_kv_heads * p->batch));
-	if (cudaFuncSetAttribute(ab_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, AB_SMEM) != cudaSuccess)
+	const int smem = dq_tma ? AB_SMEM : AB_SMEM_NO_DQ;
+	if (cudaFuncSetAttribute(ab_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
 		return tier_fail(-EIO, "attention backward (wgmma): %s", cudaGetErrorString(cudaGetLastError()));
-	ab_bwd_kernel<<<grid, AB_THREADS, AB_SMEM, (cudaStream_t)stream>>>(qm, km, vm, om, dqm, a);
+	ab_bwd_kernel<<<grid, AB_THREADS, smem, (cudaStream_t)stream>>>(qm, km, vm, om, dqm, a);
 	cudaError_t e = cudaGetLastError();
 	return e == cudaSuccess ? 0 : tier_fail(-EIO, "attention backward (wgmma): %s", cudaGetErrorString(e));
 }

@@ -99,4 +99,3 @@ extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, u
 				 (unsigned long long)rows, (unsigned long long)cols, (int)r);
 	return 0;
 }
-

@@ -393,22 +393,43 @@ static void linear_case(int mode, float p, int accumulate, int want_dx)
 	lin_free(&L);
 }
 
+/* Whether $TIER_LORA_FIRST asks for the adapter's part first (as ops_cuda.cu reads it, its default
+ * aside: the cases below always set it). */
+static int first_on(void)
+{
+	const char *v = getenv("TIER_LORA_FIRST");
+	return v && *v && strcmp(v, "0") != 0;
+}
+
 /* Each linear case under both orders of $TIER_LORA_FIRST (ops_cuda.cu), the caller's setting put
  * back after. */
-static void both_orders(void (*cases)(void))
+/* $TIER_LORA_FIRST set to v; the caller's value (NULL: unset) returned for first_restore. */
+static char *first_set(const char *v)
 {
 	const char *was = getenv("TIER_LORA_FIRST");
 	char *saved = was ? strdup(was) : NULL;
-	for (int first = 1; first >= 0; first--) {
-		assert_int_equal(setenv("TIER_LORA_FIRST", first ? "1" : "0", 1), 0);
-		print_message("TIER_LORA_FIRST=%d\n", first);
-		cases();
-	}
+	assert_int_equal(setenv("TIER_LORA_FIRST", v, 1), 0);
+	return saved;
+}
+
+static void first_restore(char *saved)
+{
 	if (saved)
 		setenv("TIER_LORA_FIRST", saved, 1);
 	else
 		unsetenv("TIER_LORA_FIRST");
 	free(saved);
+}
+
+static void both_orders(void (*cases)(void))
+{
+	char *saved = first_set("1");
+	for (int first = 1; first >= 0; first--) {
+		assert_int_equal(setenv("TIER_LORA_FIRST", first ? "1" : "0", 1), 0);
+		print_message("TIER_LORA_FIRST=%d\n", first);
+		cases();
+	}
+	first_restore(saved);
 }
 
 static void linear_cases(void)
@@ -510,7 +531,10 @@ static void linear_to16_case(int mode, float p)
 		if (!v)
 			assert_int_equal(opsc_linear_bwd(gpu, T, in, out, L.dx_, L.dw_, lr, L.ddy, ddx, 0, ws), 0);
 		else
-			assert_int_equal(opsc_linear_bwd_to16(gpu, T, in, out, L.dx_, L.dw_, lr, L.ddy, d16, ddx, ws), 0);
+			/* dx32 is needed only with dropout or the main product first (TIER_LORA_FIRST=0) */
+			assert_int_equal(opsc_linear_bwd_to16(gpu, T, in, out, L.dx_, L.dw_, lr, L.ddy, d16,
+							      first_on() && !(p > 0) ? NULL : ddx, ws),
+					 0);
 		got[v][0] = malloc(4 * na), got[v][1] = malloc(4 * nb);
 		down(got[v][0], dda, 4 * na), down(got[v][1], ddb, 4 * nb);
 		if (v)
@@ -540,8 +564,10 @@ static void test_linear_bwd_to16(void **state)
 {
 	(void)state;
 	both_orders(to16_cases);
-	/* no dx16; dropout without the fp32 scratch */
+	/* no dx16; dropout without the fp32 scratch, with the adapter's part first (where dx32 is
+	 * otherwise not needed) */
 	tier_lora_ref drop = { .a = L_NONNULL, .b = L_NONNULL, .rank = 4, .scale = 1.0f, .dropout = 0.3f };
+	char *saved = first_set("1");
 	tier_clear_error();
 	assert_int_equal(opsc_linear_bwd_to16(gpu, 3, 4, 5, L_NONNULL, L_NONNULL, NULL, L_NONNULL, NULL, NULL, L_NONNULL),
 			 -EINVAL);
@@ -550,6 +576,7 @@ static void test_linear_bwd_to16(void **state)
 					      L_NONNULL),
 			 -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "dx32"));
+	first_restore(saved);
 }
 
 static void dropout_cases(void)
