@@ -254,8 +254,8 @@ static void test_bad_input(void **state)
 	unsetenv("TIER_ATTN_FWD");
 	bwd_refuses(&p, b, bytes, "TIER_ATTN_BWD", "nope");
 	tier_dev_free(gpu, buf);
-	/* unknown values of the wgmma backward's switches (head_dim 128 on the compute capability 9.0
-	 * GPU the tests run on): refused by name, the kernel not launched */
+	/* unknown values of the wgmma backward's switches: refused by name before any kernel, on any
+	 * device (attn_cuda_bwd checks them whichever kernel would run) */
 	tier_attn_params_init(&p, 1, 8, 4, 2, 128);
 	assert_int_equal(tier_attn_workspace_bytes(gpu, &p, &bytes), 0);
 	buf = dev_poisoned(bytes + 8 * 4 * 128 * 4), b = buf;
