@@ -55,6 +55,7 @@ struct bwd_args {
 	float *dq, *dk, *dv;
 	int S, H, KH, G, causal, atomic_kv;
 	float scale, sl2;
+	attn_bwd_switches sw; /* the wgmma kernel's (attn_wgmma_bwd) */
 };
 
 /* A operand (16 x 16): rows r0.., columns k0.. of a row-major tile with leading dimension LD. */
@@ -1233,7 +1234,8 @@ int fwd_wg(const fwd_args &a, const tier_attn_params *p, cudaStream_t s)
 /* wg: the wgmma backward (attn_wgmma_bwd.cu) where it applies, else q64. */
 int bwd_wg(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
 {
-	int rc = attn_wgmma_bwd(p, a.q, a.k, a.v, a.dout, a.lse, a.Di, a.dq, a.dk, a.dv, a.scale, a.sl2, a.atomic_kv, s);
+	int rc = attn_wgmma_bwd(p, a.q, a.k, a.v, a.dout, a.lse, a.Di, a.dq, a.dk, a.dv, a.scale, a.sl2, a.atomic_kv,
+				&a.sw, s);
 	return rc == -ENOTSUP ? bwd_v2<8, 64, 1>(a, p, s) : rc;
 }
 
@@ -1318,15 +1320,15 @@ extern "C" int attn_cuda_bwd(tier_dev *dev, const tier_attn_params *p, const voi
 		return rc;
 	if ((var = pick_variant("TIER_ATTN_BWD", bwd_variants, (int)(sizeof bwd_variants / sizeof bwd_variants[0]))) < 0)
 		return var;
-	int no_dq, dq_tma, ds_stm; /* the wgmma kernel's switches, checked whichever kernel runs */
-	if ((rc = attn_wgmma_bwd_switches(&no_dq, &dq_tma, &ds_stm)))
+	attn_bwd_switches sw; /* the wgmma kernel's, read (and checked) whichever kernel runs */
+	if ((rc = attn_bwd_switches_read(&sw)))
 		return rc;
 	const int64_t rows = p->batch * p->seq * p->n_heads, G = p->n_heads / p->n_kv_heads;
 	const size_t kv_bytes = (size_t)(p->batch * p->seq * p->n_kv_heads * p->head_dim) * sizeof(float);
 	cudaStream_t s = (cudaStream_t)tier_dev_stream(dev);
 	bwd_args a = { (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout, lse, (float *)ws,
 		       dq, dk, dv, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads, (int)G, p->causal, G > 1,
-		       p->scale, p->scale * LOG2E };
+		       p->scale, p->scale * LOG2E, sw };
 	unsigned rb = (unsigned)((rows + 3) / 4);
 	if (p->head_dim % 4 == 0 && (uintptr_t)o % 8 == 0 && (uintptr_t)dout % 8 == 0)
 		rowdot_kernel<4><<<rb, 128, 0, s>>>((const bf16 *)o, (const bf16 *)dout, (float *)ws, rows, (int)p->head_dim);

@@ -45,14 +45,17 @@ int attn_wgmma_usable(int head_dim);
 int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const void *k, const void *v, void *o, float *lse,
 		   float sl2, void *stream);
 /* The wgmma backward's switches (attn_wgmma_bwd.cu): TIER_ATTN_BWD_DEBUG=nodq, TIER_ATTN_BWD_DQ
- * (atomic, tma), TIER_ATTN_BWD_DS (scalar, stm); -EINVAL naming a bad value. attn_cuda_bwd checks
- * them before choosing a kernel, so that a typo fails on any device and variant. */
-int attn_wgmma_bwd_switches(int *no_dq, int *dq_tma, int *ds_stm);
+ * (atomic, tma), TIER_ATTN_BWD_DS (scalar, stm); -EINVAL naming a bad value. attn_cuda_bwd reads
+ * them once, before choosing a kernel, so that a typo fails on any device and variant. */
+typedef struct {
+	int no_dq, dq_tma, ds_stm;
+} attn_bwd_switches;
+int attn_bwd_switches_read(attn_bwd_switches *sw);
 /* The backward on wgmma (attn_wgmma_bwd.cu), the same terms; Di: rowsum(dout o) [T x n_heads],
  * dq (and with atomic_kv dk, dv) cleared by the caller. */
 int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const void *k, const void *v, const void *dout,
 		   const float *lse, const float *Di, float *dq, float *dk, float *dv, float scale, float sl2,
-		   int atomic_kv, void *stream);
+		   int atomic_kv, const attn_bwd_switches *sw, void *stream);
 #endif
 
 #ifdef __cplusplus

@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 
 } /* namespace */
 
-extern "C" int attn_wgmma_bwd_switches(int *no_dq, int *dq_tma, int *ds_stm)
+extern "C" int attn_bwd_switches_read(attn_bwd_switches *sw)
 {
 	const char *dbg = getenv("TIER_ATTN_BWD_DEBUG"), *dqv = getenv("TIER_ATTN_BWD_DQ"), *dsv = getenv("TIER_ATTN_BWD_DS");
 	if (dsv && *dsv && strcmp(dsv, "stm") && strcmp(dsv, "scalar"))
@@ -453,15 +453,16 @@ extern "C" int attn_wgmma_bwd_switches(int *no_dq, int *dq_tma, int *ds_stm)
 				 "left wrong) or unset it", dbg);
 	if (dqv && *dqv && strcmp(dqv, "tma") && strcmp(dqv, "atomic"))
 		return tier_fail(-EINVAL, "attention backward: TIER_ATTN_BWD_DQ=%s; use atomic or tma, or unset it", dqv);
-	*ds_stm = dsv && *dsv ? !strcmp(dsv, "stm") : AB_DS_STM_DEFAULT;
-	*no_dq = dbg && *dbg;
-	*dq_tma = dqv && !strcmp(dqv, "tma");
+	sw->ds_stm = dsv && *dsv ? !strcmp(dsv, "stm") : AB_DS_STM_DEFAULT;
+	sw->no_dq = dbg && *dbg;
+	sw->dq_tma = dqv && !strcmp(dqv, "tma");
 	return 0;
 }
 
 extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const void *k, const void *v,
 			      const void *dout, const float *lse, const float *Di, float *dq, float *dk, float *dv,
-			      float scale, float sl2, int atomic_kv, void *stream)
+			      float scale, float sl2, int atomic_kv, const attn_bwd_switches *sw,
+			      void *stream)
 {
 	if (!attn_wgmma_usable((int)p->head_dim)) /* head_dim 128 = AB_D */
 		return -ENOTSUP;
@@ -476,9 +477,7 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 	    (rc = base_tmap_bf16_seq(&km, k, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)) ||
 	    (rc = base_tmap_bf16_seq(&vm, v, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)))
 		return rc;
-	int no_dq, dq_tma, ds_stm;
-	if ((rc = attn_wgmma_bwd_switches(&no_dq, &dq_tma, &ds_stm)))
-		return rc;
+	const int dq_tma = sw->dq_tma;
 	/* dQ by TMA reductions where asked: dq must be 16-byte aligned for the map (asked for and not
 	 * possible is an error, not atomics in silence) */
 	CUtensorMap dqm;
@@ -489,7 +488,7 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 	if (dq_tma && (rc = base_tmap_f32_seq(&dqm, dq, B, S, (uint64_t)(p->n_heads * AB_D), AB_BR)))
 		return rc;
 	ab_args a = { lse, Di, dq, dk, dv, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads,
-		      (int)(p->n_heads / p->n_kv_heads), p->causal, atomic_kv, scale, sl2, no_dq, dq_tma, ds_stm,
+		      (int)(p->n_heads / p->n_kv_heads), p->causal, atomic_kv, scale, sl2, sw->no_dq, dq_tma, sw->ds_stm,
 		      dq_tma ? (uint32_t)AB_LD_AT_TMA : (uint32_t)AB_DQ_AT };
 	dim3 grid((unsigned)(p->n_heads / p->n_kv_heads), (unsigned)((p->seq + AB_BC - 1) / AB_BC),
 		  (unsigned)(p->n_kv_heads * p->batch));

@@ -868,36 +868,35 @@ static int lora_first(void)
 	return v && *v ? strcmp(v, "0") != 0 : LORA_FIRST_DEFAULT;
 }
 
+/* The adapter's part of the forward: xa16 = x A^T (x masked under dropout), then
+ * y^T (beta 0: =, 1: +=) scale B (stored [r, out], transposed) xa^T (stored [r, T]). */
+static int lora_y(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const tier_lora_ref *l, void *ws, float beta,
+		  float *y)
+{
+	int r = l->rank, rc;
+	lin_ws s = ws_split(ws, T, out, r);
+	const opsc_bf16 *xl;
+	if ((rc = lora_input(d, T, in, x, l, &s, &xl)) || (rc = lora_xa(d, T, in, xl, l, &s)))
+		return rc;
+	return opsc_gemm(d, out, T, r, l->scale, bf(1, l->b, r), bf(0, s.xa16, r), beta, y, out);
+}
+
 int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 		    const tier_lora_ref *lora, float *y, void *ws)
 {
 	int rc = linear_check("opsc_linear_fwd", d, T, in, out, x, w, lora, ws, 0);
 	if (rc || T == 0)
 		return rc;
-	/* The adapter's part first, then the main product adds to it through its beta: y is read once,
-	 * in the main product's epilogue (a compute-bound product), not by a pass of its own after it. */
+	/* TIER_LORA_FIRST: the adapter's part first, then the main product adds to it through its beta,
+	 * so that y is read once, in the main product's epilogue (a compute-bound product), not by a
+	 * pass of its own after it. Else the main product first and the adapter's part added after. */
 	int lo = lora_on(lora), first = lo && lora_first();
-	if (lo && !first) {
-		/* y^T = W x^T, then y^T += scale B xa^T (the order before TIER_LORA_FIRST) */
-		int r = lora->rank;
-		lin_ws s = ws_split(ws, T, out, r);
-		const opsc_bf16 *xl;
-		if ((rc = opsc_gemm(d, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), 0.0f, y, out)) ||
-		    (rc = lora_input(d, T, in, x, lora, &s, &xl)) || (rc = lora_xa(d, T, in, xl, lora, &s)))
-			return rc;
-		return opsc_gemm(d, out, T, r, lora->scale, bf(1, lora->b, r), bf(0, s.xa16, r), 1.0f, y, out);
-	}
-	if (first) {
-		int r = lora->rank;
-		lin_ws s = ws_split(ws, T, out, r);
-		const opsc_bf16 *xl;
-		/* y^T = scale B (stored [r, out], transposed) xa^T (stored [r, T]) */
-		if ((rc = lora_input(d, T, in, x, lora, &s, &xl)) || (rc = lora_xa(d, T, in, xl, lora, &s)) ||
-		    (rc = opsc_gemm(d, out, T, r, lora->scale, bf(1, lora->b, r), bf(0, s.xa16, r), 0.0f, y, out)))
-			return rc;
-	}
-	/* y^T (+)= W (stored [in, out], transposed) x^T (stored [in, T]) */
-	return opsc_gemm(d, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), lo ? 1.0f : 0.0f, y, out);
+	if (first && (rc = lora_y(d, T, in, out, x, lora, ws, 0.0f, y)))
+		return rc;
+	/* y^T (=|+=) W (stored [in, out], transposed) x^T (stored [in, T]) */
+	if ((rc = opsc_gemm(d, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), first ? 1.0f : 0.0f, y, out)) || !lo || first)
+		return rc;
+	return lora_y(d, T, in, out, x, lora, ws, 1.0f, y);
 }
 
 /* dx (+)= the adapter's part, A^T dxa^T (written when not accumulate). With dropout it goes through

@@ -123,8 +123,9 @@ struct tier_trainer {
 	/* The optimizer (train_optim.c): each layer's groups [glo[l], glo[l + 1]); a step's update is
 	 * marked at its end with its lr and clip scale and runs then, or with defer before each layer's
 	 * next forward (tier_train_cfg.optim_in_forward; only where the HBM budget keeps the scratch
-	 * pinned beside an optimizer set); opt_due[l]: layer l's update is still to run; in_fwd: one runs inside a step (the scratch, in use, may not be dropped for
-	 * room); n_deferred: the step's deferred updates (tier_step_result.updates_in_forward). */
+	 * pinned beside an optimizer set); opt_due[l]: layer l's update is still to run; in_fwd: one
+	 * runs inside a step (the scratch, in use, may not be dropped for room); n_deferred: the
+	 * step's deferred updates (tier_step_result.updates_in_forward). */
 	size_t *glo;
 	uint8_t *opt_due;
 	uint8_t *sched_due;    /* [L] the layers due as the schedule lists them (deferred: a layer with
