@@ -18,7 +18,7 @@
 # -7.1% (the H100's HBM edge), TIER_MOE_EARLY_PERMUTE=1 nothing (bench/RESULTS.md, "session 21").
 # Session 22 lent no GPU at all. Its forms, written without one and off by default until run
 # (TIER_ATTN_BWD_DS=stm, TIER_ATTN_BWD_DQ=tma, TIER_LORA_FIRST=1), go first:
-# bench/validate-session22.sh (QUICK=1: tests, tier-bench attn's forms and (a) without torch, about
+# bench/validate-forms.sh (QUICK=1: tests, tier-bench lora and attn under the forms and (a), about
 # 150 s on an H100; else attnq and (a) with the old build, about 300 s); if they pass and gain,
 # flip AB_DS_STM_DEFAULT (attn/attn_wgmma_bwd.cu), LORA_FIRST_DEFAULT (core/ops_cuda.cu) and the
 # dQ default, and restage. Staged: the session's final build, with 987f337's tier-run in

@@ -39,6 +39,18 @@ __device__ __forceinline__ void moe_set2(bf16 *p, float v0, float v1)
 	*(__nv_bfloat162 *)p = __floats2bfloat162_rn(v0, v1);
 }
 
+/* alpha (v0, v1) + beta C in fp32, stored once: a bf16 C is rounded once, not per term. */
+template <typename OUT>
+__device__ __forceinline__ void put2(OUT *p, float v0, float v1, float alpha, int beta)
+{
+	float2 v = make_float2(alpha * v0, alpha * v1);
+	if (beta) { /* beta 0 never reads C: it may hold anything, NaN included */
+		float2 o = moe_get2(p);
+		v.x += o.x, v.y += o.y;
+	}
+	moe_set2(p, v.x, v.y);
+}
+
 /* BM-row tiles of the expert group [lo, hi) (no overflow near INT_MAX): how the grouped kernels
  * (moe_grouped.cu, moe_wgmma.cu, moe_skinny.cu) number their work from the device offsets. */
 template <int BM>

@@ -49,7 +49,7 @@ static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u
 /* how often a row's kernel runs in one layer's backward (dZ u and dB u: as dZ g and dB g; the Z
  * products none: the forward keeps Z since session 19) */
 static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1 };
-static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64" };
+static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "s64x16", "s128x16", "s16x64", "s16x128" };
 #define NTILES (sizeof tiles / sizeof tiles[0])
 #define LZ_E 128
 
