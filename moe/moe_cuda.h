@@ -2,7 +2,7 @@
  * moe_bwd.cu: the backward of combine, permute and router with the aux and z losses;
  * moe_experts.cu: the SwiGLU experts with LoRA over per-expert cuBLASLt products; moe_grouped.cu:
  * the device-side grouped GEMM of the experts (tensor cores, offsets read on the device);
- * moe_layer.cu: the whole block). The public tier_moe_* functions hand a CUDA context to these.
+ * moe_wgrad.cu: the LoRA weight-gradient reductions; moe_layer.cu: the whole block). The public tier_moe_* functions hand a CUDA context to these.
  *
  * All pointers are device memory of the context (expert pointer arrays: host arrays of device
  * pointers); bf16 arrays are __nv_bfloat16 bits (void * here), the rest fp32 or int32 as in
@@ -120,8 +120,10 @@ int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *
  * finite; alpha 0 or no wanted gradient launches nothing. -EINVAL before any launch otherwise.
  * Knob (environment, read at each call): TIER_MOE_WGRAD_TILE=64x16|128x16|16x64|16x128|64x64, the
  * C tile of a CTA (default auto: 64 x 16 when N <= 16, 16 x 64 when M <= 16, else 64 x 64; the pair
- * below takes 64 x 64 one product at a time); a malformed value is -EINVAL. tier-bench lora times
- * each tile on the trainer's shapes. */
+ * below takes 64 x 64 one product at a time), walked by one CTA a tile; s64x16|s128x16|s16x64|
+ * s16x128, the streamed form of a tile (moe_wgrad.cu: a persistent grid, the ring running across
+ * its units); stream, the rule's tile streamed where one side is 16. A malformed value is -EINVAL.
+ * tier-bench lora times each tile on the trainer's shapes. (moe_wgrad.cu) */
 int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound, const void *a,
 			   const void *b, float alpha, float *const *c);
 /* Two of them sharing B in one pass over it: C0_e += alpha0 A0_e^T B_e and C1_e += alpha1 A1_e^T B_e,
