@@ -2,7 +2,8 @@
  * moe_bwd.cu: the backward of combine, permute and router with the aux and z losses;
  * moe_experts.cu: the SwiGLU experts with LoRA over per-expert cuBLASLt products; moe_grouped.cu:
  * the device-side grouped GEMM of the experts (tensor cores, offsets read on the device);
- * moe_wgrad.cu: the LoRA weight-gradient reductions; moe_layer.cu: the whole block). The public tier_moe_* functions hand a CUDA context to these.
+ * moe_wgrad.cu: the LoRA weight-gradient reductions; moe_layer.cu: the whole block). The public
+ * tier_moe_* functions hand a CUDA context to these.
  *
  * All pointers are device memory of the context (expert pointer arrays: host arrays of device
  * pointers); bf16 arrays are __nv_bfloat16 bits (void * here), the rest fp32 or int32 as in
