@@ -7,7 +7,8 @@
 # under the attention's forms, and (a) under the new forms against the defaults in the same call.
 # Every test's output goes to tests.txt (its tail), the benchmarks' to lora.txt, attn.txt and
 # train-a.txt: few files, as a call returns at most eight. Without QUICK=1, after the tests:
-# next-session.sh STAGES=attnq,a with torch and A_ALT (about 300 s more).
+# next-session.sh STAGES=attnq,a with torch and A_ALT (about 300 s more). QUICK=1 KPROF=1 adds a
+# kernel profile of (a) under the new forms.
 # usage: bench/validate-forms.sh BUILD_DIR OUT_DIR
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
@@ -39,6 +40,15 @@ if [ "${QUICK:-0}" = 1 ]; then # QUICK=1: the benchmarks of the forms, then (a) 
 		env $v timeout 90 "$b/tier-run" "${a[@]}" 2>&1 | grep -E "^ +[0-9]+ |^# done|rror"
 	done > "$out/train-a.txt"
 	cat "$out/train-a.txt"
+	# KPROF=1: (a) under the new forms for 3 steps under the CUPTI kernel profiler (kprof-a.txt:
+	# the time by kernel, the top 60), where stage-device.sh staged tools/libtier-kprof.so
+	kp=$PWD/.device/lib/libtier-kprof.so
+	if [ "${KPROF:-0}" = 1 ] && [ -f "$kp" ]; then
+		# shellcheck disable=SC2086
+		env $new CUDA_INJECTION64_PATH="$kp" TIER_KPROF_OUT="$out/kprof-a.txt" TIER_KPROF_TOP=60 \
+			timeout 120 "$b/tier-run" "${a[@]}" --steps 3 > /dev/null 2>&1
+		echo "== kprof rc=$?"; head -40 "$out/kprof-a.txt" 2>/dev/null
+	fi
 	exit 0
 fi
 STAGES=attnq,a A_ALT="TIER_LORA_FIRST=1,TIER_ATTN_BWD_DS=stm ${new// /,} TIER_MOE_WGRAD_TILE=stream" \
