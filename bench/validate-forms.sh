@@ -2,8 +2,9 @@
 # validate-forms.sh - the opt-in GPU forms written without a GPU (sessions 22 and 23), on one: the
 # CUDA tests of the paths they touch (test_attn_cuda runs TIER_ATTN_BWD_DS=stm with either dQ path
 # itself, test_ops_cuda both TIER_LORA_FIRST orders, test_moe_cuda every TIER_MOE_WGRAD_TILE
-# including the streamed ones), test_golden_cuda under every new form at once, then
-# `tier-bench lora` (the streamed reductions against the walk and the copy) and `tier-bench attn`
+# including the streamed ones, test_moe_skinny TIER_MOE_SKINNY_ROWS=span), test_golden_cuda under
+# every new form at once, then `tier-bench lora` (the streamed reductions and the span products
+# against the defaults and the copy) and `tier-bench attn`
 # under the attention's forms, and (a) under the new forms against the defaults in the same call.
 # Every test's output goes to tests.txt (its tail), the benchmarks' to lora.txt, attn.txt and
 # train-a.txt: few files, as a call returns at most eight. Without QUICK=1, after the tests:
@@ -12,9 +13,9 @@
 # usage: bench/validate-forms.sh BUILD_DIR OUT_DIR
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
-new="TIER_LORA_FIRST=1 TIER_ATTN_BWD_DS=stm TIER_ATTN_BWD_DQ=tma TIER_MOE_WGRAD_TILE=stream"
+new="TIER_LORA_FIRST=1 TIER_ATTN_BWD_DS=stm TIER_ATTN_BWD_DQ=tma TIER_MOE_WGRAD_TILE=stream TIER_MOE_SKINNY_ROWS=span"
 {
-	for t in ${TESTS:-test_attn_cuda test_ops_cuda test_golden_cuda test_moe_cuda}; do
+	for t in ${TESTS:-test_attn_cuda test_ops_cuda test_golden_cuda test_moe_skinny test_moe_cuda}; do
 		timeout 200 "$b/tests/$t" > "$out/$t.log" 2>&1; echo "== $t rc=$?"; tail -25 "$out/$t.log"; rm -f "$out/$t.log"
 	done
 	# shellcheck disable=SC2086 # the settings are separate words
@@ -34,7 +35,7 @@ if [ "${QUICK:-0}" = 1 ]; then # QUICK=1: the benchmarks of the forms, then (a) 
 	cat "$out/attn.txt"
 	. "$(dirname "$0")/session-lib.sh"
 	a=("${job_args[@]}" --config bench/configs/qwen3-30b-a3b.json --batch 1 --steps 6 --ddr 4G --op-cache all:hbm=48G)
-	for v in "" "$new" "TIER_MOE_WGRAD_TILE=stream"; do
+	for v in "" "$new" "TIER_MOE_WGRAD_TILE=stream TIER_MOE_SKINNY_ROWS=span"; do
 		echo "== (a) ${v:-default}"
 		# shellcheck disable=SC2086
 		env $v timeout 90 "$b/tier-run" "${a[@]}" 2>&1 | grep -E "^ +[0-9]+ |^# done|rror"

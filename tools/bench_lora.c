@@ -3,8 +3,8 @@
  * rank 16, uniform or Zipf routing), each as the bytes it must move, its time and the rate against a device-
  * to-device copy measured in the same run (the peer: these kernels read each operand once and are
  * bound by memory, so the copy's rate is their ceiling). The weight-gradient reductions
- * (moe_cuda_grouped_wgrad, _wgrad2) run again under each C tile of TIER_MOE_WGRAD_TILE, so that one
- * run says which tile each shape wants. CUDA only. */
+ * (moe_cuda_grouped_wgrad, _wgrad2) run again under each C tile of TIER_MOE_WGRAD_TILE, and the rank
+ * products under each TIER_MOE_SKINNY_ROWS, so that one run says which form each shape wants. CUDA only. */
 #include "config.h"
 #include <getopt.h>
 #include <math.h>
@@ -31,7 +31,8 @@ static void usage(FILE *f)
 		"each: the rank products (Z = X A^T, dZ = dY B) and the weight-gradient reductions (dB, dA),\n"
 		"with the bytes each must read and write, the median of N timed runs (default 20, after two\n"
 		"warm-ups; CUDA events) and the rate against a device-to-device copy in the same run. The\n"
-		"reductions run again under every TIER_MOE_WGRAD_TILE tile. The summary adds one layer's\n"
+		"reductions run again under every TIER_MOE_WGRAD_TILE tile, the rank products under\n"
+		"TIER_MOE_SKINNY_ROWS=128 and span. The summary adds one layer's\n"
 		"backward (the up adapter's dZ and dB as the gate's; Z kept by the forward) and L layers of\n"
 		"it (default 48).\n"
 		"\n"
@@ -51,6 +52,8 @@ static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u
 static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1 };
 static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "s64x16", "s128x16", "s16x64", "s16x128" };
 #define NTILES (sizeof tiles / sizeof tiles[0])
+static const char *const sk_rows[] = { "128", "span" }; /* TIER_MOE_SKINNY_ROWS beside the default 64 */
+#define NSKROWS (sizeof sk_rows / sizeof sk_rows[0])
 #define LZ_E 128
 
 typedef struct {
@@ -180,16 +183,18 @@ static const bench_col cols[] = {
 };
 #define NCOLS (sizeof cols / sizeof cols[0])
 
-/* Time row under the tile named (NULL: the rule), print it; its time in *t. */
+/* Time row under the tile named (NULL: the rule; a reduction's TIER_MOE_WGRAD_TILE, a rank
+ * product's TIER_MOE_SKINNY_ROWS), print it; its time in *t. */
 static int lz_row(lz *z, int row, const char *tile, unsigned iters, double copy_rate, double *t)
 {
+	const char *knob = is_wgrad(row) ? "TIER_MOE_WGRAD_TILE" : "TIER_MOE_SKINNY_ROWS";
 	if (tile)
-		setenv("TIER_MOE_WGRAD_TILE", tile, 1);
+		setenv(knob, tile, 1);
 	z->row = row;
 	int rc;
 	*t = bench_measure_ms(z->dev, lz_calls, z, 0, iters, &rc) * 1e6;
 	if (tile)
-		unsetenv("TIER_MOE_WGRAD_TILE");
+		unsetenv(knob);
 	if (*t < 0)
 		return rc;
 	double b = lz_bytes(z, row), rate = b / *t;
@@ -214,13 +219,15 @@ static int lz_rows(lz *z, unsigned iters, unsigned layers)
 			copy_rate = lz_bytes(z, row) / t[row];
 		best[row] = t[row];
 	}
-	for (int row = 0; row < L_N; row++)
-		for (size_t i = 0; is_wgrad(row) && i < NTILES; i++) {
+	for (int row = 1; row < L_N; row++) { /* every row but the copy under each of its forms */
+		size_t n = is_wgrad(row) ? NTILES : NSKROWS;
+		for (size_t i = 0; i < n; i++) {
 			double ti;
-			if ((rc = lz_row(z, row, tiles[i], iters, copy_rate, &ti)))
+			if ((rc = lz_row(z, row, is_wgrad(row) ? tiles[i] : sk_rows[i], iters, copy_rate, &ti)))
 				return rc;
 			best[row] = ti < best[row] ? ti : best[row];
 		}
+	}
 	for (int row = 0; row < L_N; row++)
 		layer += per_layer[row] * t[row], layer_best += per_layer[row] * best[row];
 	bench_summary("one layer's experts' LoRA backward %.1f us by the default tiles, %.1f us by each reduction's "
