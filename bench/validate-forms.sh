@@ -35,7 +35,7 @@ if [ "${QUICK:-0}" = 1 ]; then # QUICK=1: the benchmarks of the forms, then (a) 
 	cat "$out/attn.txt"
 	. "$(dirname "$0")/session-lib.sh"
 	a=("${job_args[@]}" --config bench/configs/qwen3-30b-a3b.json --batch 1 --steps 6 --ddr 4G --op-cache all:hbm=48G)
-	for v in "" "$new" "TIER_MOE_WGRAD_TILE=stream TIER_MOE_SKINNY_ROWS=span"; do
+	for v in "" "$new"; do
 		echo "== (a) ${v:-default}"
 		# shellcheck disable=SC2086
 		env $v timeout 90 "$b/tier-run" "${a[@]}" 2>&1 | grep -E "^ +[0-9]+ |^# done|rror"
