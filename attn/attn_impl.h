@@ -49,6 +49,7 @@ int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const void *k, cons
  * them once, before choosing a kernel, so that a typo fails on any device and variant. */
 typedef struct {
 	int no_dq, dq_tma, ds_stm;
+	int dq_asked; /* TIER_ATTN_BWD_DQ was set: a dq_tma that cannot be met is an error, not atomics */
 } attn_bwd_switches;
 int attn_bwd_switches_read(attn_bwd_switches *sw);
 /* The backward on wgmma (attn_wgmma_bwd.cu), the same terms; Di: rowsum(dout o) [T x n_heads],

@@ -71,9 +71,12 @@ typedef __nv_bfloat16 bf16;
 static_assert(AB_DQ_AT % 1024 == 0, "the staging in the 128B swizzle's 1024-byte rows");
 static_assert(AB_SMEM + 64 <= 227 * 1024, "one CTA an SM: the dynamic and static shared memory fit 227 KiB");
 #define AB_LOG2E 1.4426950408889634f
-/* Whether dS goes by stmatrix where TIER_ATTN_BWD_DS is unset: 0 until the stmatrix form has passed
- * tests/test_attn_cuda on a GPU (it was written without one, session 22) */
-#define AB_DS_STM_DEFAULT 0
+/* The forms where TIER_ATTN_BWD_DS and TIER_ATTN_BWD_DQ are unset: dS by stmatrix and dQ by TMA
+ * reductions (session 22, first run in session 23 on an H100: tests/test_attn_cuda and
+ * test_golden_cuda passed under both; tier-bench attn's backward 964 -> 847 us, the trainer's (a)
+ * +3.8% with TIER_LORA_FIRST; bench/RESULTS.md) */
+#define AB_DS_STM_DEFAULT 1
+#define AB_DQ_TMA_DEFAULT 1
 
 namespace {
 
@@ -455,7 +458,8 @@ extern "C" int attn_bwd_switches_read(attn_bwd_switches *sw)
 		return tier_fail(-EINVAL, "attention backward: TIER_ATTN_BWD_DQ=%s; use atomic or tma, or unset it", dqv);
 	sw->ds_stm = dsv && *dsv ? !strcmp(dsv, "stm") : AB_DS_STM_DEFAULT;
 	sw->no_dq = dbg && *dbg;
-	sw->dq_tma = dqv && !strcmp(dqv, "tma");
+	sw->dq_asked = dqv && *dqv;
+	sw->dq_tma = sw->dq_asked ? !strcmp(dqv, "tma") : AB_DQ_TMA_DEFAULT;
 	return 0;
 }
 
@@ -477,14 +481,14 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 	    (rc = base_tmap_bf16_seq(&km, k, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)) ||
 	    (rc = base_tmap_bf16_seq(&vm, v, B, S, (uint64_t)(p->n_kv_heads * AB_D), AB_BC)))
 		return rc;
-	const int dq_tma = sw->dq_tma;
-	/* dQ by TMA reductions where asked: dq must be 16-byte aligned for the map (asked for and not
-	 * possible is an error, not atomics in silence) */
+	/* dQ by TMA reductions: dq must be 16-byte aligned for the map; the default takes the atomics
+	 * where it is not, an explicit TIER_ATTN_BWD_DQ=tma is an error there (not atomics in silence) */
+	const int dq_tma = sw->dq_tma && ((uintptr_t)dq % 16 == 0 || sw->dq_asked);
 	CUtensorMap dqm;
 	memset(&dqm, 0, sizeof dqm);
 	if (dq_tma && (uintptr_t)dq % 16)
 		return tier_fail(-EINVAL, "attention backward (wgmma): TIER_ATTN_BWD_DQ=tma needs dq 16-byte aligned (%p); "
-				 "unset it for the atomics", (void *)dq);
+				 "unset it or set atomic", (void *)dq);
 	if (dq_tma && (rc = base_tmap_f32_seq(&dqm, dq, B, S, (uint64_t)(p->n_heads * AB_D), AB_BR)))
 		return rc;
 	ab_args a = { lse, Di, dq, dk, dv, (int)p->seq, (int)p->n_heads, (int)p->n_kv_heads,

@@ -859,9 +859,9 @@ static int lora_xa(tier_dev *d, int T, int in, const opsc_bf16 *x, const tier_lo
  * written first and the main product adds to it through its beta, and the o projection's dx goes
  * to bf16 straight from the products (opsc_linear_bwd_to16); 0, the main product first and the
  * adapter's part added by a pass of its own over the fp32 output, as before session 22. Unset:
- * LORA_FIRST_DEFAULT, 0 until the first form has passed test_ops_cuda and test_golden_cuda on a
- * GPU (it was written without one). */
-#define LORA_FIRST_DEFAULT 0
+ * LORA_FIRST_DEFAULT, 1 since session 23 (first run on an H100: test_ops_cuda and test_golden_cuda
+ * passed under it; the trainer's (a) +1.8% alone, bench/RESULTS.md). */
+#define LORA_FIRST_DEFAULT 1
 static int lora_first(void)
 {
 	const char *v = getenv("TIER_LORA_FIRST");

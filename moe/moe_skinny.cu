@@ -50,7 +50,6 @@ struct sk_args {
 	bf16 *z[NW];
 	float alpha;
 	int E, r, K;
-	int span; /* host side: the span form (sp_kernel) */
 };
 
 /* A kernel variant: BM rows per CTA, ranks up to RP (a multiple of 16), NW products, W's layout KN
@@ -241,138 +240,10 @@ __global__ void __launch_bounds__(SK_THREADS, C::CTAS) sk_kernel(const __grid_co
 		sk_store<C>(acc, a, t, m0, lane);
 }
 
-/* ---- the span form (TIER_MOE_SKINNY_ROWS=span) ----
- * The row tiles above number sum_e ceil(n_e / BM): at the trainer's 4,096 tokens (128 groups of
- * about 256 rows) 576 tiles of 64 rows for 528 CTA slots (4 an SM on 132 SMs), so 48 tiles run as a
- * second wave at one CTA an SM, about as long as the first (tier-bench lora, session 17: these
- * products at 0.51-0.72 of the copy's rate). Here the grid is the slots, and CTA b takes an even
- * span of the permuted rows, [b P, (b + 1) P) with P = ceil(rows / CTAs), cut into tiles of at
- * most BM rows at its groups' edges; one ring runs across its tiles (the next tile's first stages
- * load while the current one's last are multiplied). Each CTA reads about the same bytes of X, so
- * no wave is left over; a tile cut short costs products on zero rows, not reads. */
-struct sp_pos {
-	sk_tile t; /* rend: the tile's end (its group's or its span's, or row0 + BM) */
-	int kt;
-};
-
-/* The tile from row0 on: expert e (e only grows along a span) up to BM rows, its group and the span. */
-template <int BM>
-__device__ __forceinline__ void sp_cut(const int *off, int hi, int row0, sp_pos &p)
-{
-	int e = p.t.e;
-	while (off[e + 1] <= row0)
-		e++;
-	int end = off[e + 1] < hi ? off[e + 1] : hi;
-	p.t.e = e, p.t.row0 = row0, p.t.rend = row0 + BM < end ? row0 + BM : end, p.kt = 0;
-}
-
-/* The next stage of the span: false past its end. */
-template <int BM>
-__device__ __forceinline__ bool sp_next(const int *off, int hi, int nk, sp_pos &p)
-{
-	if (++p.kt < nk)
-		return true;
-	if (p.t.rend >= hi)
-		return false;
-	sp_cut<BM>(off, hi, p.t.rend, p);
-	return true;
-}
-
-template <class C>
-__global__ void __launch_bounds__(SK_THREADS, C::CTAS) sp_kernel(const __grid_constant__ sk_args<C::NW> a)
-{
-	extern __shared__ __align__(16) unsigned char sk_smem[];
-	bf16 *sx = (bf16 *)sk_smem, *sw = sx + SK_STAGES * C::XS;
-	int *off = (int *)(sk_smem + C::BYTES); /* the offsets, read at every tile edge */
-	for (int i = threadIdx.x; i <= a.E; i += SK_THREADS)
-		off[i] = a.off[i];
-	__syncthreads();
-	int rows = off[a.E], per = (int)(((long long)rows + gridDim.x - 1) / gridDim.x);
-	long long lo = (long long)blockIdx.x * per, hi_l = lo + per;
-	if (lo >= rows)
-		return; /* no rows left for this CTA */
-	int hi = hi_l < rows ? (int)hi_l : rows, nk = (a.K + SK_BK - 1) / SK_BK;
-	/* the first tile's expert: the last e with off[e] <= lo, whose group holds lo (off[E] > lo) */
-	int e0 = 0, e1 = a.E - 1;
-	while (e0 < e1) {
-		int mid = (e0 + e1 + 1) / 2;
-		if (off[mid] <= lo)
-			e0 = mid;
-		else
-			e1 = mid - 1;
-	}
-	sp_pos ld;
-	ld.t.e = e0;
-	sp_cut<C::BM>(off, hi, (int)lo, ld);
-	sp_pos cs = ld;
-	bool lv = true, cv = true;
-	int lane = threadIdx.x & 31, m0 = (threadIdx.x >> 5) * 16 * C::MT;
-	float acc[C::MT][C::NJ][4] = {};
-	auto load = [&](const sp_pos &p, int s) {
-		sk_load_x<C>(sx + s * C::XS, a.x, a.K, p.t, p.kt * SK_BK);
-		sk_load_w<C>(sw + s * C::WS, a.w[0][p.t.e], a.w[C::NW - 1][p.t.e], a.r, a.K, p.kt * SK_BK);
-	};
-#pragma unroll
-	for (int s = 0; s < SK_STAGES - 1; s++) {
-		if (lv) {
-			load(ld, s);
-			lv = sp_next<C::BM>(off, hi, nk, ld);
-		}
-		cp_async_commit();
-	}
-	for (int slot = 0; cv; slot = slot + 1 == SK_STAGES ? 0 : slot + 1) {
-		cp_async_wait<SK_STAGES - 2>();
-		__syncthreads(); /* slot's copies have landed; every warp is done with the one loaded next */
-		if (lv) {
-			load(ld, slot == 0 ? SK_STAGES - 1 : slot - 1);
-			lv = sp_next<C::BM>(off, hi, nk, ld);
-		}
-		cp_async_commit();
-		bool live = cs.t.row0 + m0 < cs.t.rend; /* the warp has rows in the tile */
-		if (live)
-			sk_mma<C>(acc, sx + slot * C::XS, sw + slot * C::WS, m0, lane);
-		if (cs.kt == nk - 1) { /* the tile's last stage: its rows of Z, then a fresh sum */
-			if (live)
-				sk_store<C>(acc, a, cs.t, m0, lane);
-#pragma unroll
-			for (int mt = 0; mt < C::MT; mt++)
-#pragma unroll
-				for (int nj = 0; nj < C::NJ; nj++)
-#pragma unroll
-					for (int i = 0; i < 4; i++)
-						acc[mt][nj][i] = 0.0f;
-		}
-		cv = sp_next<C::BM>(off, hi, nk, cs);
-	}
-	cp_async_wait<0>();
-}
-
 /* ---- host side ---- */
-/* The span form: as many CTAs as fit at once, at most one for each 16 rows of rows_bound. */
-template <class C>
-static int sp_launch(tier_dev *dev, const sk_args<C::NW> &a, int rows_bound)
-{
-	size_t bytes = C::BYTES + (size_t)(a.E + 1) * sizeof(int); /* the ring, then the offsets */
-	int sms = 0, fit = 0;
-	CUDA_TRY(cudaFuncSetAttribute(sp_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-	CUDA_TRY(cudaFuncSetAttribute(sp_kernel<C>, cudaFuncAttributePreferredSharedMemoryCarveout,
-				      cudaSharedmemCarveoutMaxShared));
-	CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, tier_dev_ordinal(dev)));
-	CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, sp_kernel<C>, SK_THREADS, bytes));
-	long long grid = (long long)sms * (fit > 0 ? fit : 1), most = ((long long)rows_bound + 15) / 16;
-	if (grid > most)
-		grid = most;
-	sp_kernel<C><<<(unsigned)grid, SK_THREADS, bytes, moe_stream(dev)>>>(a);
-	CUDA_LAUNCHED();
-	return 0;
-}
-
 template <class C>
 static int sk_launch(tier_dev *dev, const sk_args<C::NW> &a, int rows_bound)
 {
-	if constexpr (C::BM == 64) /* sk_run sends the span form here only */
-		if (a.span)
-			return sp_launch<C>(dev, a, rows_bound);
 	/* sum_e ceil(n_e / BM) <= (rows + (BM - 1) (experts with rows)) / BM, and at most
 	 * min(E, rows_bound) experts have rows: below 2^26 CTAs */
 	long long busy = a.E < rows_bound ? a.E : rows_bound;
@@ -422,24 +293,24 @@ static int sk_run(tier_dev *dev, int E, int r, int K, const int32_t *d_off, int 
 			a.w[j][e] = e < E ? (const bf16 *)w[j][e] : NULL;
 		a.z[j] = (bf16 *)z[j];
 	}
-	a.off = d_off, a.x = (const bf16 *)x, a.alpha = alpha, a.E = E, a.r = r, a.K = K, a.span = bm < 0;
+	a.off = d_off, a.x = (const bf16 *)x, a.alpha = alpha, a.E = E, a.r = r, a.K = K;
 	if (bm == 128)
 		return w_kn ? sk_by_rank<128, NW, 1>(dev, a, rows_bound) : sk_by_rank<128, NW, 0>(dev, a, rows_bound);
 	return w_kn ? sk_by_rank<64, NW, 1>(dev, a, rows_bound) : sk_by_rank<64, NW, 0>(dev, a, rows_bound);
 }
 
-/* TIER_MOE_SKINNY_ROWS: 64 (the default) or 128; span: 64-row tiles cut from even spans (-1). */
+/* TIER_MOE_SKINNY_ROWS: 64 (the default) or 128. */
 static int sk_pick_rows(const char *fn, int *bm)
 {
 	const char *v = getenv("TIER_MOE_SKINNY_ROWS");
 	*bm = 64;
 	if (!v || !*v || !strcmp(v, "64"))
 		return 0;
-	if (!strcmp(v, "128") || !strcmp(v, "span")) {
-		*bm = v[0] == 's' ? -1 : 128;
+	if (!strcmp(v, "128")) {
+		*bm = 128;
 		return 0;
 	}
-	return tier_fail(-EINVAL, "%s: TIER_MOE_SKINNY_ROWS=%s; use 64, 128 or span, or unset it", fn, v);
+	return tier_fail(-EINVAL, "%s: TIER_MOE_SKINNY_ROWS=%s; use 64 or 128, or unset it", fn, v);
 }
 
 /* The context and the scalar arguments. */

@@ -24,11 +24,9 @@
  * device context that is not CUDA (both checked on the host: nothing launched, Z untouched); -EIO for
  * a CUDA error (its text in the message).
  *
- * Knob (environment, read at each call): TIER_MOE_SKINNY_ROWS=64|128|span, the rows of a CTA tile
+ * Knob (environment, read at each call): TIER_MOE_SKINNY_ROWS=64|128, the rows of a CTA tile
  * (default 64; 128 halves the shared-memory and L2 traffic of W per byte of X, and applies only where
- * nw r <= 64: larger products keep 64 rows); span: a persistent grid, each CTA an even span of the
- * rows cut into 64-row tiles at its groups' edges (no second wave of a few tiles; opt-in until timed
- * on a GPU). A malformed value is -EINVAL. */
+ * nw r <= 64: larger products keep 64 rows). A malformed value is -EINVAL. */
 #ifndef TIER_MOE_SKINNY_H
 #define TIER_MOE_SKINNY_H
 

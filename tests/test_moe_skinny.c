@@ -187,10 +187,10 @@ static void run_one(const sprob *p, int nw, int w_kn, float alpha, const char *w
 	free(poison), free(got), free(g), free(want);
 }
 
-/* Both layouts, one and two products, on every row tiling (the default 64, 128 and the spans). */
+/* Both layouts, one and two products, on both row tiles (the default 64 and 128). */
 static void run_all(const sprob *p)
 {
-	static const char *tiles[] = { NULL, "128", "span" };
+	static const char *tiles[] = { NULL, "128" };
 	char what[160];
 	for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
 		rows_knob(tiles[t]);
@@ -271,15 +271,6 @@ static void test_many_experts(void **state)
 		run_case(E, i ? 64 : 32, i ? 136 : 72, n, 7);
 	}
 	free(n);
-}
-
-/* Enough rows that the span form's spans run past 64 rows on a GPU of up to 160 SMs (640 CTAs):
- * each span cut into several tiles inside a group as well as at the group's edge. */
-static void test_long_spans(void **state)
-{
-	(void)state;
-	static const int n[] = { 45000, 0, 20011 };
-	run_case(3, 16, 72, n, 5);
 }
 
 /* No rows at all: every CTA finds no tile (rows_bound 9) or nothing is launched (rows_bound 0). */
@@ -496,7 +487,6 @@ int main(void)
 		cmocka_unit_test(test_all_to_one),
 		cmocka_unit_test(test_128_experts),
 		cmocka_unit_test(test_many_experts),
-		cmocka_unit_test(test_long_spans),
 		cmocka_unit_test(test_no_rows),
 		cmocka_unit_test(test_bad_input),
 		cmocka_unit_test(test_bench),

@@ -393,12 +393,12 @@ static void linear_case(int mode, float p, int accumulate, int want_dx)
 	lin_free(&L);
 }
 
-/* Whether $TIER_LORA_FIRST asks for the adapter's part first (as ops_cuda.cu reads it, its default
- * aside: the cases below always set it). */
+/* Whether $TIER_LORA_FIRST asks for the adapter's part first, as ops_cuda.cu reads it (unset: its
+ * default, 1 since session 23; the cases below always set it). */
 static int first_on(void)
 {
 	const char *v = getenv("TIER_LORA_FIRST");
-	return v && *v && strcmp(v, "0") != 0;
+	return v && *v ? strcmp(v, "0") != 0 : 1;
 }
 
 /* Each linear case under both orders of $TIER_LORA_FIRST (ops_cuda.cu), the caller's setting put
