@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# validate-forms.sh - the opt-in GPU forms written without a GPU (sessions 22 and 23), on one: the
-# CUDA tests of the paths they touch (test_attn_cuda runs TIER_ATTN_BWD_DS=stm with either dQ path
-# itself, test_ops_cuda both TIER_LORA_FIRST orders, test_moe_cuda every TIER_MOE_WGRAD_TILE
-# including the streamed ones, test_moe_skinny TIER_MOE_SKINNY_ROWS=span), test_golden_cuda under
-# every new form at once, then `tier-bench lora` (the streamed reductions and the span products
-# against the defaults and the copy) and `tier-bench attn`
-# under the attention's forms, and (a) under the new forms against the defaults in the same call.
+# validate-forms.sh - GPU forms beside the defaults, on one: the CUDA tests of the paths they touch
+# (test_attn_cuda runs the attention backward's other dS and dQ forms itself, test_ops_cuda both
+# TIER_LORA_FIRST orders, test_moe_cuda every TIER_MOE_WGRAD_TILE, test_moe_skinny both row tiles),
+# test_golden_cuda under $FORMS at once, then `tier-bench lora` (every reduction tile and rank
+# product tiling against the copy) and `tier-bench attn` under the attention's forms, and (a) under
+# $FORMS against the defaults in the same call. FORMS (space-separated VAR=VALUE) defaults to the
+# forms before session 23 (its first GPU call ran this script with the then-new forms).
 # Every test's output goes to tests.txt (its tail), the benchmarks' to lora.txt, attn.txt and
 # train-a.txt: few files, as a call returns at most eight. Without QUICK=1, after the tests:
 # next-session.sh STAGES=attnq,a with torch and A_ALT (about 300 s more). QUICK=1 KPROF=1 adds a
@@ -13,7 +13,7 @@
 # usage: bench/validate-forms.sh BUILD_DIR OUT_DIR
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
-new="TIER_LORA_FIRST=1 TIER_ATTN_BWD_DS=stm TIER_ATTN_BWD_DQ=tma TIER_MOE_WGRAD_TILE=stream TIER_MOE_SKINNY_ROWS=span"
+new=${FORMS:-"TIER_LORA_FIRST=0 TIER_ATTN_BWD_DS=scalar TIER_ATTN_BWD_DQ=atomic"}
 {
 	for t in ${TESTS:-test_attn_cuda test_ops_cuda test_golden_cuda test_moe_skinny test_moe_cuda}; do
 		timeout 200 "$b/tests/$t" > "$out/$t.log" 2>&1; echo "== $t rc=$?"; tail -25 "$out/$t.log"; rm -f "$out/$t.log"
@@ -27,7 +27,7 @@ grep "^== " "$out/tests.txt"
 if [ "${QUICK:-0}" = 1 ]; then # QUICK=1: the benchmarks of the forms, then (a) under the new forms
 	timeout 90 "$b/tier-bench" lora > "$out/lora.txt" 2>&1
 	cat "$out/lora.txt"
-	for v in "" "TIER_ATTN_BWD_DS=stm" "TIER_ATTN_BWD_DS=stm TIER_ATTN_BWD_DQ=tma"; do
+	for v in "" "TIER_ATTN_BWD_DQ=atomic" "TIER_ATTN_BWD_DS=scalar TIER_ATTN_BWD_DQ=atomic"; do
 		echo "== attn ${v:-default}"
 		# shellcheck disable=SC2086
 		env $v timeout 60 "$b/tier-bench" attn 2>&1 | grep -E "fwd|bwd"
@@ -52,5 +52,5 @@ if [ "${QUICK:-0}" = 1 ]; then # QUICK=1: the benchmarks of the forms, then (a) 
 	fi
 	exit 0
 fi
-STAGES=attnq,a A_ALT="TIER_LORA_FIRST=1,TIER_ATTN_BWD_DS=stm ${new// /,} TIER_MOE_WGRAD_TILE=stream" \
+STAGES=attnq,a A_ALT="${new// /,}" \
 	"$(dirname "$0")/next-session.sh" "$b" "$out"

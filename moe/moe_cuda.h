@@ -121,10 +121,8 @@ int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *
  * finite; alpha 0 or no wanted gradient launches nothing. -EINVAL before any launch otherwise.
  * Knob (environment, read at each call): TIER_MOE_WGRAD_TILE=64x16|128x16|16x64|16x128|64x64, the
  * C tile of a CTA (default auto: 64 x 16 when N <= 16, 16 x 64 when M <= 16, else 64 x 64; the pair
- * below takes 64 x 64 one product at a time), walked by one CTA a tile; s64x16|s128x16|s16x64|
- * s16x128, the streamed form of a tile (moe_wgrad.cu: a persistent grid, the ring running across
- * its units); stream, the rule's tile streamed where one side is 16. A malformed value is -EINVAL.
- * tier-bench lora times each tile on the trainer's shapes. (moe_wgrad.cu) */
+ * below takes 64 x 64 one product at a time); a malformed value is -EINVAL. tier-bench lora times
+ * each tile on the trainer's shapes. (moe_wgrad.cu) */
 int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound, const void *a,
 			   const void *b, float alpha, float *const *c);
 /* Two of them sharing B in one pass over it: C0_e += alpha0 A0_e^T B_e and C1_e += alpha1 A1_e^T B_e,

@@ -3,7 +3,6 @@
  * and the up adapter's dA from one pass over X). Both operands are stored [rows, cols]; the host
  * does not know the offsets, so each CTA finds its group's rows on the device. Tensor cores through
  * the sm_80 instructions of base/mma_sm80.cuh. */
-#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -58,34 +57,26 @@ __device__ __forceinline__ void gw_load(bf16 *s, const bf16 *g, int ld, int row0
 	cp_async_tile<GW_BK, W, W + GW_PAD, GW_THREADS>(s, g, ld, row0, rend, col0, ld);
 }
 
-/* 16 rows kk.. of one stage: acc[mi][nj] += A[kk.., m tile mi]^T B[kk.., n tile nj] over a WM x WN
- * block whose columns start at sa and sb (shared row strides LDA and LDB). The A fragment is A^T's
- * 16 x 16 (m, k) block: matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15,
- * k 8-15), each transposed from the stored [k][m]. */
-template <int WM, int WN, int LDA, int LDB>
-__device__ __forceinline__ void gw_mma_at(float (*acc)[WN / 8][4], const bf16 *sa, const bf16 *sb, int kk, int lane)
-{
-	uint32_t a[WM / 16][4], b[WN / 16][4];
-#pragma unroll
-	for (int mi = 0; mi < WM / 16; mi++)
-		ldsm4t(a[mi], sa + (kk + (lane & 7) + (lane >> 4) * 8) * LDA + mi * 16 + ((lane >> 3) & 1) * 8);
-	/* b[jp][0..1]: columns jp 16 + 0-7, k 0-7 and 8-15; b[jp][2..3]: columns jp 16 + 8-15 */
-#pragma unroll
-	for (int jp = 0; jp < WN / 16; jp++)
-		ldsm4t(b[jp], sb + (kk + (lane & 7) + ((lane >> 3) & 1) * 8) * LDB + jp * 16 + (lane >> 4) * 8);
-#pragma unroll
-	for (int mi = 0; mi < WM / 16; mi++)
-#pragma unroll
-		for (int nj = 0; nj < WN / 8; nj++)
-			mma16816(acc[mi][nj], a[mi], &b[nj >> 1][(nj & 1) * 2]);
-}
-
-/* The walk's step: the warp's own 16 rows kk.. of the stage over the whole BM x BN tile. */
+/* The warp's 16 rows kk.. of one stage: acc[mi][nj] += A[kk.., m tile mi]^T B[kk.., n tile nj]. The
+ * A fragment is A^T's 16 x 16 (m, k) block: matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7,
+ * k 8-15), (m 8-15, k 8-15), each transposed from the stored [k][m]. */
 template <int BM, int BN>
 __device__ __forceinline__ void gw_mma(float (*acc)[BN / 8][4], const bf16 *sa, const bf16 *sb, int kk, int lane)
 {
 	typedef gw_smem<BM, BN> SM;
-	gw_mma_at<BM, BN, SM::LDA, SM::LDB>(acc, sa, sb, kk, lane);
+	uint32_t a[SM::MI][4], b[BN / 16][4];
+#pragma unroll
+	for (int mi = 0; mi < SM::MI; mi++)
+		ldsm4t(a[mi], sa + (kk + (lane & 7) + (lane >> 4) * 8) * SM::LDA + mi * 16 + ((lane >> 3) & 1) * 8);
+	/* b[jp][0..1]: columns jp 16 + 0-7, k 0-7 and 8-15; b[jp][2..3]: columns jp 16 + 8-15 */
+#pragma unroll
+	for (int jp = 0; jp < BN / 16; jp++)
+		ldsm4t(b[jp], sb + (kk + (lane & 7) + ((lane >> 3) & 1) * 8) * SM::LDB + jp * 16 + (lane >> 4) * 8);
+#pragma unroll
+	for (int mi = 0; mi < SM::MI; mi++)
+#pragma unroll
+		for (int nj = 0; nj < SM::NJ; nj++)
+			mma16816(acc[mi][nj], a[mi], &b[nj >> 1][(nj & 1) * 2]);
 }
 
 /* The 4 partial tiles summed in warp order, then C += alpha sum. Entry q of a warp's part is lane
@@ -183,177 +174,6 @@ static int gw_launch(tier_dev *dev, const gw_args<NW> &a, int E)
 	return 0;
 }
 
-/* ---- the streamed form (tiles s64x16, s128x16, s16x64, s16x128) ----
- * The walk above runs one CTA per C tile. On the trainer's shape (256 rows a group at 4,096 tokens)
- * each CTA puts its whole group in the ring's first stages, waits, sums, and leaves; the CTAs of a
- * wave do so in step, so an SM's loads stop while its CTAs sum their partial tiles and the next
- * ones start (tier-bench lora, session 17: 0.43-0.62 of the copy's rate). Here a persistent grid
- * (as many CTAs as fit at once) takes units, unit u = (expert, C tile), u = blockIdx.x, then
- * + gridDim.x, ..., and keeps one cp.async ring running across them: the next unit's first stages
- * load while the current unit's last ones are summed. The 4 warps split the tile's wide side (each
- * owns BN / 4 of its columns, or BM / 4 of its rows, where the other side is 16: the LoRA rank), so
- * each walks every row of a stage and holds its part of C whole: no partial tiles to sum, each
- * warp stores its part from its registers, and every element has one order of summation (the same
- * bits from run to run; with NW 2 each product's bits are its one-product call's). */
-template <int BM, int BN>
-struct gs_warp { /* warp w's block of the tile: rows wm(w).., columns wn(w)..; WM x WN */
-	static_assert(BM == 16 || BN == 16, "the streamed tiles are 16 on one side");
-	static constexpr int WM = BM == 16 ? 16 : BM / 4, WN = BM == 16 ? BN / 4 : 16;
-	static_assert(WM % 16 == 0 && WN % 16 == 0, "whole 16 x 16 blocks a warp");
-	static __device__ __forceinline__ int wm(int w) { return BM == 16 ? 0 : w * WM; }
-	static __device__ __forceinline__ int wn(int w) { return BM == 16 ? w * WN : 0; }
-};
-
-/* Where a CTA's ring stands in its sequence of units and their 64-row stages. */
-struct gs_pos {
-	int u, kt, nk, row0, rend;
-};
-
-/* From p.u on (in steps of gridDim.x), the first unit with rows and a wanted gradient, at its first
- * stage; false past the last unit. tiles: C tiles an expert, units: E tiles; off: the offsets,
- * copied to shared memory (the seeks come once a unit, between a barrier and the sums). */
-template <int NW>
-__device__ __forceinline__ bool gs_seek(const gw_args<NW> &a, const int *off, int tiles, int units, gs_pos &p)
-{
-	for (; p.u < units; p.u += gridDim.x) {
-		int e = p.u / tiles, r0 = off[e], r1 = off[e + 1];
-		bool want = false;
-#pragma unroll
-		for (int j = 0; j < NW; j++)
-			want |= a.c[j][e] != NULL;
-		if (want && r1 > r0) {
-			p.kt = 0, p.nk = (r1 - r0 + GW_BK - 1) / GW_BK, p.row0 = r0, p.rend = r1;
-			return true;
-		}
-	}
-	return false;
-}
-
-template <int NW>
-__device__ __forceinline__ bool gs_next(const gw_args<NW> &a, const int *off, int tiles, int units, gs_pos &p)
-{
-	if (++p.kt < p.nk)
-		return true;
-	p.u += gridDim.x;
-	return gs_seek(a, off, tiles, units, p);
-}
-
-/* Warp w's part of the finished unit: C += alpha acc for each wanted product, from the registers. */
-template <int BM, int BN, int NW>
-__device__ __forceinline__ void gs_store(float (*acc)[gs_warp<BM, BN>::WM / 16][gs_warp<BM, BN>::WN / 8][4],
-					 const gw_args<NW> &a, int e, int m0, int n0, int lane)
-{
-	typedef gs_warp<BM, BN> W;
-#pragma unroll
-	for (int j = 0; j < NW; j++) {
-		float *C = a.c[j][e];
-		if (!C)
-			continue;
-#pragma unroll
-		for (int mi = 0; mi < W::WM / 16; mi++)
-#pragma unroll
-			for (int nj = 0; nj < W::WN / 8; nj++) {
-				int m = m0 + mi * 16 + (lane >> 2), n = n0 + nj * 8 + (lane & 3) * 2;
-				if (n >= a.N) /* N % 8 == 0: n + 1 < N too */
-					continue;
-				if (m < a.M)
-					put2(C + (size_t)m * a.N + n, acc[j][mi][nj][0], acc[j][mi][nj][1], a.alpha[j], 1);
-				if (m + 8 < a.M) /* M % 16 may be 8 */
-					put2(C + (size_t)(m + 8) * a.N + n, acc[j][mi][nj][2], acc[j][mi][nj][3], a.alpha[j], 1);
-			}
-	}
-}
-
-/* The ring as cp_async_ring's, over the CTA's whole sequence of (unit, stage): before step i the
- * groups of steps 0..i are complete, and the barrier frees the slot of step i - 1 for the load of
- * step i + STAGES - 1, which may belong to a later unit. */
-template <int BM, int BN, int NW>
-__global__ void __launch_bounds__(GW_THREADS) gs_kernel(const __grid_constant__ gw_args<NW> a, int tn, int tiles,
-							 int units)
-{
-	typedef gw_smem<BM, BN, NW> SM;
-	typedef gs_warp<BM, BN> W;
-	extern __shared__ __align__(16) unsigned char smem[];
-	bf16 *sa = (bf16 *)smem, *sb = sa + GW_STAGES * NW * SM::A; /* slot s of product j: sa + (s NW + j) A */
-	int *off = (int *)(smem + SM::RING), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	for (int i = threadIdx.x; i <= units / tiles; i += GW_THREADS)
-		off[i] = a.off[i];
-	__syncthreads();
-	float acc[NW][W::WM / 16][W::WN / 8][4] = {};
-	auto load = [&](const gs_pos &p, int s) {
-		int t = p.u % tiles, m0 = t / tn * BM, n0 = t % tn * BN, r = p.row0 + p.kt * GW_BK;
-#pragma unroll
-		for (int j = 0; j < NW; j++)
-			gw_load<BM>(sa + (s * NW + j) * SM::A, a.a[j], a.M, r, p.rend, m0);
-		gw_load<BN>(sb + s * SM::B, a.b, a.N, r, p.rend, n0);
-	};
-	gs_pos ld = { (int)blockIdx.x, 0, 0, 0, 0 };
-	bool lv = gs_seek(a, off, tiles, units, ld), cv = lv;
-	gs_pos cs = ld;
-#pragma unroll
-	for (int s = 0; s < GW_STAGES - 1; s++) {
-		if (lv) {
-			load(ld, s);
-			lv = gs_next(a, off, tiles, units, ld);
-		}
-		cp_async_commit();
-	}
-	for (int slot = 0; cv; slot = slot + 1 == GW_STAGES ? 0 : slot + 1) {
-		cp_async_wait<GW_STAGES - 2>();
-		__syncthreads();
-		if (lv) {
-			load(ld, slot == 0 ? GW_STAGES - 1 : slot - 1);
-			lv = gs_next(a, off, tiles, units, ld);
-		}
-		cp_async_commit();
-		const bf16 *b = sb + slot * SM::B + W::wn(warp);
-#pragma unroll
-		for (int kk = 0; kk < GW_BK; kk += 16)
-			if (cs.row0 + cs.kt * GW_BK + kk < cs.rend) /* a slice wholly past the group is zeros */
-#pragma unroll
-				for (int j = 0; j < NW; j++)
-					gw_mma_at<W::WM, W::WN, SM::LDA, SM::LDB>(acc[j], sa + (slot * NW + j) * SM::A + W::wm(warp), b,
-										  kk, lane);
-		if (cs.kt == cs.nk - 1) { /* the unit's last stage: its C, then a fresh sum */
-			int t = cs.u % tiles;
-			gs_store<BM, BN, NW>(acc, a, cs.u / tiles, t / tn * BM + W::wm(warp), t % tn * BN + W::wn(warp), lane);
-#pragma unroll
-			for (int j = 0; j < NW; j++)
-#pragma unroll
-				for (int mi = 0; mi < W::WM / 16; mi++)
-#pragma unroll
-					for (int nj = 0; nj < W::WN / 8; nj++)
-#pragma unroll
-						for (int i = 0; i < 4; i++)
-							acc[j][mi][nj][i] = 0.0f;
-		}
-		cv = gs_next(a, off, tiles, units, cs);
-	}
-	cp_async_wait<0>();
-}
-
-/* As many CTAs as fit on the GPU at once, at most one a unit. */
-template <int BM, int BN, int NW>
-static int gs_launch(tier_dev *dev, const gw_args<NW> &a, int E)
-{
-	typedef gw_smem<BM, BN, NW> SM;
-	int tm = (a.M + BM - 1) / BM, tn = (a.N + BN - 1) / BN, tiles = tm * tn, sms = 0, fit = 0;
-	if ((long)tiles * E > INT_MAX) /* units count in int: the walk's grid takes such shapes */
-		return gw_launch<BM, BN, NW>(dev, a, E);
-	int units = tiles * E;
-	const void *k = (const void *)gs_kernel<BM, BN, NW>;
-	size_t bytes = SM::RING + (size_t)(E + 1) * sizeof(int); /* the ring, then the offsets */
-	CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-	CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, tier_dev_ordinal(dev)));
-	CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, GW_THREADS, bytes));
-	long grid = (long)sms * (fit > 0 ? fit : 1);
-	if (grid > units)
-		grid = units;
-	gs_kernel<BM, BN, NW><<<(unsigned)grid, GW_THREADS, bytes, moe_stream(dev)>>>(a, tn, tiles, units);
-	CUDA_LAUNCHED();
-	return 0;
-}
-
 /* c[e] for e < E into the table (each 16-byte aligned or NULL); how many are not NULL in *n. */
 static int gw_table(const char *fn, int E, float *const *c, float **tab, int *n)
 {
@@ -390,49 +210,34 @@ static int gw_check(const char *fn, tier_dev *dev, int E, int M, int N, const in
 	return 0;
 }
 
-/* The C tile and the form: TIER_MOE_WGRAD_TILE=MxN (one of gw_tiles: the walk) or sMxN (the
- * streamed form, where one side is 16) for measurements; else the rule's tile: 64 x 16 for dB
- * [out, r], 16 x 64 for dA [r, in] (and for every pair, whose two accumulators must fit the
- * registers), 64 x 64 otherwise, in the walk unless GW_STREAM_DEFAULT, or streamed (where the tile
- * allows it) with TIER_MOE_WGRAD_TILE=stream. *bm = 0 asks for the rule; a malformed value is
- * -EINVAL. */
-#define GW_STREAM_DEFAULT 0 /* untimed on a GPU as yet: the walk stays the default */
+/* The C tile: TIER_MOE_WGRAD_TILE=MxN (one of gw_tiles) for measurements, else the rule: 64 x 16
+ * for dB [out, r], 16 x 64 for dA [r, in] (and for every pair, whose two accumulators must fit the
+ * registers), 64 x 64 otherwise. *bm = 0 asks for the rule; a malformed value is -EINVAL. */
 static const int gw_tiles[][2] = { { 64, 16 }, { 128, 16 }, { 16, 64 }, { 16, 128 }, { 64, 64 } };
 
-static int gw_tile(const char *fn, int *bm, int *bn, int *st)
+static int gw_tile(const char *fn, int *bm, int *bn)
 {
 	const char *v = getenv("TIER_MOE_WGRAD_TILE");
-	*bm = *bn = 0, *st = GW_STREAM_DEFAULT;
+	*bm = *bn = 0;
 	if (!v || !*v || !strcmp(v, "auto"))
 		return 0;
-	if (!strcmp(v, "stream")) {
-		*st = 1;
-		return 0;
-	}
 	for (size_t i = 0; i < sizeof gw_tiles / sizeof gw_tiles[0]; i++) {
 		char name[16];
 		snprintf(name, sizeof name, "%dx%d", gw_tiles[i][0], gw_tiles[i][1]);
-		int s = v[0] == 's' && (gw_tiles[i][0] == 16 || gw_tiles[i][1] == 16);
-		if (!strcmp(v + s, name)) {
-			*bm = gw_tiles[i][0], *bn = gw_tiles[i][1], *st = s;
+		if (!strcmp(v, name)) {
+			*bm = gw_tiles[i][0], *bn = gw_tiles[i][1];
 			return 0;
 		}
 	}
-	return tier_fail(-EINVAL, "%s: TIER_MOE_WGRAD_TILE=%s; use auto, stream, 64x16, 128x16, 16x64, 16x128, 64x64, "
-			 "s64x16, s128x16, s16x64 or s16x128, or unset it", fn, v);
+	return tier_fail(-EINVAL, "%s: TIER_MOE_WGRAD_TILE=%s; use auto, 64x16, 128x16, 16x64, 16x128 or 64x64, or "
+			 "unset it", fn, v);
 }
 
 template <int NW>
-static int gw_run(tier_dev *dev, gw_args<NW> &g, int E, int bm, int bn, int st)
+static int gw_run(tier_dev *dev, gw_args<NW> &g, int E, int bm, int bn)
 {
 	if (!bm)
 		bm = g.N <= 16 ? 64 : NW > 1 || g.M <= 16 ? 16 : 64, bn = g.N <= 16 ? 16 : 64;
-	if (st && bm == 64 && bn == 16)
-		return gs_launch<64, 16, NW>(dev, g, E);
-	if (st && bm == 128)
-		return gs_launch<128, 16, NW>(dev, g, E);
-	if (st && bm == 16)
-		return bn == 64 ? gs_launch<16, 64, NW>(dev, g, E) : gs_launch<16, 128, NW>(dev, g, E);
 	if (bm == 64 && bn == 16)
 		return gw_launch<64, 16, NW>(dev, g, E);
 	if (bm == 128)
@@ -449,13 +254,13 @@ extern "C" int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const 
 {
 	const char *fn = "moe_cuda_grouped_wgrad";
 	gw_args<1> g; /* 8 KiB */
-	int wanted, bm, bn, st, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a, b, alpha);
-	if (rc || (rc = gw_tile(fn, &bm, &bn, &st)) || (rc = gw_table(fn, E, c, g.c[0], &wanted)))
+	int wanted, bm, bn, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a, b, alpha);
+	if (rc || (rc = gw_tile(fn, &bm, &bn)) || (rc = gw_table(fn, E, c, g.c[0], &wanted)))
 		return rc;
 	if (rows_bound == 0 || wanted == 0 || alpha == 0.0f)
 		return 0; /* nothing to add */
 	g.off = d_off, g.a[0] = (const bf16 *)a, g.b = (const bf16 *)b, g.alpha[0] = alpha, g.M = M, g.N = N;
-	return gw_run<1>(dev, g, E, bm, bn, st);
+	return gw_run<1>(dev, g, E, bm, bn);
 }
 
 extern "C" int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
@@ -464,8 +269,8 @@ extern "C" int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const
 {
 	const char *fn = "moe_cuda_grouped_wgrad2";
 	gw_args<2> g; /* 16 KiB */
-	int w0, w1, bm, bn, st, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a0, b, alpha0);
-	if (rc || (rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a1, b, alpha1)) || (rc = gw_tile(fn, &bm, &bn, &st)) ||
+	int w0, w1, bm, bn, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a0, b, alpha0);
+	if (rc || (rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a1, b, alpha1)) || (rc = gw_tile(fn, &bm, &bn)) ||
 	    (rc = gw_table(fn, E, c0, g.c[0], &w0)) || (rc = gw_table(fn, E, c1, g.c[1], &w1)))
 		return rc;
 	if (alpha0 == 0.0f) /* nothing to add to that one: its table emptied */
@@ -481,5 +286,5 @@ extern "C" int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const
 	}
 	g.off = d_off, g.a[0] = (const bf16 *)a0, g.a[1] = (const bf16 *)a1, g.b = (const bf16 *)b;
 	g.alpha[0] = alpha0, g.alpha[1] = alpha1, g.M = M, g.N = N;
-	return gw_run<2>(dev, g, E, bm, bn, st);
+	return gw_run<2>(dev, g, E, bm, bn);
 }

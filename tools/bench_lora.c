@@ -32,7 +32,7 @@ static void usage(FILE *f)
 		"with the bytes each must read and write, the median of N timed runs (default 20, after two\n"
 		"warm-ups; CUDA events) and the rate against a device-to-device copy in the same run. The\n"
 		"reductions run again under every TIER_MOE_WGRAD_TILE tile, the rank products under\n"
-		"TIER_MOE_SKINNY_ROWS=128 and span. The summary adds one layer's\n"
+		"TIER_MOE_SKINNY_ROWS=128. The summary adds one layer's\n"
 		"backward (the up adapter's dZ and dB as the gate's; Z kept by the forward) and L layers of\n"
 		"it (default 48).\n"
 		"\n"
@@ -50,9 +50,9 @@ static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u
 /* how often a row's kernel runs in one layer's backward (dZ u and dB u: as dZ g and dB g; the Z
  * products none: the forward keeps Z since session 19) */
 static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1 };
-static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "s64x16", "s128x16", "s16x64", "s16x128" };
+static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64" };
 #define NTILES (sizeof tiles / sizeof tiles[0])
-static const char *const sk_rows[] = { "128", "span" }; /* TIER_MOE_SKINNY_ROWS beside the default 64 */
+static const char *const sk_rows[] = { "128" }; /* TIER_MOE_SKINNY_ROWS beside the default 64 */
 #define NSKROWS (sizeof sk_rows / sizeof sk_rows[0])
 #define LZ_E 128
 
