@@ -16,20 +16,16 @@
 # $OUT/logs.tgz after every step). Session 21 ran c445510 on an H100 only (the H200 refused): its
 # CUDA tests pass (1e18e50's codegen included); `--optimizer-at forward` gave (b) +0.7% and (a)
 # -7.1% (the H100's HBM edge), TIER_MOE_EARLY_PERMUTE=1 nothing (bench/RESULTS.md, "session 21").
-# Session 22 lent no GPU at all. Its forms, written without one and off by default until run
-# (TIER_ATTN_BWD_DS=stm, TIER_ATTN_BWD_DQ=tma, TIER_LORA_FIRST=1), go first:
-# bench/validate-forms.sh (QUICK=1: tests, tier-bench lora and attn under the forms and (a), about
-# 150 s on an H100; else attnq and (a) with the old build, about 300 s); if they pass and gain,
-# flip AB_DS_STM_DEFAULT (attn/attn_wgmma_bwd.cu), LORA_FIRST_DEFAULT (core/ops_cuda.cu) and the
-# dQ default, and restage. Staged: the session's final build, with 987f337's tier-run in
-# .device/old (ignored by git: restage with bench/stage-device.sh, and copy the last measured
-# build's tier-run to .device/old first, if the machine's copy is gone). Then, on an H200
-# (needs_h200), carry [".device/pack.tar.xz", ".device/lib", ".device/old"]: the gates of the final
-# code beside the old build, and (a) with the optimizer in the next forward where HBM has room
-# (~450 s):
-#   TESTS="test_golden_cuda" STAGES=tests,a,b,c RUN_OLD=$PWD/.device/old/tier-run
-#   A_ARGS="--batch 3 --op-cache all:hbm=56G;--optimizer-at forward" B_ARGS="--optimizer-at forward"
-#   bench/next-session.sh .device/bin $OUT
+# Session 22 lent no GPU. Session 23 ran its forms on an H100 (no H200 started): tests pass, (a)
+# +3.8% and (b) +4.4% under them, and made them the defaults (dS by stmatrix, dQ by TMA reductions,
+# the LoRA adapter's part first; bench/RESULTS.md, "session 23"). Next, on an H200 (needs_h200),
+# the gates of the staged build (898e58d) with the earlier forms as the peer in the same call,
+# carry [".device/pack.tar.xz", ".device/lib"] (~450 s):
+#   TESTS="test_golden_cuda test_attn_cuda" STAGES=tests,a,b,c
+#   A_ALT="TIER_LORA_FIRST=0,TIER_ATTN_BWD_DS=scalar,TIER_ATTN_BWD_DQ=atomic"
+#   A_ARGS="--batch 3 --op-cache all:hbm=56G" bench/next-session.sh .device/bin $OUT
+# (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
+# and attn, and (a): QUICK=1 about 60 s on an H100.)
 # At batch 3 the op cache's entries took 43.7 GiB (all 576 kept; 56G leaves room for a build whose
 # entries grow).
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
