@@ -28,7 +28,7 @@
  * Shared memory (1024-byte aligned): K, V [d half 2][128 keys][64 d] 32 KiB each; three stages of
  * Q, dO [d half 2][64 queries][64 d] 32 KiB; dS [2][key half 2][64 queries][64 keys] 32 KiB; with
  * TMA dQ its staging [warpgroup 2][d box 2][64 queries][32 fp32] 32 KiB; the stages' lse and D, 512
- * bytes each: 193.5 KiB, 225.5 with the staging, one CTA per SM. Registers: 236 a thread (ptxas,
+ * bytes each: 193.5 KiB, 225.5 with the staging, one CTA per SM. Registers: 242 a thread (ptxas,
  * no spills): dK and dV accumulators (64 + 64) and S^T and dP^T (32 + 32). The dK and dV products
  * are waited for before dQ's: with their register A operands still live beside dQ's accumulator,
  * ptxas serialised every wgmma of the kernel for want of registers.
@@ -167,7 +167,7 @@ __device__ __forceinline__ void ab_probs(float (&st)[32], float (&dp)[32], uint3
 /* dS^T of this thread (rows: keys 16 wi + g, + 8 of the warpgroup's 64; columns: queries) into
  * dS [query][key] of this warpgroup's key half at ds (64 rows of 128 bytes, 128B swizzle: the
  * 16-byte chunk c of row r sits at chunk c ^ (r & 7)), one 2-byte store at a time: the form before
- * ab_store_ds_stm, kept (TIER_ATTN_BWD_DS=scalar) until that one has run on a GPU. */
+ * ab_store_ds_stm (the default since session 23), kept as TIER_ATTN_BWD_DS=scalar. */
 __device__ __forceinline__ void ab_store_ds_scalar(uint32_t ds, const float (&v)[32], int wi, int g, int t)
 {
 #pragma unroll
@@ -483,10 +483,10 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 		return rc;
 	/* dQ by TMA reductions: dq must be 16-byte aligned for the map; the default takes the atomics
 	 * where it is not, an explicit TIER_ATTN_BWD_DQ=tma is an error there (not atomics in silence) */
-	const int dq_tma = sw->dq_tma && ((uintptr_t)dq % 16 == 0 || sw->dq_asked);
+	const int dq_aligned = (uintptr_t)dq % 16 == 0, dq_tma = sw->dq_tma && dq_aligned;
 	CUtensorMap dqm;
 	memset(&dqm, 0, sizeof dqm);
-	if (dq_tma && (uintptr_t)dq % 16)
+	if (sw->dq_tma && sw->dq_asked && !dq_aligned)
 		return tier_fail(-EINVAL, "attention backward (wgmma): TIER_ATTN_BWD_DQ=tma needs dq 16-byte aligned (%p); "
 				 "unset it or set atomic", (void *)dq);
 	if (dq_tma && (rc = base_tmap_f32_seq(&dqm, dq, B, S, (uint64_t)(p->n_heads * AB_D), AB_BR)))

@@ -82,8 +82,8 @@ int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x
 
 /* opsc_linear_bwd (accumulate 0) with dx in bf16: dx16 [T, in] = bf16(bf16(scale (dy B) A) + dy W),
  * the adapter's gradients as there. No fp32 [T, in] is written or read, except with LoRA dropout or
- * $TIER_LORA_FIRST=0 (ops_cuda.cu; also its default until run on a GPU), which take opsc_linear_bwd
- * into dx32 (fp32 [T, in]; may be NULL otherwise) and convert. */
+ * $TIER_LORA_FIRST=0 (ops_cuda.cu; its default is 1), which take opsc_linear_bwd into dx32 (fp32
+ * [T, in]; may be NULL otherwise) and convert. */
 int opsc_linear_bwd_to16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 			 const tier_lora_ref *lora, const float *dy, opsc_bf16 *dx16, float *dx32, void *ws);
 
