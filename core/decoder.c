@@ -7,6 +7,7 @@
 #include <string.h>
 #include "core/decoder.h"
 #include "core/dec_ops.h"
+#include "core/ops_cuda.h"
 
 #define AL 64
 static size_t al(size_t n) { return (n + AL - 1) / AL * AL; }
@@ -72,6 +73,31 @@ static int any_dense(const tier_model *m)
 		if (!m->layers[l].moe)
 			return 1;
 	return 0;
+}
+
+/* The q, k and v projections as opsc_linear_bwd_cat's segments (w NULL: for sizes only, each
+ * with an adapter of the model's rank where it has LoRA at all; lo holds those stand-ins). */
+static void qkv_segs(const tier_model *m, const dec_weights *w, opsc_lin_seg s[3], tier_lora_ref lo[3])
+{
+	static const float dummy[1];
+	static const int slot[3] = { W_Q, W_K, W_V }, pr[3] = { P_Q, P_K, P_V };
+	for (int j = 0; j < 3; j++) {
+		s[j].out = (j ? m->nkv : m->nh) * m->hd;
+		s[j].w = (const opsc_bf16 *)(w ? w->w[slot[j]] : dummy);
+		lo[j] = (tier_lora_ref){ .a = m->lora.r > 0 ? dummy : NULL, .b = dummy, .rank = m->lora.r };
+		s[j].lora = w ? &w->lora[pr[j]] : &lo[j];
+	}
+}
+
+/* The workspace of the one-product backward: dy bf16 [T, cols], then opsc_linear_bwd_cat's. */
+static size_t qkv_cat_ws(const tier_model *m, const dec_shape *sh)
+{
+	opsc_lin_seg s[3];
+	tier_lora_ref lo[3];
+	if (!sh->qkv_cat)
+		return 0;
+	qkv_segs(m, NULL, s, lo);
+	return al((size_t)sh->T * opsc_linear_cat_cols(3, s) * 2) + opsc_linear_cat_ws_bytes(sh->T, m->H, 3, s);
 }
 
 typedef struct { float **p; size_t n, esz; } piece; /* esz 0: fp32 */
@@ -143,6 +169,7 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	tier_attn_workspace_bytes(m->dev, &sh->ap, &aw);
 	ws = ws > aw ? ws : aw;
 	ws = ws > lw ? ws : lw;
+	ws = ws > qkv_cat_ws(m, sh) ? ws : qkv_cat_ws(m, sh);
 	if (buf) {
 		b->ws = buf + off;
 		b->ws_bytes = ws;
@@ -216,6 +243,27 @@ static int qkv_grads(const tier_model *m, const dec_shape *sh, dec_bufs *b, cons
 	if (!rc)
 		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk, m->cuda ? b->dq : b->dkp, sh->qk_fused);
 	return rc ? rc : dop_to_act(m, nkv, b->dv, *gv);
+}
+
+/* dec_shape.qkv_cat: the q and k gradients (back through RoPE and their norms) and v's go into
+ * one bf16 buffer at the workspace's start, row stride the three projections' and their adapters'
+ * columns, and one product makes b->db (opsc_linear_bwd_cat): dx is written once, not by three
+ * products each reading and writing it in fp32 with three adapter products besides. */
+static int qkv_bwd_cat(const tier_model *m, const dec_shape *sh, dec_bufs *b, const dec_weights *w)
+{
+	int T = sh->T, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
+	opsc_lin_seg s[3];
+	tier_lora_ref lo[3];
+	qkv_segs(m, w, s, lo);
+	const int ld = opsc_linear_cat_cols(3, s);
+	opsc_bf16 *dy = b->ws;
+	void *cws = (char *)b->ws + al((size_t)T * ld * 2);
+	const void *wq = m->mixtral ? NULL : w->w[W_QN], *wk = m->mixtral ? NULL : w->w[W_KN];
+	if ((rc = opsc_qk_grad_ld(m->dev, &sh->rq, b->dq, b->qp, wq, b->rq, dy, ld)) ||
+	    (rc = opsc_qk_grad_ld(m->dev, &sh->rk, b->dk, b->kp, wk, b->rk, dy + qd, ld)) ||
+	    (rc = opsc_to_bf16_rows(m->dev, T, kvd, b->dv, dy + qd + kvd, ld)))
+		return rc;
+	return opsc_linear_bwd_cat(m->dev, T, m->H, (const opsc_bf16 *)b->a, 3, s, dy, ld, b->db, 0, cws);
 }
 
 int dec_attn_fwd_in(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
@@ -391,27 +439,33 @@ int dec_mlp_bwd(const tier_model *m, const dec_shape *sh, int moe, const dec_wei
 	return mlp_bwd(m, sh, moe, w, b, dout, d_aux);
 }
 
+/* The q, k and v projections' backward a product each (the CPU; CUDA without dec_shape.qkv_cat):
+ * b->db = their dx, from the attention's dq, dk, dv. */
+static int qkv_bwd(const tier_model *m, const dec_shape *sh, dec_bufs *b, const dec_weights *w)
+{
+	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
+	void *gq, *gk, *gv;
+	if ((rc = qkv_grads(m, sh, b, w, &gq, &gk, &gv)) ||
+	    (rc = dop_linear_bwd_act(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], gq, b->db, 0, b->ws)) ||
+	    (rc = dop_linear_bwd_act(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], gk, b->db, 1, b->ws)))
+		return rc;
+	return dop_linear_bwd_act(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], gv, b->db, 1, b->ws);
+}
+
 int dec_attn_bwd(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b,
 		 const float *dout, float *dx)
 {
 	tier_dev *d = m->dev;
-	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
-	void *ws = b->ws;
+	int T = sh->T, H = m->H, qd = m->nh * m->hd, rc;
 	/* attention's backward reads the gradient of o in bf16 on CUDA */
 	float *dO16 = m->cuda ? b->dO16 : b->dO;
-	if ((rc = dop_norm_bwd_add(m, T, H, b->h1, w->w[W_LN2], b->r2, b->db, dout, b->dh1, b->dtmp)))
-		return rc;
-	void *gq, *gk, *gv;
-	if ((rc = dop_linear_bwd_to_act(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->dh1, dO16, b->dO, ws)) ||
+	if ((rc = dop_norm_bwd_add(m, T, H, b->h1, w->w[W_LN2], b->r2, b->db, dout, b->dh1, b->dtmp)) ||
+	    (rc = dop_linear_bwd_to_act(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->dh1, dO16, b->dO, b->ws)) ||
 	    (rc = tier_attn_bwd(d, &sh->ap, b->q, b->k, b->v, b->o, b->lse, dO16, b->dq, b->dk, b->dv, b->ws,
 				b->ws_bytes)) ||
-	    (rc = qkv_grads(m, sh, b, w, &gq, &gk, &gv)) ||
-	    (rc = dop_linear_bwd_act(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], gq, b->db, 0, ws)) ||
-	    (rc = dop_linear_bwd_act(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], gk, b->db, 1, ws)) ||
-	    (rc = dop_linear_bwd_act(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], gv, b->db, 1, ws)) ||
-	    (rc = dop_norm_bwd_add(m, T, H, x, w->w[W_LN1], b->r1, b->db, b->dh1, dx, b->dtmp)))
+	    (rc = sh->qkv_cat ? qkv_bwd_cat(m, sh, b, w) : qkv_bwd(m, sh, b, w)))
 		return rc;
-	return 0;
+	return dop_norm_bwd_add(m, T, H, x, w->w[W_LN1], b->r1, b->db, b->dh1, dx, b->dtmp);
 }
 
 int dec_bwd(const tier_model *m, const dec_shape *sh, int moe, const float *x, const dec_weights *w, dec_bufs *b,

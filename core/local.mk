@@ -59,7 +59,7 @@ libtier_la_SOURCES += core/core_internal.h core/layers.c core/model.c core/model
 	core/train_cache.c core/train_pending.c core/checkpoint.c core/data.c
 tierinclude_HEADERS += include/tier/model.h
 ## the trainer's CUDA operations (stubs that return -ENOTSUP without CUDA)
-libtier_la_SOURCES += core/ops_cuda.h
+libtier_la_SOURCES += core/ops_cuda.h core/ops_cat.c
 if HAVE_CUDA
 libtier_la_SOURCES += core/ops_cuda.cu core/ops_qk_cuda.cu
 else

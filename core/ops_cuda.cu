@@ -1033,3 +1033,99 @@ int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x
 	s.dy16 = (bf16 *)dy16;
 	return linear_bwd_from16(d, T, in, out, x, w, lora, dx, accumulate, &s);
 }
+
+/* ---- Projections of one input in one backward product (opsc_linear_bwd_cat) --------------------- */
+
+/* y rows at stride ldy = bf16(x), four at a time where every row's start is 16-byte (x) and 8-byte
+ * (y) aligned. */
+__global__ void to_bf16_rows4_kernel(int rows, int cols, const float *x, bf16 *y, int ldy)
+{
+	const int c4 = cols / 4;
+	GRID_STRIDE(k, (size_t)rows * c4) {
+		const size_t r = k / c4, c = (k % c4) * 4;
+		const float4 v = *(const float4 *)(x + r * cols + c);
+		__nv_bfloat162 *o = (__nv_bfloat162 *)(y + r * ldy + c);
+		o[0] = __floats2bfloat162_rn(v.x, v.y);
+		o[1] = __floats2bfloat162_rn(v.z, v.w);
+	}
+}
+
+__global__ void to_bf16_rows_kernel(int rows, int cols, const float *x, bf16 *y, int ldy)
+{
+	GRID_STRIDE(k, (size_t)rows * cols)
+		y[(k / cols) * ldy + k % cols] = __float2bfloat16_rn(x[k]);
+}
+
+int opsc_to_bf16_rows(tier_dev *d, int rows, int cols, const float *x, opsc_bf16 *y, int ldy)
+{
+	int rc = cuda_dev(d, "opsc_to_bf16_rows");
+	if (rc)
+		return rc;
+	if (rows < 0 || cols < 0 || ldy < cols || (rows > 0 && cols > 0 && (!x || !y)))
+		return tier_fail(-EINVAL, "opsc_to_bf16_rows: bad arguments rows=%d cols=%d ldy=%d (x %p, y %p)", rows, cols,
+				 ldy, (const void *)x, (void *)y);
+	size_t n = (size_t)rows * cols;
+	if (n == 0)
+		return 0;
+	if (cols % 4 == 0 && ldy % 4 == 0 && al(x, 16) && al(y, 8))
+		to_bf16_rows4_kernel<<<grid_for(n / 4), THREADS, 0, stream_of(d)>>>(rows, cols, x, (bf16 *)y, ldy);
+	else
+		to_bf16_rows_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(rows, cols, x, (bf16 *)y, ldy);
+	return launched("opsc_to_bf16_rows", n);
+}
+
+/* One segment's adapter: db += scale xa^T dy, dxa = scale dy B into dy's adapter columns (at
+ * dxa, stride ld), da += dxa^T x; xa16 [T, r] the workspace's piece. */
+static int cat_lora(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const tier_lora_ref *l,
+		    const bf16 *dyj, bf16 *dxa, int ld, bf16 *xa16)
+{
+	int r = l->rank, rc;
+	if (l->db) {
+		/* xa^T [r, T] = A (stored [in, r], transposed) x^T (stored [in, T]) */
+		if ((rc = gemm_to_bf16(d, r, T, in, 1.0f, bf(1, l->a, in), bf(0, x, in), xa16)))
+			return rc;
+		/* db^T [r, out] += scale xa^T (stored [r, T]) dy (stored [out, T] at stride ld, transposed) */
+		if ((rc = opsc_gemm(d, r, out, T, l->scale, bf(0, xa16, r), bf(1, dyj, ld), 1.0f, l->db, r)))
+			return rc;
+	}
+	/* dxa^T [r, T] (stride ld) = scale B^T (B stored [r, out]) dy^T (stored [out, T] at stride ld) */
+	if ((rc = tier_cuda_gemm(d, -1, "opsc_linear_bwd_cat (LoRA rank product)", r, T, out, l->scale, bf(0, l->b, r),
+				 bf(0, dyj, ld), 0.0f, dxa, CUDA_R_16BF, ld)))
+		return rc;
+	/* da^T [in, r] += x^T (stored [in, T]) dxa (stored [r, T] at stride ld, transposed) */
+	return l->da ? opsc_gemm(d, in, r, T, 1.0f, bf(0, x, in), bf(1, dxa, ld), 1.0f, l->da, in) : 0;
+}
+
+static int cat_copy(tier_dev *d, void *dst, const void *src, size_t bytes)
+{
+	cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_of(d));
+	if (e != cudaSuccess)
+		return tier_fail(-EIO, "opsc_linear_bwd_cat: stacking the weights (%zu bytes): %s", bytes, cudaGetErrorString(e));
+	return 0;
+}
+
+int opsc_linear_bwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, const opsc_lin_seg *s, opsc_bf16 *dy,
+			int ld, float *dx, int accumulate, void *ws)
+{
+	int rc = cuda_dev(d, "opsc_linear_bwd_cat");
+	if (rc || (rc = opsc_linear_cat_check(T, in, x, n, s, dy, ld, dx, ws)) || T == 0)
+		return rc;
+	const int K = opsc_linear_cat_cols(n, s);
+	bf16 *wcat = (bf16 *)ws, *xa16 = (bf16 *)((char *)ws + al256((size_t)K * in * 2)), *dy16 = (bf16 *)dy;
+	int off = 0, aoff = 0;
+	for (int j = 0; j < n; j++)
+		aoff += s[j].out;
+	/* wcat [K, in]: the weights' rows in segment order, then the adapters' A rows, as dy's columns */
+	for (int j = 0; j < n; j++) {
+		const tier_lora_ref *l = s[j].lora;
+		if ((rc = cat_copy(d, wcat + (size_t)off * in, s[j].w, (size_t)s[j].out * in * 2)))
+			return rc;
+		if (lora_on(l) && ((rc = cat_lora(d, T, in, s[j].out, x, l, dy16 + off, dy16 + aoff, ld, xa16)) ||
+				   (rc = cat_copy(d, wcat + (size_t)aoff * in, l->a, (size_t)l->rank * in * 2))))
+			return rc;
+		off += s[j].out;
+		aoff += lora_on(l) ? l->rank : 0;
+	}
+	/* dx^T [in, T] (=|+=) wcat^T (stored [in, K]) dy^T (stored [K, T] at stride ld) */
+	return opsc_gemm(d, in, T, K, 1.0f, bf(0, wcat, in), bf(0, dy16, ld), accumulate ? 1.0f : 0.0f, dx, in);
+}

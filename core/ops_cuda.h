@@ -87,6 +87,33 @@ int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x
 int opsc_linear_bwd_to16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 			 const tier_lora_ref *lora, const float *dy, opsc_bf16 *dx16, float *dx32, void *ws);
 
+/* Several projections of one input x in one backward product (the q, k and v projections of a
+ * layer): segment j (out_j, W_j bf16 [out_j, in], its adapter or NULL) has its dy bf16 [T, out_j]
+ * in columns off_j .. off_j + out_j of dy (row stride ld), off_0 = 0 and off_{j+1} = off_j + out_j;
+ * the columns after the last segment's take each adapter's scale (dy_j B_j), rank_j columns in
+ * segment order (written here). Then
+ *   dx [T, in] fp32 (written, or added to when accumulate) = sum_j dy_j W_j + scale_j (dy_j B_j) A_j
+ * in one product over K = opsc_linear_cat_cols (the weights and the adapters' A stacked into ws),
+ * which reads and writes dx once where one product a projection read and wrote it each time, and
+ * da_j, db_j as opsc_linear_bwd_bf16 makes them. No adapter may have dropout. ld >= cols;
+ * ws: opsc_linear_cat_ws_bytes. n in 1..OPSC_CAT_MAX. */
+#define OPSC_CAT_MAX 4
+typedef struct {
+	int out;
+	const opsc_bf16 *w;
+	const tier_lora_ref *lora;
+} opsc_lin_seg;
+int opsc_linear_cat_cols(int n, const opsc_lin_seg *s);
+size_t opsc_linear_cat_ws_bytes(int T, int in, int n, const opsc_lin_seg *s);
+/* The arguments' checks (ops_cat.c, every build): 0 or -EINVAL naming the problem. */
+int opsc_linear_cat_check(int T, int in, const void *x, int n, const opsc_lin_seg *s, const void *dy, int ld,
+			  const float *dx, const void *ws);
+int opsc_linear_bwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, const opsc_lin_seg *s, opsc_bf16 *dy,
+			int ld, float *dx, int accumulate, void *ws);
+/* y rows [rows, cols] bf16 at row stride ldy = x [rows, cols] fp32 (contiguous), rounded: a piece
+ * of a wider bf16 buffer (opsc_linear_bwd_cat's dy). */
+int opsc_to_bf16_rows(tier_dev *d, int rows, int cols, const float *x, opsc_bf16 *y, int ldy);
+
 /* The q (or k) path from its projection to the attention (ops_qk_cuda.cu): out [tokens * heads,
  * head_dim] bf16 = RoPE (r: positions t % seq) of bf16(the q/k RMSNorm of x with w, eps), rstd
  * [tokens * heads] written; w NULL: no norm (Mixtral), RoPE of bf16(x), rstd not touched. */
@@ -99,6 +126,11 @@ int opsc_qk_fwd(tier_dev *d, const tier_rope_params *r, const float *x, const op
  * the gradient through RoPE alone. dq is read only. head_dim even, up to 256. */
 int opsc_qk_grad(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x, const opsc_bf16 *w,
 		 const float *rstd, opsc_bf16 *out);
+
+/* opsc_qk_grad with out's tokens ld elements apart (ld >= heads * head_dim): a piece of a wider
+ * buffer (opsc_linear_bwd_cat's dy). */
+int opsc_qk_grad_ld(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x, const opsc_bf16 *w,
+		    const float *rstd, opsc_bf16 *out, int64_t ld);
 
 /* *acc (device double) += sum x[i]^2 (fp32 x, summed in fp64 per block). */
 int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc);

@@ -137,3 +137,20 @@ int opsc_gemm(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, ops
 {
 	return NOCUDA("opsc_gemm");
 }
+
+int opsc_linear_bwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, const opsc_lin_seg *s, opsc_bf16 *dy,
+			int ld, float *dx, int accumulate, void *ws)
+{
+	return NOCUDA("opsc_linear_bwd_cat");
+}
+
+int opsc_to_bf16_rows(tier_dev *d, int rows, int cols, const float *x, opsc_bf16 *y, int ldy)
+{
+	return NOCUDA("opsc_to_bf16_rows");
+}
+
+int opsc_qk_grad_ld(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x, const opsc_bf16 *w,
+		    const float *rstd, opsc_bf16 *out, int64_t ld)
+{
+	return NOCUDA("opsc_qk_grad_ld");
+}

@@ -29,6 +29,8 @@ struct qk_args {
 	const bf16 *w;
 	bf16 *out;
 	int64_t tokens;
+	int64_t ld;         /* out's elements from one token's row to the next (heads * head_dim unless
+			     * the grad writes into a wider buffer: opsc_qk_grad_ld) */
 	int S, heads, half;
 };
 
@@ -68,7 +70,7 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_con
 					d1[p] = x1 * c + x0 * sv;
 				}
 			}
-			bf16 *o = a.out + row * dim;
+			bf16 *o = a.out + tok * a.ld + hh * dim;
 			if (!a.w) { /* no norm (Mixtral): the rotated gradient, rounded */
 #pragma unroll
 				for (int p = 0; p < QK_PER; p++) {
@@ -161,6 +163,7 @@ static int qk_setup(const char *op, tier_dev *d, const tier_rope_params *r, cons
 	for (int64_t i = 0; i < half; i++) /* attn_cuda_rope's table, the same expression */
 		a->inv[i] = 1.0f / powf(r->theta, (float)(2 * i) / (float)r->head_dim);
 	a->tokens = r->tokens, a->S = (int)r->seq, a->heads = (int)r->n_heads, a->half = (int)half;
+	a->ld = r->n_heads * r->head_dim;
 	return 0;
 }
 
@@ -187,14 +190,23 @@ extern "C" int opsc_qk_fwd(tier_dev *d, const tier_rope_params *r, const float *
 	return qk_launched("opsc_qk_fwd", r);
 }
 
-extern "C" int opsc_qk_grad(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x,
-			    const opsc_bf16 *w, const float *rstd, opsc_bf16 *out)
+extern "C" int opsc_qk_grad_ld(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x,
+			       const opsc_bf16 *w, const float *rstd, opsc_bf16 *out, int64_t ld)
 {
 	qk_args a;
 	int rc = qk_setup("opsc_qk_grad", d, r, dq, out, w != NULL, x, rstd, &a);
 	if (rc || r->tokens == 0)
 		return rc;
-	a.dq = dq, a.x = x, a.rstd = (float *)rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out;
+	if (ld < a.ld)
+		return tier_fail(-EINVAL, "opsc_qk_grad: out's row stride %lld is below a token's %lld elements (%lld heads "
+				 "of %lld)", (long long)ld, (long long)a.ld, (long long)r->n_heads, (long long)r->head_dim);
+	a.dq = dq, a.x = x, a.rstd = (float *)rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out, a.ld = ld;
 	qk_grad_kernel<<<qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d)>>>(a);
 	return qk_launched("opsc_qk_grad", r);
+}
+
+extern "C" int opsc_qk_grad(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x,
+			    const opsc_bf16 *w, const float *rstd, opsc_bf16 *out)
+{
+	return opsc_qk_grad_ld(d, r, dq, x, w, rstd, out, r ? r->n_heads * r->head_dim : 0);
 }

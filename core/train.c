@@ -146,7 +146,8 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
  * prefetches it saved cost); "0" none. $TIER_MOE_ROUTED=0 has the MoE block route and read its
  * offsets back itself, as before the routed halves (dec_shape.routed), for comparison;
  * $TIER_QK_FUSED=0 takes q and k through their norms and RoPE, forward and backward, in separate
- * steps (dec_shape.qk_fused). */
+ * steps (dec_shape.qk_fused); $TIER_QKV_CAT=0 takes the q, k and v projections' backward a product
+ * each (dec_shape.qkv_cat). */
 static void trainer_env(tier_trainer *t)
 {
 	const char *prof = getenv("TIER_PROFILE");
@@ -157,9 +158,10 @@ static void trainer_env(tier_trainer *t)
 	t->pipe_force = t->pipeline && pipe && !strcmp(pipe, "force");
 	const char *routed = getenv("TIER_SCHED_ROUTED");
 	t->sched_routed = !routed || !strcmp(routed, "bwd") ? 1 : !strcmp(routed, "all") ? 2 : 0;
-	const char *mr = getenv("TIER_MOE_ROUTED"), *qf = getenv("TIER_QK_FUSED");
+	const char *mr = getenv("TIER_MOE_ROUTED"), *qf = getenv("TIER_QK_FUSED"), *qc = getenv("TIER_QKV_CAT");
 	t->moe_routed = !(mr && !strcmp(mr, "0"));
 	t->qk_fused = !(qf && !strcmp(qf, "0"));
+	t->qkv_cat = !(qc && !strcmp(qc, "0"));
 }
 
 /* The host tables sized by the experts and the tokens, and the checkpoint slots. */
@@ -280,6 +282,9 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->sh.core2 = c->opcache && *c->opcache; /* the attention's output may come from the op cache */
 	t->sh.routed = t->moe_routed && t->sh.mchunks == 1; /* chunks route each chunk in the block */
 	t->sh.qk_fused = t->qk_fused;
+	/* the one-product backward of q, k, v needs the fused q/k kernels (they write into its buffer)
+	 * and no LoRA dropout (whose dx goes back through the mask in fp32) */
+	t->sh.qkv_cat = t->qkv_cat && m->cuda && t->qk_fused && !(m->lora.dropout > 0);
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
 	if ((rc = tier_attn_workspace_bytes(m->dev, &t->sh.ap, &aws))) {
 		rc = tier_fail(rc, "%s; this model cannot train on this device (use --device cpu)", tier_last_error());

@@ -13,6 +13,7 @@
 #include "tier/tier.h"
 #define SEEDED_CPU_TEST "test_layers" /* seeded_cpu.h: cpu, rng and seed, set up for the group */
 #include "seeded_cpu.h"
+#include "core/ops_cuda.h"
 
 static float *rnd(size_t n, float scale)
 {
@@ -352,6 +353,40 @@ static void test_bad_input(void **state)
 	assert_int_equal(tier_swiglu_fwd(cpu, 4, x, NULL, y), -EINVAL);
 }
 
+/* The one-product backward of several projections (core/ops_cat.c, every build): its columns,
+ * its workspace, and each refusal naming its problem. */
+static void test_linear_cat_args(void **state)
+{
+	(void)state;
+	float a[4], b[4];
+	const uint16_t w[4] = { 0 };
+	tier_lora_ref lo = { .a = a, .b = b, .rank = 16, .scale = 2 }, frozen = lo, drop = lo, half = { .a = a, .rank = 4 };
+	frozen.rank = 8, drop.dropout = 0.1f;
+	opsc_lin_seg s[3] = { { 4096, w, &lo }, { 512, w, &frozen }, { 512, w, NULL } };
+	int dy[1], ws[1];
+	float dx[1];
+	assert_int_equal(opsc_linear_cat_cols(3, s), 4096 + 512 + 512 + 16 + 8);
+	/* the stacked weights [cols, in] bf16, then x A^T [T, largest r] bf16, each 256-byte aligned */
+	assert_int_equal(opsc_linear_cat_ws_bytes(100, 2048, 3, s), (size_t)5144 * 2048 * 2 + (100 * 16 * 2 + 255) / 256 * 256);
+	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5144, dx, ws), 0);
+	assert_int_equal(opsc_linear_cat_check(0, 2048, NULL, 3, s, NULL, 5144, NULL, NULL), 0);
+	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5143, dx, ws), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "row stride 5143"));
+	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 0, s, dy, 5144, dx, ws), -EINVAL);
+	assert_int_equal(opsc_linear_cat_check(100, 2048, w, OPSC_CAT_MAX + 1, s, dy, 5144, dx, ws), -EINVAL);
+	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5144, dx, NULL), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "workspace"));
+	s[1].lora = &drop;
+	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5160, dx, ws), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "dropout"));
+	s[1].lora = &half;
+	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5160, dx, ws), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "needs a and b"));
+	s[1].lora = NULL, s[2].out = 0;
+	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5160, dx, ws), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "segment 2"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -361,6 +396,7 @@ int main(void)
 		cmocka_unit_test(test_embedding),
 		cmocka_unit_test(test_swiglu),
 		cmocka_unit_test(test_bad_input),
+		cmocka_unit_test(test_linear_cat_args),
 	};
 	return cmocka_run_group_tests(tests, seeded_cpu_setup, seeded_cpu_teardown);
 }

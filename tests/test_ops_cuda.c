@@ -820,6 +820,169 @@ static void test_qk_grad(void **state)
 	assert_int_equal(opsc_qk_grad(cpu, &bad, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL), -EINVAL);
 }
 
+/* ---- Projections of one input in one backward product (opsc_linear_bwd_cat) ------------------ */
+
+/* Three segments (outputs 37, 11, 11; the first with an adapter of rank 5, the second with a frozen
+ * one, the third none; or each with one): dy's segments in one bf16 buffer of padded row stride
+ * whose adapter columns and padding start as NaN; dx, da, db against fp64 (the dy B products
+ * rounded to bf16 as the function rounds them), the padding untouched. */
+static void cat_case(int T, int in, int all_lora, int accumulate)
+{
+	enum { NS = 3 };
+	const int outs[NS] = { 37, 11, 11 }, r = 5;
+	const int mode[NS] = { LORA, all_lora ? LORA : LORA_FROZEN, all_lora ? LORA : NO_LORA };
+	const double scale = 1.5;
+	opsc_lin_seg s[NS];
+	tier_lora_ref ref[NS];
+	int cols = 0, off[NS];
+	for (int j = 0; j < NS; j++)
+		off[j] = cols, cols += outs[j];
+	const int acols0 = cols;
+	for (int j = 0; j < NS; j++)
+		cols += mode[j] != NO_LORA ? r : 0;
+	const int ld = cols + 3;
+	size_t nx = (size_t)T * in, ndy = (size_t)T * ld;
+	double *x = malloc(8 * nx), *dx = calloc(nx, 8);
+	uint16_t *xb = rand_bf16(x, nx, 1.0f, 0), *dyh = malloc(2 * ndy), *dyg = malloc(2 * ndy);
+	float *dx0 = rand_f32(NULL, nx, 1.0f), *dxg = malloc(4 * nx);
+	memset(dyh, 0xff, 2 * ndy);
+	if (accumulate)
+		for (size_t i = 0; i < nx; i++)
+			dx[i] = dx0[i];
+	void *dX = up(xb, 2 * nx), *dev[NS][4] = { { 0 } };
+	double *a[NS], *b[NS], *da[NS], *db[NS];
+	float *da0[NS], *db0[NS];
+	for (int j = 0; j < NS; j++) {
+		size_t nw = (size_t)outs[j] * in, na = (size_t)r * in, nb = (size_t)outs[j] * r, ny = (size_t)T * outs[j];
+		double *w = malloc(8 * nw), *dy = malloc(8 * ny), *dxa = calloc((size_t)T * r, 8);
+		uint16_t *wb = rand_bf16(w, nw, 0.1f, 0), *dyb = rand_bf16(dy, ny, 1.0f, 0);
+		for (int t = 0; t < T; t++)
+			memcpy(dyh + (size_t)t * ld + off[j], dyb + (size_t)t * outs[j], 2 * outs[j]);
+		ref_mm(T, in, outs[j], 1, dy, 0, w, 0, dx); /* dy W */
+		s[j] = (opsc_lin_seg){ .out = outs[j], .w = dev[j][0] = up(wb, 2 * nw), .lora = NULL };
+		a[j] = b[j] = da[j] = db[j] = NULL, da0[j] = db0[j] = NULL;
+		if (mode[j] != NO_LORA) {
+			a[j] = malloc(8 * na), b[j] = malloc(8 * nb), da[j] = calloc(na, 8), db[j] = calloc(nb, 8);
+			uint16_t *ab = rand_bf16(a[j], na, 0.3f, 0), *bb = rand_bf16(b[j], nb, 0.3f, 0);
+			da0[j] = rand_f32(NULL, na, 0.1f), db0[j] = rand_f32(NULL, nb, 0.1f);
+			for (size_t i = 0; i < na; i++)
+				da[j][i] = da0[j][i];
+			for (size_t i = 0; i < nb; i++)
+				db[j][i] = db0[j][i];
+			ref[j] = (tier_lora_ref){ .a = dev[j][1] = up(ab, 2 * na), .b = dev[j][2] = up(bb, 2 * nb),
+						  .rank = r, .scale = (float)scale };
+			if (mode[j] == LORA)
+				ref[j].da = up(da0[j], 4 * na), ref[j].db = dev[j][3] = up(db0[j], 4 * nb);
+			s[j].lora = &ref[j];
+			double *xa = calloc((size_t)T * r, 8);
+			ref_mm(T, r, outs[j], scale, dy, 0, b[j], 0, dxa); /* scale dy B, rounded as the GPU rounds */
+			for (size_t i = 0; i < (size_t)T * r; i++)
+				dxa[i] = tier_bf16_to_f32(tier_f32_to_bf16((float)dxa[i]));
+			ref_mm(T, in, r, 1, dxa, 0, a[j], 0, dx);             /* + dxa A */
+			ref_mm(r, in, T, 1, dxa, 1, x, 0, da[j]);             /* da += dxa^T x */
+			ref_mm(T, r, in, 1, x, 0, a[j], 1, xa);               /* xa = x A^T, in bf16 */
+			for (size_t i = 0; i < (size_t)T * r; i++)
+				xa[i] = tier_bf16_to_f32(tier_f32_to_bf16((float)xa[i]));
+			ref_mm(outs[j], r, T, scale, dy, 1, xa, 0, db[j]); /* db += scale dy^T xa */
+			free(ab), free(bb), free(xa);
+		}
+		free(w), free(dy), free(dxa), free(wb), free(dyb);
+	}
+	assert_int_equal(opsc_linear_cat_cols(NS, s), cols);
+	void *dDy = up(dyh, 2 * ndy), *ws = poisoned(opsc_linear_cat_ws_bytes(T, in, NS, s));
+	void *dDx = accumulate ? up(dx0, 4 * nx) : poisoned(4 * nx);
+	assert_int_equal(opsc_linear_bwd_cat(gpu, T, in, dX, NS, s, dDy, ld, dDx, accumulate, ws), 0);
+	down(dxg, dDx, 4 * nx), down(dyg, dDy, 2 * ndy);
+	print_message("linear bwd cat T=%d in=%d, adapters on %s, accumulate %d\n", T, in, all_lora ? "all" : "one of 3",
+		      accumulate);
+	check("cat dx", err_f32(dxg, dx, nx, 0), TOL_BF16);
+	for (int t = 0; t < T; t++) { /* the segments' dy unchanged, the padding untouched */
+		assert_memory_equal(dyg + (size_t)t * ld, dyh + (size_t)t * ld, 2 * acols0);
+		assert_memory_equal(dyg + (size_t)t * ld + cols, dyh + (size_t)t * ld + cols, 2 * (ld - cols));
+	}
+	for (int j = 0; j < NS; j++) {
+		if (mode[j] == LORA) {
+			size_t na = (size_t)r * in, nb = (size_t)outs[j] * r;
+			float *g = malloc(4 * (na > nb ? na : nb));
+			down(g, ref[j].da, 4 * na);
+			check("cat da", err_f32(g, da[j], na, 0), TOL_BF16);
+			down(g, ref[j].db, 4 * nb);
+			check("cat db", err_f32(g, db[j], nb, 0), TOL_BF16);
+			free(g);
+			tier_dev_free(gpu, ref[j].da);
+		}
+		for (int i = 0; i < 4; i++)
+			if (dev[j][i])
+				tier_dev_free(gpu, dev[j][i]);
+		free(a[j]), free(b[j]), free(da[j]), free(db[j]), free(da0[j]), free(db0[j]);
+	}
+	tier_dev_free(gpu, dX), tier_dev_free(gpu, dDy), tier_dev_free(gpu, ws), tier_dev_free(gpu, dDx);
+	free(x), free(dx), free(xb), free(dyh), free(dyg), free(dx0), free(dxg);
+}
+
+/* opsc_to_bf16_rows and opsc_qk_grad_ld into a wider buffer: the same bits as opsc_to_bf16 and
+ * opsc_qk_grad into a packed one, the gaps between rows untouched. */
+static void rows_case(int rows, int cols, int ld, int x_off)
+{
+	size_t n = (size_t)rows * cols, nw = (size_t)rows * ld;
+	float *x = rand_f32(NULL, n + x_off, 3.0f);
+	uint16_t *packed = malloc(2 * n), *wide = malloc(2 * nw);
+	void *dX = up(x, 4 * (n + x_off)), *dP = poisoned(2 * n), *dW = poisoned(2 * nw);
+	assert_int_equal(opsc_to_bf16(gpu, n, (float *)dX + x_off, dP), 0);
+	assert_int_equal(opsc_to_bf16_rows(gpu, rows, cols, (float *)dX + x_off, dW, ld), 0);
+	down(packed, dP, 2 * n), down(wide, dW, 2 * nw);
+	for (int i = 0; i < rows; i++) {
+		assert_memory_equal(wide + (size_t)i * ld, packed + (size_t)i * cols, 2 * cols);
+		for (int c = cols; c < ld; c++)
+			assert_int_equal(wide[(size_t)i * ld + c], 0xffff);
+	}
+	print_message("to bf16 rows %d x %d at stride %d (x offset %d): equal\n", rows, cols, ld, x_off);
+	tier_dev_free(gpu, dX), tier_dev_free(gpu, dP), tier_dev_free(gpu, dW);
+	free(x), free(packed), free(wide);
+}
+
+static void qk_ld_case(int tokens, int heads, int hd, int pad, int with_norm)
+{
+	size_t rows = (size_t)tokens * heads, n = rows * hd, ld = (size_t)heads * hd + pad;
+	float *xf = rand_f32(NULL, n, 2.0f), *dqf = rand_f32(NULL, n, 1.0f);
+	double *w = malloc(8 * hd);
+	uint16_t *wb = rand_bf16(w, hd, 0.1f, 1.0f), *packed = malloc(2 * n), *wide = malloc(2 * tokens * ld);
+	void *dX = up(xf, 4 * n), *dW = up(wb, 2 * hd), *dR = poisoned(4 * rows), *dY = poisoned(2 * n);
+	void *dDQ = up(dqf, 4 * n), *dP = poisoned(2 * n), *dWide = poisoned(2 * tokens * ld);
+	tier_rope_params rp = { .tokens = tokens, .seq = tokens, .n_heads = heads, .head_dim = hd, .theta = 1e6f };
+	assert_int_equal(opsc_rmsnorm_fwd(gpu, (int)rows, hd, 1e-6f, dX, dW, dY, dR), 0);
+	assert_int_equal(opsc_qk_grad(gpu, &rp, dDQ, dX, with_norm ? dW : NULL, dR, dP), 0);
+	assert_int_equal(opsc_qk_grad_ld(gpu, &rp, dDQ, dX, with_norm ? dW : NULL, dR, dWide, (int64_t)ld), 0);
+	down(packed, dP, 2 * n), down(wide, dWide, 2 * tokens * ld);
+	for (int t = 0; t < tokens; t++) {
+		assert_memory_equal(wide + t * ld, packed + (size_t)t * heads * hd, 2 * (size_t)heads * hd);
+		for (size_t c = (size_t)heads * hd; c < ld; c++)
+			assert_int_equal(wide[t * ld + c], 0xffff);
+	}
+	print_message("qk grad into stride %zu (%d heads of %d, %s): equal\n", ld, heads, hd, with_norm ? "norm" : "no norm");
+	assert_int_equal(opsc_qk_grad_ld(gpu, &rp, dDQ, dX, dW, dR, dWide, (int64_t)heads * hd - 1), -EINVAL);
+	void *dp[] = { dX, dW, dR, dY, dDQ, dP, dWide };
+	for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+		tier_dev_free(gpu, dp[i]);
+	free(xf), free(dqf), free(w), free(wb), free(packed), free(wide);
+}
+
+static void test_linear_cat(void **state)
+{
+	(void)state;
+	cat_case(37, 91, 0, 0);
+	cat_case(37, 91, 1, 1);
+	cat_case(300, 64, 1, 0); /* aligned sizes: the 16-byte paths */
+	cat_case(1, 8, 0, 1);
+	rows_case(37, 12, 20, 0);  /* four at a time */
+	rows_case(37, 11, 13, 0);  /* odd columns: one at a time */
+	rows_case(5, 12, 16, 1);   /* x not 16-byte aligned */
+	qk_ld_case(20, 4, 128, 8 * 128 + 16, 1);
+	qk_ld_case(9, 5, 8, 3, 1);
+	qk_ld_case(12, 2, 64, 64, 0);
+	assert_int_equal(opsc_to_bf16_rows(gpu, 3, 5, L_NONNULL, L_NONNULL, 4), -EINVAL);
+}
+
 static void test_swiglu(void **state)
 {
 	size_t n = 1001;
@@ -1306,7 +1469,7 @@ int main(void)
 		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_linear_dropout),
 		cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_qk_fwd),   cmocka_unit_test(test_qk_grad),
 		cmocka_unit_test(test_linear_bwd_bf16),
-		cmocka_unit_test(test_linear_bwd_to16),
+		cmocka_unit_test(test_linear_bwd_to16), cmocka_unit_test(test_linear_cat),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
 		cmocka_unit_test(test_to_bf16),     cmocka_unit_test(test_from_bf16),    cmocka_unit_test(test_to_bf16_many),
 		cmocka_unit_test(test_to_bf16_many_large), cmocka_unit_test(test_put_async), cmocka_unit_test(test_sumsq),

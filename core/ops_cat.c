@@ -1,0 +1,54 @@
+/* ops_cat.c - the sizes and checks of opsc_linear_bwd_cat (core/ops_cuda.h), in every build: the
+ * decoder sizes its workspace by them with or without CUDA, and the checks are tested on the CPU. */
+#include "config.h"
+#include <errno.h>
+#include "core/ops_cuda.h"
+
+static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
+
+static int seg_rank(const opsc_lin_seg *s) { return s->lora && s->lora->a ? s->lora->rank : 0; }
+
+int opsc_linear_cat_cols(int n, const opsc_lin_seg *s)
+{
+	int64_t k = 0;
+	for (int j = 0; s && j < n; j++)
+		k += (int64_t)(s[j].out > 0 ? s[j].out : 0) + (seg_rank(&s[j]) > 0 ? seg_rank(&s[j]) : 0);
+	return k > INT32_MAX ? -1 : (int)k;
+}
+
+/* The stacked weights bf16 [cols, in], then one adapter's x A^T bf16 [T, r] (the largest r). */
+size_t opsc_linear_cat_ws_bytes(int T, int in, int n, const opsc_lin_seg *s)
+{
+	int k = opsc_linear_cat_cols(n, s), r = 0;
+	for (int j = 0; s && j < n; j++)
+		r = seg_rank(&s[j]) > r ? seg_rank(&s[j]) : r;
+	size_t t = T > 0 ? (size_t)T : 0, i = in > 0 ? (size_t)in : 0;
+	return al256((size_t)(k > 0 ? k : 0) * i * 2) + al256(t * (size_t)r * 2);
+}
+
+int opsc_linear_cat_check(int T, int in, const void *x, int n, const opsc_lin_seg *s, const void *dy, int ld,
+			  const float *dx, const void *ws)
+{
+	const char *op = "opsc_linear_bwd_cat";
+	if (T < 0 || in <= 0 || n < 1 || n > OPSC_CAT_MAX || !s)
+		return tier_fail(-EINVAL, "%s: bad arguments T=%d in=%d, %d segments (1..%d)", op, T, in, n, OPSC_CAT_MAX);
+	for (int j = 0; j < n; j++) {
+		const tier_lora_ref *l = s[j].lora;
+		if (s[j].out <= 0 || !s[j].w)
+			return tier_fail(-EINVAL, "%s: segment %d has out=%d and weights %p", op, j, s[j].out,
+					 (const void *)s[j].w);
+		if (l && l->a && (!l->b || l->rank <= 0))
+			return tier_fail(-EINVAL, "%s: segment %d's adapter of rank %d needs a and b", op, j, l->rank);
+		if (l && l->a && l->dropout != 0.0f)
+			return tier_fail(-EINVAL, "%s: segment %d's adapter has dropout %g; its dx goes back through the "
+					 "mask in fp32 (use opsc_linear_bwd_bf16 for each projection)", op, j, l->dropout);
+	}
+	int k = opsc_linear_cat_cols(n, s);
+	if (k < 0 || ld < k)
+		return tier_fail(-EINVAL, "%s: dy's row stride %d is below the %d columns of the segments and their "
+				 "adapters", op, ld, k);
+	if (T > 0 && (!x || !dy || !dx || !ws))
+		return tier_fail(-EINVAL, "%s: T=%d needs x, dy, dx and a workspace of %zu bytes (x %p dy %p dx %p ws %p)",
+				 op, T, opsc_linear_cat_ws_bytes(T, in, n, s), x, dy, (const void *)dx, ws);
+	return 0;
+}
