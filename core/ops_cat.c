@@ -16,12 +16,12 @@ int opsc_linear_cat_cols(int n, const opsc_lin_seg *s)
 	return k > INT32_MAX ? -1 : (int)k;
 }
 
-/* The stacked weights bf16 [cols, in], then one adapter's x A^T bf16 [T, r] (the largest r). */
+/* The stacked weights bf16 [cols, in], then every adapter's x A^T side by side, bf16 [T, sum r]. */
 size_t opsc_linear_cat_ws_bytes(int T, int in, int n, const opsc_lin_seg *s)
 {
 	int k = opsc_linear_cat_cols(n, s), r = 0;
 	for (int j = 0; s && j < n; j++)
-		r = seg_rank(&s[j]) > r ? seg_rank(&s[j]) : r;
+		r += seg_rank(&s[j]) > 0 ? seg_rank(&s[j]) : 0;
 	size_t t = T > 0 ? (size_t)T : 0, i = in > 0 ? (size_t)in : 0;
 	return al256((size_t)(k > 0 ? k : 0) * i * 2) + al256(t * (size_t)r * 2);
 }

@@ -1074,20 +1074,16 @@ int opsc_to_bf16_rows(tier_dev *d, int rows, int cols, const float *x, opsc_bf16
 	return launched("opsc_to_bf16_rows", n);
 }
 
-/* One segment's adapter: db += scale xa^T dy, dxa = scale dy B into dy's adapter columns (at
- * dxa, stride ld), da += dxa^T x; xa16 [T, r] the workspace's piece. */
+/* One segment's adapter: db += scale xa^T dy (xa: its columns of the adapters' x A^T, stride
+ * lx), dxa = scale dy B into dy's adapter columns (at dxa, stride ld), da += dxa^T x. */
 static int cat_lora(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const tier_lora_ref *l,
-		    const bf16 *dyj, bf16 *dxa, int ld, bf16 *xa16)
+		    const bf16 *dyj, bf16 *dxa, int ld, const bf16 *xa, int lx)
 {
 	int r = l->rank, rc;
-	if (l->db) {
-		/* xa^T [r, T] = A (stored [in, r], transposed) x^T (stored [in, T]) */
-		if ((rc = gemm_to_bf16(d, r, T, in, 1.0f, bf(1, l->a, in), bf(0, x, in), xa16)))
-			return rc;
-		/* db^T [r, out] += scale xa^T (stored [r, T]) dy (stored [out, T] at stride ld, transposed) */
-		if ((rc = opsc_gemm(d, r, out, T, l->scale, bf(0, xa16, r), bf(1, dyj, ld), 1.0f, l->db, r)))
-			return rc;
-	}
+	/* db^T [r, out] += scale xa^T (stored [r, T] at stride lx) dy (stored [out, T] at stride ld,
+	 * transposed) */
+	if (l->db && (rc = opsc_gemm(d, r, out, T, l->scale, bf(0, xa, lx), bf(1, dyj, ld), 1.0f, l->db, r)))
+		return rc;
 	/* dxa^T [r, T] (stride ld) = scale B^T (B stored [r, out]) dy^T (stored [out, T] at stride ld) */
 	if ((rc = tier_cuda_gemm(d, -1, "opsc_linear_bwd_cat (LoRA rank product)", r, T, out, l->scale, bf(0, l->b, r),
 				 bf(0, dyj, ld), 0.0f, dxa, CUDA_R_16BF, ld)))
@@ -1104,6 +1100,28 @@ static int cat_copy(tier_dev *d, void *dst, const void *src, size_t bytes)
 	return 0;
 }
 
+/* wcat [K, in]: the weights' rows in segment order, then the adapters' A rows, as dy's columns;
+ * *xrows the adapters' rows (the sum of their ranks), *dbs whether any adapter wants db. */
+static int cat_stack(tier_dev *d, int in, int n, const opsc_lin_seg *s, bf16 *wcat, int *xrows, int *dbs)
+{
+	int rc, off = 0, aoff = 0;
+	for (int j = 0; j < n; j++)
+		aoff += s[j].out;
+	*xrows = 0, *dbs = 0;
+	for (int j = 0; j < n; j++) {
+		const tier_lora_ref *l = s[j].lora;
+		if ((rc = cat_copy(d, wcat + (size_t)off * in, s[j].w, (size_t)s[j].out * in * 2)))
+			return rc;
+		off += s[j].out;
+		if (!lora_on(l))
+			continue;
+		if ((rc = cat_copy(d, wcat + (size_t)(aoff + *xrows) * in, l->a, (size_t)l->rank * in * 2)))
+			return rc;
+		*xrows += l->rank, *dbs |= l->db != NULL;
+	}
+	return 0;
+}
+
 int opsc_linear_bwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, const opsc_lin_seg *s, opsc_bf16 *dy,
 			int ld, float *dx, int accumulate, void *ws)
 {
@@ -1111,20 +1129,22 @@ int opsc_linear_bwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, c
 	if (rc || (rc = opsc_linear_cat_check(T, in, x, n, s, dy, ld, dx, ws)) || T == 0)
 		return rc;
 	const int K = opsc_linear_cat_cols(n, s);
-	bf16 *wcat = (bf16 *)ws, *xa16 = (bf16 *)((char *)ws + al256((size_t)K * in * 2)), *dy16 = (bf16 *)dy;
-	int off = 0, aoff = 0;
+	bf16 *wcat = (bf16 *)ws, *xa = (bf16 *)((char *)ws + al256((size_t)K * in * 2)), *dy16 = (bf16 *)dy;
+	int xr, dbs, off = 0, aoff = 0;
+	if ((rc = cat_stack(d, in, n, s, wcat, &xr, &dbs)))
+		return rc;
 	for (int j = 0; j < n; j++)
 		aoff += s[j].out;
-	/* wcat [K, in]: the weights' rows in segment order, then the adapters' A rows, as dy's columns */
-	for (int j = 0; j < n; j++) {
+	/* every adapter's x A^T in one product, from the stacked A rows: xa^T [xr, T] = A_all (stored
+	 * [in, xr], transposed) x^T (stored [in, T]) */
+	if (dbs && (rc = gemm_to_bf16(d, xr, T, in, 1.0f, bf(1, wcat + (size_t)aoff * in, in), bf(0, x, in), xa)))
+		return rc;
+	for (int j = 0, xo = 0; j < n; j++) {
 		const tier_lora_ref *l = s[j].lora;
-		if ((rc = cat_copy(d, wcat + (size_t)off * in, s[j].w, (size_t)s[j].out * in * 2)))
-			return rc;
-		if (lora_on(l) && ((rc = cat_lora(d, T, in, s[j].out, x, l, dy16 + off, dy16 + aoff, ld, xa16)) ||
-				   (rc = cat_copy(d, wcat + (size_t)aoff * in, l->a, (size_t)l->rank * in * 2))))
+		if (lora_on(l) && (rc = cat_lora(d, T, in, s[j].out, x, l, dy16 + off, dy16 + aoff + xo, ld, xa + xo, xr)))
 			return rc;
 		off += s[j].out;
-		aoff += lora_on(l) ? l->rank : 0;
+		xo += lora_on(l) ? l->rank : 0;
 	}
 	/* dx^T [in, T] (=|+=) wcat^T (stored [in, K]) dy^T (stored [K, T] at stride ld) */
 	return opsc_gemm(d, in, T, K, 1.0f, bf(0, wcat, in), bf(0, dy16, ld), accumulate ? 1.0f : 0.0f, dx, in);

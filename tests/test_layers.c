@@ -366,8 +366,9 @@ static void test_linear_cat_args(void **state)
 	int dy[1], ws[1];
 	float dx[1];
 	assert_int_equal(opsc_linear_cat_cols(3, s), 4096 + 512 + 512 + 16 + 8);
-	/* the stacked weights [cols, in] bf16, then x A^T [T, largest r] bf16, each 256-byte aligned */
-	assert_int_equal(opsc_linear_cat_ws_bytes(100, 2048, 3, s), (size_t)5144 * 2048 * 2 + (100 * 16 * 2 + 255) / 256 * 256);
+	/* the stacked weights [cols, in] bf16, then every adapter's x A^T [T, 16 + 8] bf16, each piece
+	 * 256-byte aligned */
+	assert_int_equal(opsc_linear_cat_ws_bytes(100, 2048, 3, s), (size_t)5144 * 2048 * 2 + (100 * 24 * 2 + 255) / 256 * 256);
 	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5144, dx, ws), 0);
 	assert_int_equal(opsc_linear_cat_check(0, 2048, NULL, 3, s, NULL, 5144, NULL, NULL), 0);
 	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5143, dx, ws), -EINVAL);
