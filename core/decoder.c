@@ -89,7 +89,8 @@ static void qkv_segs(const tier_model *m, const dec_weights *w, opsc_lin_seg s[3
 	}
 }
 
-/* The workspace of the one-product backward: dy bf16 [T, cols], then opsc_linear_bwd_cat's. */
+/* The workspace of the one-product backward (dy bf16 [T, cols], then opsc_linear_bwd_cat's) or of
+ * the forward's opsc_linear_fwd_cat, the larger. */
 static size_t qkv_cat_ws(const tier_model *m, const dec_shape *sh)
 {
 	opsc_lin_seg s[3];
@@ -97,7 +98,9 @@ static size_t qkv_cat_ws(const tier_model *m, const dec_shape *sh)
 	if (!sh->qkv_cat)
 		return 0;
 	qkv_segs(m, NULL, s, lo);
-	return al((size_t)sh->T * opsc_linear_cat_cols(3, s) * 2) + opsc_linear_cat_ws_bytes(sh->T, m->H, 3, s);
+	size_t bwd = al((size_t)sh->T * opsc_linear_cat_cols(3, s) * 2) + opsc_linear_cat_ws_bytes(sh->T, m->H, 3, s);
+	size_t fwd = opsc_linear_cat_fwd_ws_bytes(sh->T, m->H, 3, s);
+	return bwd > fwd ? bwd : fwd;
 }
 
 typedef struct { float **p; size_t n, esz; } piece; /* esz 0: fp32 */
@@ -272,11 +275,18 @@ int dec_attn_fwd_in(const tier_model *m, const dec_shape *sh, const float *x, co
 	void *ws = b->ws;
 	/* the v projection is fp32; attention reads bf16 on CUDA (v32 -> v), fp32 in place on the CPU */
 	float *v32 = m->cuda ? b->v32 : b->v;
-	if ((rc = dop_norm(m, T, H, x, w->w[W_LN1], b->a, b->r1)) ||
-	    (rc = dop_linear(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->qp, ws)) ||
-	    (rc = dop_linear(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->kp, ws)) ||
-	    (rc = dop_linear(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], v32, ws)) ||
-	    (rc = dop_to_act(m, (size_t)T * kvd, v32, b->v)))
+	if ((rc = dop_norm(m, T, H, x, w->w[W_LN1], b->a, b->r1)))
+		return rc;
+	if (sh->qkv_cat) { /* every adapter's x A^T in one product */
+		opsc_lin_seg s[3];
+		tier_lora_ref lo[3];
+		float *const y[3] = { b->qp, b->kp, v32 };
+		qkv_segs(m, w, s, lo);
+		rc = opsc_linear_fwd_cat(m->dev, T, H, (const opsc_bf16 *)b->a, 3, s, y, ws);
+	} else if (!(rc = dop_linear(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->qp, ws)) &&
+		   !(rc = dop_linear(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->kp, ws)))
+		rc = dop_linear(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], v32, ws);
+	if (rc || (rc = dop_to_act(m, (size_t)T * kvd, v32, b->v)))
 		return rc;
 	return qk_fwd(m, sh, b, w);
 }

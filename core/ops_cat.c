@@ -26,10 +26,18 @@ size_t opsc_linear_cat_ws_bytes(int T, int in, int n, const opsc_lin_seg *s)
 	return al256((size_t)(k > 0 ? k : 0) * i * 2) + al256(t * (size_t)r * 2);
 }
 
-int opsc_linear_cat_check(int T, int in, const void *x, int n, const opsc_lin_seg *s, const void *dy, int ld,
-			  const float *dx, const void *ws)
+/* The adapters' A rows stacked, bf16 [sum r, in], then x A^T, bf16 [T, sum r]. */
+size_t opsc_linear_cat_fwd_ws_bytes(int T, int in, int n, const opsc_lin_seg *s)
 {
-	const char *op = "opsc_linear_bwd_cat";
+	size_t r = 0, t = T > 0 ? (size_t)T : 0, i = in > 0 ? (size_t)in : 0;
+	for (int j = 0; s && j < n; j++)
+		r += seg_rank(&s[j]) > 0 ? (size_t)seg_rank(&s[j]) : 0;
+	return al256(r * i * 2) + al256(t * r * 2);
+}
+
+int opsc_linear_cat_check(const char *op, int T, int in, const void *x, int n, const opsc_lin_seg *s, const void *dy,
+			  int ld, const float *dx, const void *ws)
+{
 	if (T < 0 || in <= 0 || n < 1 || n > OPSC_CAT_MAX || !s)
 		return tier_fail(-EINVAL, "%s: bad arguments T=%d in=%d, %d segments (1..%d)", op, T, in, n, OPSC_CAT_MAX);
 	for (int j = 0; j < n; j++) {

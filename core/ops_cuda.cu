@@ -1096,7 +1096,7 @@ static int cat_copy(tier_dev *d, void *dst, const void *src, size_t bytes)
 {
 	cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_of(d));
 	if (e != cudaSuccess)
-		return tier_fail(-EIO, "opsc_linear_bwd_cat: stacking the weights (%zu bytes): %s", bytes, cudaGetErrorString(e));
+		return tier_fail(-EIO, "opsc_linear_cat: stacking the weights (%zu bytes): %s", bytes, cudaGetErrorString(e));
 	return 0;
 }
 
@@ -1126,7 +1126,7 @@ int opsc_linear_bwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, c
 			int ld, float *dx, int accumulate, void *ws)
 {
 	int rc = cuda_dev(d, "opsc_linear_bwd_cat");
-	if (rc || (rc = opsc_linear_cat_check(T, in, x, n, s, dy, ld, dx, ws)) || T == 0)
+	if (rc || (rc = opsc_linear_cat_check("opsc_linear_bwd_cat", T, in, x, n, s, dy, ld, dx, ws)) || T == 0)
 		return rc;
 	const int K = opsc_linear_cat_cols(n, s);
 	bf16 *wcat = (bf16 *)ws, *xa = (bf16 *)((char *)ws + al256((size_t)K * in * 2)), *dy16 = (bf16 *)dy;
@@ -1148,4 +1148,48 @@ int opsc_linear_bwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, c
 	}
 	/* dx^T [in, T] (=|+=) wcat^T (stored [in, K]) dy^T (stored [K, T] at stride ld) */
 	return opsc_gemm(d, in, T, K, 1.0f, bf(0, wcat, in), bf(0, dy16, ld), accumulate ? 1.0f : 0.0f, dx, in);
+}
+
+int opsc_linear_fwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, const opsc_lin_seg *s, float *const *y,
+			void *ws)
+{
+	int rc = cuda_dev(d, "opsc_linear_fwd_cat");
+	/* the segments' checks are the backward's (x standing in for dy, y[0] for dx) */
+	if (rc || (rc = opsc_linear_cat_check("opsc_linear_fwd_cat", T, in, x, n, s, x, opsc_linear_cat_cols(n, s),
+						  y ? y[0] : NULL, ws)))
+		return rc;
+	for (int j = 0; j < n && T > 0; j++)
+		if (!y[j])
+			return tier_fail(-EINVAL, "opsc_linear_fwd_cat: segment %d's output is NULL", j);
+	if (T == 0)
+		return 0;
+	int xr = 0, r0 = 0;
+	for (int j = 0; j < n; j++)
+		xr += lora_on(s[j].lora) ? s[j].lora->rank : 0;
+	bf16 *astk = (bf16 *)ws, *xa = (bf16 *)((char *)ws + al256((size_t)xr * in * 2));
+	for (int j = 0; j < n; j++) {
+		const tier_lora_ref *l = s[j].lora;
+		if (lora_on(l) && (rc = cat_copy(d, astk + (size_t)r0 * in, l->a, (size_t)l->rank * in * 2)))
+			return rc;
+		r0 += lora_on(l) ? l->rank : 0;
+	}
+	/* xa^T [xr, T] = A_all (stored [in, xr], transposed) x^T (stored [in, T]) */
+	if (xr && (rc = gemm_to_bf16(d, xr, T, in, 1.0f, bf(1, astk, in), bf(0, x, in), xa)))
+		return rc;
+	for (int j = 0, xo = 0; j < n; j++) {
+		const tier_lora_ref *l = s[j].lora;
+		int lo = lora_on(l), first = lo && lora_first(), out = s[j].out;
+		/* y^T (=|+=) scale B (stored [r, out], transposed) xa^T (its rows of [xr, T]) */
+		if (first && (rc = opsc_gemm(d, out, T, l->rank, l->scale, bf(1, l->b, l->rank), bf(0, xa + xo, xr), 0.0f,
+					     y[j], out)))
+			return rc;
+		/* y^T (=|+=) W (stored [in, out], transposed) x^T (stored [in, T]) */
+		if ((rc = opsc_gemm(d, out, T, in, 1.0f, bf(1, s[j].w, in), bf(0, x, in), first ? 1.0f : 0.0f, y[j], out)))
+			return rc;
+		if (lo && !first && (rc = opsc_gemm(d, out, T, l->rank, l->scale, bf(1, l->b, l->rank), bf(0, xa + xo, xr),
+						    1.0f, y[j], out)))
+			return rc;
+		xo += lo ? l->rank : 0;
+	}
+	return 0;
 }

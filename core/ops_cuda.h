@@ -105,11 +105,18 @@ typedef struct {
 } opsc_lin_seg;
 int opsc_linear_cat_cols(int n, const opsc_lin_seg *s);
 size_t opsc_linear_cat_ws_bytes(int T, int in, int n, const opsc_lin_seg *s);
-/* The arguments' checks (ops_cat.c, every build): 0 or -EINVAL naming the problem. */
-int opsc_linear_cat_check(int T, int in, const void *x, int n, const opsc_lin_seg *s, const void *dy, int ld,
-			  const float *dx, const void *ws);
+/* The arguments' checks (ops_cat.c, every build): 0 or -EINVAL naming op and the problem. */
+int opsc_linear_cat_check(const char *op, int T, int in, const void *x, int n, const opsc_lin_seg *s, const void *dy,
+			  int ld, const float *dx, const void *ws);
 int opsc_linear_bwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, const opsc_lin_seg *s, opsc_bf16 *dy,
 			int ld, float *dx, int accumulate, void *ws);
+/* The forward of the same segments: y[j] [T, out_j] fp32 (written) = x W_j^T + scale_j (x A_j^T)
+ * B_j^T, as opsc_linear_fwd makes each (its order of the parts, TIER_LORA_FIRST), but every
+ * adapter's x A^T in one product from their A rows stacked in ws (one pass over x, not one an
+ * adapter). No adapter may have dropout. ws: opsc_linear_cat_fwd_ws_bytes. */
+size_t opsc_linear_cat_fwd_ws_bytes(int T, int in, int n, const opsc_lin_seg *s);
+int opsc_linear_fwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, const opsc_lin_seg *s, float *const *y,
+			void *ws);
 /* y rows [rows, cols] bf16 at row stride ldy = x [rows, cols] fp32 (contiguous), rounded: a piece
  * of a wider bf16 buffer (opsc_linear_bwd_cat's dy). */
 int opsc_to_bf16_rows(tier_dev *d, int rows, int cols, const float *x, opsc_bf16 *y, int ldy);

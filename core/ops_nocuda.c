@@ -154,3 +154,9 @@ int opsc_qk_grad_ld(tier_dev *d, const tier_rope_params *r, const float *dq, con
 {
 	return NOCUDA("opsc_qk_grad_ld");
 }
+
+int opsc_linear_fwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, const opsc_lin_seg *s, float *const *y,
+			void *ws)
+{
+	return NOCUDA("opsc_linear_fwd_cat");
+}

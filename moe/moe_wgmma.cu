@@ -835,14 +835,16 @@ static int wg_debug(void)
 	return -1;
 }
 
-/* TIER_MOE_WGMMA_TMA: unset, empty or 1 (the default) the TMA loads where they apply (wg_dispatch);
- * require the same, and -EINVAL where they do not (for tests: no silent fallback); all (3) also
- * gate/up with a segment, the form that hung (to find why); 0 cp.async everywhere; -1 for anything
- * else. */
+/* TIER_MOE_WGMMA_TMA: unset, empty or all (3, the default since session 24) the TMA loads wherever
+ * they apply, gate/up with a segment included; 1 the same but gate/up with a segment on cp.async
+ * (the default before: that form hung in session 9, before its fix of the producers' named
+ * barrier, and has passed every test since); require as 1, and -EINVAL where it takes cp.async
+ * (for tests: no silent fallback); 0 cp.async everywhere; -1 for anything else. */
 static int wg_tma_wanted(void)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TMA");
-	return !v || !*v || !strcmp(v, "1") ? 1
+	return !v || !*v ? 3
+	       : !strcmp(v, "1")	    ? 1
 	       : !strcmp(v, "0")	    ? 0
 	       : !strcmp(v, "require")      ? 2
 	       : !strcmp(v, "all")	    ? 3
@@ -884,8 +886,10 @@ template <int MODE, typename OUT>
 static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, const wg_plan_t &pl, int rows_bound, const moe_wg_seg *hseg)
 {
 	int shape = pl.shape, ctas = pl.ctas, dbg = pl.dbg, tma = pl.tma;
-	/* gate/up with a segment: its TMA form hung or faulted on the H200 (test_gate_up_segment, the
-	 * trainer), cause not found; W_e [N, K] and [K, N] with cp.async segments passed */
+	/* gate/up with a segment takes TMA only under tma 3 (all, the default): its TMA form hung in
+	 * session 9 before the producers' named barrier moved off the consumers' staging barrier, and
+	 * passed test_moe_wgmma (TIER_TEST_WGMMA_TMA_ALL), test_moe_cuda and the trainer in sessions 10
+	 * and 24 (bench/RESULTS.md) */
 	int tma_fits = !dbg && !(MODE == WG_GU && (shape == WG_64x256 || (a.nseg && tma != 3))) && base_tmap_ok();
 	if (tma == 2 && !tma_fits)
 		return tier_fail(-EINVAL, "TIER_MOE_WGMMA_TMA=require: this product takes cp.async "
@@ -925,7 +929,7 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_DEBUG=%s; use nostore, nomma or noload, or unset it", fn,
 				 getenv("TIER_MOE_WGMMA_DEBUG"));
 	if ((pl->tma = wg_tma_wanted()) < 0)
-		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TMA=%s; use 1 (the default), 0, require or all, or unset it", fn,
+		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TMA=%s; use all (the default), 1, 0 or require, or unset it", fn,
 				 getenv("TIER_MOE_WGMMA_TMA"));
 	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, &pl->ctas)))

@@ -53,22 +53,22 @@
  *       the 128x256 tiles (pp128x128 where TIER_MOE_WGMMA_TILE asks for it) leave out the stores,
  *       the products or the loads, to see which part bounds the time. (ptxas may drop products
  *       whose results are never stored: nostore can time the loads alone.)
- *   TIER_MOE_WGMMA_TMA=1|0|require|all
- *       1 (the default, also unset or empty): the loads go through TMA, one producer thread and a
- *       tensor map per expert (base/tmap_cuda.h), where they apply: every product but gate/up on its
- *       cooperative 64x256 tiles (its two consumers would split g from u), gate/up with a segment
- *       (its TMA form hung or faulted on the H200, cause not found) and the measurement kernels.
- *       The main part and the extra segments with one half (K0 or K1 0) load by TMA, the other
- *       segments by cp.async from the producer warpgroup. The maps are
- *       written on the device by a small kernel into stream-ordered memory (cudaMallocAsync) at
- *       each call. TMA reads x (and a segment's x0 or x1) as rows_bound rows, rows past
- *       offsets[E] too (never stored): the buffers must hold them. 0: cp.async everywhere (128
- *       producer threads). require: as 1, and -EINVAL for a product that would take cp.async
- *       (tests: no silent fallback). A driver without cuTensorMapEncodeTiled takes cp.async.
- *       all: as 1 and gate/up with a segment too, the form that hangs: to find why, with
- *       test_moe_wgmma's TIER_TEST_WGMMA_TMA_ALL=1 on a build whose NVCCFLAGS add
- *       -DTIER_WG_WATCHDOG=1 (a wait over 2 s is reported as -EIO naming the barrier, and the
- *       kernel ends instead of hanging).
+ *   TIER_MOE_WGMMA_TMA=all|1|0|require
+ *       all (the default since session 24, also unset or empty): the loads go through TMA, one
+ *       producer thread and a tensor map per expert (base/tmap_cuda.h), where they apply: every
+ *       product but gate/up on its cooperative 64x256 tiles (its two consumers would split g from
+ *       u) and the measurement kernels. The main part and the extra segments with one half (K0 or
+ *       K1 0) load by TMA, the other segments by cp.async from the producer warpgroup. The maps
+ *       are written on the device by a small kernel into stream-ordered memory (cudaMallocAsync)
+ *       at each call. TMA reads x (and a segment's x0 or x1) as rows_bound rows, rows past
+ *       offsets[E] too (never stored): the buffers must hold them. 1 (the default before session
+ *       24): as all, but gate/up with a segment on cp.async (its TMA form hung in session 9,
+ *       before the fix of the producers' named barrier; it has passed since, and test_moe_wgmma's
+ *       TIER_TEST_WGMMA_TMA_ALL=1 runs it with a build whose NVCCFLAGS add -DTIER_WG_WATCHDOG=1:
+ *       a wait over 2 s is reported as -EIO naming the barrier, and the kernel ends instead of
+ *       hanging). 0: cp.async everywhere (128 producer threads). require: as 1, and -EINVAL for a
+ *       product that would take cp.async (tests: no silent fallback). A driver without
+ *       cuTensorMapEncodeTiled takes cp.async.
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H

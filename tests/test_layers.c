@@ -369,22 +369,24 @@ static void test_linear_cat_args(void **state)
 	/* the stacked weights [cols, in] bf16, then every adapter's x A^T [T, 16 + 8] bf16, each piece
 	 * 256-byte aligned */
 	assert_int_equal(opsc_linear_cat_ws_bytes(100, 2048, 3, s), (size_t)5144 * 2048 * 2 + (100 * 24 * 2 + 255) / 256 * 256);
-	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5144, dx, ws), 0);
-	assert_int_equal(opsc_linear_cat_check(0, 2048, NULL, 3, s, NULL, 5144, NULL, NULL), 0);
-	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5143, dx, ws), -EINVAL);
-	assert_non_null(strstr(tier_last_error(), "row stride 5143"));
-	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 0, s, dy, 5144, dx, ws), -EINVAL);
-	assert_int_equal(opsc_linear_cat_check(100, 2048, w, OPSC_CAT_MAX + 1, s, dy, 5144, dx, ws), -EINVAL);
-	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5144, dx, NULL), -EINVAL);
+	/* the forward's: the adapters' A rows [16 + 8, in], then x A^T [T, 16 + 8], both bf16 */
+	assert_int_equal(opsc_linear_cat_fwd_ws_bytes(100, 2048, 3, s), (size_t)24 * 2048 * 2 + (100 * 24 * 2 + 255) / 256 * 256);
+	assert_int_equal(opsc_linear_cat_check("opsc_linear_bwd_cat", 100, 2048, w, 3, s, dy, 5144, dx, ws), 0);
+	assert_int_equal(opsc_linear_cat_check("opsc_linear_bwd_cat", 0, 2048, NULL, 3, s, NULL, 5144, NULL, NULL), 0);
+	assert_int_equal(opsc_linear_cat_check("opsc_linear_bwd_cat", 100, 2048, w, 3, s, dy, 5143, dx, ws), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "opsc_linear_bwd_cat: dy's row stride 5143"));
+	assert_int_equal(opsc_linear_cat_check("opsc_linear_bwd_cat", 100, 2048, w, 0, s, dy, 5144, dx, ws), -EINVAL);
+	assert_int_equal(opsc_linear_cat_check("opsc_linear_bwd_cat", 100, 2048, w, OPSC_CAT_MAX + 1, s, dy, 5144, dx, ws), -EINVAL);
+	assert_int_equal(opsc_linear_cat_check("opsc_linear_bwd_cat", 100, 2048, w, 3, s, dy, 5144, dx, NULL), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "workspace"));
 	s[1].lora = &drop;
-	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5160, dx, ws), -EINVAL);
+	assert_int_equal(opsc_linear_cat_check("opsc_linear_bwd_cat", 100, 2048, w, 3, s, dy, 5160, dx, ws), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "dropout"));
 	s[1].lora = &half;
-	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5160, dx, ws), -EINVAL);
+	assert_int_equal(opsc_linear_cat_check("opsc_linear_bwd_cat", 100, 2048, w, 3, s, dy, 5160, dx, ws), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "needs a and b"));
 	s[1].lora = NULL, s[2].out = 0;
-	assert_int_equal(opsc_linear_cat_check(100, 2048, w, 3, s, dy, 5160, dx, ws), -EINVAL);
+	assert_int_equal(opsc_linear_cat_check("opsc_linear_bwd_cat", 100, 2048, w, 3, s, dy, 5160, dx, ws), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "segment 2"));
 }
 

@@ -822,6 +822,25 @@ static void test_qk_grad(void **state)
 
 /* ---- Projections of one input in one backward product (opsc_linear_bwd_cat) ------------------ */
 
+/* opsc_linear_fwd_cat's outputs (poisoned first) against the fp64 forward yref[j] [T, out_j]. */
+static void cat_fwd_check(int T, int in, const void *dX, int n, const opsc_lin_seg *s, double *const *yref)
+{
+	float *y[OPSC_CAT_MAX];
+	void *ws = poisoned(opsc_linear_cat_fwd_ws_bytes(T, in, n, s));
+	for (int j = 0; j < n; j++)
+		y[j] = poisoned(4 * (size_t)T * s[j].out);
+	assert_int_equal(opsc_linear_fwd_cat(gpu, T, in, dX, n, s, y, ws), 0);
+	for (int j = 0; j < n; j++) {
+		size_t ny = (size_t)T * s[j].out;
+		float *g = malloc(4 * ny);
+		down(g, y[j], 4 * ny);
+		check("cat fwd y", err_f32(g, yref[j], ny, 0), TOL_BF16);
+		free(g), free(yref[j]);
+		tier_dev_free(gpu, y[j]);
+	}
+	tier_dev_free(gpu, ws);
+}
+
 /* Three segments (outputs 37, 11, 11; the first with an adapter of rank 5, the second with a frozen
  * one, the third none; or each with one): dy's segments in one bf16 buffer of padded row stride
  * whose adapter columns and padding start as NaN; dx, da, db against fp64 (the dy B products
@@ -850,7 +869,7 @@ static void cat_case(int T, int in, int all_lora, int accumulate)
 		for (size_t i = 0; i < nx; i++)
 			dx[i] = dx0[i];
 	void *dX = up(xb, 2 * nx), *dev[NS][4] = { { 0 } };
-	double *a[NS], *b[NS], *da[NS], *db[NS];
+	double *a[NS], *b[NS], *da[NS], *db[NS], *yref[NS];
 	float *da0[NS], *db0[NS];
 	for (int j = 0; j < NS; j++) {
 		size_t nw = (size_t)outs[j] * in, na = (size_t)r * in, nb = (size_t)outs[j] * r, ny = (size_t)T * outs[j];
@@ -859,6 +878,8 @@ static void cat_case(int T, int in, int all_lora, int accumulate)
 		for (int t = 0; t < T; t++)
 			memcpy(dyh + (size_t)t * ld + off[j], dyb + (size_t)t * outs[j], 2 * outs[j]);
 		ref_mm(T, in, outs[j], 1, dy, 0, w, 0, dx); /* dy W */
+		yref[j] = calloc(ny, 8);
+		ref_mm(T, outs[j], in, 1, x, 0, w, 1, yref[j]); /* the forward's x W^T */
 		s[j] = (opsc_lin_seg){ .out = outs[j], .w = dev[j][0] = up(wb, 2 * nw), .lora = NULL };
 		a[j] = b[j] = da[j] = db[j] = NULL, da0[j] = db0[j] = NULL;
 		if (mode[j] != NO_LORA) {
@@ -884,11 +905,13 @@ static void cat_case(int T, int in, int all_lora, int accumulate)
 			for (size_t i = 0; i < (size_t)T * r; i++)
 				xa[i] = tier_bf16_to_f32(tier_f32_to_bf16((float)xa[i]));
 			ref_mm(outs[j], r, T, scale, dy, 1, xa, 0, db[j]); /* db += scale dy^T xa */
+			ref_mm(T, outs[j], r, scale, xa, 0, b[j], 1, yref[j]); /* the forward's scale xa B^T */
 			free(ab), free(bb), free(xa);
 		}
 		free(w), free(dy), free(dxa), free(wb), free(dyb);
 	}
 	assert_int_equal(opsc_linear_cat_cols(NS, s), cols);
+	cat_fwd_check(T, in, dX, NS, s, yref);
 	void *dDy = up(dyh, 2 * ndy), *ws = poisoned(opsc_linear_cat_ws_bytes(T, in, NS, s));
 	void *dDx = accumulate ? up(dx0, 4 * nx) : poisoned(4 * nx);
 	assert_int_equal(opsc_linear_bwd_cat(gpu, T, in, dX, NS, s, dDy, ld, dDx, accumulate, ws), 0);
@@ -967,13 +990,18 @@ static void qk_ld_case(int tokens, int heads, int hd, int pad, int with_norm)
 	free(xf), free(dqf), free(w), free(wb), free(packed), free(wide);
 }
 
-static void test_linear_cat(void **state)
+static void cat_cases(void)
 {
-	(void)state;
 	cat_case(37, 91, 0, 0);
 	cat_case(37, 91, 1, 1);
 	cat_case(300, 64, 1, 0); /* aligned sizes: the 16-byte paths */
 	cat_case(1, 8, 0, 1);
+}
+
+static void test_linear_cat(void **state)
+{
+	(void)state;
+	both_orders(cat_cases); /* the forward's order of its parts follows TIER_LORA_FIRST */
 	rows_case(37, 12, 20, 0);  /* four at a time */
 	rows_case(37, 11, 13, 0);  /* odd columns: one at a time */
 	rows_case(5, 12, 16, 1);   /* x not 16-byte aligned */
