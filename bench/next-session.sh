@@ -18,12 +18,16 @@
 # -7.1% (the H100's HBM edge), TIER_MOE_EARLY_PERMUTE=1 nothing (bench/RESULTS.md, "session 21").
 # Session 22 lent no GPU. Session 23 ran its forms on an H100 (no H200 started): tests pass, (a)
 # +3.8% and (b) +4.4% under them, and made them the defaults (dS by stmatrix, dQ by TMA reductions,
-# the LoRA adapter's part first; bench/RESULTS.md, "session 23"). Next, on an H200 (needs_h200),
-# the gates of the staged build (898e58d) with the earlier forms as the peer in the same call,
-# carry [".device/pack.tar.xz", ".device/lib"] (~450 s):
-#   TESTS="test_golden_cuda test_attn_cuda" STAGES=tests,a,b,c
-#   A_ALT="TIER_LORA_FIRST=0,TIER_ATTN_BWD_DS=scalar,TIER_ATTN_BWD_DQ=atomic"
-#   A_ARGS="--batch 3 --op-cache all:hbm=56G" bench/next-session.sh .device/bin $OUT
+# the LoRA adapter's part first; bench/RESULTS.md, "session 23"). Session 24 ran them on an H200
+# ((a) 18,271 at batch 3, (a)/(c) 2.81; (b)/(a) 0.842), then on an H100 the q, k, v projections'
+# backward in one product (+1.7% on (a)) and gate/up's LoRA segment on TMA (+0.9% more; (b) +3.1%
+# for both), both now the defaults with the forward's adapters in one product (41eca8f, its
+# forward not yet run on a GPU). Next, on an H200 (needs_h200), the tests of the new paths and
+# the gates of the staged build with the forms before session 24 as the peer in the same call,
+# carry [".device/pack.tar.xz", ".device/lib"] (~350 s):
+#   TESTS="test_ops_cuda test_golden_cuda test_moe_wgmma test_moe_cuda"
+#   VARIANTS="TIER_QKV_CAT=0 TIER_MOE_WGMMA_TMA=1;" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab;
+#   STAGES=c,b bench/next-session.sh .device/bin $OUT/n
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
 # and attn, and (a): QUICK=1 about 60 s on an H100.)
 # At batch 3 the op cache's entries took 43.7 GiB (all 576 kept; 56G leaves room for a build whose
