@@ -1,5 +1,6 @@
-/* ops_cat.c - the sizes and checks of opsc_linear_bwd_cat (core/ops_cuda.h), in every build: the
- * decoder sizes its workspace by them with or without CUDA, and the checks are tested on the CPU. */
+/* ops_cat.c - the sizes and checks of opsc_linear_bwd_cat and opsc_linear_fwd_cat (core/ops_cuda.h),
+ * in every build: the decoder sizes its workspace by them with or without CUDA, and the checks are
+ * tested on the CPU. */
 #include "config.h"
 #include <errno.h>
 #include "core/ops_cuda.h"
@@ -56,7 +57,8 @@ int opsc_linear_cat_check(const char *op, int T, int in, const void *x, int n, c
 		return tier_fail(-EINVAL, "%s: dy's row stride %d is below the %d columns of the segments and their "
 				 "adapters", op, ld, k);
 	if (T > 0 && (!x || !dy || !dx || !ws))
-		return tier_fail(-EINVAL, "%s: T=%d needs x, dy, dx and a workspace of %zu bytes (x %p dy %p dx %p ws %p)",
-				 op, T, opsc_linear_cat_ws_bytes(T, in, n, s), x, dy, (const void *)dx, ws);
+		return tier_fail(-EINVAL, "%s: T=%d needs its inputs, outputs and a workspace (x %p dy %p dx %p ws %p; "
+				 "opsc_linear_cat_ws_bytes and opsc_linear_cat_fwd_ws_bytes size it)", op, T, x, dy,
+				 (const void *)dx, ws);
 	return 0;
 }
