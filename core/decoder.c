@@ -277,7 +277,7 @@ int dec_attn_fwd_in(const tier_model *m, const dec_shape *sh, const float *x, co
 	float *v32 = m->cuda ? b->v32 : b->v;
 	if ((rc = dop_norm(m, T, H, x, w->w[W_LN1], b->a, b->r1)))
 		return rc;
-	if (sh->qkv_cat) { /* every adapter's x A^T in one product */
+	if (sh->qkv_fwd_cat) { /* every adapter's x A^T in one product */
 		opsc_lin_seg s[3];
 		tier_lora_ref lo[3];
 		float *const y[3] = { b->qp, b->kp, v32 };

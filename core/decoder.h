@@ -49,8 +49,9 @@ typedef struct {
 				 * (opsc_qk_fwd, opsc_qk_grad); 0: the separate steps */
 	int qkv_cat;            /* CUDA with qk_fused and no LoRA dropout: the q, k and v projections'
 				 * backward in one product (opsc_linear_bwd_cat), their gradients written
-				 * into one buffer, and their adapters' x A^T in one product forward and
-				 * backward (opsc_linear_fwd_cat); 0: a product each */
+				 * into one buffer; 0: a product each */
+	int qkv_fwd_cat;        /* with qkv_cat: their forward's adapters' x A^T in one product
+				 * (opsc_linear_fwd_cat); 0: opsc_linear_fwd each */
 	int routed;             /* the MoE block in routed halves (one chunk only): dec_route reads the
 				 * counts back once, and the block runs on them (dec_bufs.routed) with no
 				 * synchronisation of its own; a recompute routes again on the device and

@@ -147,7 +147,8 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
  * offsets back itself, as before the routed halves (dec_shape.routed), for comparison;
  * $TIER_QK_FUSED=0 takes q and k through their norms and RoPE, forward and backward, in separate
  * steps (dec_shape.qk_fused); $TIER_QKV_CAT=0 takes the q, k and v projections' backward a product
- * each (dec_shape.qkv_cat). */
+ * each (dec_shape.qkv_cat); $TIER_QKV_FWD_CAT=1 makes their forward's adapters' x A^T one product
+ * (dec_shape.qkv_fwd_cat, written in session 24 and not yet run on a GPU, so off by default). */
 static void trainer_env(tier_trainer *t)
 {
 	const char *prof = getenv("TIER_PROFILE");
@@ -159,9 +160,11 @@ static void trainer_env(tier_trainer *t)
 	const char *routed = getenv("TIER_SCHED_ROUTED");
 	t->sched_routed = !routed || !strcmp(routed, "bwd") ? 1 : !strcmp(routed, "all") ? 2 : 0;
 	const char *mr = getenv("TIER_MOE_ROUTED"), *qf = getenv("TIER_QK_FUSED"), *qc = getenv("TIER_QKV_CAT");
+	const char *qfc = getenv("TIER_QKV_FWD_CAT");
 	t->moe_routed = !(mr && !strcmp(mr, "0"));
 	t->qk_fused = !(qf && !strcmp(qf, "0"));
 	t->qkv_cat = !(qc && !strcmp(qc, "0"));
+	t->qkv_fwd_cat = qfc && !strcmp(qfc, "1"); /* off until it has run on a GPU */
 }
 
 /* The host tables sized by the experts and the tokens, and the checkpoint slots. */
@@ -285,6 +288,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	/* the one-product backward of q, k, v needs the fused q/k kernels (they write into its buffer)
 	 * and no LoRA dropout (whose dx goes back through the mask in fp32) */
 	t->sh.qkv_cat = t->qkv_cat && m->cuda && t->qk_fused && !(m->lora.dropout > 0);
+	t->sh.qkv_fwd_cat = t->sh.qkv_cat && t->qkv_fwd_cat;
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
 	if ((rc = tier_attn_workspace_bytes(m->dev, &t->sh.ap, &aws))) {
 		rc = tier_fail(rc, "%s; this model cannot train on this device (use --device cpu)", tier_last_error());

@@ -81,6 +81,7 @@ struct tier_trainer {
 	int moe_routed;        /* $TIER_MOE_ROUTED (default 1; 0 off): dec_shape.routed where one chunk */
 	int qk_fused;          /* $TIER_QK_FUSED (default 1; 0 off): dec_shape.qk_fused */
 	int qkv_cat;           /* $TIER_QKV_CAT (default 1; 0 off): dec_shape.qkv_cat where it applies */
+	int qkv_fwd_cat;       /* $TIER_QKV_FWD_CAT (default 0; 1 on): dec_shape.qkv_fwd_cat */
 	int have_mbcounts;     /* 0 before the first forward (and with $TIER_SCHED_ROUTED=0): all experts */
 	uint8_t *sched_skip;   /* [L E]: the experts the store's schedule left out of their operations, */
 	int sched_built;       /* once built: a schedule leaving out the same ones is not built again */
