@@ -22,7 +22,7 @@
 # ((a) 18,271 at batch 3, (a)/(c) 2.81; (b)/(a) 0.842), then on an H100 the q, k, v projections'
 # backward in one product (+1.7% on (a)) and gate/up's LoRA segment on TMA (+0.9% more; (b) +3.1%
 # for both), both now the defaults; the forward's adapters in one product (TIER_QKV_FWD_CAT=1)
-# is written but off, not yet run on a GPU. Next, on an H200 (needs_h200), the tests of the new
+# passed its tests on an H100 but is off, not yet timed (the budget ran out). Next, on an H200 (needs_h200), the tests of the new
 # paths (test_ops_cuda checks opsc_linear_fwd_cat; test_golden_cuda under it), the gates of the
 # staged build with the forms before session 24 as the peer in the same call and the forward's
 # form as a variant, carry [".device/pack.tar.xz", ".device/lib"] (~400 s):
