@@ -22,7 +22,7 @@ build)
 run)
 	bin=${2:?binary}; out=${3:?out dir}; mkdir -p "$out"
 	. "$(dirname "$0")/session-lib.sh"
-	TIER_TEST_WGMMA_TMA_ALL=1 step 300 watchdog stdbuf -oL "$bin"
+	step 300 watchdog stdbuf -oL "$bin"
 	grep -E "watchdog|FAILED|PASSED|relative error" "$out/watchdog.log" | head -20
 	cat "$sum"
 	;;

@@ -95,8 +95,8 @@ int opsc_linear_bwd_to16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x
  *   dx [T, in] fp32 (written, or added to when accumulate) = sum_j dy_j W_j + scale_j (dy_j B_j) A_j
  * in one product over K = opsc_linear_cat_cols (the weights and the adapters' A stacked into ws),
  * which reads and writes dx once where one product a projection read and wrote it each time, and
- * da_j, db_j as opsc_linear_bwd_bf16 makes them (every adapter's x A^T in one product). No adapter may have dropout. ld >= cols;
- * ws: opsc_linear_cat_ws_bytes. n in 1..OPSC_CAT_MAX. */
+ * da_j, db_j as opsc_linear_bwd_bf16 makes them (every adapter's x A^T in one product). No
+ * adapter may have dropout. ld >= cols; ws: opsc_linear_cat_ws_bytes. n in 1..OPSC_CAT_MAX. */
 #define OPSC_CAT_MAX 4
 typedef struct {
 	int out;

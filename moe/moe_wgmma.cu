@@ -888,8 +888,8 @@ static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, const wg_plan_t &pl, int
 	int shape = pl.shape, ctas = pl.ctas, dbg = pl.dbg, tma = pl.tma;
 	/* gate/up with a segment takes TMA only under tma 3 (all, the default): its TMA form hung in
 	 * session 9 before the producers' named barrier moved off the consumers' staging barrier, and
-	 * passed test_moe_wgmma (TIER_TEST_WGMMA_TMA_ALL), test_moe_cuda and the trainer in sessions 10
-	 * and 24 (bench/RESULTS.md) */
+	 * passed test_moe_wgmma, test_moe_cuda and the trainer in sessions 10 and 24 (bench/RESULTS.md);
+	 * test_moe_wgmma runs both forms */
 	int tma_fits = !dbg && !(MODE == WG_GU && (shape == WG_64x256 || (a.nseg && tma != 3))) && base_tmap_ok();
 	if (tma == 2 && !tma_fits)
 		return tier_fail(-EINVAL, "TIER_MOE_WGMMA_TMA=require: this product takes cp.async "
