@@ -13,6 +13,8 @@
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include "core/ops_cuda.h"
 #include "base/cuda_reduce.cuh"
 
@@ -48,103 +50,175 @@ __device__ __forceinline__ void qk_angles(const qk_args &a, int64_t tok, float s
 	__syncthreads();
 }
 
-/* One block per token (grid-stride): its angles once into shared memory, then a warp per head row:
- * lane j holds the pairs (i, i + half) for i = j, j + 32, ..., inverse-rotates them, and with a
- * norm takes the row's sum of w d x by lanes then the warp. */
-__global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_constant__ qk_args a)
+/* One row's gradient: lane j holds the pairs (i, i + half) for i = j, j + 32, ..., inverse-rotates
+ * them (cs, sn its token's cos and sin, sn times -1 already), and with a norm takes the row's sum of
+ * w d x by lanes then the warp. A whole warp calls it for one row. */
+__device__ __forceinline__ void qk_grad_row(const qk_args &a, int64_t tok, int hh, const float *cs, const float *sn)
 {
-	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
-	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
-	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
-		qk_angles(a, tok, -1.0f, cs, sn); /* the inverse rotation */
-		for (int hh = warp; hh < a.heads; hh += QK_WARPS) {
-			const int64_t row = tok * a.heads + hh;
-			const float *dr = a.dq + row * dim;
-			float d0[QK_PER], d1[QK_PER];
+	const int lane = threadIdx.x & 31, dim = 2 * a.half;
+	const int64_t row = tok * a.heads + hh;
+	const float *dr = a.dq + row * dim;
+	float d0[QK_PER], d1[QK_PER];
 #pragma unroll
-			for (int p = 0; p < QK_PER; p++) {
-				const int i = lane + 32 * p;
-				if (i < a.half) {
-					const float x0 = dr[i], x1 = dr[i + a.half], c = cs[i], sv = sn[i];
-					d0[p] = x0 * c - x1 * sv;
-					d1[p] = x1 * c + x0 * sv;
-				}
-			}
-			bf16 *o = a.out + tok * a.ld + hh * dim;
-			if (!a.w) { /* no norm (Mixtral): the rotated gradient, rounded */
+	for (int p = 0; p < QK_PER; p++) {
+		const int i = lane + 32 * p;
+		if (i < a.half) {
+			const float x0 = dr[i], x1 = dr[i + a.half], c = cs[i], sv = sn[i];
+			d0[p] = x0 * c - x1 * sv;
+			d1[p] = x1 * c + x0 * sv;
+		}
+	}
+	bf16 *o = a.out + tok * a.ld + hh * dim;
+	if (!a.w) { /* no norm (Mixtral): the rotated gradient, rounded */
 #pragma unroll
-				for (int p = 0; p < QK_PER; p++) {
-					const int i = lane + 32 * p;
-					if (i < a.half)
-						o[i] = __float2bfloat16_rn(d0[p]), o[i + a.half] = __float2bfloat16_rn(d1[p]);
-				}
-				continue;
-			}
-			const float *xr = a.x + row * dim, r = a.rstd[row];
-			float s = 0.0f;
+		for (int p = 0; p < QK_PER; p++) {
+			const int i = lane + 32 * p;
+			if (i < a.half)
+				o[i] = __float2bfloat16_rn(d0[p]), o[i + a.half] = __float2bfloat16_rn(d1[p]);
+		}
+		return;
+	}
+	const float *xr = a.x + row * dim, r = a.rstd[row];
+	float s = 0.0f;
 #pragma unroll
-			for (int p = 0; p < QK_PER; p++) {
-				const int i = lane + 32 * p;
-				if (i < a.half)
-					s += __bfloat162float(a.w[i]) * d0[p] * xr[i] +
-					     __bfloat162float(a.w[i + a.half]) * d1[p] * xr[i + a.half];
-			}
-			const float c = warp_sum(s) * r * r * r / (float)dim;
+	for (int p = 0; p < QK_PER; p++) {
+		const int i = lane + 32 * p;
+		if (i < a.half)
+			s += __bfloat162float(a.w[i]) * d0[p] * xr[i] +
+			     __bfloat162float(a.w[i + a.half]) * d1[p] * xr[i + a.half];
+	}
+	const float c = warp_sum(s) * r * r * r / (float)dim;
 #pragma unroll
-			for (int p = 0; p < QK_PER; p++) {
-				const int i = lane + 32 * p;
-				if (i < a.half) {
-					const float g0 = __bfloat162float(a.w[i]), g1 = __bfloat162float(a.w[i + a.half]);
-					o[i] = __float2bfloat16_rn(r * g0 * d0[p] - xr[i] * c);
-					o[i + a.half] = __float2bfloat16_rn(r * g1 * d1[p] - xr[i + a.half] * c);
-				}
-			}
+	for (int p = 0; p < QK_PER; p++) {
+		const int i = lane + 32 * p;
+		if (i < a.half) {
+			const float g0 = __bfloat162float(a.w[i]), g1 = __bfloat162float(a.w[i + a.half]);
+			o[i] = __float2bfloat16_rn(r * g0 * d0[p] - xr[i] * c);
+			o[i + a.half] = __float2bfloat16_rn(r * g1 * d1[p] - xr[i + a.half] * c);
 		}
 	}
 }
 
-/* The forward's counterpart (opsc_qk_fwd): a warp per head row normalises it (the sum of squares by
- * lanes then the warp), rounds to bf16 as the separate norm did, and rotates the rounded pairs;
- * x is read once and the result written once. */
+/* One block per token (grid-stride): its angles once into shared memory, then a warp per head row. */
+__global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_constant__ qk_args a)
+{
+	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
+	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
+		qk_angles(a, tok, -1.0f, cs, sn); /* the inverse rotation */
+		for (int hh = threadIdx.x >> 5; hh < a.heads; hh += QK_WARPS)
+			qk_grad_row(a, tok, hh, cs, sn);
+	}
+}
+
+/* The forward's counterpart (opsc_qk_fwd) for one row, a whole warp: it normalises the row (the
+ * sum of squares by lanes then the warp), rounds to bf16 as the separate norm did, and rotates the
+ * rounded pairs (cs, sn its token's cos and sin); x is read once and the result written once. */
+__device__ __forceinline__ void qk_fwd_row(const qk_args &a, int64_t tok, int hh, const float *cs, const float *sn,
+					   float eps)
+{
+	const int lane = threadIdx.x & 31, dim = 2 * a.half;
+	const int64_t row = tok * a.heads + hh;
+	const float *xr = a.x + row * dim;
+	float x0[QK_PER], x1[QK_PER], ss = 0.0f;
+#pragma unroll
+	for (int p = 0; p < QK_PER; p++) {
+		const int i = lane + 32 * p;
+		if (i < a.half)
+			x0[p] = xr[i], x1[p] = xr[i + a.half], ss += x0[p] * x0[p] + x1[p] * x1[p];
+	}
+	float r = 1.0f;
+	if (a.w) {
+		r = rsqrtf(warp_sum(ss) / (float)dim + eps);
+		if (lane == 0)
+			a.rstd[row] = r;
+	}
+	bf16 *o = a.out + row * dim;
+#pragma unroll
+	for (int p = 0; p < QK_PER; p++) {
+		const int i = lane + 32 * p;
+		if (i >= a.half)
+			continue;
+		/* HF: (x * rstd) times the weight, in bf16 (the separate norm's output), then RoPE */
+		float y0 = x0[p], y1 = x1[p];
+		if (a.w)
+			y0 = x0[p] * r * __bfloat162float(a.w[i]), y1 = x1[p] * r * __bfloat162float(a.w[i + a.half]);
+		y0 = __bfloat162float(__float2bfloat16_rn(y0)), y1 = __bfloat162float(__float2bfloat16_rn(y1));
+		const float c = cs[i], sv = sn[i];
+		o[i] = __float2bfloat16_rn(y0 * c - y1 * sv);
+		o[i + a.half] = __float2bfloat16_rn(y1 * c + y0 * sv);
+	}
+}
+
 __global__ void __launch_bounds__(32 * QK_WARPS) qk_fwd_kernel(const __grid_constant__ qk_args a, float eps)
 {
 	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
-	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
 	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
 		qk_angles(a, tok, 1.0f, cs, sn);
-		for (int hh = warp; hh < a.heads; hh += QK_WARPS) {
-			const int64_t row = tok * a.heads + hh;
-			const float *xr = a.x + row * dim;
-			float x0[QK_PER], x1[QK_PER], ss = 0.0f;
-#pragma unroll
-			for (int p = 0; p < QK_PER; p++) {
-				const int i = lane + 32 * p;
-				if (i < a.half)
-					x0[p] = xr[i], x1[p] = xr[i + a.half], ss += x0[p] * x0[p] + x1[p] * x1[p];
-			}
-			float r = 1.0f;
-			if (a.w) {
-				r = rsqrtf(warp_sum(ss) / (float)dim + eps);
-				if (lane == 0)
-					a.rstd[row] = r;
-			}
-			bf16 *o = a.out + row * dim;
-#pragma unroll
-			for (int p = 0; p < QK_PER; p++) {
-				const int i = lane + 32 * p;
-				if (i >= a.half)
-					continue;
-				/* HF: (x * rstd) times the weight, in bf16 (the separate norm's output), then RoPE */
-				float y0 = x0[p], y1 = x1[p];
-				if (a.w)
-					y0 = x0[p] * r * __bfloat162float(a.w[i]), y1 = x1[p] * r * __bfloat162float(a.w[i + a.half]);
-				y0 = __bfloat162float(__float2bfloat16_rn(y0)), y1 = __bfloat162float(__float2bfloat16_rn(y1));
-				const float c = cs[i], sv = sn[i];
-				o[i] = __float2bfloat16_rn(y0 * c - y1 * sv);
-				o[i + a.half] = __float2bfloat16_rn(y1 * c + y0 * sv);
-			}
-		}
+		for (int hh = threadIdx.x >> 5; hh < a.heads; hh += QK_WARPS)
+			qk_fwd_row(a, tok, hh, cs, sn, eps);
 	}
+}
+
+/* ---- The table form ($TIER_QK_TABLE=1): the angles of every position once a call ------------------
+ * The kernels above take one token a block, their angles made between two barriers with a quarter
+ * of the block working; here a table [seq, half] of cos and sign * sin comes first (the same
+ * sincosf of the same product, so the outputs are the same bits), and each warp takes any row. */
+__global__ void qk_table_kernel(const __grid_constant__ qk_args a, float sign, float *ct, float *st)
+{
+	const int64_t n = (int64_t)a.S * a.half;
+	for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
+		const int i = (int)(k % a.half);
+		float pos = (float)(int)(k / a.half), sv, c;
+		sincosf(pos * a.inv[i], &sv, &c);
+		ct[k] = c, st[k] = sv * sign;
+	}
+}
+
+/* Warp w of the grid takes rows w, w + warps, ...: a row's token is row / heads. */
+template <int FWD>
+__global__ void __launch_bounds__(32 * QK_WARPS) qk_tab_kernel(const __grid_constant__ qk_args a, const float *ct,
+							      const float *st, float eps)
+{
+	const int64_t warps = (int64_t)gridDim.x * QK_WARPS, rows = a.tokens * a.heads;
+	for (int64_t row = (int64_t)blockIdx.x * QK_WARPS + (threadIdx.x >> 5); row < rows; row += warps) {
+		const int64_t tok = row / a.heads, at = (tok % a.S) * a.half;
+		const int hh = (int)(row % a.heads);
+		if (FWD)
+			qk_fwd_row(a, tok, hh, ct + at, st + at, eps);
+		else
+			qk_grad_row(a, tok, hh, ct + at, st + at);
+	}
+}
+
+static int qk_table_on(void)
+{
+	const char *v = getenv("TIER_QK_TABLE");
+	return v && !strcmp(v, "1");
+}
+
+/* The table form of either kernel: the table in stream-ordered memory for the call. */
+static int qk_tab_launch(const char *op, tier_dev *d, const qk_args &a, int fwd, float eps)
+{
+	cudaStream_t st = (cudaStream_t)tier_dev_stream(d);
+	const size_t n = (size_t)a.S * a.half;
+	float *tab = NULL;
+	cudaError_t e = cudaMallocAsync((void **)&tab, 2 * n * sizeof(float), st);
+	if (e != cudaSuccess)
+		return tier_fail(-ENOMEM, "%s: the RoPE table (%zu bytes): %s", op, 2 * n * sizeof(float), cudaGetErrorString(e));
+	qk_table_kernel<<<(unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256, 0, st>>>(a, fwd ? 1.0f : -1.0f,
+												 tab, tab + n);
+	const int64_t rows = a.tokens * a.heads, blocks = (rows + QK_WARPS - 1) / QK_WARPS;
+	const unsigned grid = (unsigned)(blocks < 65536 ? blocks : 65536);
+	if (fwd)
+		qk_tab_kernel<1><<<grid, 32 * QK_WARPS, 0, st>>>(a, tab, tab + n, eps);
+	else
+		qk_tab_kernel<0><<<grid, 32 * QK_WARPS, 0, st>>>(a, tab, tab + n, 0.0f);
+	e = cudaGetLastError();
+	cudaError_t f = cudaFreeAsync(tab, st); /* in stream order: after the kernels */
+	if (e != cudaSuccess || f != cudaSuccess)
+		return tier_fail(-EIO, "%s (%lld rows, the table form): %s", op, (long long)rows,
+				 cudaGetErrorString(e != cudaSuccess ? e : f));
+	return 0;
 }
 
 /* The arguments both kernels take; the checks of both entries. */
@@ -186,6 +260,8 @@ extern "C" int opsc_qk_fwd(tier_dev *d, const tier_rope_params *r, const float *
 	if (rc || r->tokens == 0)
 		return rc;
 	a.dq = NULL, a.x = x, a.rstd = rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out;
+	if (qk_table_on())
+		return qk_tab_launch("opsc_qk_fwd", d, a, 1, eps);
 	qk_fwd_kernel<<<qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d)>>>(a, eps);
 	return qk_launched("opsc_qk_fwd", r);
 }
@@ -201,6 +277,8 @@ extern "C" int opsc_qk_grad_ld(tier_dev *d, const tier_rope_params *r, const flo
 		return tier_fail(-EINVAL, "opsc_qk_grad: out's row stride %lld is below a token's %lld elements (%lld heads "
 				 "of %lld)", (long long)ld, (long long)a.ld, (long long)r->n_heads, (long long)r->head_dim);
 	a.dq = dq, a.x = x, a.rstd = (float *)rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out, a.ld = ld;
+	if (qk_table_on())
+		return qk_tab_launch("opsc_qk_grad", d, a, 0, 0.0f);
 	qk_grad_kernel<<<qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d)>>>(a);
 	return qk_launched("opsc_qk_grad", r);
 }
