@@ -7,32 +7,37 @@
 
 static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
 
-static int seg_rank(const opsc_lin_seg *s) { return s->lora && s->lora->a ? s->lora->rank : 0; }
+/* A segment's adapter rank: 0 without an adapter (or with a rank the checks refuse). */
+static int seg_rank(const opsc_lin_seg *s) { return s->lora && s->lora->a && s->lora->rank > 0 ? s->lora->rank : 0; }
+
+int opsc_linear_cat_ranks(int n, const opsc_lin_seg *s)
+{
+	int r = 0;
+	for (int j = 0; s && j < n; j++)
+		r += seg_rank(&s[j]);
+	return r;
+}
 
 int opsc_linear_cat_cols(int n, const opsc_lin_seg *s)
 {
-	int64_t k = 0;
+	int64_t k = opsc_linear_cat_ranks(n, s);
 	for (int j = 0; s && j < n; j++)
-		k += (int64_t)(s[j].out > 0 ? s[j].out : 0) + (seg_rank(&s[j]) > 0 ? seg_rank(&s[j]) : 0);
+		k += s[j].out > 0 ? s[j].out : 0;
 	return k > INT32_MAX ? -1 : (int)k;
 }
 
 /* The stacked weights bf16 [cols, in], then every adapter's x A^T side by side, bf16 [T, sum r]. */
 size_t opsc_linear_cat_ws_bytes(int T, int in, int n, const opsc_lin_seg *s)
 {
-	int k = opsc_linear_cat_cols(n, s), r = 0;
-	for (int j = 0; s && j < n; j++)
-		r += seg_rank(&s[j]) > 0 ? seg_rank(&s[j]) : 0;
-	size_t t = T > 0 ? (size_t)T : 0, i = in > 0 ? (size_t)in : 0;
-	return al256((size_t)(k > 0 ? k : 0) * i * 2) + al256(t * (size_t)r * 2);
+	int k = opsc_linear_cat_cols(n, s);
+	size_t t = T > 0 ? (size_t)T : 0, i = in > 0 ? (size_t)in : 0, r = (size_t)opsc_linear_cat_ranks(n, s);
+	return al256((size_t)(k > 0 ? k : 0) * i * 2) + al256(t * r * 2);
 }
 
 /* The adapters' A rows stacked, bf16 [sum r, in], then x A^T, bf16 [T, sum r]. */
 size_t opsc_linear_cat_fwd_ws_bytes(int T, int in, int n, const opsc_lin_seg *s)
 {
-	size_t r = 0, t = T > 0 ? (size_t)T : 0, i = in > 0 ? (size_t)in : 0;
-	for (int j = 0; s && j < n; j++)
-		r += seg_rank(&s[j]) > 0 ? (size_t)seg_rank(&s[j]) : 0;
+	size_t t = T > 0 ? (size_t)T : 0, i = in > 0 ? (size_t)in : 0, r = (size_t)opsc_linear_cat_ranks(n, s);
 	return al256(r * i * 2) + al256(t * r * 2);
 }
 

@@ -1100,24 +1100,18 @@ static int cat_copy(tier_dev *d, void *dst, const void *src, size_t bytes)
 	return 0;
 }
 
-/* wcat [K, in]: the weights' rows in segment order, then the adapters' A rows, as dy's columns;
- * *xrows the adapters' rows (the sum of their ranks), *dbs whether any adapter wants db. */
-static int cat_stack(tier_dev *d, int in, int n, const opsc_lin_seg *s, bf16 *wcat, int *xrows, int *dbs)
+/* wcat [K, in]: the weights' rows in segment order, then the adapters' A rows (from row aoff, the
+ * segments' outputs summed), as dy's columns. */
+static int cat_stack(tier_dev *d, int in, int n, const opsc_lin_seg *s, int aoff, bf16 *wcat)
 {
-	int rc, off = 0, aoff = 0;
-	for (int j = 0; j < n; j++)
-		aoff += s[j].out;
-	*xrows = 0, *dbs = 0;
-	for (int j = 0; j < n; j++) {
+	int rc;
+	for (int j = 0, off = 0; j < n; off += s[j].out, j++) {
 		const tier_lora_ref *l = s[j].lora;
 		if ((rc = cat_copy(d, wcat + (size_t)off * in, s[j].w, (size_t)s[j].out * in * 2)))
 			return rc;
-		off += s[j].out;
-		if (!lora_on(l))
-			continue;
-		if ((rc = cat_copy(d, wcat + (size_t)(aoff + *xrows) * in, l->a, (size_t)l->rank * in * 2)))
+		if (lora_on(l) && (rc = cat_copy(d, wcat + (size_t)aoff * in, l->a, (size_t)l->rank * in * 2)))
 			return rc;
-		*xrows += l->rank, *dbs |= l->db != NULL;
+		aoff += lora_on(l) ? l->rank : 0;
 	}
 	return 0;
 }
@@ -1128,13 +1122,13 @@ int opsc_linear_bwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, c
 	int rc = cuda_dev(d, "opsc_linear_bwd_cat");
 	if (rc || (rc = opsc_linear_cat_check("opsc_linear_bwd_cat", T, in, x, n, s, dy, ld, dx, ws)) || T == 0)
 		return rc;
-	const int K = opsc_linear_cat_cols(n, s);
+	const int K = opsc_linear_cat_cols(n, s), xr = opsc_linear_cat_ranks(n, s), aoff = K - xr;
 	bf16 *wcat = (bf16 *)ws, *xa = (bf16 *)((char *)ws + al256((size_t)K * in * 2)), *dy16 = (bf16 *)dy;
-	int xr, dbs, off = 0, aoff = 0;
-	if ((rc = cat_stack(d, in, n, s, wcat, &xr, &dbs)))
-		return rc;
+	int dbs = 0, off = 0;
 	for (int j = 0; j < n; j++)
-		aoff += s[j].out;
+		dbs |= lora_on(s[j].lora) && s[j].lora->db != NULL;
+	if ((rc = cat_stack(d, in, n, s, aoff, wcat)))
+		return rc;
 	/* every adapter's x A^T in one product, from the stacked A rows: xa^T [xr, T] = A_all (stored
 	 * [in, xr], transposed) x^T (stored [in, T]) */
 	if (dbs && (rc = gemm_to_bf16(d, xr, T, in, 1.0f, bf(1, wcat + (size_t)aoff * in, in), bf(0, x, in), xa)))
@@ -1163,9 +1157,8 @@ int opsc_linear_fwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, c
 			return tier_fail(-EINVAL, "opsc_linear_fwd_cat: segment %d's output is NULL", j);
 	if (T == 0)
 		return 0;
-	int xr = 0, r0 = 0;
-	for (int j = 0; j < n; j++)
-		xr += lora_on(s[j].lora) ? s[j].lora->rank : 0;
+	const int xr = opsc_linear_cat_ranks(n, s);
+	int r0 = 0;
 	bf16 *astk = (bf16 *)ws, *xa = (bf16 *)((char *)ws + al256((size_t)xr * in * 2));
 	for (int j = 0; j < n; j++) {
 		const tier_lora_ref *l = s[j].lora;

@@ -104,6 +104,8 @@ typedef struct {
 	const tier_lora_ref *lora;
 } opsc_lin_seg;
 int opsc_linear_cat_cols(int n, const opsc_lin_seg *s);
+/* The adapters' columns of those: the sum of their ranks. */
+int opsc_linear_cat_ranks(int n, const opsc_lin_seg *s);
 size_t opsc_linear_cat_ws_bytes(int T, int in, int n, const opsc_lin_seg *s);
 /* The arguments' checks (ops_cat.c, every build): 0 or -EINVAL naming op and the problem. */
 int opsc_linear_cat_check(const char *op, int T, int in, const void *x, int n, const opsc_lin_seg *s, const void *dy,

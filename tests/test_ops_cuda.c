@@ -829,14 +829,22 @@ static void qk_table_case(int tokens, int seq, int heads, int hd, int with_norm)
 	free(xf), free(dqf), free(w), free(wb);
 }
 
+/* The q/k gradient's shapes (test_qk_grad), the table form's too (test_qk_table). */
+static const struct { int tokens, seq, heads, hd, norm; } qk_shapes[] = {
+	{ 2 * 77, 77, 32, 128, 1 }, /* Qwen3's q heads: 2 sequences of 77 */
+	{ 37, 37, 4, 128, 1 },      /* k heads */
+	{ 50, 25, 3, 64, 1 },
+	{ 9, 9, 5, 8, 1 },          /* half below a warp */
+	{ 11, 11, 2, 256, 1 },      /* the largest head_dim */
+	{ 40, 20, 8, 128, 0 },      /* Mixtral: RoPE alone */
+};
+#define QK_SHAPES (sizeof qk_shapes / sizeof qk_shapes[0])
+
 static void test_qk_table(void **state)
 {
 	(void)state;
-	qk_table_case(2 * 77, 77, 32, 128, 1);
-	qk_table_case(37, 37, 4, 128, 1);
-	qk_table_case(9, 9, 5, 8, 1);
-	qk_table_case(11, 11, 2, 256, 1);
-	qk_table_case(40, 20, 8, 128, 0);
+	for (size_t i = 0; i < QK_SHAPES; i++)
+		qk_table_case(qk_shapes[i].tokens, qk_shapes[i].seq, qk_shapes[i].heads, qk_shapes[i].hd, qk_shapes[i].norm);
 }
 
 static void test_qk_fwd(void **state)
@@ -854,12 +862,8 @@ static void test_qk_fwd(void **state)
 static void test_qk_grad(void **state)
 {
 	(void)state;
-	qk_grad_case(2 * 77, 77, 32, 128, 1); /* Qwen3's q heads: 2 sequences of 77 */
-	qk_grad_case(37, 37, 4, 128, 1);      /* k heads */
-	qk_grad_case(50, 25, 3, 64, 1);
-	qk_grad_case(9, 9, 5, 8, 1);          /* half below a warp */
-	qk_grad_case(11, 11, 2, 256, 1);      /* the largest head_dim */
-	qk_grad_case(40, 20, 8, 128, 0);      /* Mixtral: RoPE alone */
+	for (size_t i = 0; i < QK_SHAPES; i++)
+		qk_grad_case(qk_shapes[i].tokens, qk_shapes[i].seq, qk_shapes[i].heads, qk_shapes[i].hd, qk_shapes[i].norm);
 	tier_rope_params bad = { .tokens = 4, .seq = 4, .n_heads = 1, .head_dim = 512, .theta = 1e4f };
 	assert_int_equal(opsc_qk_grad(gpu, &bad, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL), -EINVAL);
 	assert_int_equal(opsc_qk_grad(cpu, &bad, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL), -EINVAL);
