@@ -75,10 +75,24 @@ int moe_cuda_experts_check(const char *fn, int E, const int32_t *offsets_host, c
  * to the TIER_MOE_KEPT_* bits of what it left (the grouped products with LoRA inside the wgmma
  * kernels; the other paths nothing); the backward reads what the bits name and computes the rest
  * as without them. */
+typedef struct moe_xg_src moe_xg_src;
 typedef struct {
 	void *z;
 	int z_cols, h_ws, kept;
+	const moe_xg_src *xg_src; /* backward: not NULL when xg is not yet gathered (below) */
 } moe_keep;
+/* The backward's xg left to the experts (moe_cuda_layer_bwd): x [T, H] bf16 and the permutation
+ * (pair_row, row_pair, top-k). Where the experts' backward reads xg only through the dA
+ * reductions, they read x through row_pair (moe_cuda_grouped_wgrad2_rows) and xg is never written;
+ * elsewhere it is gathered into xg first (moe_cuda_gather). */
+struct moe_xg_src {
+	const void *x;
+	const int32_t *pair_row, *row_pair;
+	int T, k;
+	void *xg; /* the xg the backward was given */
+};
+/* Gathers xg from keep's source where it has one (nothing otherwise). */
+int moe_cuda_xg_fill(tier_dev *dev, const moe_keep *keep, int H);
 /* Forward over rows 0..offsets_host[E]-1 of xg (bf16): g, u [rows, I] bf16 (LoRA added in fp32,
  * then rounded once), h bf16, y [rows, H] bf16 (LoRA added; NULL: no down product, and h may
  * be left unwritten). z: scratch of moe_lora_z_bytes(rows,
@@ -118,7 +132,8 @@ int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *
  * nothing is written for it; experts without rows are left as they are. Deterministic (one CTA per
  * C tile walks all the group's rows; no atomics): the same inputs give the same bits. M and N
  * multiples of 8 (fastest with M or N <= 16, the rank of the LoRA), a and b 16-byte aligned, alpha
- * finite; alpha 0 or no wanted gradient launches nothing. -EINVAL before any launch otherwise.
+ * finite; alpha 0 or no wanted gradient launches nothing. -EINVAL before any launch otherwise. C is
+ * added to by one atomic add per element pair: the CTA owns its tile, so the bits stay fixed.
  * Knob (environment, read at each call): TIER_MOE_WGRAD_TILE=64x16|128x16|16x64|16x128|64x64, the
  * C tile of a CTA (default auto: 64 x 16 when N <= 16, 16 x 64 when M <= 16, else 64 x 64; the pair
  * below takes 64 x 64 one product at a time); a malformed value is -EINVAL. tier-bench lora times
@@ -130,6 +145,16 @@ int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_
 int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound, const void *a0,
 			    const void *a1, const void *b, float alpha0, float alpha1, float *const *c0,
 			    float *const *c1);
+/* Both with B's rows gathered (the backward's dA of gate and up from the layer's x, which then need
+ * not be gathered into xg): row r of B is row b_rows[r] / b_div of b (bf16, row stride N; a negative
+ * entry is a row of zeros), b_rows the permutation's row_pair and b_div its top-k. The same bits as
+ * the calls above on the gathered rows. b_rows NULL or b_div < 1 is -EINVAL. */
+int moe_cuda_grouped_wgrad_rows(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+				const void *a, const void *b, const int32_t *b_rows, int b_div, float alpha,
+				float *const *c);
+int moe_cuda_grouped_wgrad2_rows(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+				 const void *a0, const void *a1, const void *b, const int32_t *b_rows, int b_div,
+				 float alpha0, float alpha1, float *const *c0, float *const *c1);
 /* The first interface (no LoRA, separate gate / up / down arrays), kept for tests/test_moe_cuda.c. */
 int moe_cuda_experts_fwd(tier_dev *dev, int E, int H, int I, const int32_t *offsets_host,
 			 const void *const *gate, const void *const *up, const void *const *down,

@@ -520,6 +520,12 @@ static int experts_bwd_gate_up(tier_dev *dev, int nl, int E, int H, int I, const
 	return rc;
 }
 
+extern "C" int moe_cuda_xg_fill(tier_dev *dev, const moe_keep *keep, int H)
+{
+	const moe_xg_src *xs = keep ? keep->xg_src : NULL;
+	return xs ? moe_cuda_gather(dev, xs->T, xs->k, H, xs->pair_row, xs->x, xs->xg) : 0;
+}
+
 extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *off,
 				    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora, const void *xg, const void *g,
 				    const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du,
@@ -552,7 +558,8 @@ extern "C" int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const in
 		return moe_cuda_experts_bwd_grouped(dev, E, H, I, off, d_off, w, lora, xg, g, u, dy, dxg, row_dot, h, dg, du,
 						    dh, z, dz, keep, dx16);
 	/* h is the input of the down adapter: recompute it */
-	if (moe_lora_on(moe_lora_of(lora, 2)) && (rc = moe_cuda_swiglu(dev, total, g, u, h)))
+	if ((rc = moe_cuda_xg_fill(dev, keep, H)) ||
+	    (moe_lora_on(moe_lora_of(lora, 2)) && (rc = moe_cuda_swiglu(dev, total, g, u, h))))
 		return rc;
 	int nl = lanes_wanted(off, E);
 	if ((rc = lanes_fork(dev, &nl)) ||

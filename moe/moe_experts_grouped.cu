@@ -181,7 +181,8 @@ static int proj_fwd(tier_dev *dev, const tier_moe_lora *l, int E, int I, int H, 
  * the Z scratch unless have_z: 1, the caller made it; 2, the forward kept s X A^T there, so dB's
  * product takes no s); dA += dZ^T X unless no_da (the caller pairs it with another adapter's). */
 static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t *off, const int32_t *d_off, int in,
-		      int out, const void *X, const void *dY, bf16 *Z, int have_z, bf16 *dZ, ptrs *a, int no_da = 0)
+		      int out, const void *X, const void *dY, bf16 *Z, int have_z, bf16 *dZ, ptrs *a, int no_da = 0,
+		      const moe_xg_src *xs = NULL)
 {
 	if (!moe_lora_on(l))
 		return 0;
@@ -196,7 +197,10 @@ static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_
 		      (rc = moe_cuda_grouped_wgrad(dev, E, out, r, d_off, rows, dY, Z, have_z == 2 ? 1.0f : l->scale,
 						   db.p))))
 		return rc;
-	return l->da && !no_da ? moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p) : 0;
+	if (!l->da || no_da)
+		return 0;
+	return xs ? moe_cuda_grouped_wgrad_rows(dev, E, r, in, d_off, rows, dZ, xs->x, xs->row_pair, xs->k, 1.0f, da.p)
+		  : moe_cuda_grouped_wgrad(dev, E, r, in, d_off, rows, dZ, X, 1.0f, da.p);
 }
 
 /* Whether the gate's and the up adapter's dA go in one pass over X (moe_cuda_grouped_wgrad2): both
@@ -207,13 +211,17 @@ static int da_pair(const tier_moe_lora *lg, const tier_moe_lora *lu)
 	return moe_lora_on(lg) && moe_lora_on(lu) && lg->da && lu->da && lg->rank == lu->rank && !(v && !strcmp(v, "0"));
 }
 
-/* dA_g += dZ_g^T X and dA_u += dZ_u^T X in one pass over X. */
+/* dA_g += dZ_g^T X and dA_u += dZ_u^T X in one pass over X (xs not NULL: X's rows read from the
+ * layer's x through the permutation). */
 static int da_both(tier_dev *dev, const tier_moe_lora *lg, const tier_moe_lora *lu, int E, const int32_t *off,
-		   const int32_t *d_off, int in, const void *X, const bf16 *dzg, const bf16 *dzu)
+		   const int32_t *d_off, int in, const void *X, const bf16 *dzg, const bf16 *dzu, const moe_xg_src *xs)
 {
 	gptrs dag, dau;
 	lora_ptrs(lg, E, off, NULL, NULL, &dag, NULL);
 	lora_ptrs(lu, E, off, NULL, NULL, &dau, NULL);
+	if (xs)
+		return moe_cuda_grouped_wgrad2_rows(dev, E, lg->rank, in, d_off, off[E], dzg, dzu, xs->x, xs->row_pair,
+						    xs->k, 1.0f, 1.0f, dag.p, dau.p);
 	return moe_cuda_grouped_wgrad2(dev, E, lg->rank, in, d_off, off[E], dzg, dzu, X, 1.0f, 1.0f, dag.p, dau.p);
 }
 
@@ -303,6 +311,14 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	return moe_cuda_grouped_mm_sm90_segs(dev, E, H, I, d_off, rows, dp->w, 0, h, rd ? 1 : 0, &sd, z, y, 1, 1.0f, 0.0f);
 }
 
+/* TIER_MOE_X_ROWS=0: the backward gathers xg whole even where only the dA reductions read it (the
+ * form before session 25, for comparisons). */
+static int x_rows_on(void)
+{
+	const char *v = getenv("TIER_MOE_X_ROWS");
+	return !(v && !strcmp(v, "0"));
+}
+
 static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
 		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, const void *g,
 		     const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du, float *dh,
@@ -327,6 +343,14 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 						0.0f)) ||
 	    (rc = moe_cuda_swiglu_bwd(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot)))
 		return rc;
+	/* X is read only by the dA reductions where Z is kept or no dB wants it: then they read the
+	 * layer's x through the permutation and xg is never gathered (keep's source); else gather it */
+	const moe_xg_src *xs = keep ? keep->xg_src : NULL;
+	int xmap = xs && x_rows_on() && (kz || (!(rg && lg->db) && !(ru && lu->db)));
+	if (xs && !xmap && (rc = moe_cuda_xg_fill(dev, keep, H)))
+		return rc;
+	if (!xmap)
+		xs = NULL;
 	/* the adapters' Z for dB: kept, else both in one pass over X where they can */
 	int zs = (!rg || lg->db) && (!ru || lu->db) && (rg || ru);
 	bf16 *zg = kz ? kg : zb, *zu = kz ? ku : zb + (size_t)rows * rg;
@@ -340,9 +364,9 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	}
 	const int pair = da_pair(lg, lu);
 	int hz = kz ? 2 : zs; /* lora_grads' have_z for gate and up */
-	if ((rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zg, hz, dzg, &ag, pair)) ||
-	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, hz ? zu : zb, hz, dzu, &au, pair)) ||
-	    (pair && (rc = da_both(dev, lg, lu, E, off, d_off, H, xg, dzg, dzu))))
+	if ((rc = lora_grads(dev, lg, E, off, d_off, H, I, xg, dg, zg, hz, dzg, &ag, pair, xs)) ||
+	    (rc = lora_grads(dev, lu, E, off, d_off, H, I, xg, du, hz ? zu : zb, hz, dzu, &au, pair, xs)) ||
+	    (pair && (rc = da_both(dev, lg, lu, E, off, d_off, H, xg, dzg, dzu, xs))))
 		return rc;
 	/* dX = dG gate + dU up + dZ_g A_g + dZ_u A_u in one product (gate_e, up_e [I, H], A [r, H]: [K, N]),
 	 * in bf16 where the caller takes it */
@@ -423,7 +447,7 @@ extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, 
 				 z, dz, keep, dx16);
 	const tier_moe_lora *ld = moe_lora_of(lora, 2);
 	/* h is the input of the down adapter: recompute it */
-	if (moe_lora_on(ld) && (rc = moe_cuda_swiglu(dev, n, g, u, h)))
+	if ((rc = moe_cuda_xg_fill(dev, keep, H)) || (moe_lora_on(ld) && (rc = moe_cuda_swiglu(dev, n, g, u, h))))
 		return rc;
 	/* dh = dY down: down_e is stored [H, I], the [K, N] of dY down */
 	if ((rc = gmm(dev, E, I, H, d_off, rows, dp.w, 1, dy, dh, 0, 1.0f, 0.0f)) ||

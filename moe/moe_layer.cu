@@ -243,7 +243,9 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	char *b = (char *)ws;
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
 	float *dxg = (float *)(b + l.dxg), *dtw = (float *)(b + l.dtw), *dot = (float *)(b + l.dot), *dl = (float *)(b + l.dl);
-	const moe_keep keep = { s->kept_z, s->kept_cols, s->h_in_ws, s->kept };
+	/* xg is gathered by the experts' backward, and only where it reads it whole */
+	const moe_xg_src xs = { x, s->pair_row, s->row_pair, T, k, b + l.xg };
+	const moe_keep keep = { s->kept_z, s->kept_cols, s->h_in_ws, s->kept, &xs };
 	int dx16 = 0; /* whether the experts wrote dxg in bf16 */
 	if (counts) { /* the forward's: no read back, the device checks */
 		if ((rc = moe_offsets_of(fn, counts, E, n, tier_moe_capacity(T, k, E, c->capacity_factor), off)) ||
@@ -254,8 +256,6 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	}
 	if ((rc = offsets_sane(fn, E, n, off)) ||
 	    (rc = moe_cuda_experts_check(fn, E, off, w, lora)))
-		return rc;
-	if (off[E] > 0 && (rc = moe_cuda_gather(dev, T, k, H, s->pair_row, x, b + l.xg)))
 		return rc;
 	/* the router weights' gradient from the experts' dh . h (tier_moe_combine_dw), not from a saved y */
 	if ((rc = moe_cuda_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, NULL, d_out, b + l.dy, NULL)) ||

@@ -33,8 +33,9 @@ struct gw_args {
 	float *c[NW][TIER_MOE_MAX_EXPERTS]; /* NULL: that expert's gradient is not wanted */
 	const int32_t *off;
 	const bf16 *a[NW], *b;
+	const int32_t *bmap; /* not NULL: row r of B is row bmap[r] / bdiv of b (a negative entry, zeros) */
 	float alpha[NW];
-	int M, N;
+	int M, N, bdiv;
 };
 
 /* Shared memory: the ring of NW [GW_BK][BM + PAD] A and one [GW_BK][BN + PAD] B stages, reused
@@ -57,6 +58,35 @@ __device__ __forceinline__ void gw_load(bf16 *s, const bf16 *g, int ld, int row0
 	cp_async_tile<GW_BK, W, W + GW_PAD, GW_THREADS>(s, g, ld, row0, rend, col0, ld);
 }
 
+/* The same for B's rows through the map: src[i] is the source row of this thread's i-th chunk row
+ * (gw_rows, fetched a stage ahead), -1 for a zero row. */
+template <int W>
+__device__ __forceinline__ void gw_load_mapped(bf16 *s, const bf16 *g, int ld, const int (&src)[GW_BK * W / 8 / GW_THREADS],
+					       int col0)
+{
+	constexpr int CPR = W / 8;
+#pragma unroll
+	for (int i = 0; i < GW_BK * CPR / GW_THREADS; i++) {
+		int q = threadIdx.x + i * GW_THREADS, r = q / CPR, c = q % CPR * 8, gc = col0 + c;
+		bool ok = src[i] >= 0 && gc < ld;
+		cp_async16(s + r * (W + GW_PAD) + c, ok ? g + (size_t)src[i] * ld + gc : g, ok);
+	}
+}
+
+/* The source rows of this thread's chunks of the stage at row0 (gw_load_mapped): the map's entry
+ * over div, -1 past rend or where the map has none. */
+template <int W>
+__device__ __forceinline__ void gw_rows(int (&src)[GW_BK * W / 8 / GW_THREADS], const int32_t *map, int div, int row0,
+					int rend)
+{
+	constexpr int CPR = W / 8;
+#pragma unroll
+	for (int i = 0; i < GW_BK * CPR / GW_THREADS; i++) {
+		int r = row0 + (threadIdx.x + i * GW_THREADS) / CPR, p = r < rend ? __ldg(map + r) : -1;
+		src[i] = p >= 0 ? p / div : -1;
+	}
+}
+
 /* The warp's 16 rows kk.. of one stage: acc[mi][nj] += A[kk.., m tile mi]^T B[kk.., n tile nj]. The
  * A fragment is A^T's 16 x 16 (m, k) block: matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7,
  * k 8-15), (m 8-15, k 8-15), each transposed from the stored [k][m]. */
@@ -77,6 +107,13 @@ __device__ __forceinline__ void gw_mma(float (*acc)[BN / 8][4], const bf16 *sa, 
 #pragma unroll
 		for (int nj = 0; nj < SM::NJ; nj++)
 			mma16816(acc[mi][nj], a[mi], &b[nj >> 1][(nj & 1) * 2]);
+}
+
+/* C += alpha (x, y) as one atomic add of the pair (sm_90): the epilogue does not wait for a read of
+ * C. The CTA owns its tile, so each element gets one add and its bits do not depend on timing. */
+__device__ __forceinline__ void gw_add2(float *p, float x, float y, float alpha)
+{
+	atomicAdd(reinterpret_cast<float2 *>(p), make_float2(alpha * x, alpha * y));
 }
 
 /* The 4 partial tiles summed in warp order, then C += alpha sum. Entry q of a warp's part is lane
@@ -106,9 +143,9 @@ __device__ __forceinline__ void gw_store(float (*acc)[BN / 8][4], float4 *red, c
 		if (n >= a.N) /* N % 8 == 0: n + 1 < N too */
 			continue;
 		if (m < a.M)
-			put2(C + (size_t)m * a.N + n, s.x, s.y, alpha, 1);
+			gw_add2(C + (size_t)m * a.N + n, s.x, s.y, alpha);
 		if (m + 8 < a.M) /* M % 16 may be 8 */
-			put2(C + (size_t)(m + 8) * a.N + n, s.z, s.w, alpha, 1);
+			gw_add2(C + (size_t)(m + 8) * a.N + n, s.z, s.w, alpha);
 	}
 }
 
@@ -141,12 +178,22 @@ __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ 
 				for (int i = 0; i < 4; i++)
 					acc[j][mi][nj][i] = 0.0f;
 	int nk = (rend - row0 + GW_BK - 1) / GW_BK;
+	/* with a map, the source rows of the next stage to load are fetched one stage ahead, so that
+	 * the map's latency is not in the ring's issue */
+	int src[GW_BK * BN / 8 / GW_THREADS];
+	if (a.bmap)
+		gw_rows<BN>(src, a.bmap, a.bdiv, row0, rend);
 	auto load = [&](int kt) {
 		int s = kt % GW_STAGES, r = row0 + kt * GW_BK;
 #pragma unroll
 		for (int j = 0; j < NW; j++)
 			gw_load<BM>(sa + (s * NW + j) * SM::A, a.a[j], a.M, r, rend, m0);
-		gw_load<BN>(sb + s * SM::B, a.b, a.N, r, rend, n0);
+		if (!a.bmap) {
+			gw_load<BN>(sb + s * SM::B, a.b, a.N, r, rend, n0);
+			return;
+		}
+		gw_load_mapped<BN>(sb + s * SM::B, a.b, a.N, src, n0);
+		gw_rows<BN>(src, a.bmap, a.bdiv, r + GW_BK, rend);
 	};
 	cp_async_ring<GW_STAGES>(nk, load, [&](int s, int kt) {
 		if (row0 + kt * GW_BK + warp * 16 < rend) /* a slice wholly past the group is zeros */
@@ -249,28 +296,37 @@ static int gw_run(tier_dev *dev, gw_args<NW> &g, int E, int bm, int bn)
 	return tier_fail(-EINVAL, "gw_run: a %d x %d tile for %d products", bm, bn, NW);
 }
 
-extern "C" int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
-				      const void *a, const void *b, float alpha, float *const *c)
+/* The checks of a gathered B: the map and its divisor. */
+static int gw_map_check(const char *fn, const int32_t *b_rows, int b_div)
 {
-	const char *fn = "moe_cuda_grouped_wgrad";
+	if (b_rows && b_div < 1)
+		return tier_fail(-EINVAL, "%s: b_div = %d; pass the top-k (>= 1) that row_pair's entries divide by", fn, b_div);
+	return 0;
+}
+
+static int wgrad1(const char *fn, tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+		  const void *a, const void *b, const int32_t *b_rows, int b_div, float alpha, float *const *c)
+{
 	gw_args<1> g; /* 8 KiB */
 	int wanted, bm, bn, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a, b, alpha);
-	if (rc || (rc = gw_tile(fn, &bm, &bn)) || (rc = gw_table(fn, E, c, g.c[0], &wanted)))
+	if (rc || (rc = gw_map_check(fn, b_rows, b_div)) || (rc = gw_tile(fn, &bm, &bn)) ||
+	    (rc = gw_table(fn, E, c, g.c[0], &wanted)))
 		return rc;
 	if (rows_bound == 0 || wanted == 0 || alpha == 0.0f)
 		return 0; /* nothing to add */
 	g.off = d_off, g.a[0] = (const bf16 *)a, g.b = (const bf16 *)b, g.alpha[0] = alpha, g.M = M, g.N = N;
+	g.bmap = b_rows, g.bdiv = b_div;
 	return gw_run<1>(dev, g, E, bm, bn);
 }
 
-extern "C" int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
-				       const void *a0, const void *a1, const void *b, float alpha0, float alpha1,
-				       float *const *c0, float *const *c1)
+static int wgrad2(const char *fn, tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+		  const void *a0, const void *a1, const void *b, const int32_t *b_rows, int b_div, float alpha0,
+		  float alpha1, float *const *c0, float *const *c1)
 {
-	const char *fn = "moe_cuda_grouped_wgrad2";
 	gw_args<2> g; /* 16 KiB */
 	int w0, w1, bm, bn, rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a0, b, alpha0);
-	if (rc || (rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a1, b, alpha1)) || (rc = gw_tile(fn, &bm, &bn)) ||
+	if (rc || (rc = gw_check(fn, dev, E, M, N, d_off, rows_bound, a1, b, alpha1)) ||
+	    (rc = gw_map_check(fn, b_rows, b_div)) || (rc = gw_tile(fn, &bm, &bn)) ||
 	    (rc = gw_table(fn, E, c0, g.c[0], &w0)) || (rc = gw_table(fn, E, c1, g.c[1], &w1)))
 		return rc;
 	if (alpha0 == 0.0f) /* nothing to add to that one: its table emptied */
@@ -281,10 +337,43 @@ extern "C" int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const
 		return 0;
 	/* two 64 x 64 accumulators would not fit the registers: one at a time */
 	if ((M > 16 && N > 16) || (bm == 64 && bn == 64)) {
-		rc = moe_cuda_grouped_wgrad(dev, E, M, N, d_off, rows_bound, a0, b, alpha0, c0);
-		return rc ? rc : moe_cuda_grouped_wgrad(dev, E, M, N, d_off, rows_bound, a1, b, alpha1, c1);
+		rc = wgrad1(fn, dev, E, M, N, d_off, rows_bound, a0, b, b_rows, b_div, alpha0, c0);
+		return rc ? rc : wgrad1(fn, dev, E, M, N, d_off, rows_bound, a1, b, b_rows, b_div, alpha1, c1);
 	}
 	g.off = d_off, g.a[0] = (const bf16 *)a0, g.a[1] = (const bf16 *)a1, g.b = (const bf16 *)b;
+	g.bmap = b_rows, g.bdiv = b_div;
 	g.alpha[0] = alpha0, g.alpha[1] = alpha1, g.M = M, g.N = N;
 	return gw_run<2>(dev, g, E, bm, bn);
+}
+
+extern "C" int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+				      const void *a, const void *b, float alpha, float *const *c)
+{
+	return wgrad1("moe_cuda_grouped_wgrad", dev, E, M, N, d_off, rows_bound, a, b, NULL, 0, alpha, c);
+}
+
+extern "C" int moe_cuda_grouped_wgrad_rows(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+					   const void *a, const void *b, const int32_t *b_rows, int b_div, float alpha,
+					   float *const *c)
+{
+	const char *fn = "moe_cuda_grouped_wgrad_rows";
+	MOE_NONNULL(b_rows, fn);
+	return wgrad1(fn, dev, E, M, N, d_off, rows_bound, a, b, b_rows, b_div, alpha, c);
+}
+
+extern "C" int moe_cuda_grouped_wgrad2(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+				       const void *a0, const void *a1, const void *b, float alpha0, float alpha1,
+				       float *const *c0, float *const *c1)
+{
+	return wgrad2("moe_cuda_grouped_wgrad2", dev, E, M, N, d_off, rows_bound, a0, a1, b, NULL, 0, alpha0, alpha1, c0,
+		      c1);
+}
+
+extern "C" int moe_cuda_grouped_wgrad2_rows(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound,
+					    const void *a0, const void *a1, const void *b, const int32_t *b_rows,
+					    int b_div, float alpha0, float alpha1, float *const *c0, float *const *c1)
+{
+	const char *fn = "moe_cuda_grouped_wgrad2_rows";
+	MOE_NONNULL(b_rows, fn);
+	return wgrad2(fn, dev, E, M, N, d_off, rows_bound, a0, a1, b, b_rows, b_div, alpha0, alpha1, c0, c1);
 }

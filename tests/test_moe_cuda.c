@@ -1084,7 +1084,7 @@ static double *gw_ref(int M, int N, int r0, int r1, const float *a, const float 
 /* Every C_e starts random (the sum must add to it). Expert skip (>= 0, non-empty) gets a NULL
  * pointer: its buffer, like those of the empty experts, must keep its bytes. The 5 rows of a and b
  * past offsets[E] are NaN, so that a read outside the groups shows. A second run from the same start
- * must give the same bits (no atomics), and alpha 0 must change nothing. */
+ * must give the same bits (one add per element), and alpha 0 must change nothing. */
 static void grouped_wgrad_case(int E, int M, int N, const int *nrows, int skip)
 {
 	int32_t *off = offsets_of(E, nrows);
@@ -1159,35 +1159,78 @@ static void test_grouped_wgrad(void **state)
 	}
 }
 
+/* B's rows through a permutation, as the layer's backward reads x (moe_cuda_grouped_wgrad*_rows):
+ * T tokens of x [T, N], each of k pairs; row_pair [rb] maps rows 0..rows-1 to distinct pairs in a
+ * shuffled order and the rows past them to -1. *b_out gets the gathered B [rb, N] (NaN past rows). */
+typedef struct {
+	int T, k;
+	float *x, *b;
+	int32_t *row_pair;
+} gw_perm;
+
+static void gw_perm_make(gw_perm *p, int rows, int rb, int N)
+{
+	p->k = 3, p->T = rows / p->k + 2;
+	int np = p->T * p->k;
+	int32_t *pairs = malloc(sizeof *pairs * (size_t)np);
+	for (int i = 0; i < np; i++)
+		pairs[i] = i;
+	for (int i = np - 1; i > 0; i--) { /* Fisher-Yates */
+		int j = (int)tier_rng_below(&rng, (uint64_t)i + 1), t = pairs[i];
+		pairs[i] = pairs[j], pairs[j] = t;
+	}
+	p->row_pair = malloc(sizeof *p->row_pair * (size_t)rb);
+	for (int r = 0; r < rb; r++)
+		p->row_pair[r] = r < rows ? pairs[r] : -1;
+	float **x = hrand(1, (size_t)p->T * N, 1.0f);
+	p->x = x[0], free(x);
+	p->b = malloc(4 * (size_t)rb * N);
+	for (int r = 0; r < rb; r++)
+		for (int n = 0; n < N; n++)
+			p->b[(size_t)r * N + n] = r < rows ? p->x[(size_t)(p->row_pair[r] / p->k) * N + n] : NAN;
+	free(pairs);
+}
+
 /* grouped_wgrad2 (two products sharing B) against two grouped_wgrad calls from the same start: the
  * same bits in both outputs, with experts wanted by one product only (skip0, skip1), rows past
- * offsets[E] poisoned, and a second alpha. M x N: the adapters' dA (r x in), and shapes the pair
- * hands back to one product at a time. */
+ * offsets[E] poisoned, and a second alpha. B's rows are those of x through a permutation, and the
+ * _rows forms that read them from x (both single and paired) must give the same bits again. M x N:
+ * the adapters' dA (r x in), and shapes the pair hands back to one product at a time. */
 static void grouped_wgrad2_case(int E, int M, int N, const int *nrows, int skip0, int skip1)
 {
 	int32_t *off = offsets_of(E, nrows);
 	int rows = off[E], rb = rows + 5;
 	size_t cn = (size_t)M * N;
-	float **as = hrand(2, (size_t)rb * M, 1.0f), **bs = hrand(1, (size_t)rb * N, 1.0f), **c0 = hrand(2 * E, cn, 1.0f);
+	float **as = hrand(2, (size_t)rb * M, 1.0f), **c0 = hrand(2 * E, cn, 1.0f);
+	gw_perm pm;
+	gw_perm_make(&pm, rows, rb, N);
 	for (int j = 0; j < 2; j++)
 		for (size_t i = (size_t)rows * M; i < (size_t)rb * M; i++)
 			as[j][i] = NAN;
-	for (size_t i = (size_t)rows * N; i < (size_t)rb * N; i++)
-		bs[0][i] = NAN;
 	void *da0 = up_bf16(as[0], (size_t)rb * M), *da1 = up_bf16(as[1], (size_t)rb * M);
-	void *db = up_bf16(bs[0], (size_t)rb * N), *doff = up(off, 4 * (size_t)(E + 1));
-	float *got[2][2][TIER_MOE_MAX_EXPERTS];
-	for (int v = 0; v < 2; v++) { /* v 0: two single calls; v 1: the pair */
+	void *db = up_bf16(pm.b, (size_t)rb * N), *doff = up(off, 4 * (size_t)(E + 1));
+	void *dx = up_bf16(pm.x, (size_t)pm.T * N), *dmap = up(pm.row_pair, 4 * (size_t)rb);
+	float *got[4][2][TIER_MOE_MAX_EXPERTS];
+	/* v 0: two single calls; 1: the pair; 2: the pair from x; 3: two single calls from x */
+	for (int v = 0; v < 4; v++) {
 		void **dc = dcopy(2 * E, c0, cn, 1);
 		float **t0 = calloc((size_t)E, sizeof *t0), **t1 = calloc((size_t)E, sizeof *t1);
 		for (int e = 0; e < E; e++)
 			t0[e] = e == skip0 ? NULL : dc[e], t1[e] = e == skip1 ? NULL : dc[E + e];
-		if (!v) {
-			assert_int_equal(moe_cuda_grouped_wgrad(gpu, E, M, N, doff, rb, da0, db, 0.37f, (float *const *)t0), 0);
-			assert_int_equal(moe_cuda_grouped_wgrad(gpu, E, M, N, doff, rb, da1, db, 1.25f, (float *const *)t1), 0);
+		float *const *c0t = (float *const *)t0, *const *c1t = (float *const *)t1;
+		if (v == 0) {
+			assert_int_equal(moe_cuda_grouped_wgrad(gpu, E, M, N, doff, rb, da0, db, 0.37f, c0t), 0);
+			assert_int_equal(moe_cuda_grouped_wgrad(gpu, E, M, N, doff, rb, da1, db, 1.25f, c1t), 0);
+		} else if (v == 1) {
+			assert_int_equal(moe_cuda_grouped_wgrad2(gpu, E, M, N, doff, rb, da0, da1, db, 0.37f, 1.25f, c0t, c1t),
+					 0);
+		} else if (v == 2) {
+			assert_int_equal(moe_cuda_grouped_wgrad2_rows(gpu, E, M, N, doff, rb, da0, da1, dx, dmap, pm.k, 0.37f,
+								      1.25f, c0t, c1t),
+					 0);
 		} else {
-			assert_int_equal(moe_cuda_grouped_wgrad2(gpu, E, M, N, doff, rb, da0, da1, db, 0.37f, 1.25f,
-								 (float *const *)t0, (float *const *)t1), 0);
+			assert_int_equal(moe_cuda_grouped_wgrad_rows(gpu, E, M, N, doff, rb, da0, dx, dmap, pm.k, 0.37f, c0t), 0);
+			assert_int_equal(moe_cuda_grouped_wgrad_rows(gpu, E, M, N, doff, rb, da1, dx, dmap, pm.k, 1.25f, c1t), 0);
 		}
 		assert_int_equal(tier_dev_sync(gpu), 0);
 		for (int e = 0; e < E; e++)
@@ -1196,14 +1239,17 @@ static void grouped_wgrad2_case(int E, int M, int N, const int *nrows, int skip0
 	}
 	for (int j = 0; j < 2; j++)
 		for (int e = 0; e < E; e++) {
-			assert_memory_equal(got[0][j][e], got[1][j][e], 4 * cn);
+			for (int v = 1; v < 4; v++)
+				assert_memory_equal(got[0][j][e], got[v][j][e], 4 * cn);
 			if ((j ? skip1 : skip0) == e || nrows[e] == 0)
 				assert_memory_equal(got[1][j][e], c0[j * E + e], 4 * cn); /* untouched */
-			free(got[0][j][e]), free(got[1][j][e]);
+			for (int v = 0; v < 4; v++)
+				free(got[v][j][e]);
 		}
-	print_message("grouped_wgrad2 E %d M %d N %d: equal to two grouped_wgrad calls\n", E, M, N);
+	print_message("grouped_wgrad2 E %d M %d N %d: equal to two grouped_wgrad calls, from x too\n", E, M, N);
 	tier_dev_free(gpu, da0), tier_dev_free(gpu, da1), tier_dev_free(gpu, db), tier_dev_free(gpu, doff);
-	hfree(2, as), hfree(1, bs), hfree(2 * E, c0), free(off);
+	tier_dev_free(gpu, dx), tier_dev_free(gpu, dmap);
+	hfree(2, as), hfree(2 * E, c0), free(off), free(pm.x), free(pm.b), free(pm.row_pair);
 }
 
 static void test_grouped_wgrad2(void **state)
@@ -1248,6 +1294,10 @@ static void test_grouped_wgrad_bad_input(void **state)
 	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, -1, p, p, 1.0f, cc), -EINVAL); /* rows_bound */
 	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, p, p, NAN, cc), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, p, p, INFINITY, cc), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_wgrad_rows(gpu, 2, 16, 16, off, 2, p, p, NULL, 3, 1.0f, cc), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_wgrad_rows(gpu, 2, 16, 16, off, 2, p, p, (int32_t *)p, 0, 1.0f, cc), -EINVAL);
+	assert_int_equal(moe_cuda_grouped_wgrad2_rows(gpu, 2, 16, 16, off, 2, p, p, p, (int32_t *)p, 0, 1.0f, 1.0f, cc, cc),
+			 -EINVAL); /* b_div */
 	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, NULL, 2, p, p, 1.0f, cc), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, NULL, p, 1.0f, cc), -EINVAL);
 	static const char *const bad[] = { "32x32", "s16x64", "stream" }; /* not tiles of the list */

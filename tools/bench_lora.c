@@ -6,6 +6,7 @@
  * (moe_cuda_grouped_wgrad, _wgrad2) run again under each C tile of TIER_MOE_WGRAD_TILE, and the rank
  * products under each TIER_MOE_SKINNY_ROWS, so that one run says which form each shape wants. CUDA only. */
 #include "config.h"
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdint.h>
@@ -45,11 +46,14 @@ static void usage(FILE *f)
 }
 
 #ifdef TIER_HAVE_CUDA
-enum { L_COPY, L_ZGU, L_DZG, L_DBG, L_DAGU, L_ZD, L_DZD, L_DBD, L_DAD, L_N };
-static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u", "Z d", "dZ d", "dB d", "dA d" };
+enum { L_COPY, L_ZGU, L_DZG, L_DBG, L_DAGU, L_ZD, L_DZD, L_DBD, L_DAD, L_GATHER, L_DAGX, L_N };
+static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u", "Z d", "dZ d", "dB d", "dA d",
+					"gather", "dA g+u x" };
 /* how often a row's kernel runs in one layer's backward (dZ u and dB u: as dZ g and dB g; the Z
- * products none: the forward keeps Z since session 19) */
-static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1 };
+ * products none: the forward keeps Z since session 19). The last two are the backward's form since
+ * session 25: dA g+u reading the layer's x through the permutation ("x") instead of the xg that the
+ * gather made ("gather" + "dA g+u", counted for the form before). */
+static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1, 1, 0 };
 static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64" };
 #define NTILES (sizeof tiles / sizeof tiles[0])
 static const char *const sk_rows[] = { "128" }; /* TIER_MOE_SKINNY_ROWS beside the default 64 */
@@ -60,6 +64,8 @@ typedef struct {
 	tier_dev *dev;
 	int E, H, I, r, rows;
 	void *x, *dy, *h, *dg, *zg, *zu, *dzg, *dzu, *zd, *dzd, *cp; /* bf16 activations; cp: the copy's target */
+	void *xt;                /* the layer's x [tokens, H], whose rows x holds permuted */
+	int32_t *row_pair, *pair_row; /* the permutation: a shuffle of the tokens' pairs over the rows */
 	void *wa, *wb;                                              /* the adapters' A and B, bf16 */
 	float *ga;                                                  /* their gradients, fp32 */
 	const void *ag[LZ_E], *au[LZ_E], *bg[LZ_E], *ad[LZ_E], *bd[LZ_E];
@@ -83,7 +89,11 @@ static int lz_calls(void *arg)
 	case L_ZD: return moe_cuda_grouped_skinny(d, E, r, I, z->off, n, 1, z->ad, NULL, 0, z->h, z->zd, NULL, 1.0f);
 	case L_DZD: return moe_cuda_grouped_skinny(d, E, r, H, z->off, n, 1, z->bd, NULL, 1, z->dy, z->dzd, NULL, 0.5f);
 	case L_DBD: return moe_cuda_grouped_wgrad(d, E, H, r, z->off, n, z->dy, z->zd, 0.5f, z->dbd);
-	default: return moe_cuda_grouped_wgrad(d, E, r, I, z->off, n, z->dzd, z->h, 1.0f, z->dad);
+	case L_DAD: return moe_cuda_grouped_wgrad(d, E, r, I, z->off, n, z->dzd, z->h, 1.0f, z->dad);
+	case L_GATHER: return moe_cuda_gather(d, n / 8, 8, H, z->pair_row, z->xt, z->x);
+	default:
+		return moe_cuda_grouped_wgrad2_rows(d, E, r, H, z->off, n, z->dzg, z->dzu, z->xt, z->row_pair, 8, 1.0f, 1.0f,
+						    z->dag, z->dau);
 	}
 }
 
@@ -97,13 +107,14 @@ static double lz_bytes(const lz *z, int row)
 	case L_ZGU: return n * H * 2 + 2 * E * r * H * 2 + 2 * n * r * 2;
 	case L_DZG: case L_ZD: return n * I * 2 + E * I * r * 2 + n * r * 2;
 	case L_DBG: case L_DAD: return n * I * 2 + n * r * 2 + 2 * E * I * r * 4;
-	case L_DAGU: return n * H * 2 + 2 * n * r * 2 + 2 * 2 * E * r * H * 4;
+	case L_DAGU: case L_DAGX: return n * H * 2 + 2 * n * r * 2 + 2 * 2 * E * r * H * 4;
+	case L_GATHER: return n / 8 * H * 2 + n * H * 2 + n * 4;
 	case L_DZD: return n * H * 2 + E * H * r * 2 + n * r * 2;
 	default: return n * H * 2 + n * r * 2 + 2 * E * H * r * 4; /* L_DBD */
 	}
 }
 
-static int is_wgrad(int row) { return row == L_DBG || row == L_DAGU || row == L_DBD || row == L_DAD; }
+static int is_wgrad(int row) { return row == L_DBG || row == L_DAGU || row == L_DBD || row == L_DAD || row == L_DAGX; }
 
 /* E contiguous slices of `each` elements at base, as a table of E pointers: bf16 weights, fp32
  * gradients. */
@@ -138,6 +149,32 @@ static void lz_offsets(lz *z)
 		z->hoff[e + 1] += z->hoff[e];
 }
 
+/* The permutation: pair p (token p / 8) at row pair_row[p], a shuffle (fixed seed), as routing
+ * scatters a token's pairs over the experts' rows. */
+static int lz_perm(lz *z)
+{
+	size_t n = (size_t)z->rows;
+	int32_t *rp = malloc(4 * n), *pr = malloc(4 * n);
+	int rc = rp && pr ? 0 : tier_fail(-ENOMEM, "tier-bench lora: no host memory for the permutation");
+	uint64_t s = 0x9e3779b97f4a7c15ull;
+	for (size_t i = 0; !rc && i < n; i++)
+		rp[i] = (int32_t)i;
+	for (size_t i = n - 1; !rc && i > 0; i--) {
+		s = s * 6364136223846793005ull + 1442695040888963407ull;
+		size_t j = (size_t)((s >> 33) % (i + 1));
+		int32_t t = rp[i];
+		rp[i] = rp[j], rp[j] = t;
+	}
+	for (size_t r = 0; !rc && r < n; r++)
+		pr[rp[r]] = (int32_t)r;
+	if (!rc && !(rc = tier_dev_malloc(z->dev, 4 * n, (void **)&z->row_pair)) &&
+	    !(rc = tier_dev_malloc(z->dev, 4 * n, (void **)&z->pair_row)) &&
+	    !(rc = tier_dev_memcpy_h2d(z->dev, z->row_pair, rp, 4 * n)))
+		rc = tier_dev_memcpy_h2d(z->dev, z->pair_row, pr, 4 * n);
+	free(rp), free(pr);
+	return rc;
+}
+
 static int lz_alloc(lz *z)
 {
 	tier_dev *d = z->dev;
@@ -164,14 +201,17 @@ static int lz_alloc(lz *z)
 	lz_gtable(g, rh, z->E, z->dag), lz_gtable(g + E * rh, rh, z->E, z->dau), lz_gtable(g + 2 * E * rh, ri, z->E, z->dbg);
 	lz_gtable(g + 2 * E * rh + E * ri, ri, z->E, z->dad), lz_gtable(g + 2 * E * rh + 2 * E * ri, rh, z->E, z->dbd);
 	lz_offsets(z);
-	if ((rc = tier_dev_malloc(d, sizeof z->hoff, (void **)&z->off)))
+	if ((rc = tier_dev_malloc(d, sizeof z->hoff, (void **)&z->off)) ||
+	    (rc = tier_dev_memcpy_h2d(d, z->off, z->hoff, sizeof z->hoff)) ||
+	    (rc = bench_dev_buf(d, &z->xt, 2 * n / 8 * H, 2)))
 		return rc;
-	return tier_dev_memcpy_h2d(d, z->off, z->hoff, sizeof z->hoff);
+	return lz_perm(z);
 }
 
 static void lz_free(lz *z)
 {
-	void *p[] = { z->x, z->dy, z->cp, z->h, z->dg, z->zg, z->zu, z->dzg, z->dzu, z->zd, z->dzd, z->wa, z->ga, z->off };
+	void *p[] = { z->x, z->dy, z->cp, z->h, z->dg, z->zg, z->zu, z->dzg, z->dzu,
+		      z->zd, z->dzd, z->wa, z->ga, z->off, z->xt, z->row_pair, z->pair_row };
 	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
 		if (p[i])
 			tier_dev_free(z->dev, p[i]);
@@ -233,6 +273,8 @@ static int lz_rows(lz *z, unsigned iters, unsigned layers)
 	bench_summary("one layer's experts' LoRA backward %.1f us by the default tiles, %.1f us by each reduction's "
 		      "fastest; x %u layers: %.2f ms, %.2f ms", layer / 1e3, layer_best / 1e3, layers,
 		      layer * layers / 1e6, layer_best * layers / 1e6);
+	bench_summary("dA g+u from x through the permutation %.1f us against the gather and dA g+u from xg %.1f us "
+		      "(%.2fx)", t[L_DAGX] / 1e3, (t[L_GATHER] + t[L_DAGU]) / 1e3, (t[L_GATHER] + t[L_DAGU]) / t[L_DAGX]);
 	return 0;
 }
 #endif
