@@ -130,14 +130,15 @@ int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *
  * [d_off[e], d_off[e + 1]) of a (bf16 [rows, M]) and b (bf16 [rows, N]), summed in fp32. c: host
  * array of E device pointers, 16-byte aligned; c[e] NULL: expert e's gradient is not wanted and
  * nothing is written for it; experts without rows are left as they are. Deterministic (one CTA per
- * C tile walks all the group's rows; no atomics): the same inputs give the same bits. M and N
+ * C tile walks all the group's rows and adds once): the same inputs give the same bits. M and N
  * multiples of 8 (fastest with M or N <= 16, the rank of the LoRA), a and b 16-byte aligned, alpha
  * finite; alpha 0 or no wanted gradient launches nothing. -EINVAL before any launch otherwise. C is
  * added to by one atomic add per element pair: the CTA owns its tile, so the bits stay fixed.
  * Knob (environment, read at each call): TIER_MOE_WGRAD_TILE=64x16|128x16|16x64|16x128|64x64, the
  * C tile of a CTA (default auto: 64 x 16 when N <= 16, 16 x 64 when M <= 16, else 64 x 64; the pair
  * below takes 64 x 64 one product at a time); a malformed value is -EINVAL. tier-bench lora times
- * each tile on the trainer's shapes. (moe_wgrad.cu) */
+ * each tile on the trainer's shapes. TIER_MOE_WGRAD_ADD=rmw: C read, added to and written instead of
+ * the atomic add (the form before; comparisons). (moe_wgrad.cu) */
 int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound, const void *a,
 			   const void *b, float alpha, float *const *c);
 /* Two of them sharing B in one pass over it: C0_e += alpha0 A0_e^T B_e and C1_e += alpha1 A1_e^T B_e,

@@ -16,7 +16,7 @@
 
 /* ---- grouped_wgrad: C_e += alpha A_e^T B_e, a reduction over each expert's rows ----
  * One CTA per (expert, M tile, N tile) owns its C tile and walks all of its group's rows, so the sum
- * needs no atomics and has one order: the result is the same bit for bit from run to run. The rows
+ * has one order and one add into C: the result is the same bit for bit from run to run. The rows
  * are the k of the product; both operands are stored [rows, cols], so both fragments come by
  * ldmatrix.trans from shared [k][col]. Each of the 4 warps takes its own 16 rows of every 64-row
  * stage and accumulates the whole tile; the 4 partial tiles are summed through shared memory in
@@ -35,7 +35,7 @@ struct gw_args {
 	const bf16 *a[NW], *b;
 	const int32_t *bmap; /* not NULL: row r of B is row bmap[r] / bdiv of b (a negative entry, zeros) */
 	float alpha[NW];
-	int M, N, bdiv;
+	int M, N, bdiv, rmw; /* rmw: C read, added to and written (TIER_MOE_WGRAD_ADD=rmw) */
 };
 
 /* Shared memory: the ring of NW [GW_BK][BM + PAD] A and one [GW_BK][BN + PAD] B stages, reused
@@ -110,10 +110,21 @@ __device__ __forceinline__ void gw_mma(float (*acc)[BN / 8][4], const bf16 *sa, 
 }
 
 /* C += alpha (x, y) as one atomic add of the pair (sm_90): the epilogue does not wait for a read of
- * C. The CTA owns its tile, so each element gets one add and its bits do not depend on timing. */
-__device__ __forceinline__ void gw_add2(float *p, float x, float y, float alpha)
+ * C. The CTA owns its tile, so each element gets one add and its bits do not depend on timing.
+ * rmw: read, add and write instead (the form before, for comparisons). */
+__device__ __forceinline__ void gw_add2(float *p, float x, float y, float alpha, int rmw)
 {
-	atomicAdd(reinterpret_cast<float2 *>(p), make_float2(alpha * x, alpha * y));
+	if (rmw)
+		put2(p, x, y, alpha, 1);
+	else
+		atomicAdd(reinterpret_cast<float2 *>(p), make_float2(alpha * x, alpha * y));
+}
+
+/* TIER_MOE_WGRAD_ADD=rmw: the epilogue's read-modify-write of C (comparisons); else the atomic add. */
+static int gw_rmw(void)
+{
+	const char *v = getenv("TIER_MOE_WGRAD_ADD");
+	return v && !strcmp(v, "rmw");
 }
 
 /* The 4 partial tiles summed in warp order, then C += alpha sum. Entry q of a warp's part is lane
@@ -143,9 +154,9 @@ __device__ __forceinline__ void gw_store(float (*acc)[BN / 8][4], float4 *red, c
 		if (n >= a.N) /* N % 8 == 0: n + 1 < N too */
 			continue;
 		if (m < a.M)
-			gw_add2(C + (size_t)m * a.N + n, s.x, s.y, alpha);
+			gw_add2(C + (size_t)m * a.N + n, s.x, s.y, alpha, a.rmw);
 		if (m + 8 < a.M) /* M % 16 may be 8 */
-			gw_add2(C + (size_t)(m + 8) * a.N + n, s.z, s.w, alpha);
+			gw_add2(C + (size_t)(m + 8) * a.N + n, s.z, s.w, alpha, a.rmw);
 	}
 }
 
@@ -315,7 +326,7 @@ static int wgrad1(const char *fn, tier_dev *dev, int E, int M, int N, const int3
 	if (rows_bound == 0 || wanted == 0 || alpha == 0.0f)
 		return 0; /* nothing to add */
 	g.off = d_off, g.a[0] = (const bf16 *)a, g.b = (const bf16 *)b, g.alpha[0] = alpha, g.M = M, g.N = N;
-	g.bmap = b_rows, g.bdiv = b_div;
+	g.bmap = b_rows, g.bdiv = b_div, g.rmw = gw_rmw();
 	return gw_run<1>(dev, g, E, bm, bn);
 }
 
@@ -341,7 +352,7 @@ static int wgrad2(const char *fn, tier_dev *dev, int E, int M, int N, const int3
 		return rc ? rc : wgrad1(fn, dev, E, M, N, d_off, rows_bound, a1, b, b_rows, b_div, alpha1, c1);
 	}
 	g.off = d_off, g.a[0] = (const bf16 *)a0, g.a[1] = (const bf16 *)a1, g.b = (const bf16 *)b;
-	g.bmap = b_rows, g.bdiv = b_div;
+	g.bmap = b_rows, g.bdiv = b_div, g.rmw = gw_rmw();
 	g.alpha[0] = alpha0, g.alpha[1] = alpha1, g.M = M, g.N = N;
 	return gw_run<2>(dev, g, E, bm, bn);
 }

@@ -1157,6 +1157,11 @@ static void test_grouped_wgrad(void **state)
 			grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
 		unsetenv("TIER_MOE_WGRAD_TILE");
 	}
+	/* the epilogue's read-modify-write of C (the form before the atomic add) */
+	setenv("TIER_MOE_WGRAD_ADD", "rmw", 1);
+	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+		grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
+	unsetenv("TIER_MOE_WGRAD_ADD");
 }
 
 /* B's rows through a permutation, as the layer's backward reads x (moe_cuda_grouped_wgrad*_rows):

@@ -3,7 +3,8 @@
  * rank 16, uniform or Zipf routing), each as the bytes it must move, its time and the rate against a device-
  * to-device copy measured in the same run (the peer: these kernels read each operand once and are
  * bound by memory, so the copy's rate is their ceiling). The weight-gradient reductions
- * (moe_cuda_grouped_wgrad, _wgrad2) run again under each C tile of TIER_MOE_WGRAD_TILE, and the rank
+ * (moe_cuda_grouped_wgrad, _wgrad2) run again under each C tile of TIER_MOE_WGRAD_TILE (and "rmw": the
+ * default tile with TIER_MOE_WGRAD_ADD=rmw, the epilogue before session 25), and the rank
  * products under each TIER_MOE_SKINNY_ROWS, so that one run says which form each shape wants. CUDA only. */
 #include "config.h"
 #include <errno.h>
@@ -54,7 +55,7 @@ static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u
  * session 25: dA g+u reading the layer's x through the permutation ("x") instead of the xg that the
  * gather made ("gather" + "dA g+u", counted for the form before). */
 static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1, 1, 0 };
-static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64" };
+static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "rmw" };
 #define NTILES (sizeof tiles / sizeof tiles[0])
 static const char *const sk_rows[] = { "128" }; /* TIER_MOE_SKINNY_ROWS beside the default 64 */
 #define NSKROWS (sizeof sk_rows / sizeof sk_rows[0])
@@ -227,7 +228,9 @@ static const bench_col cols[] = {
  * product's TIER_MOE_SKINNY_ROWS), print it; its time in *t. */
 static int lz_row(lz *z, int row, const char *tile, unsigned iters, double copy_rate, double *t)
 {
-	const char *knob = is_wgrad(row) ? "TIER_MOE_WGRAD_TILE" : "TIER_MOE_SKINNY_ROWS";
+	/* "rmw": the reductions' default tile with the epilogue's read-modify-write of C (the form before) */
+	const char *knob = !is_wgrad(row) ? "TIER_MOE_SKINNY_ROWS" : tile && !strcmp(tile, "rmw") ? "TIER_MOE_WGRAD_ADD"
+											    : "TIER_MOE_WGRAD_TILE";
 	if (tile)
 		setenv(knob, tile, 1);
 	z->row = row;
