@@ -53,7 +53,7 @@ __device__ __forceinline__ void qk_angles(const qk_args &a, int64_t tok, float s
 /* One row's gradient: lane j holds the pairs (i, i + half) for i = j, j + 32, ..., inverse-rotates
  * them (cs, sn its token's cos and sin, sn times -1 already), and with a norm takes the row's sum of
  * w d x by lanes then the warp. A whole warp calls it for one row; cs and sn lie in shared memory
- * (qk_grad_kernel) or in the table (the table form). */
+ * (qk_grad_kernel). */
 __device__ __forceinline__ void qk_grad_row(const qk_args &a, int64_t tok, int hh, const float *cs, const float *sn)
 {
 	const int lane = threadIdx.x & 31, dim = 2 * a.half;
@@ -164,68 +164,6 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_fwd_kernel(const __grid_cons
 	}
 }
 
-/* ---- The table form ($TIER_QK_TABLE=1): the angles of every position once a call ------------------
- * The kernels above take one token a block, their angles made between two barriers with a quarter
- * of the block working; here a table [seq, half] of cos and sign * sin comes first (the same
- * sincosf of the same product, so the outputs are the same bits), and each warp takes any row. */
-__global__ void qk_table_kernel(const __grid_constant__ qk_args a, float sign, float *ct, float *st)
-{
-	const int64_t n = (int64_t)a.S * a.half;
-	for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
-		const int i = (int)(k % a.half);
-		float pos = (float)(int)(k / a.half), sv, c;
-		sincosf(pos * a.inv[i], &sv, &c);
-		ct[k] = c, st[k] = sv * sign;
-	}
-}
-
-/* Warp w of the grid takes rows w, w + warps, ...: a row's token is row / heads. */
-template <int FWD>
-__global__ void __launch_bounds__(32 * QK_WARPS) qk_tab_kernel(const __grid_constant__ qk_args a, const float *ct,
-							      const float *st, float eps)
-{
-	const int64_t warps = (int64_t)gridDim.x * QK_WARPS, rows = a.tokens * a.heads;
-	for (int64_t row = (int64_t)blockIdx.x * QK_WARPS + (threadIdx.x >> 5); row < rows; row += warps) {
-		const int64_t tok = row / a.heads, at = (tok % a.S) * a.half;
-		const int hh = (int)(row % a.heads);
-		if (FWD)
-			qk_fwd_row(a, tok, hh, ct + at, st + at, eps);
-		else
-			qk_grad_row(a, tok, hh, ct + at, st + at);
-	}
-}
-
-static int qk_table_on(void)
-{
-	const char *v = getenv("TIER_QK_TABLE");
-	return v && !strcmp(v, "1");
-}
-
-/* The table form of either kernel: the table in stream-ordered memory for the call. */
-static int qk_tab_launch(const char *op, tier_dev *d, const qk_args &a, int fwd, float eps)
-{
-	cudaStream_t st = (cudaStream_t)tier_dev_stream(d);
-	const size_t n = (size_t)a.S * a.half;
-	float *tab = NULL;
-	cudaError_t e = cudaMallocAsync((void **)&tab, 2 * n * sizeof(float), st);
-	if (e != cudaSuccess)
-		return tier_fail(-ENOMEM, "%s: the RoPE table (%zu bytes): %s", op, 2 * n * sizeof(float), cudaGetErrorString(e));
-	qk_table_kernel<<<(unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256, 0, st>>>(a, fwd ? 1.0f : -1.0f,
-												 tab, tab + n);
-	const int64_t rows = a.tokens * a.heads, blocks = (rows + QK_WARPS - 1) / QK_WARPS;
-	const unsigned grid = (unsigned)(blocks < 65536 ? blocks : 65536);
-	if (fwd)
-		qk_tab_kernel<1><<<grid, 32 * QK_WARPS, 0, st>>>(a, tab, tab + n, eps);
-	else
-		qk_tab_kernel<0><<<grid, 32 * QK_WARPS, 0, st>>>(a, tab, tab + n, 0.0f);
-	e = cudaGetLastError();
-	cudaError_t f = cudaFreeAsync(tab, st); /* in stream order: after the kernels */
-	if (e != cudaSuccess || f != cudaSuccess)
-		return tier_fail(-EIO, "%s (%lld rows, the table form): %s", op, (long long)rows,
-				 cudaGetErrorString(e != cudaSuccess ? e : f));
-	return 0;
-}
-
 /* The arguments both kernels take; the checks of both entries. */
 static int qk_setup(const char *op, tier_dev *d, const tier_rope_params *r, const void *in, void *out, int norm,
 		    const void *x, const void *rstd, qk_args *a)
@@ -265,8 +203,6 @@ extern "C" int opsc_qk_fwd(tier_dev *d, const tier_rope_params *r, const float *
 	if (rc || r->tokens == 0)
 		return rc;
 	a.dq = NULL, a.x = x, a.rstd = rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out;
-	if (qk_table_on())
-		return qk_tab_launch("opsc_qk_fwd", d, a, 1, eps);
 	qk_fwd_kernel<<<qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d)>>>(a, eps);
 	return qk_launched("opsc_qk_fwd", r);
 }
@@ -282,8 +218,6 @@ extern "C" int opsc_qk_grad_ld(tier_dev *d, const tier_rope_params *r, const flo
 		return tier_fail(-EINVAL, "opsc_qk_grad: out's row stride %lld is below a token's %lld elements (%lld heads "
 				 "of %lld)", (long long)ld, (long long)a.ld, (long long)r->n_heads, (long long)r->head_dim);
 	a.dq = dq, a.x = x, a.rstd = (float *)rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out, a.ld = ld;
-	if (qk_table_on())
-		return qk_tab_launch("opsc_qk_grad", d, a, 0, 0.0f);
 	qk_grad_kernel<<<qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d)>>>(a);
 	return qk_launched("opsc_qk_grad", r);
 }

@@ -24,6 +24,8 @@
  * dA [r, in] (r <= 16: a square tile would compute 4 times what they need), 64 x 64 otherwise. */
 #define GW_BK 64       /* rows per pipeline stage: 16 per warp */
 #define GW_STAGES 4    /* the groups are read once: stages in flight hide the memory latency */
+/* TIER_MOE_WGRAD_STAGES=3: three stages (less shared memory, more CTAs an SM to cover each CTA's
+ * start and end) for measurements */
 #define GW_THREADS 128 /* 4 warps */
 
 /* NW products sharing B: C_j,e += alpha_j A_j,e^T B_e (two: the gate's and the up adapter's dA from
@@ -40,11 +42,11 @@ struct gw_args {
 
 /* Shared memory: the ring of NW [GW_BK][BM + PAD] A and one [GW_BK][BN + PAD] B stages, reused
  * after the loop for the warps' partial tiles (one float4 per lane and 16 x 8 tile). */
-template <int BM, int BN, int NW = 1>
+template <int BM, int BN, int NW = 1, int ST = GW_STAGES>
 struct gw_smem {
 	static constexpr int LDA = BM + GW_PAD, LDB = BN + GW_PAD, MI = BM / 16, NJ = BN / 8;
 	static constexpr int A = GW_BK * LDA, B = GW_BK * LDB;
-	static constexpr size_t RING = (size_t)GW_STAGES * (NW * A + B) * sizeof(bf16);
+	static constexpr size_t RING = (size_t)ST * (NW * A + B) * sizeof(bf16);
 	static constexpr size_t RED = (size_t)GW_THREADS * MI * NJ * sizeof(float4);
 	static constexpr size_t BYTES = RING > RED ? RING : RED;
 	static_assert(LDA % 8 == 0 && LDB % 8 == 0 && A % 8 == 0, "16-byte shared rows");
@@ -164,10 +166,10 @@ __device__ __forceinline__ void gw_store(float (*acc)[BN / 8][4], float4 *red, c
  * also frees slot (kt - 1) % STAGES for the prefetch of stage kt + STAGES - 1. With NW = 2 each
  * stage of B serves both products; each accumulates exactly as alone (the same tiles, the same
  * order), so each result is the one-product kernel's bit for bit. */
-template <int BM, int BN, int NW>
+template <int BM, int BN, int NW, int ST>
 __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ gw_args<NW> a)
 {
-	typedef gw_smem<BM, BN, NW> SM;
+	typedef gw_smem<BM, BN, NW, ST> SM;
 	extern __shared__ __align__(16) unsigned char smem[];
 	int e = blockIdx.z, row0 = a.off[e], rend = a.off[e + 1];
 	bool want = false;
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ 
 	if (!want || rend <= row0)
 		return; /* not wanted, or no rows: C_e stays as it is */
 	int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	bf16 *sa = (bf16 *)smem, *sb = sa + GW_STAGES * NW * SM::A; /* stage s of product j: sa + (s NW + j) A */
+	bf16 *sa = (bf16 *)smem, *sb = sa + ST * NW * SM::A; /* stage s of product j: sa + (s NW + j) A */
 	float acc[NW][SM::MI][SM::NJ][4];
 #pragma unroll
 	for (int j = 0; j < NW; j++)
@@ -189,13 +191,15 @@ __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ 
 				for (int i = 0; i < 4; i++)
 					acc[j][mi][nj][i] = 0.0f;
 	int nk = (rend - row0 + GW_BK - 1) / GW_BK;
-	/* with a map, the source rows of the next stage to load are fetched one stage ahead, so that
-	 * the map's latency is not in the ring's issue */
-	int src[GW_BK * BN / 8 / GW_THREADS];
-	if (a.bmap)
+	/* with a map, the source rows of a stage are fetched two loads before it is loaded (src: the
+	 * next load's, src2: the one after), so that the map's latency stays out of the ring's issue */
+	int src[GW_BK * BN / 8 / GW_THREADS], src2[GW_BK * BN / 8 / GW_THREADS];
+	if (a.bmap) {
 		gw_rows<BN>(src, a.bmap, a.bdiv, row0, rend);
+		gw_rows<BN>(src2, a.bmap, a.bdiv, row0 + GW_BK, rend);
+	}
 	auto load = [&](int kt) {
-		int s = kt % GW_STAGES, r = row0 + kt * GW_BK;
+		int s = kt % ST, r = row0 + kt * GW_BK;
 #pragma unroll
 		for (int j = 0; j < NW; j++)
 			gw_load<BM>(sa + (s * NW + j) * SM::A, a.a[j], a.M, r, rend, m0);
@@ -204,9 +208,12 @@ __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ 
 			return;
 		}
 		gw_load_mapped<BN>(sb + s * SM::B, a.b, a.N, src, n0);
-		gw_rows<BN>(src, a.bmap, a.bdiv, r + GW_BK, rend);
+#pragma unroll
+		for (int i = 0; i < GW_BK * BN / 8 / GW_THREADS; i++)
+			src[i] = src2[i];
+		gw_rows<BN>(src2, a.bmap, a.bdiv, r + 2 * GW_BK, rend);
 	};
-	cp_async_ring<GW_STAGES>(nk, load, [&](int s, int kt) {
+	cp_async_ring<ST>(nk, load, [&](int s, int kt) {
 		if (row0 + kt * GW_BK + warp * 16 < rend) /* a slice wholly past the group is zeros */
 #pragma unroll
 			for (int j = 0; j < NW; j++)
@@ -221,15 +228,28 @@ __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ 
 	}
 }
 
+template <int BM, int BN, int NW, int ST>
+static int gw_launch_st(tier_dev *dev, const gw_args<NW> &a, int E)
+{
+	typedef gw_smem<BM, BN, NW, ST> SM;
+	dim3 grid((unsigned)((a.N + BN - 1) / BN), (unsigned)((a.M + BM - 1) / BM), (unsigned)E);
+	CUDA_TRY(cudaFuncSetAttribute(gw_kernel<BM, BN, NW, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				      (int)SM::BYTES));
+	gw_kernel<BM, BN, NW, ST><<<grid, GW_THREADS, SM::BYTES, moe_stream(dev)>>>(a);
+	CUDA_LAUNCHED();
+	return 0;
+}
+
+static int gw_three_stages(void)
+{
+	const char *v = getenv("TIER_MOE_WGRAD_STAGES");
+	return v && !strcmp(v, "3");
+}
+
 template <int BM, int BN, int NW>
 static int gw_launch(tier_dev *dev, const gw_args<NW> &a, int E)
 {
-	typedef gw_smem<BM, BN, NW> SM;
-	dim3 grid((unsigned)((a.N + BN - 1) / BN), (unsigned)((a.M + BM - 1) / BM), (unsigned)E);
-	CUDA_TRY(cudaFuncSetAttribute(gw_kernel<BM, BN, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES));
-	gw_kernel<BM, BN, NW><<<grid, GW_THREADS, SM::BYTES, moe_stream(dev)>>>(a);
-	CUDA_LAUNCHED();
-	return 0;
+	return gw_three_stages() ? gw_launch_st<BM, BN, NW, 3>(dev, a, E) : gw_launch_st<BM, BN, NW, GW_STAGES>(dev, a, E);
 }
 
 /* c[e] for e < E into the table (each 16-byte aligned or NULL); how many are not NULL in *n. */

@@ -1157,11 +1157,15 @@ static void test_grouped_wgrad(void **state)
 			grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
 		unsetenv("TIER_MOE_WGRAD_TILE");
 	}
-	/* the epilogue's read-modify-write of C (the form before the atomic add) */
-	setenv("TIER_MOE_WGRAD_ADD", "rmw", 1);
-	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-		grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
-	unsetenv("TIER_MOE_WGRAD_ADD");
+	/* the epilogue's read-modify-write of C (the form before the atomic add), and three stages */
+	static const char *const knobs[][2] = { { "TIER_MOE_WGRAD_ADD", "rmw" }, { "TIER_MOE_WGRAD_STAGES", "3" } };
+	for (size_t k = 0; k < 2; k++) {
+		setenv(knobs[k][0], knobs[k][1], 1);
+		for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+			grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
+		grouped_wgrad_case(3, 2048, 16, r3, 2);
+		unsetenv(knobs[k][0]);
+	}
 }
 
 /* B's rows through a permutation, as the layer's backward reads x (moe_cuda_grouped_wgrad*_rows):
@@ -1277,6 +1281,10 @@ static void test_grouped_wgrad2(void **state)
 		grouped_wgrad2_case(3, 64, 16, r3, -1, -1);
 		unsetenv("TIER_MOE_WGRAD_TILE");
 	}
+	setenv("TIER_MOE_WGRAD_STAGES", "3", 1);
+	grouped_wgrad2_case(3, 16, 2048, r3, 2, -1);
+	grouped_wgrad2_case(40, 16, 768, r40, -1, 7);
+	unsetenv("TIER_MOE_WGRAD_STAGES");
 }
 
 /* What grouped_wgrad refuses on the host, before any launch. */

@@ -794,42 +794,7 @@ static void qk_fwd_case(int tokens, int seq, int heads, int hd, int with_norm)
 	free(x), free(w), free(ref), free(xf), free(rg), free(rs), free(wb), free(got), free(sep);
 }
 
-/* $TIER_QK_TABLE=1 (the angles in a table first, any warp any row) gives the same bits as the
- * default kernels, forward (out, rstd) and backward (into a padded stride: the gaps untouched). */
-static void qk_table_case(int tokens, int seq, int heads, int hd, int with_norm)
-{
-	size_t rows = (size_t)tokens * heads, n = rows * hd, ld = (size_t)heads * hd + 8;
-	float *xf = rand_f32(NULL, n, 2.0f), *dqf = rand_f32(NULL, n, 1.0f), *rs[2];
-	double *w = malloc(8 * hd);
-	uint16_t *wb = rand_bf16(w, hd, 0.1f, 1.0f), *fo[2], *go[2];
-	void *dX = up(xf, 4 * n), *dW = up(wb, 2 * hd), *dDQ = up(dqf, 4 * n);
-	tier_rope_params rp = { .tokens = tokens, .seq = seq, .n_heads = heads, .head_dim = hd, .theta = 1e6f };
-	for (int t = 0; t < 2; t++) {
-		void *dF = poisoned(2 * n), *dR = poisoned(4 * rows), *dG = poisoned(2 * tokens * ld);
-		assert_int_equal(t ? setenv("TIER_QK_TABLE", "1", 1) : unsetenv("TIER_QK_TABLE"), 0);
-		assert_int_equal(opsc_qk_fwd(gpu, &rp, dX, with_norm ? dW : NULL, 1e-6f, dF, dR), 0);
-		assert_int_equal(opsc_qk_grad_ld(gpu, &rp, dDQ, dX, with_norm ? dW : NULL, dR, dG, (int64_t)ld), 0);
-		fo[t] = malloc(2 * n), go[t] = malloc(2 * tokens * ld), rs[t] = malloc(4 * rows);
-		down(fo[t], dF, 2 * n), down(go[t], dG, 2 * tokens * ld), down(rs[t], dR, 4 * rows);
-		tier_dev_free(gpu, dF), tier_dev_free(gpu, dR), tier_dev_free(gpu, dG);
-	}
-	unsetenv("TIER_QK_TABLE");
-	print_message("qk table form tokens=%d seq=%d heads=%d head_dim=%d %s: the same bits\n", tokens, seq, heads, hd,
-		      with_norm ? "with norm" : "no norm");
-	assert_memory_equal(fo[0], fo[1], 2 * n);
-	assert_memory_equal(go[0], go[1], 2 * tokens * ld);
-	if (with_norm)
-		assert_memory_equal(rs[0], rs[1], 4 * rows);
-	for (int t = 0; t < tokens; t++)
-		for (size_t c = (size_t)heads * hd; c < ld; c++)
-			assert_int_equal(go[1][t * ld + c], 0xffff);
-	tier_dev_free(gpu, dX), tier_dev_free(gpu, dW), tier_dev_free(gpu, dDQ);
-	for (int t = 0; t < 2; t++)
-		free(fo[t]), free(go[t]), free(rs[t]);
-	free(xf), free(dqf), free(w), free(wb);
-}
-
-/* The q/k gradient's shapes (test_qk_grad), the table form's too (test_qk_table). */
+/* The q/k gradient's shapes (test_qk_grad). */
 static const struct { int tokens, seq, heads, hd, norm; } qk_shapes[] = {
 	{ 2 * 77, 77, 32, 128, 1 }, /* Qwen3's q heads: 2 sequences of 77 */
 	{ 37, 37, 4, 128, 1 },      /* k heads */
@@ -839,13 +804,6 @@ static const struct { int tokens, seq, heads, hd, norm; } qk_shapes[] = {
 	{ 40, 20, 8, 128, 0 },      /* Mixtral: RoPE alone */
 };
 #define QK_SHAPES (sizeof qk_shapes / sizeof qk_shapes[0])
-
-static void test_qk_table(void **state)
-{
-	(void)state;
-	for (size_t i = 0; i < QK_SHAPES; i++)
-		qk_table_case(qk_shapes[i].tokens, qk_shapes[i].seq, qk_shapes[i].heads, qk_shapes[i].hd, qk_shapes[i].norm);
-}
 
 static void test_qk_fwd(void **state)
 {
@@ -1545,7 +1503,6 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_linear_dropout),
 		cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_qk_fwd),   cmocka_unit_test(test_qk_grad),
-		cmocka_unit_test(test_qk_table),
 		cmocka_unit_test(test_linear_bwd_bf16),
 		cmocka_unit_test(test_linear_bwd_to16), cmocka_unit_test(test_linear_cat),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),

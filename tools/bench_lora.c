@@ -4,7 +4,8 @@
  * to-device copy measured in the same run (the peer: these kernels read each operand once and are
  * bound by memory, so the copy's rate is their ceiling). The weight-gradient reductions
  * (moe_cuda_grouped_wgrad, _wgrad2) run again under each C tile of TIER_MOE_WGRAD_TILE (and "rmw": the
- * default tile with TIER_MOE_WGRAD_ADD=rmw, the epilogue before session 25), and the rank
+ * default tile with TIER_MOE_WGRAD_ADD=rmw, the epilogue before session 25; "st3", with
+ * TIER_MOE_WGRAD_STAGES=3), and the rank
  * products under each TIER_MOE_SKINNY_ROWS, so that one run says which form each shape wants. CUDA only. */
 #include "config.h"
 #include <errno.h>
@@ -55,7 +56,7 @@ static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u
  * session 25: dA g+u reading the layer's x through the permutation ("x") instead of the xg that the
  * gather made ("gather" + "dA g+u", counted for the form before). */
 static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1, 1, 0 };
-static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "rmw" };
+static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "rmw", "st3" };
 #define NTILES (sizeof tiles / sizeof tiles[0])
 static const char *const sk_rows[] = { "128" }; /* TIER_MOE_SKINNY_ROWS beside the default 64 */
 #define NSKROWS (sizeof sk_rows / sizeof sk_rows[0])
@@ -228,11 +229,18 @@ static const bench_col cols[] = {
  * product's TIER_MOE_SKINNY_ROWS), print it; its time in *t. */
 static int lz_row(lz *z, int row, const char *tile, unsigned iters, double copy_rate, double *t)
 {
-	/* "rmw": the reductions' default tile with the epilogue's read-modify-write of C (the form before) */
-	const char *knob = !is_wgrad(row) ? "TIER_MOE_SKINNY_ROWS" : tile && !strcmp(tile, "rmw") ? "TIER_MOE_WGRAD_ADD"
-											    : "TIER_MOE_WGRAD_TILE";
+	/* "rmw": the reductions' default tile with the epilogue's read-modify-write of C (the form
+	 * before); "st3": with three pipeline stages */
+	const char *knob = "TIER_MOE_WGRAD_TILE";
+	if (!is_wgrad(row))
+		knob = "TIER_MOE_SKINNY_ROWS";
+	else if (tile && !strcmp(tile, "rmw"))
+		knob = "TIER_MOE_WGRAD_ADD";
+	else if (tile && !strcmp(tile, "st3"))
+		knob = "TIER_MOE_WGRAD_STAGES";
+	const char *val = tile && !strcmp(tile, "st3") ? "3" : tile;
 	if (tile)
-		setenv(knob, tile, 1);
+		setenv(knob, val, 1);
 	z->row = row;
 	int rc;
 	*t = bench_measure_ms(z->dev, lz_calls, z, 0, iters, &rc) * 1e6;
