@@ -27,6 +27,7 @@
 /* TIER_MOE_WGRAD_STAGES=3: three stages (less shared memory, more CTAs an SM to cover each CTA's
  * start and end) for measurements */
 #define GW_THREADS 128 /* 4 warps */
+#define GW_CHUNKS(W) (GW_BK * (W) / 8 / GW_THREADS) /* 16-byte chunks a thread loads of a W-column stage */
 
 /* NW products sharing B: C_j,e += alpha_j A_j,e^T B_e (two: the gate's and the up adapter's dA from
  * one pass over X). */
@@ -60,15 +61,14 @@ __device__ __forceinline__ void gw_load(bf16 *s, const bf16 *g, int ld, int row0
 	cp_async_tile<GW_BK, W, W + GW_PAD, GW_THREADS>(s, g, ld, row0, rend, col0, ld);
 }
 
-/* The same for B's rows through the map: src[i] is the source row of this thread's i-th chunk row
- * (gw_rows, fetched a stage ahead), -1 for a zero row. */
+/* The same for B's rows through the map: src[i] is the source row of this thread's i-th chunk
+ * (gw_rows, fetched two loads ahead), -1 for a zero row. */
 template <int W>
-__device__ __forceinline__ void gw_load_mapped(bf16 *s, const bf16 *g, int ld, const int (&src)[GW_BK * W / 8 / GW_THREADS],
-					       int col0)
+__device__ __forceinline__ void gw_load_mapped(bf16 *s, const bf16 *g, int ld, const int (&src)[GW_CHUNKS(W)], int col0)
 {
 	constexpr int CPR = W / 8;
 #pragma unroll
-	for (int i = 0; i < GW_BK * CPR / GW_THREADS; i++) {
+	for (int i = 0; i < GW_CHUNKS(W); i++) {
 		int q = threadIdx.x + i * GW_THREADS, r = q / CPR, c = q % CPR * 8, gc = col0 + c;
 		bool ok = src[i] >= 0 && gc < ld;
 		cp_async16(s + r * (W + GW_PAD) + c, ok ? g + (size_t)src[i] * ld + gc : g, ok);
@@ -78,12 +78,11 @@ __device__ __forceinline__ void gw_load_mapped(bf16 *s, const bf16 *g, int ld, c
 /* The source rows of this thread's chunks of the stage at row0 (gw_load_mapped): the map's entry
  * over div, -1 past rend or where the map has none. */
 template <int W>
-__device__ __forceinline__ void gw_rows(int (&src)[GW_BK * W / 8 / GW_THREADS], const int32_t *map, int div, int row0,
-					int rend)
+__device__ __forceinline__ void gw_rows(int (&src)[GW_CHUNKS(W)], const int32_t *map, int div, int row0, int rend)
 {
 	constexpr int CPR = W / 8;
 #pragma unroll
-	for (int i = 0; i < GW_BK * CPR / GW_THREADS; i++) {
+	for (int i = 0; i < GW_CHUNKS(W); i++) {
 		int r = row0 + (threadIdx.x + i * GW_THREADS) / CPR, p = r < rend ? __ldg(map + r) : -1;
 		src[i] = p >= 0 ? p / div : -1;
 	}
@@ -193,7 +192,7 @@ __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ 
 	int nk = (rend - row0 + GW_BK - 1) / GW_BK;
 	/* with a map, the source rows of a stage are fetched two loads before it is loaded (src: the
 	 * next load's, src2: the one after), so that the map's latency stays out of the ring's issue */
-	int src[GW_BK * BN / 8 / GW_THREADS], src2[GW_BK * BN / 8 / GW_THREADS];
+	int src[GW_CHUNKS(BN)], src2[GW_CHUNKS(BN)];
 	if (a.bmap) {
 		gw_rows<BN>(src, a.bmap, a.bdiv, row0, rend);
 		gw_rows<BN>(src2, a.bmap, a.bdiv, row0 + GW_BK, rend);
@@ -209,7 +208,7 @@ __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ 
 		}
 		gw_load_mapped<BN>(sb + s * SM::B, a.b, a.N, src, n0);
 #pragma unroll
-		for (int i = 0; i < GW_BK * BN / 8 / GW_THREADS; i++)
+		for (int i = 0; i < GW_CHUNKS(BN); i++)
 			src[i] = src2[i];
 		gw_rows<BN>(src2, a.bmap, a.bdiv, r + 2 * GW_BK, rend);
 	};
