@@ -21,16 +21,18 @@
 # the LoRA adapter's part first; bench/RESULTS.md, "session 23"). Session 24 ran them on an H200
 # ((a) 18,271 at batch 3, (a)/(c) 2.81; (b)/(a) 0.842), then on an H100 the q, k, v projections'
 # backward in one product (+1.7% on (a)) and gate/up's LoRA segment on TMA (+0.9% more; (b) +3.1%
-# for both), both now the defaults. Two forms are written but off: the forward's adapters in one
-# product (TIER_QKV_FWD_CAT=1, its tests passed on an H100, not timed: the budget ran out) and the
-# q/k kernels' table form (TIER_QK_TABLE=1, not yet run; test_ops_cuda test_qk_table asks for the
-# default kernels' bits). Next, on an H200 (needs_h200): the tests first, then the gates of the
-# staged build with the forms before session 24 as the peer and the two forms as variants in the
-# same call, carry [".device/pack.tar.xz", ".device/lib"] (~450 s):
-#   TESTS="test_ops_cuda test_golden_cuda test_moe_wgmma test_moe_cuda"
-#   TEST_FORMS="TIER_QKV_FWD_CAT=1 TIER_QK_TABLE=1"
-#   VARIANTS="TIER_QKV_CAT=0 TIER_MOE_WGMMA_TMA=1;;TIER_QKV_FWD_CAT=1;TIER_QK_TABLE=1" ROUNDS=2
+# for both), both now the defaults. Session 25 (H100 only: six H200 starts failed) ran the two off
+# forms (the forward's adapters in one product: no gain, stays off; the q/k table form: -1.4%, taken
+# out) and its own defaults: the LoRA reductions add to C without reading it, and the backward's
+# gate/up dA read x through the permutation instead of a gathered xg: (a) +1.6% on session 24's
+# defaults. a634a7b (staged, not yet run on a GPU) fetches the permutation's rows two loads ahead
+# (the x form ran 145.6 us against 95.0 from xg in tier-bench lora) and adds TIER_MOE_WGRAD_STAGES=3.
+# Next, on an H200 (needs_h200), carry [".device/pack.tar.xz", ".device/lib"] (~330 s):
+#   .device/bin/tier-bench lora > $OUT/lora.txt
+#   TESTS="test_moe_cuda test_golden_cuda"
+#   VARIANTS="TIER_QKV_CAT=0 TIER_MOE_WGMMA_TMA=1 TIER_MOE_X_ROWS=0 TIER_MOE_WGRAD_ADD=rmw;" ROUNDS=2
 #   bench/forms-ab.sh .device/bin $OUT/ab; STAGES=c,b bench/next-session.sh .device/bin $OUT/n
+# (the first variant: the forms of session 24's H200 gate figures, as the peer in the same call).
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
 # and attn, and (a): QUICK=1 about 60 s on an H100.)
 # At batch 3 the op cache's entries took 43.7 GiB (all 576 kept; 56G leaves room for a build whose
