@@ -60,7 +60,7 @@ static const char *fz_path(const char *name)
 
 /* A loader's verdict: 1 when it refused (trapping unless it left nothing behind, out NULL, and said
  * why in tier_last_error), 0 when it accepted. */
-static int fz_refused(int rc, const void *out)
+static inline int fz_refused(int rc, const void *out)
 {
 	if (rc == 0)
 		return 0;
