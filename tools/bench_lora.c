@@ -5,7 +5,7 @@
  * bound by memory, so the copy's rate is their ceiling). The weight-gradient reductions
  * (moe_cuda_grouped_wgrad, _wgrad2) run again under each C tile of TIER_MOE_WGRAD_TILE (and "rmw": the
  * default tile with TIER_MOE_WGRAD_ADD=rmw, the epilogue before session 25; "st3", with
- * TIER_MOE_WGRAD_STAGES=3), and the rank
+ * TIER_MOE_WGRAD_STAGES=3; "cols", TIER_MOE_WGRAD_WARPS=cols), and the rank
  * products under each TIER_MOE_SKINNY_ROWS, so that one run says which form each shape wants. CUDA only. */
 #include "config.h"
 #include <errno.h>
@@ -56,7 +56,7 @@ static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u
  * session 25: dA g+u reading the layer's x through the permutation ("x") instead of the xg that the
  * gather made ("gather" + "dA g+u", counted for the form before). */
 static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1, 1, 0 };
-static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "rmw", "st3" };
+static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "rmw", "st3", "cols" };
 #define NTILES (sizeof tiles / sizeof tiles[0])
 static const char *const sk_rows[] = { "128" }; /* TIER_MOE_SKINNY_ROWS beside the default 64 */
 #define NSKROWS (sizeof sk_rows / sizeof sk_rows[0])
@@ -230,7 +230,7 @@ static const bench_col cols[] = {
 static int lz_row(lz *z, int row, const char *tile, unsigned iters, double copy_rate, double *t)
 {
 	/* "rmw": the reductions' default tile with the epilogue's read-modify-write of C (the form
-	 * before); "st3": with three pipeline stages */
+	 * before); "st3": with three pipeline stages; "cols": the split form */
 	const char *knob = "TIER_MOE_WGRAD_TILE";
 	if (!is_wgrad(row))
 		knob = "TIER_MOE_SKINNY_ROWS";
@@ -238,6 +238,8 @@ static int lz_row(lz *z, int row, const char *tile, unsigned iters, double copy_
 		knob = "TIER_MOE_WGRAD_ADD";
 	else if (tile && !strcmp(tile, "st3"))
 		knob = "TIER_MOE_WGRAD_STAGES";
+	else if (tile && !strcmp(tile, "cols"))
+		knob = "TIER_MOE_WGRAD_WARPS";
 	const char *val = tile && !strcmp(tile, "st3") ? "3" : tile;
 	if (tile)
 		setenv(knob, val, 1);
