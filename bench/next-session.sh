@@ -25,13 +25,15 @@
 # forms (the forward's adapters in one product: no gain, stays off; the q/k table form: -1.4%, taken
 # out) and its own defaults: the LoRA reductions add to C without reading it, and the backward's
 # gate/up dA read x through the permutation instead of a gathered xg: (a) +1.6% on session 24's
-# defaults. a634a7b (staged, not yet run on a GPU) fetches the permutation's rows two loads ahead
-# (the x form ran 145.6 us against 95.0 from xg in tier-bench lora) and adds TIER_MOE_WGRAD_STAGES=3.
-# Next, on an H200 (needs_h200), carry [".device/pack.tar.xz", ".device/lib"] (~330 s):
-#   .device/bin/tier-bench lora > $OUT/lora.txt
-#   TESTS="test_moe_cuda test_golden_cuda"
-#   VARIANTS="TIER_QKV_CAT=0 TIER_MOE_WGMMA_TMA=1 TIER_MOE_X_ROWS=0 TIER_MOE_WGRAD_ADD=rmw;" ROUNDS=2
-#   bench/forms-ab.sh .device/bin $OUT/ab; STAGES=c,b bench/next-session.sh .device/bin $OUT/n
+# defaults; a634a7b's (the permutation's rows fetched two loads ahead; TIER_MOE_WGRAD_STAGES=3)
+# passed test_moe_cuda and test_golden_cuda on an H100. Written after the device time ran out, off
+# and not yet run: the reductions' split form (TIER_MOE_WGRAD_WARPS=cols: each warp a quarter of
+# the C tile, no shared-memory sum at the end). Next, on an H200 (needs_h200), carry
+# [".device/pack.tar.xz", ".device/lib"] (~360 s):
+#   .device/bin/tier-bench lora > $OUT/lora.txt   (the "cols" rows against "auto")
+#   TESTS="test_moe_cuda test_golden_cuda" TEST_FORMS="TIER_MOE_WGRAD_WARPS=cols"
+#   VARIANTS="TIER_QKV_CAT=0 TIER_MOE_WGMMA_TMA=1 TIER_MOE_X_ROWS=0 TIER_MOE_WGRAD_ADD=rmw;;TIER_MOE_WGRAD_WARPS=cols"
+#   ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab; STAGES=c,b bench/next-session.sh .device/bin $OUT/n
 # (the first variant: the forms of session 24's H200 gate figures, as the peer in the same call).
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
 # and attn, and (a): QUICK=1 about 60 s on an H100.)
