@@ -1100,20 +1100,31 @@ static int cat_copy(tier_dev *d, void *dst, const void *src, size_t bytes)
 	return 0;
 }
 
+/* The adapters' A rows in segment order into astk [sum r, in]: the forward's stack, and the tail of
+ * the backward's. */
+static int cat_stack_a(tier_dev *d, int in, int n, const opsc_lin_seg *s, bf16 *astk)
+{
+	int rc;
+	for (int j = 0, r0 = 0; j < n; j++) {
+		const tier_lora_ref *l = s[j].lora;
+		if (!lora_on(l))
+			continue;
+		if ((rc = cat_copy(d, astk + (size_t)r0 * in, l->a, (size_t)l->rank * in * 2)))
+			return rc;
+		r0 += l->rank;
+	}
+	return 0;
+}
+
 /* wcat [K, in]: the weights' rows in segment order, then the adapters' A rows (from row aoff, the
  * segments' outputs summed), as dy's columns. */
 static int cat_stack(tier_dev *d, int in, int n, const opsc_lin_seg *s, int aoff, bf16 *wcat)
 {
 	int rc;
-	for (int j = 0, off = 0; j < n; off += s[j].out, j++) {
-		const tier_lora_ref *l = s[j].lora;
+	for (int j = 0, off = 0; j < n; off += s[j].out, j++)
 		if ((rc = cat_copy(d, wcat + (size_t)off * in, s[j].w, (size_t)s[j].out * in * 2)))
 			return rc;
-		if (lora_on(l) && (rc = cat_copy(d, wcat + (size_t)aoff * in, l->a, (size_t)l->rank * in * 2)))
-			return rc;
-		aoff += lora_on(l) ? l->rank : 0;
-	}
-	return 0;
+	return cat_stack_a(d, in, n, s, wcat + (size_t)aoff * in);
 }
 
 int opsc_linear_bwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, const opsc_lin_seg *s, opsc_bf16 *dy,
@@ -1158,14 +1169,9 @@ int opsc_linear_fwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, c
 	if (T == 0)
 		return 0;
 	const int xr = opsc_linear_cat_ranks(n, s);
-	int r0 = 0;
 	bf16 *astk = (bf16 *)ws, *xa = (bf16 *)((char *)ws + al256((size_t)xr * in * 2));
-	for (int j = 0; j < n; j++) {
-		const tier_lora_ref *l = s[j].lora;
-		if (lora_on(l) && (rc = cat_copy(d, astk + (size_t)r0 * in, l->a, (size_t)l->rank * in * 2)))
-			return rc;
-		r0 += lora_on(l) ? l->rank : 0;
-	}
+	if ((rc = cat_stack_a(d, in, n, s, astk)))
+		return rc;
 	/* xa^T [xr, T] = A_all (stored [in, xr], transposed) x^T (stored [in, T]) */
 	if (xr && (rc = gemm_to_bf16(d, xr, T, in, 1.0f, bf(1, astk, in), bf(0, x, in), xa)))
 		return rc;

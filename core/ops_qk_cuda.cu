@@ -13,8 +13,6 @@
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 #include "core/ops_cuda.h"
 #include "base/cuda_reduce.cuh"
 
@@ -50,117 +48,102 @@ __device__ __forceinline__ void qk_angles(const qk_args &a, int64_t tok, float s
 	__syncthreads();
 }
 
-/* One row's gradient: lane j holds the pairs (i, i + half) for i = j, j + 32, ..., inverse-rotates
- * them (cs, sn its token's cos and sin, sn times -1 already), and with a norm takes the row's sum of
- * w d x by lanes then the warp. A whole warp calls it for one row; cs and sn lie in shared memory
- * (qk_grad_kernel). */
-__device__ __forceinline__ void qk_grad_row(const qk_args &a, int64_t tok, int hh, const float *cs, const float *sn)
-{
-	const int lane = threadIdx.x & 31, dim = 2 * a.half;
-	const int64_t row = tok * a.heads + hh;
-	const float *dr = a.dq + row * dim;
-	float d0[QK_PER], d1[QK_PER];
-#pragma unroll
-	for (int p = 0; p < QK_PER; p++) {
-		const int i = lane + 32 * p;
-		if (i < a.half) {
-			const float x0 = dr[i], x1 = dr[i + a.half], c = cs[i], sv = sn[i];
-			d0[p] = x0 * c - x1 * sv;
-			d1[p] = x1 * c + x0 * sv;
-		}
-	}
-	bf16 *o = a.out + tok * a.ld + hh * dim;
-	if (!a.w) { /* no norm (Mixtral): the rotated gradient, rounded */
-#pragma unroll
-		for (int p = 0; p < QK_PER; p++) {
-			const int i = lane + 32 * p;
-			if (i < a.half)
-				o[i] = __float2bfloat16_rn(d0[p]), o[i + a.half] = __float2bfloat16_rn(d1[p]);
-		}
-		return;
-	}
-	const float *xr = a.x + row * dim, r = a.rstd[row];
-	float s = 0.0f;
-#pragma unroll
-	for (int p = 0; p < QK_PER; p++) {
-		const int i = lane + 32 * p;
-		if (i < a.half)
-			s += __bfloat162float(a.w[i]) * d0[p] * xr[i] +
-			     __bfloat162float(a.w[i + a.half]) * d1[p] * xr[i + a.half];
-	}
-	const float c = warp_sum(s) * r * r * r / (float)dim;
-#pragma unroll
-	for (int p = 0; p < QK_PER; p++) {
-		const int i = lane + 32 * p;
-		if (i < a.half) {
-			const float g0 = __bfloat162float(a.w[i]), g1 = __bfloat162float(a.w[i + a.half]);
-			o[i] = __float2bfloat16_rn(r * g0 * d0[p] - xr[i] * c);
-			o[i + a.half] = __float2bfloat16_rn(r * g1 * d1[p] - xr[i + a.half] * c);
-		}
-	}
-}
-
-/* One block per token (grid-stride): its angles once into shared memory, then a warp per head row.
- * Five blocks an SM, as when the row's body was written inline (48 registers; through qk_grad_row
- * ptxas took 64 unbounded, four blocks; bounded 46, no spills). */
-__global__ void __launch_bounds__(32 * QK_WARPS, 5) qk_grad_kernel(const __grid_constant__ qk_args a)
+/* One block per token (grid-stride): its angles once into shared memory, then a warp per head row:
+ * lane j holds the pairs (i, i + half) for i = j, j + 32, ..., inverse-rotates them, and with a
+ * norm takes the row's sum of w d x by lanes then the warp. */
+__global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_constant__ qk_args a)
 {
 	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
 	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
 		qk_angles(a, tok, -1.0f, cs, sn); /* the inverse rotation */
-		for (int hh = threadIdx.x >> 5; hh < a.heads; hh += QK_WARPS)
-			qk_grad_row(a, tok, hh, cs, sn);
+		for (int hh = warp; hh < a.heads; hh += QK_WARPS) {
+			const int64_t row = tok * a.heads + hh;
+			const float *dr = a.dq + row * dim;
+			float d0[QK_PER], d1[QK_PER];
+#pragma unroll
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i < a.half) {
+					const float x0 = dr[i], x1 = dr[i + a.half], c = cs[i], sv = sn[i];
+					d0[p] = x0 * c - x1 * sv;
+					d1[p] = x1 * c + x0 * sv;
+				}
+			}
+			bf16 *o = a.out + tok * a.ld + hh * dim;
+			if (!a.w) { /* no norm (Mixtral): the rotated gradient, rounded */
+#pragma unroll
+				for (int p = 0; p < QK_PER; p++) {
+					const int i = lane + 32 * p;
+					if (i < a.half)
+						o[i] = __float2bfloat16_rn(d0[p]), o[i + a.half] = __float2bfloat16_rn(d1[p]);
+				}
+				continue;
+			}
+			const float *xr = a.x + row * dim, r = a.rstd[row];
+			float s = 0.0f;
+#pragma unroll
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i < a.half)
+					s += __bfloat162float(a.w[i]) * d0[p] * xr[i] +
+					     __bfloat162float(a.w[i + a.half]) * d1[p] * xr[i + a.half];
+			}
+			const float c = warp_sum(s) * r * r * r / (float)dim;
+#pragma unroll
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i < a.half) {
+					const float g0 = __bfloat162float(a.w[i]), g1 = __bfloat162float(a.w[i + a.half]);
+					o[i] = __float2bfloat16_rn(r * g0 * d0[p] - xr[i] * c);
+					o[i + a.half] = __float2bfloat16_rn(r * g1 * d1[p] - xr[i + a.half] * c);
+				}
+			}
+		}
 	}
 }
 
-/* The forward's counterpart (opsc_qk_fwd) for one row, a whole warp: it normalises the row (the
- * sum of squares by lanes then the warp), rounds to bf16 as the separate norm did, and rotates the
- * rounded pairs (cs, sn its token's cos and sin, as in qk_grad_row); x is read once and the result
- * written once. */
-__device__ __forceinline__ void qk_fwd_row(const qk_args &a, int64_t tok, int hh, const float *cs, const float *sn,
-					   float eps)
-{
-	const int lane = threadIdx.x & 31, dim = 2 * a.half;
-	const int64_t row = tok * a.heads + hh;
-	const float *xr = a.x + row * dim;
-	float x0[QK_PER], x1[QK_PER], ss = 0.0f;
-#pragma unroll
-	for (int p = 0; p < QK_PER; p++) {
-		const int i = lane + 32 * p;
-		if (i < a.half)
-			x0[p] = xr[i], x1[p] = xr[i + a.half], ss += x0[p] * x0[p] + x1[p] * x1[p];
-	}
-	float r = 1.0f;
-	if (a.w) {
-		r = rsqrtf(warp_sum(ss) / (float)dim + eps);
-		if (lane == 0)
-			a.rstd[row] = r;
-	}
-	bf16 *o = a.out + row * dim;
-#pragma unroll
-	for (int p = 0; p < QK_PER; p++) {
-		const int i = lane + 32 * p;
-		if (i >= a.half)
-			continue;
-		/* HF: (x * rstd) times the weight, in bf16 (the separate norm's output), then RoPE */
-		float y0 = x0[p], y1 = x1[p];
-		if (a.w)
-			y0 = x0[p] * r * __bfloat162float(a.w[i]), y1 = x1[p] * r * __bfloat162float(a.w[i + a.half]);
-		y0 = __bfloat162float(__float2bfloat16_rn(y0)), y1 = __bfloat162float(__float2bfloat16_rn(y1));
-		const float c = cs[i], sv = sn[i];
-		o[i] = __float2bfloat16_rn(y0 * c - y1 * sv);
-		o[i + a.half] = __float2bfloat16_rn(y1 * c + y0 * sv);
-	}
-}
-
-/* The forward's kernel, as qk_grad_kernel: a block a token, its angles in shared memory. */
+/* The forward's counterpart (opsc_qk_fwd): a warp per head row normalises it (the sum of squares by
+ * lanes then the warp), rounds to bf16 as the separate norm did, and rotates the rounded pairs;
+ * x is read once and the result written once. */
 __global__ void __launch_bounds__(32 * QK_WARPS) qk_fwd_kernel(const __grid_constant__ qk_args a, float eps)
 {
 	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
 	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
 		qk_angles(a, tok, 1.0f, cs, sn);
-		for (int hh = threadIdx.x >> 5; hh < a.heads; hh += QK_WARPS)
-			qk_fwd_row(a, tok, hh, cs, sn, eps);
+		for (int hh = warp; hh < a.heads; hh += QK_WARPS) {
+			const int64_t row = tok * a.heads + hh;
+			const float *xr = a.x + row * dim;
+			float x0[QK_PER], x1[QK_PER], ss = 0.0f;
+#pragma unroll
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i < a.half)
+					x0[p] = xr[i], x1[p] = xr[i + a.half], ss += x0[p] * x0[p] + x1[p] * x1[p];
+			}
+			float r = 1.0f;
+			if (a.w) {
+				r = rsqrtf(warp_sum(ss) / (float)dim + eps);
+				if (lane == 0)
+					a.rstd[row] = r;
+			}
+			bf16 *o = a.out + row * dim;
+#pragma unroll
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i >= a.half)
+					continue;
+				/* HF: (x * rstd) times the weight, in bf16 (the separate norm's output), then RoPE */
+				float y0 = x0[p], y1 = x1[p];
+				if (a.w)
+					y0 = x0[p] * r * __bfloat162float(a.w[i]), y1 = x1[p] * r * __bfloat162float(a.w[i + a.half]);
+				y0 = __bfloat162float(__float2bfloat16_rn(y0)), y1 = __bfloat162float(__float2bfloat16_rn(y1));
+				const float c = cs[i], sv = sn[i];
+				o[i] = __float2bfloat16_rn(y0 * c - y1 * sv);
+				o[i + a.half] = __float2bfloat16_rn(y1 * c + y0 * sv);
+			}
+		}
 	}
 }
 

@@ -65,9 +65,10 @@
  *       24): as all, but gate/up with a segment on cp.async (its TMA form hung in session 9,
  *       before the fix of the producers' named barrier; it has passed since; test_moe_wgmma runs
  *       both forms, and in a build whose NVCCFLAGS add -DTIER_WG_WATCHDOG=1 a wait over 2 s is
- *       reported as -EIO naming the barrier, and the kernel ends instead of hanging). 0: cp.async everywhere (128 producer threads). require: as 1, and -EINVAL for a
- *       product that would take cp.async (tests: no silent fallback). A driver without
- *       cuTensorMapEncodeTiled takes cp.async.
+ *       reported as -EIO naming the barrier, and the kernel ends instead of hanging). 0: cp.async
+ *       everywhere (128 producer threads). require: as 1, and -EINVAL for a product that would
+ *       take cp.async (tests: no silent fallback). A driver without cuTensorMapEncodeTiled takes
+ *       cp.async.
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H

@@ -121,7 +121,12 @@ __device__ __forceinline__ void gw_add2(float *p, float x, float y, float alpha,
 		atomicAdd(reinterpret_cast<float2 *>(p), make_float2(alpha * x, alpha * y));
 }
 
-static int gw_env_is(const char *name, const char *value);
+/* Whether the environment sets name to value (the measurement knobs below). */
+static int gw_env_is(const char *name, const char *value)
+{
+	const char *v = getenv(name);
+	return v && !strcmp(v, value);
+}
 
 /* TIER_MOE_WGRAD_ADD=rmw: the epilogue's read-modify-write of C (comparisons); else the atomic add. */
 static int gw_rmw(void) { return gw_env_is("TIER_MOE_WGRAD_ADD", "rmw"); }
@@ -312,12 +317,6 @@ static int gw_launch_st(tier_dev *dev, const gw_args<NW> &a, int E)
 	gw_kernel<BM, BN, NW, ST, WS><<<grid, GW_THREADS, SM::BYTES, moe_stream(dev)>>>(a);
 	CUDA_LAUNCHED();
 	return 0;
-}
-
-static int gw_env_is(const char *name, const char *value)
-{
-	const char *v = getenv(name);
-	return v && !strcmp(v, value);
 }
 
 /* TIER_MOE_WGRAD_WARPS=cols: the split form (four stages); TIER_MOE_WGRAD_STAGES=3: three stages. */
