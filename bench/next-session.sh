@@ -31,7 +31,7 @@
 # the C tile, no shared-memory sum at the end). Next, on an H200 (needs_h200), carry
 # [".device/pack.tar.xz", ".device/lib"] (~360 s):
 #   .device/bin/tier-bench lora > $OUT/lora.txt   (the "cols" rows against "auto")
-#   TESTS="test_moe_cuda test_golden_cuda" TEST_FORMS="TIER_MOE_WGRAD_WARPS=cols"
+#   TESTS="test_ops_cuda test_moe_cuda test_golden_cuda" TEST_FORMS="TIER_MOE_WGRAD_WARPS=cols"
 #   VARIANTS="TIER_QKV_CAT=0 TIER_MOE_WGMMA_TMA=1 TIER_MOE_X_ROWS=0 TIER_MOE_WGRAD_ADD=rmw;;TIER_MOE_WGRAD_WARPS=cols"
 #   ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab; STAGES=c,b bench/next-session.sh .device/bin $OUT/n
 # (the first variant: the forms of session 24's H200 gate figures, as the peer in the same call).
