@@ -144,10 +144,10 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 	carve(fm, sizeof fm / sizeof fm[0], buf, &off, at[1], mlp0);
 	size_t dense_end = off; /* g, u, act: a dense layer's MLP half */
 	/* with the adapters' Z the LoRA backward would make again (tier_moe_saved's kept_z) */
-	size_t saved = any_moe(m) ? tier_moe_saved_bytes_lora(&sh->moe, sh->mT, &sh->elora) : 0;
+	size_t saved = any_moe(m) ? tier_moe_saved_bytes_keep(&sh->moe, sh->mT, &sh->elora, sh->keep_h) : 0;
 	if (buf && saved) {
 		char *ms = at[1] && sh->mchunks <= 1 ? at[1] + (off - mlp0) : buf + off;
-		tier_moe_saved_bind_lora(&sh->moe, sh->mT, &sh->elora, ms, saved, &b->ms);
+		tier_moe_saved_bind_keep(&sh->moe, sh->mT, &sh->elora, sh->keep_h, ms, saved, &b->ms);
 		/* a backward right after its recompute takes h from the workspace (train.c clears
 		 * TIER_MOE_KEPT_H on a state the op cache gives back: other layers used it since) */
 		b->ms.h_in_ws = m->cuda;
@@ -366,12 +366,15 @@ int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, de
 	return 0;
 }
 
-/* The MoE block's forward over chunk c: its state into b->ms, and unless state_only (a backward's
- * recompute) its output rows into b->mo. Routed (one chunk): a forward's dec_route has routed; a
- * recompute routes again on the device, to the forward's counts. */
+/* The MoE block's forward over chunk c: its state into b->ms, and with out (not a backward's
+ * recompute) the layer's output. Routed (one chunk): a forward's dec_route has routed, and the
+ * block writes out = h1 + MoE itself (its combine adds h1; out b->mo: the block's output alone);
+ * a recompute routes again on the device, to the forward's counts. In chunks: the chunk's output
+ * rows into b->mo. */
 static int moe_chunk_fwd(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int c,
-			 int state_only)
+			 float *out)
 {
+	int state_only = !out;
 	size_t r0 = (size_t)c * sh->mT;
 	if (sh->routed) {
 		int rc = 0;
@@ -380,11 +383,13 @@ static int moe_chunk_fwd(const tier_model *m, const dec_shape *sh, const dec_wei
 		if (state_only && (rc = tier_moe_layer_route(m->dev, &sh->moe, sh->T, b->b, w->w[W_ROUTER], NULL, &b->ms,
 							     b->ws, b->ws_bytes, NULL)))
 			return rc;
-		return tier_moe_layer_fwd_routed(m->dev, &sh->moe, sh->T, b->b, &w->ex, w->has_elora ? &w->elora : NULL,
-						 b->routed, state_only ? NULL : b->mo, &b->ms, b->ws, b->ws_bytes);
+		return tier_moe_layer_fwd_routed_res(m->dev, &sh->moe, sh->T, b->b, &w->ex,
+						     w->has_elora ? &w->elora : NULL, b->routed,
+						     state_only || out == b->mo ? NULL : b->h1, out, &b->ms, b->ws,
+						     b->ws_bytes);
 	}
 	return tier_moe_layer_fwd(m->dev, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], NULL, &w->ex,
-				  w->has_elora ? &w->elora : NULL, state_only ? NULL : f32_rows(m, b->mo, r0), &b->ms,
+				  w->has_elora ? &w->elora : NULL, state_only ? NULL : f32_rows(m, out, r0), &b->ms,
 				  b->ws, b->ws_bytes);
 }
 
@@ -396,9 +401,11 @@ int dec_mlp_recompute(const dec_shape *sh, int moe)
 int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b, float *out)
 {
 	int T = sh->T, H = m->H, I = m->I, rc = 0;
+	if (moe && sh->routed && sh->moe_res) /* one chunk, the residual added by the block (moe_chunk_fwd) */
+		return moe_chunk_fwd(m, sh, w, b, 0, out);
 	if (moe)
 		for (int c = 0; c < sh->mchunks && !rc; c++)
-			rc = moe_chunk_fwd(m, sh, w, b, c, !out);
+			rc = moe_chunk_fwd(m, sh, w, b, c, out ? b->mo : NULL);
 	else if (!(rc = dop_linear(m, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->g, b->ws)) &&
 		 !(rc = dop_linear(m, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->u, b->ws)))
 		rc = dop_swiglu(m, (size_t)T * I, b->g, b->u, b->act);
@@ -421,7 +428,7 @@ static int moe_bwd(const tier_model *m, const dec_shape *sh, const dec_weights *
 			rc = tier_moe_layer_bwd_routed(m->dev, &sh->moe, sh->T, b->b, w->w[W_ROUTER], &w->ex,
 						       w->has_elora ? &w->elora : NULL, &b->ms, b->routed, dout, d_aux,
 						       b->db, NULL, b->ws, b->ws_bytes);
-		else if (!(sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c, 1))))
+		else if (!(sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c, NULL))))
 			rc = tier_moe_layer_bwd(m->dev, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], &w->ex,
 						w->has_elora ? &w->elora : NULL, &b->ms, dout + r0 * (size_t)m->H,
 						d_aux, f32_rows(m, b->db, r0), NULL, b->ws, b->ws_bytes);

@@ -52,6 +52,11 @@ typedef struct {
 				 * into one buffer; 0: a product each */
 	int qkv_fwd_cat;        /* with qkv_cat: their forward's adapters' x A^T in one product
 				 * (opsc_linear_fwd_cat); 0: opsc_linear_fwd each */
+	int moe_res;            /* routed: the MoE block adds the residual h1 in its combine (its output
+				 * straight into the layer's); 0: into b->mo, then a pass of its own */
+	int keep_h;             /* CUDA, the MoE half in one chunk: h = silu(g) u kept in the MoE state
+				 * (tier_moe_saved.kept_h), so that a state the op cache gives back
+				 * needs no recompute of h in the backward (T k I bf16 more a state) */
 	int routed;             /* the MoE block in routed halves (one chunk only): dec_route reads the
 				 * counts back once, and the block runs on them (dec_bufs.routed) with no
 				 * synchronisation of its own; a recompute routes again on the device and

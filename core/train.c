@@ -149,7 +149,9 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
  * steps (dec_shape.qk_fused); $TIER_QKV_CAT=0 takes the q, k and v projections' backward a product
  * each (dec_shape.qkv_cat); $TIER_QKV_FWD_CAT=1 makes their forward's adapters' x A^T one product
  * (dec_shape.qkv_fwd_cat: its tests pass, and on an H100 in session 25 it gained nothing
- * measurable, so it is off by default). */
+ * measurable, so it is off by default); $TIER_MOE_KEEP_H=0 leaves h out of the MoE states the op
+ * cache keeps (dec_shape.keep_h): their backward makes it again, as before session 26;
+ * $TIER_MOE_RES=0 adds the residual after the MoE block in a pass of its own (dec_shape.moe_res). */
 static void trainer_env(tier_trainer *t)
 {
 	const char *prof = getenv("TIER_PROFILE");
@@ -166,6 +168,22 @@ static void trainer_env(tier_trainer *t)
 	t->qk_fused = !(qf && !strcmp(qf, "0"));
 	t->qkv_cat = !(qc && !strcmp(qc, "0"));
 	t->qkv_fwd_cat = qfc && !strcmp(qfc, "1"); /* off: no gain measured */
+	const char *kh = getenv("TIER_MOE_KEEP_H"), *mres = getenv("TIER_MOE_RES");
+	t->keep_h = !(kh && !strcmp(kh, "0"));
+	t->moe_res = !(mres && !strcmp(mres, "0"));
+}
+
+/* Whether the op cache may keep the MoE half (grouped_gemm among its rules' kinds): then its
+ * states keep h too (dec_shape.keep_h), else the backward's recompute leaves h in the workspace. */
+static int cache_keeps_moe(const tier_trainer *t)
+{
+	tier_cache_config cc;
+	if (!t->c.opcache || !*t->c.opcache || tier_cache_config_parse(t->c.opcache, &cc))
+		return 0; /* a bad text is refused with its message when the cache opens */
+	for (unsigned i = 0; i < cc.n_rules; i++)
+		if (cc.rules[i].kinds & (1u << TIER_OP_GROUPED_GEMM))
+			return cc.budget[0] + cc.budget[1] > 0;
+	return 0;
 }
 
 /* The host tables sized by the experts and the tokens, and the checkpoint slots. */
@@ -290,6 +308,8 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	 * and no LoRA dropout (whose dx goes back through the mask in fp32) */
 	t->sh.qkv_cat = t->qkv_cat && m->cuda && t->qk_fused && !(m->lora.dropout > 0);
 	t->sh.qkv_fwd_cat = t->sh.qkv_cat && t->qkv_fwd_cat;
+	t->sh.moe_res = t->moe_res;
+	t->sh.keep_h = t->keep_h && m->cuda && t->sh.mchunks == 1 && cache_keeps_moe(t);
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
 	if ((rc = tier_attn_workspace_bytes(m->dev, &t->sh.ap, &aws))) {
 		rc = tier_fail(rc, "%s; this model cannot train on this device (use --device cpu)", tier_last_error());
@@ -676,8 +696,9 @@ static int layer_fwd(tier_trainer *t, int l, int grads, const float *x, float *o
 	if (bwd && !dec_mlp_recompute(&t->sh, m->layers[l].moe))
 		return rc; /* MoE chunks: the backward runs each chunk's forward before its backward */
 	if (bwd && trainer_cache_restore(t, l, 1, &rc)) {
-		/* what that forward wrote into the state kept; its h in the workspace is gone */
-		t->b.ms.kept = t->mkept[mb_slot(t, l)] & ~TIER_MOE_KEPT_H;
+		/* what that forward wrote into the state kept; h too where the state holds it
+		 * (dec_shape.keep_h), not where the forward left it in the workspace (gone since) */
+		t->b.ms.kept = t->mkept[mb_slot(t, l)] & (t->b.ms.kept_h ? ~0 : ~TIER_MOE_KEPT_H);
 	} else if (!rc) {
 		rc = dec_mlp_fwd(m, &t->sh, m->layers[l].moe, w, &t->b, out); /* NULL: the state only */
 		t->mkept[mb_slot(t, l)] = (uint8_t)t->b.ms.kept;

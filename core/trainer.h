@@ -82,6 +82,9 @@ struct tier_trainer {
 	int qk_fused;          /* $TIER_QK_FUSED (default 1; 0 off): dec_shape.qk_fused */
 	int qkv_cat;           /* $TIER_QKV_CAT (default 1; 0 off): dec_shape.qkv_cat where it applies */
 	int qkv_fwd_cat;       /* $TIER_QKV_FWD_CAT (default 0; 1 on): dec_shape.qkv_fwd_cat */
+	int moe_res;           /* $TIER_MOE_RES (default 1; 0 off): dec_shape.moe_res */
+	int keep_h;            /* $TIER_MOE_KEEP_H (default 1; 0 off): dec_shape.keep_h where the op
+				* cache may keep the MoE half */
 	int have_mbcounts;     /* 0 before the first forward (and with $TIER_SCHED_ROUTED=0): all experts */
 	uint8_t *sched_skip;   /* [L E]: the experts the store's schedule left out of their operations, */
 	int sched_built;       /* once built: a schedule leaving out the same ones is not built again */

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "moe/moe_internal.h"
 #include "moe/moe_cuda.h"
@@ -26,15 +27,26 @@ static int combine_check(const char *fn, tier_dev *dev, int T, int k, int H, con
 int tier_moe_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
 			 const float *y, float *out)
 {
+	return moe_combine_fwd_res(dev, T, k, H, pair_row, topk_w, y, NULL, out);
+}
+
+int moe_combine_fwd_res(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
+			const float *y, const float *res, float *out)
+{
 	const char *fn = "tier_moe_combine_fwd";
-	MOE_CUDA_DISPATCH(dev, moe_cuda_combine_fwd(dev, T, k, H, pair_row, topk_w, y, out));
+	MOE_CUDA_DISPATCH(dev, moe_cuda_combine_fwd_res(dev, T, k, H, pair_row, topk_w, y, res, out));
 	int rc = combine_check(fn, dev, T, k, H, pair_row, topk_w);
 	if (rc)
 		return rc;
 	MOE_NONNULL(y, fn);
 	MOE_NONNULL(out, fn);
+	/* with res each row's sum first (in row: out may be res), then res added: the bits of the
+	 * combine followed by an add of its own */
+	float *row = res ? malloc(sizeof(float) * (size_t)H) : NULL;
+	if (res && !row)
+		return tier_fail(-ENOMEM, "%s: out of memory for a row of %d", fn, H);
 	for (int t = 0; t < T; t++) {
-		float *o = out + (size_t)t * H;
+		float *o = row ? row : out + (size_t)t * H;
 		memset(o, 0, sizeof(float) * (size_t)H);
 		for (int j = 0; j < k; j++) {
 			int r = pair_row[t * k + j];
@@ -45,7 +57,10 @@ int tier_moe_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair
 			for (int h = 0; h < H; h++)
 				o[h] += w * s[h];
 		}
+		for (int h = 0; row && h < H; h++)
+			out[(size_t)t * H + h] = row[h] + res[(size_t)t * H + h];
 	}
+	free(row);
 	return 0;
 }
 

@@ -77,11 +77,22 @@ static size_t kept_z_bytes(const tier_moe_cfg *c, int T, const tier_moe_loras *l
 	return 2 * (size_t)T * c->router.top_k * (size_t)*cols;
 }
 
-size_t tier_moe_saved_bytes_lora(const tier_moe_cfg *c, int T, const tier_moe_loras *lora)
+/* The kept h (tier_moe_saved's kept_h): bf16 only. */
+static size_t kept_h_bytes(const tier_moe_cfg *c, int T, int keep_h)
+{
+	return keep_h && c->dtype == TIER_MOE_BF16 ? 2 * (size_t)T * c->router.top_k * c->inter : 0;
+}
+
+size_t tier_moe_saved_bytes_keep(const tier_moe_cfg *c, int T, const tier_moe_loras *lora, int keep_h)
 {
 	size_t b = tier_moe_saved_bytes(c, T);
 	int cols;
-	return b ? b + al(kept_z_bytes(c, T, lora, &cols)) : 0;
+	return b ? b + al(kept_z_bytes(c, T, lora, &cols)) + al(kept_h_bytes(c, T, keep_h)) : 0;
+}
+
+size_t tier_moe_saved_bytes_lora(const tier_moe_cfg *c, int T, const tier_moe_loras *lora)
+{
+	return tier_moe_saved_bytes_keep(c, T, lora, 0);
 }
 
 size_t tier_moe_saved_bytes(const tier_moe_cfg *c, int T)
@@ -127,16 +138,23 @@ int tier_moe_saved_bind(const tier_moe_cfg *c, int T, void *buf, size_t bytes, t
 int tier_moe_saved_bind_lora(const tier_moe_cfg *c, int T, const tier_moe_loras *lora, void *buf, size_t bytes,
 			     tier_moe_saved *s)
 {
-	const char *fn = lora ? "tier_moe_saved_bind_lora" : "tier_moe_saved_bind";
+	return tier_moe_saved_bind_keep(c, T, lora, 0, buf, bytes, s);
+}
+
+int tier_moe_saved_bind_keep(const tier_moe_cfg *c, int T, const tier_moe_loras *lora, int keep_h, void *buf,
+			     size_t bytes, tier_moe_saved *s)
+{
+	const char *fn = keep_h ? "tier_moe_saved_bind_keep" : lora ? "tier_moe_saved_bind_lora" : "tier_moe_saved_bind";
 	int rc = moe_cfg_check(fn, c, T);
 	if (rc)
 		return rc;
 	MOE_NONNULL(buf, fn);
 	MOE_NONNULL(s, fn);
-	size_t need = tier_moe_saved_bytes_lora(c, T, lora);
+	size_t need = tier_moe_saved_bytes_keep(c, T, lora, keep_h);
 	if (bytes < need)
 		return tier_fail(-EINVAL, "%s: %zu bytes given, %s says %zu", fn, bytes,
-				 lora ? "tier_moe_saved_bytes_lora" : "tier_moe_saved_bytes", need);
+				 keep_h ? "tier_moe_saved_bytes_keep" : lora ? "tier_moe_saved_bytes_lora" : "tier_moe_saved_bytes",
+				 need);
 	size_t E = c->router.n_experts, n = (size_t)T * c->router.top_k, esz = c->dtype == TIER_MOE_BF16 ? 2 : 4;
 	char *p = buf;
 	memset(s, 0, sizeof *s);
@@ -152,6 +170,8 @@ int tier_moe_saved_bind_lora(const tier_moe_cfg *c, int T, const tier_moe_loras 
 	s->u = take(&p, esz * n * c->inter);
 	size_t zb = kept_z_bytes(c, T, lora, &s->kept_cols);
 	s->kept_z = zb ? take(&p, zb) : NULL;
+	size_t hb = kept_h_bytes(c, T, keep_h);
+	s->kept_h = hb ? take(&p, hb) : NULL;
 	return 0;
 }
 
@@ -222,8 +242,8 @@ static int counts_agree(const char *fn, int E, const int32_t *counts, const int3
 /* The forward after the routing: permute, experts, combine (out NULL: not combined); counts: the
  * caller's, checked against the routing in s (NULL: the routing is this call's own). */
 static int fwd_cpu(const char *fn, tier_dev *dev, const tier_moe_cfg *c, int T, const float *x,
-		   const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, float *out,
-		   tier_moe_saved *s, void *ws)
+		   const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, const float *res,
+		   float *out, tier_moe_saved *s, void *ws)
 {
 	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k, rc;
 	char *p = ws;
@@ -234,7 +254,7 @@ static int fwd_cpu(const char *fn, tier_dev *dev, const tier_moe_cfg *c, int T, 
 	    (counts && (rc = counts_agree(fn, E, counts, s->counts))) ||
 	    (rc = tier_moe_experts_fwd(dev, E, H, c->inter, s->offsets, w, lora, xg, s->g, s->u, y, p)))
 		return rc;
-	return out ? tier_moe_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, y, out) : 0;
+	return out ? moe_combine_fwd_res(dev, T, k, H, s->pair_row, s->topk_w, y, res, out) : 0;
 }
 
 int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
@@ -254,7 +274,7 @@ int tier_moe_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const float 
 	int32_t counts[TIER_MOE_MAX_EXPERTS];
 	if ((rc = route_cpu(dev, c, T, x, w_r, bias, s, counts))) /* counts: the aux losses' */
 		return rc;
-	return fwd_cpu(fn, dev, c, T, x, w, lora, NULL, out, s, ws);
+	return fwd_cpu(fn, dev, c, T, x, w, lora, NULL, NULL, out, s, ws);
 }
 
 int tier_moe_layer_route(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,
@@ -276,12 +296,21 @@ int tier_moe_layer_fwd_routed(tier_dev *dev, const tier_moe_cfg *c, int T, const
 			      const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, float *out,
 			      tier_moe_saved *s, void *ws, size_t ws_bytes)
 {
+	return tier_moe_layer_fwd_routed_res(dev, c, T, x, w, lora, counts, NULL, out, s, ws, ws_bytes);
+}
+
+int tier_moe_layer_fwd_routed_res(tier_dev *dev, const tier_moe_cfg *c, int T, const float *x,
+				  const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts,
+				  const float *res, float *out, tier_moe_saved *s, void *ws, size_t ws_bytes)
+{
 	const char *fn = "tier_moe_layer_fwd_routed";
 	int rc = entry_checks(fn, dev, c, T);
 	if (rc)
 		return rc;
 	MOE_NONNULL(counts, fn);
-	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_fwd_routed(dev, c, T, x, w, lora, counts, out, s, ws, ws_bytes));
+	if (res && !out)
+		return tier_fail(-EINVAL, "%s: a residual was given without an output", fn);
+	MOE_CUDA_DISPATCH(dev, moe_cuda_layer_fwd_routed(dev, c, T, x, w, lora, counts, res, out, s, ws, ws_bytes));
 	if ((rc = cpu_checks(fn, dev, c, T, lora, s, ws, ws_bytes)))
 		return rc;
 	MOE_NONNULL(x, fn);
@@ -290,7 +319,7 @@ int tier_moe_layer_fwd_routed(tier_dev *dev, const tier_moe_cfg *c, int T, const
 	int E = c->router.n_experts, k = c->router.top_k;
 	if ((rc = moe_offsets_of(fn, counts, E, T * k, tier_moe_capacity(T, k, E, c->capacity_factor), off)))
 		return rc;
-	return fwd_cpu(fn, dev, c, T, x, w, lora, counts, out, s, ws);
+	return fwd_cpu(fn, dev, c, T, x, w, lora, counts, res, out, s, ws);
 }
 
 static int bwd_cpu(const char *fn, tier_dev *dev, const tier_moe_cfg *c, int T, const float *x, const float *w_r,

@@ -513,7 +513,11 @@ extern "C" int moe_cuda_expert_counts(tier_dev *dev, int T, int k, int E, const 
 }
 
 /* ---- combine ---- */
-__global__ void combine_kernel(int k, int H, const int32_t *pair_row, const float *w, const __nv_bfloat16 *y, float *out)
+/* res (NULL: none) is a residual added to the sum: out = the weighted rows + res (a decoder's
+ * h1 + MoE(h1) without a pass of its own over three [T, H] fp32 arrays, and its bits: the sum
+ * first, then res); out may be res. */
+__global__ void combine_kernel(int k, int H, const int32_t *pair_row, const float *w, const __nv_bfloat16 *y,
+			       const float *res, float *out)
 {
 	int t = blockIdx.x;
 	for (int h = threadIdx.x; h < H; h += blockDim.x) {
@@ -523,13 +527,14 @@ __global__ void combine_kernel(int k, int H, const int32_t *pair_row, const floa
 			if (r >= 0)
 				acc += w[t * k + j] * __bfloat162float(y[(size_t)r * H + h]);
 		}
-		out[(size_t)t * H + h] = acc;
+		out[(size_t)t * H + h] = res ? acc + res[(size_t)t * H + h] : acc;
 	}
 }
 
 /* Eight columns per thread: one 16-byte load per row, two float4 stores (H a multiple of 8, aligned
  * bases). The same order of the k terms as combine_kernel and the CPU. */
-__global__ void combine8_kernel(int k, int H8, const int32_t *pair_row, const float *w, const uint4 *y, float4 *out)
+__global__ void combine8_kernel(int k, int H8, const int32_t *pair_row, const float *w, const uint4 *y,
+				const float4 *res, float4 *out)
 {
 	int t = blockIdx.x;
 	for (int h = threadIdx.x; h < H8; h += blockDim.x) {
@@ -547,6 +552,12 @@ __global__ void combine8_kernel(int k, int H8, const int32_t *pair_row, const fl
 				acc[2 * q + 1] += wj * f.y;
 			}
 		}
+		if (res) {
+			const float4 *rr = res + (size_t)t * H8 * 2 + 2 * (size_t)h;
+			float4 r0 = rr[0], r1 = rr[1];
+			acc[0] += r0.x, acc[1] += r0.y, acc[2] += r0.z, acc[3] += r0.w;
+			acc[4] += r1.x, acc[5] += r1.y, acc[6] += r1.z, acc[7] += r1.w;
+		}
 		float4 *o = out + (size_t)t * H8 * 2 + 2 * (size_t)h;
 		o[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
 		o[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
@@ -555,6 +566,12 @@ __global__ void combine8_kernel(int k, int H8, const int32_t *pair_row, const fl
 
 extern "C" int moe_cuda_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
 				    const void *y, float *out)
+{
+	return moe_cuda_combine_fwd_res(dev, T, k, H, pair_row, topk_w, y, NULL, out);
+}
+
+extern "C" int moe_cuda_combine_fwd_res(tier_dev *dev, int T, int k, int H, const int32_t *pair_row,
+					const float *topk_w, const void *y, const float *res, float *out)
 {
 	const char *fn = "moe_cuda_combine_fwd";
 	int rc = moe_cuda_dev(dev, fn);
@@ -565,10 +582,11 @@ extern "C" int moe_cuda_combine_fwd(tier_dev *dev, int T, int k, int H, const in
 	MOE_NONNULL(y, fn);
 	MOE_NONNULL(out, fn);
 	cudaStream_t st = moe_stream(dev);
-	if (H % 8 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)out % 16 == 0)
-		combine8_kernel<<<T, 128, 0, st>>>(k, H / 8, pair_row, topk_w, (const uint4 *)y, (float4 *)out);
+	if (H % 8 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)res % 16 == 0)
+		combine8_kernel<<<T, 128, 0, st>>>(k, H / 8, pair_row, topk_w, (const uint4 *)y, (const float4 *)res,
+						   (float4 *)out);
 	else
-		combine_kernel<<<T, 256, 0, st>>>(k, H, pair_row, topk_w, (const bf16 *)y, out);
+		combine_kernel<<<T, 256, 0, st>>>(k, H, pair_row, topk_w, (const bf16 *)y, res, out);
 	CUDA_LAUNCHED();
 	return 0;
 }

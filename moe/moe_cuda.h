@@ -34,6 +34,9 @@ int moe_cuda_expert_counts(tier_dev *dev, int T, int k, int E, const int32_t *to
 int moe_cuda_gather(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const void *x, void *xg);
 int moe_cuda_combine_fwd(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
 			 const void *y, float *out);
+/* The same from the residual res [T, H] fp32 (NULL: from 0): out = res + the combine; out may be res. */
+int moe_cuda_combine_fwd_res(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
+			     const void *y, const float *res, float *out);
 
 /* ---- backward (moe_bwd.cu) ---- */
 /* dy [rows, H] bf16 (kept rows written) = w d_out[t]; d_topk_w [T, k] fp32 = d_out[t] . y[row];
@@ -213,8 +216,8 @@ int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void
 int moe_cuda_layer_route(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x, const void *w_r,
 			 const float *bias, tier_moe_saved *saved, void *ws, size_t ws_bytes, int32_t *counts);
 int moe_cuda_layer_fwd_routed(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x,
-			      const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, float *out,
-			      tier_moe_saved *saved, void *ws, size_t ws_bytes);
+			      const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts,
+			      const float *res, float *out, tier_moe_saved *saved, void *ws, size_t ws_bytes);
 int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *cfg, int T, const void *x, const void *w_r,
 		       const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *saved,
 		       const int32_t *counts, const float *d_out, float d_aux, float *dx, float *dw_r, void *ws,

@@ -53,6 +53,10 @@ typedef struct {
 	size_t total;
 } moe_cuda_ws;
 /* The layer's argument checks (layer.c), shared with moe_layer.cu. */
+/* tier_moe_combine_fwd from the residual res [T, H] (NULL: from 0): out = res + the combine; out may
+ * be res (tier_moe_layer_fwd_routed_res). */
+int moe_combine_fwd_res(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const float *topk_w,
+			const float *y, const float *res, float *out);
 int moe_cfg_check(const char *fn, const tier_moe_cfg *c, int T);
 int moe_ws_check(const char *fn, const tier_moe_cfg *c, int T, const tier_moe_loras *lora, void *ws, size_t bytes);
 int moe_saved_check(const char *fn, const tier_moe_saved *s, int T);

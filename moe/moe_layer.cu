@@ -156,8 +156,8 @@ static int route(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, con
 /* Permute, experts and combine on the host's offsets (made from the routed counts), which the
  * device checks against its own. */
 static int fwd_routed(tier_dev *dev, const char *fn, const tier_moe_cfg *c, int T, const void *x,
-		      const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, float *out,
-		      tier_moe_saved *s, void *ws)
+		      const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, const float *res,
+		      float *out, tier_moe_saved *s, void *ws)
 {
 	int E = c->router.n_experts, k = c->router.top_k, H = c->hidden, n = T * k;
 	int cap = tier_moe_capacity(T, k, E, c->capacity_factor);
@@ -166,17 +166,19 @@ static int fwd_routed(tier_dev *dev, const char *fn, const tier_moe_cfg *c, int 
 	char *b = (char *)ws;
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
 	int rc = moe_offsets_of(fn, counts, E, n, cap, off), permuted = s->permuted;
-	moe_keep keep = { s->kept_z, s->kept_cols, s->h_in_ws, 0 };
+	/* h where the backward finds it: the saved state's kept_h when bound, else the workspace */
+	char *hb = s->kept_h ? (char *)s->kept_h : b + l.h;
+	moe_keep keep = { s->kept_z, s->kept_cols, s->h_in_ws || s->kept_h, 0 };
 	s->permuted = 0; /* the route's permute serves this call alone */
 	s->kept = 0;
 	if (rc || (!permuted && (rc = permute_x(dev, c, T, x, s, b + l.xg))) ||
 	    (rc = route_check(dev, E, s->offsets, off)) ||
 	    /* y in the backward's dy piece, and only when combined: the backward does not read it */
-	    (rc = moe_cuda_experts_fwd_lora(dev, E, H, c->inter, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.h,
+	    (rc = moe_cuda_experts_fwd_lora(dev, E, H, c->inter, off, s->offsets, w, lora, b + l.xg, s->g, s->u, hb,
 					    out ? b + l.dy : NULL, b + l.z, (float *)(b + l.dh), &keep)))
 		return rc;
 	s->kept = keep.kept;
-	return out ? moe_cuda_combine_fwd(dev, T, k, H, s->pair_row, s->topk_w, b + l.dy, out) : 0;
+	return out ? moe_cuda_combine_fwd_res(dev, T, k, H, s->pair_row, s->topk_w, b + l.dy, res, out) : 0;
 }
 
 extern "C" int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, const void *w_r,
@@ -193,7 +195,7 @@ extern "C" int moe_cuda_layer_fwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	int32_t counts[TIER_MOE_MAX_EXPERTS];
 	if ((rc = route(dev, c, T, x, w_r, bias, s, ws, counts)))
 		return rc;
-	return fwd_routed(dev, fn, c, T, x, w, lora, counts, out, s, ws);
+	return fwd_routed(dev, fn, c, T, x, w, lora, counts, NULL, out, s, ws);
 }
 
 extern "C" int moe_cuda_layer_route(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, const void *w_r,
@@ -210,7 +212,7 @@ extern "C" int moe_cuda_layer_route(tier_dev *dev, const tier_moe_cfg *c, int T,
 
 extern "C" int moe_cuda_layer_fwd_routed(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x,
 					 const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts,
-					 float *out, tier_moe_saved *s, void *ws, size_t ws_bytes)
+					 const float *res, float *out, tier_moe_saved *s, void *ws, size_t ws_bytes)
 {
 	const char *fn = "tier_moe_layer_fwd_routed";
 	int rc = common_checks(fn, dev, c, T, lora, s, ws, ws_bytes);
@@ -218,7 +220,7 @@ extern "C" int moe_cuda_layer_fwd_routed(tier_dev *dev, const tier_moe_cfg *c, i
 		return rc;
 	MOE_NONNULL(x, fn);
 	MOE_NONNULL(w, fn);
-	return fwd_routed(dev, fn, c, T, x, w, lora, counts, out, s, ws);
+	return fwd_routed(dev, fn, c, T, x, w, lora, counts, res, out, s, ws);
 }
 
 extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, const void *w_r,
@@ -260,7 +262,7 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	/* the router weights' gradient from the experts' dh . h (tier_moe_combine_dw), not from a saved y */
 	if ((rc = moe_cuda_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, NULL, d_out, b + l.dy, NULL)) ||
 	    (off[E] > 0 && (rc = moe_cuda_experts_bwd(dev, E, H, I, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.dy, dxg,
-						      dot, b + l.h, b + l.dg, b + l.du, (float *)(b + l.dh), b + l.z,
+						      dot, s->kept_h ? s->kept_h : b + l.h, b + l.dg, b + l.du, (float *)(b + l.dh), b + l.z,
 						      b + l.dz, &keep, &dx16))) ||
 	    (rc = moe_cuda_combine_dw(dev, T, k, s->pair_row, s->topk_w, dot, dtw)) ||
 	    (rc = moe_cuda_unpermute_sum(dev, T, k, H, s->pair_row, dxg, dx16, dx)) ||

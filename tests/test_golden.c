@@ -779,7 +779,8 @@ static int check_grads_bf16(const fixture *f, tier_model *m)
 
 static int golden_chunks; /* tier_train_cfg.moe_chunks of test_model_vs_hf: 0 one piece, else the
 			   * smallest divisor above 1 of the fixture's token count */
-static int golden_opcache; /* test_model_vs_hf with the attention's output kept in DDR (op cache) */
+static int golden_opcache; /* test_model_vs_hf with the op cache: 1 the attention's output kept in DDR,
+			    * 2 both halves kept in HBM (the MoE states with h: dec_shape.keep_h) */
 
 static void test_model_vs_hf(void **state)
 {
@@ -799,8 +800,10 @@ static void test_model_vs_hf(void **state)
 		tc.moe_chunks = f.T % d ? 0 : d;
 	if (golden_chunks)
 		printf("# %s: the MoE half in %d chunks of %d tokens\n", f.c->name, tc.moe_chunks, f.T / tc.moe_chunks);
-	if (golden_opcache) /* no HBM budget: no attention half kept, its output alone from DDR */
+	if (golden_opcache == 1) /* no HBM budget: no attention half kept, its output alone from DDR */
 		tc.opcache = "attention:ddr=32M";
+	else if (golden_opcache == 2) /* every half kept in HBM: the backward reads the kept states */
+		tc.opcache = "all:hbm=24M";
 	assert_int_equal(tier_trainer_create(r.m, &tc, &r.t), 0);
 	int64_t *ids = fx_tokens(&f, "input_ids"), *sh = fx_tokens(&f, "shift_labels");
 	int32_t *tok = malloc(sizeof(int32_t) * f.T), *lab = malloc(sizeof(int32_t) * f.T);
@@ -850,7 +853,14 @@ static void test_model_vs_hf(void **state)
 			export_for_peft(&f, r.m, hid, ids);
 	}
 	assert_true(ok);
-	if (golden_opcache) { /* the gradients above came through the kept outputs */
+	if (golden_opcache == 2) { /* the gradients above came through the kept states, MoE's with h */
+		tier_cache_stats cs;
+		assert_int_equal(tier_trainer_cache_stats(r.t, &cs), 0);
+		printf("# %s: op cache: %llu MoE states kept in hbm, %llu hits\n", f.c->name,
+		       (unsigned long long)cs.kind[TIER_OP_GROUPED_GEMM].admitted[0],
+		       (unsigned long long)cs.kind[TIER_OP_GROUPED_GEMM].hits[0]);
+		assert_true(cs.kind[TIER_OP_GROUPED_GEMM].hits[0] > 0);
+	} else if (golden_opcache) { /* the gradients above came through the kept outputs */
 		tier_cache_stats cs;
 		assert_int_equal(tier_trainer_cache_stats(r.t, &cs), 0);
 		printf("# %s: op cache: %llu attention outputs kept in ddr, %llu hits from there\n", f.c->name,
@@ -869,6 +879,15 @@ static void test_model_vs_hf(void **state)
 static void test_model_vs_hf_opcache(void **state)
 {
 	golden_opcache = 1;
+	test_model_vs_hf(state);
+	golden_opcache = 0;
+}
+
+/* The same comparison, the backward reading each layer's two halves from the op cache in HBM:
+ * the MoE states there hold h (dec_shape.keep_h), which the backward then takes as it is. */
+static void test_model_vs_hf_kept(void **state)
+{
+	golden_opcache = 2;
 	test_model_vs_hf(state);
 	golden_opcache = 0;
 }
@@ -938,6 +957,10 @@ int main(void)
 		{ "qwen3_moe_c: model_vs_hf, attention output from DDR (cuda)", test_model_vs_hf_opcache, NULL, NULL,
 		  (void *)&cases[3] },
 		{ "mixtral_c: model_vs_hf, attention output from DDR (cuda)", test_model_vs_hf_opcache, NULL, NULL,
+		  (void *)&cases[4] },
+		{ "qwen3_moe_c: model_vs_hf, both halves kept in HBM (cuda)", test_model_vs_hf_kept, NULL, NULL,
+		  (void *)&cases[3] },
+		{ "mixtral_c: model_vs_hf, both halves kept in HBM (cuda)", test_model_vs_hf_kept, NULL, NULL,
 		  (void *)&cases[4] },
 	};
 #else

@@ -523,6 +523,22 @@ static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const v
 		if (!recompute)
 			check_close(out2, outg, TH, CUDA_TOL, "out, routed");
 		free(g2), free(out2);
+		if (recompute || early)
+			continue;
+		/* the residual added in the combine: out = res + the block, also in place over res */
+		float *res = malloc(4 * TH + 4), *want = malloc(4 * TH + 4);
+		for (size_t i = 0; i < TH; i++)
+			res[i] = (float)(i % 5) - 1.75f, want[i] = res[i] + outg[i];
+		void *dres = up(res, 4 * TH);
+		poison_dev(dout2, 4 * TH);
+		assert_int_equal(tier_moe_layer_fwd_routed_res(gpu, gcfg, T, dx, gwts, glo, cnt, dres, dout2, &s2, dws, wb), 0);
+		float *ro3 = dl_f32(dout2, TH);
+		check_close(ro3, want, TH, CUDA_TOL, "out, routed with the residual");
+		assert_int_equal(tier_moe_layer_fwd_routed_res(gpu, gcfg, T, dx, gwts, glo, cnt, dres, dres, &s2, dws, wb), 0);
+		float *ro4 = dl_f32(dres, TH);
+		assert_memory_equal(ro4, ro3, 4 * TH); /* in place: the same sums */
+		tier_dev_free(gpu, dres);
+		free(res), free(want), free(ro3), free(ro4);
 	}
 	unsetenv("TIER_MOE_EARLY_PERMUTE");
 	int e0 = 0, cap = tier_moe_capacity(T, k, E, gcfg->capacity_factor);
@@ -542,6 +558,10 @@ static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const v
 /* 1: layer_case binds the saved state without room for the adapters' Z and leaves h_in_ws 0 (the
  * backward makes both again) */
 static int plain_saved;
+/* 1: layer_case binds the saved state with room for h (tier_moe_saved_bind_keep, h_in_ws 0) and
+ * poisons the workspace before the backward: h must come from the state, nothing from the
+ * workspace (the op cache's kept states) */
+static int keep_h_saved;
 
 static void layer_case(const gcase *c)
 {
@@ -604,15 +624,17 @@ static void layer_case(const gcase *c)
 
 	/* GPU forward; the saved state with room for the adapters' Z (kept_z) unless plain_saved */
 	const tier_moe_loras *klo = r && !plain_saved ? &glo : NULL;
-	size_t sb = tier_moe_saved_bytes_lora(&gcfg, T, klo), wb = tier_moe_workspace_bytes(&gcfg, T, &glo);
+	size_t sb = tier_moe_saved_bytes_keep(&gcfg, T, klo, keep_h_saved), wb = tier_moe_workspace_bytes(&gcfg, T, &glo);
 	assert_true(sb > 0 && wb > 0);
 	void *dsv = up(NULL, sb), *dws = up(NULL, wb), *dx = up_bf16(x, TH), *dwr = up_bf16(wr, EH);
 	void *dbias = up(bias, 4 * (size_t)E), *dout_ = up(NULL, 4 * TH), *ddout = up(dout, 4 * TH);
 	void *ddx = up(NULL, 4 * TH), *ddwr = up(dwr0, 4 * EH);
 	tier_moe_saved s, s2;
-	assert_int_equal(tier_moe_saved_bind_lora(&gcfg, T, klo, dsv, sb, &s), 0);
+	assert_int_equal(tier_moe_saved_bind_keep(&gcfg, T, klo, keep_h_saved, dsv, sb, &s), 0);
 	assert_true((s.kept_z != NULL) == (klo != NULL) && s.kept == 0 && s.h_in_ws == 0);
-	s.h_in_ws = klo != NULL; /* the main backward below runs right after a forward on dws */
+	assert_true((s.kept_h != NULL) == (keep_h_saved != 0));
+	/* the main backward below runs right after a forward on dws, unless h is in the state */
+	s.h_in_ws = klo != NULL && !keep_h_saved;
 	poison_dev(dsv, sb), poison_dev(dws, wb), poison_dev(dout_, 4 * TH);
 	assert_int_equal(tier_moe_layer_fwd(gpu, &gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL, dout_,
 					    &s, dws, wb), 0);
@@ -625,7 +647,7 @@ static void layer_case(const gcase *c)
 	down(prg, s.pair_row, 4 * (size_t)n), down(cntg, s.counts, 4 * (size_t)E);
 	void *dsv2 = up(NULL, sb);
 	{ /* out NULL (a backward's recompute): the same saved state, the combine skipped */
-		assert_int_equal(tier_moe_saved_bind_lora(&gcfg, T, klo, dsv2, sb, &s2), 0);
+		assert_int_equal(tier_moe_saved_bind_keep(&gcfg, T, klo, keep_h_saved, dsv2, sb, &s2), 0);
 		poison_dev(dsv2, sb);
 		assert_int_equal(tier_moe_layer_fwd(gpu, &gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL,
 						    NULL, &s2, dws, wb), 0);
@@ -637,7 +659,8 @@ static void layer_case(const gcase *c)
 		check_close(g2, gg, (size_t)og[E] * I, CUDA_TOL, "g, out NULL");
 		check_close(u2, ug, (size_t)og[E] * I, CUDA_TOL, "u, out NULL");
 		assert_true(fabs(s2.aux - s.aux) <= 1e-5 * fabs(s.aux) + 1e-9);
-		assert_int_equal(s2.kept, s.kept & ~TIER_MOE_KEPT_H); /* the recompute keeps Z as the forward */
+		/* the recompute keeps Z as the forward, and h where the state holds it */
+		assert_int_equal(s2.kept, s.kept & (keep_h_saved ? ~0 : ~TIER_MOE_KEPT_H));
 		free(g2), free(u2), free(o2);
 	}
 
@@ -765,10 +788,18 @@ static void layer_case(const gcase *c)
 
 	/* the layer's backward on CUDA through the public call, right after a forward on dws (a
 	 * recompute, out NULL, as a trainer's): h there is that forward's */
-	if (s.h_in_ws) {
+	if (s.h_in_ws || s.kept_h) {
 		assert_int_equal(tier_moe_layer_fwd(gpu, &gcfg, T, dx, dwr, sig ? dbias : NULL, &gwts, r ? &glo : NULL, NULL,
 						    &s, dws, wb), 0);
 		assert_int_equal(s.kept, (kh ? TIER_MOE_KEPT_H : 0) | (kz ? TIER_MOE_KEPT_Z : 0));
+	}
+	if (s.kept_h) { /* h in the state as the emulation makes it; the workspace holds nothing now */
+		if (kh) {
+			float *hk = dl_bf16(s.kept_h, (size_t)n * I);
+			check_close(hk, he, (size_t)rows * I, BF16_TOL, "h kept in the state");
+			free(hk);
+		}
+		poison_dev(dws, wb);
 	}
 	poison_dev(ddx, 4 * TH);
 	assert_int_equal(tier_moe_layer_bwd(gpu, &gcfg, T, dx, dwr, &gwts, r ? &glo : NULL, &s, ddout, 1.0f, ddx, ddwr,
@@ -802,7 +833,8 @@ static void layer_case(const gcase *c)
 			free(ga), free(gb);
 		}
 
-	s.kept &= ~TIER_MOE_KEPT_H; /* dws serves other calls from here on */
+	if (!s.kept_h)
+		s.kept &= ~TIER_MOE_KEPT_H; /* dws serves other calls from here on */
 	{ /* the backward on the forward's counts (no read back): the same dx */
 		poison_dev(ddx, 4 * TH);
 		assert_int_equal(tier_moe_layer_bwd_routed(gpu, &gcfg, T, dx, dwr, &gwts, r ? &glo : NULL, &s, cntg, ddout,
@@ -1367,6 +1399,12 @@ static void test_layer_grouped(void **state)
 	layer_case(&(gcase){ q, 90, 64, 64, 16, 0, 0.01f, 0, 0, 0, 0, 7 });
 	layer_case(&(gcase){ m, 40, 128, 64, 8, 1.0f, 0, 0, 0, 1, 1, 0 });
 	plain_saved = 0;
+	/* h kept in the saved state, the workspace poisoned before the backward */
+	keep_h_saved = 1;
+	layer_case(&(gcase){ q, 90, 64, 64, 16, 0, 0.01f, 0, 0, 0, 0, 7 });
+	layer_case(&(gcase){ m, 40, 128, 64, 8, 1.0f, 0, 0, 0, 1, 1, 0 });
+	layer_case(&(gcase){ q, 77, 96, 64, 16, 0, 0.02f, 0, 0, 1, 0, 0 });
+	keep_h_saved = 0;
 	unsetenv("TIER_MOE_GROUPED");
 }
 

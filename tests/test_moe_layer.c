@@ -108,6 +108,22 @@ static void routed_fwd_same(const tier_moe_cfg *cfg, int T, const layer *L, cons
 	assert_memory_equal(sbuf, sbuf2, sb);
 	assert_memory_equal(out, out2, 4 * (size_t)T * H);
 	assert_true(s2.aux == s->aux && s2.z == s->z);
+	{ /* with a residual: out = the block + res bit for bit, into another buffer and into res itself */
+		size_t TH = (size_t)T * H;
+		float *res = malloc(4 * TH), *out3 = malloc(4 * TH), *want = malloc(4 * TH);
+		for (size_t i = 0; i < TH; i++)
+			res[i] = (float)(i % 7) * 0.37f - 1.25f, want[i] = out[i] + res[i];
+		ref_poison(out3, 4 * TH);
+		assert_int_equal(tier_moe_layer_fwd_routed_res(dev, cfg, T, L->x, w, lo, cnt, res, out3, &s2, ws, wb), 0);
+		assert_memory_equal(out3, want, 4 * TH);
+		assert_int_equal(tier_moe_layer_fwd_routed_res(dev, cfg, T, L->x, w, lo, cnt, res, res, &s2, ws, wb), 0);
+		assert_memory_equal(res, out3, 4 * TH);
+		assert_int_equal(tier_moe_layer_fwd_routed_res(dev, cfg, T, L->x, w, lo, cnt, res, NULL, &s2, ws, wb),
+				 -EINVAL);
+		assert_non_null(strstr(tier_last_error(), "residual"));
+		assert_memory_equal(sbuf, sbuf2, sb);
+		free(res), free(out3), free(want);
+	}
 	ref_poison(sbuf2, sb);
 	s2.aux = s2.z = -1.0f;
 	assert_int_equal(tier_moe_layer_route(dev, cfg, T, L->x, L->wr, bias, &s2, ws, wb, NULL), 0);
@@ -394,8 +410,41 @@ static void test_saved_lora(void **state)
 	assert_true((char *)s.kept_z >= (char *)s.u + 2 * (size_t)T * 2 * 8 &&
 		    (char *)s.kept_z + 2 * (size_t)T * 2 * 24 <= buf + with);
 	assert_true(s.kept == 0 && s.h_in_ws == 0);
+	assert_true(s.kept_h == NULL);
 	assert_int_equal(tier_moe_saved_bind(&b16, T, buf, plain, &s), 0);
-	assert_true(s.kept_z == NULL && s.kept_cols == 0);
+	assert_true(s.kept_z == NULL && s.kept_cols == 0 && s.kept_h == NULL);
+	free(buf);
+}
+
+/* The saved state's room for h (tier_moe_saved_bytes_keep): T k I bf16 past kept_z, bf16 storage
+ * only, keep_h 0 the _lora size, a buffer sized without it refused by name. */
+static void test_saved_keep_h(void **state)
+{
+	(void)state;
+	tier_moe_cfg b16 = { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 2, 0, 0, 0, 0), 8, 24, 0, 0, 0, TIER_MOE_BF16 }, f32 = b16;
+	f32.dtype = TIER_MOE_F32;
+	const float *arr[4] = { NULL };
+	tier_moe_loras lo;
+	memset(&lo, 0, sizeof lo);
+	lo.up = (tier_moe_lora){ .a = arr, .b = arr, .rank = 4 };
+	int T = 7;
+	size_t hb = 2 * (size_t)T * 2 * 24, with = tier_moe_saved_bytes_lora(&b16, T, &lo);
+	size_t keep = tier_moe_saved_bytes_keep(&b16, T, &lo, 1);
+	assert_true(keep >= with + hb && keep < with + hb + 64);
+	assert_true(tier_moe_saved_bytes_keep(&b16, T, &lo, 0) == with);
+	assert_true(tier_moe_saved_bytes_keep(&b16, T, NULL, 1) >= tier_moe_saved_bytes(&b16, T) + hb);
+	assert_true(tier_moe_saved_bytes_keep(&f32, T, &lo, 1) == tier_moe_saved_bytes(&f32, T));
+	size_t fb = tier_moe_saved_bytes(&f32, T);
+	char *buf = malloc(keep > fb ? keep : fb);
+	tier_moe_saved s;
+	assert_int_equal(tier_moe_saved_bind_keep(&b16, T, &lo, 1, buf, with, &s), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "tier_moe_saved_bytes_keep"));
+	assert_int_equal(tier_moe_saved_bind_keep(&b16, T, &lo, 1, buf, keep, &s), 0);
+	assert_non_null(s.kept_h);
+	assert_true((char *)s.kept_h >= (char *)s.kept_z + 2 * (size_t)T * 2 * 4 && (char *)s.kept_h + hb <= buf + keep);
+	assert_true((((uintptr_t)s.kept_h - (uintptr_t)buf) & 63) == 0 && s.kept == 0 && s.h_in_ws == 0);
+	assert_int_equal(tier_moe_saved_bind_keep(&f32, T, &lo, 1, buf, fb, &s), 0); /* no h in fp32 */
+	assert_true(s.kept_h == NULL && s.kept_z == NULL);
 	free(buf);
 }
 
@@ -403,6 +452,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_saved_lora),
+		cmocka_unit_test(test_saved_keep_h),
 		cmocka_unit_test(test_layer_qwen_mixtral), cmocka_unit_test(test_layer_deepseek),
 		cmocka_unit_test(test_layer_edges),        cmocka_unit_test(test_layer_896_experts),
 		cmocka_unit_test(test_layer_bad_input),

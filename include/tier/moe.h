@@ -225,6 +225,11 @@ typedef struct {
 	int kept_cols;
 	int h_in_ws;
 	int kept;
+	/* kept_h, bound by tier_moe_saved_bind_keep with keep_h (NULL otherwise; bf16 storage only):
+	 * h = silu(g) u [T*k, I] in the saved state itself, where the forward writes it; then
+	 * TIER_MOE_KEPT_H means h is there, and it survives whatever ran on the workspace since (the
+	 * operator cache's entries, read a whole step later, need no recompute). */
+	void *kept_h;
 } tier_moe_saved;
 enum { TIER_MOE_KEPT_H = 1, TIER_MOE_KEPT_Z = 2 };
 
@@ -239,6 +244,10 @@ size_t tier_moe_workspace_bytes(const tier_moe_cfg *cfg, int T, const tier_moe_l
 int tier_moe_saved_bind(const tier_moe_cfg *cfg, int T, void *buf, size_t bytes, tier_moe_saved *s);
 int tier_moe_saved_bind_lora(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora, void *buf, size_t bytes,
 			     tier_moe_saved *s);
+/* The same with room for kept_h when keep_h (bf16 storage only; 0: as the _lora forms). */
+size_t tier_moe_saved_bytes_keep(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora, int keep_h);
+int tier_moe_saved_bind_keep(const tier_moe_cfg *cfg, int T, const tier_moe_loras *lora, int keep_h, void *buf,
+			     size_t bytes, tier_moe_saved *s);
 
 /* Forward: out [T, H] from x [T, H]; router weight w_r [E, H]; bias [E] or NULL (DeepSeek);
  * experts and optional LoRA; fills *saved. ws: tier_moe_workspace_bytes. out NULL: *saved only
@@ -273,6 +282,12 @@ int tier_moe_layer_route(tier_dev *dev, const tier_moe_cfg *cfg, int T, const fl
 int tier_moe_layer_fwd_routed(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x,
 			      const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts, float *out,
 			      tier_moe_saved *saved, void *ws, size_t ws_bytes);
+/* The same with the residual added: out [T, H] = res + the block's output (res fp32 [T, H]; out
+ * may be res; res NULL: as tier_moe_layer_fwd_routed). CUDA adds it in the combine, sparing a
+ * decoder's h1 + MoE(h1) a pass of its own. res without out: -EINVAL. */
+int tier_moe_layer_fwd_routed_res(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x,
+				  const tier_moe_experts *w, const tier_moe_loras *lora, const int32_t *counts,
+				  const float *res, float *out, tier_moe_saved *saved, void *ws, size_t ws_bytes);
 /* tier_moe_layer_bwd given the forward's counts (as tier_moe_layer_fwd_routed): no synchronisation. */
 int tier_moe_layer_bwd_routed(tier_dev *dev, const tier_moe_cfg *cfg, int T, const float *x, const float *w_r,
 			      const tier_moe_experts *w, const tier_moe_loras *lora, const tier_moe_saved *saved,
