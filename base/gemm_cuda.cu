@@ -146,6 +146,13 @@ static gemm_key key_of(tier_dev *d, int m, int n, int k, const tier_gemm_operand
 extern "C" int tier_cuda_gemm(tier_dev *d, int lane, const char *fn, int m, int n, int k, float alpha,
 			      tier_gemm_operand A, tier_gemm_operand B, float beta, void *C, int c_type, int ldc)
 {
+	return tier_cuda_gemm_cd(d, lane, fn, m, n, k, alpha, A, B, beta, C, C, c_type, ldc);
+}
+
+extern "C" int tier_cuda_gemm_cd(tier_dev *d, int lane, const char *fn, int m, int n, int k, float alpha,
+				 tier_gemm_operand A, tier_gemm_operand B, float beta, const void *Cin, void *C,
+				 int c_type, int ldc)
+{
 	cublasLtHandle_t h = (cublasLtHandle_t)tier_dev_blaslt(d);
 	size_t wsb = 0;
 	void *ws = NULL;
@@ -153,7 +160,8 @@ extern "C" int tier_cuda_gemm(tier_dev *d, int lane, const char *fn, int m, int 
 	if (!h)
 		return tier_fail(-EIO, "%s: the device context has no cuBLASLt handle", fn);
 	cublasOperation_t opa = A.trans ? CUBLAS_OP_T : CUBLAS_OP_N, opb = B.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-	gemm_key key = key_of(d, m, n, k, &A, &B, C, c_type, ldc, wsb);
+	/* the alignment both C operands share: the algorithm must suit the one it reads and the one it writes */
+	gemm_key key = key_of(d, m, n, k, &A, &B, (const void *)((uintptr_t)Cin | (uintptr_t)C), c_type, ldc, wsb);
 	gemm_layouts real = { NULL, NULL, NULL }, q = { NULL, NULL, NULL };
 	cublasLtMatmulDesc_t desc = NULL;
 	cublasLtMatmulAlgo_t algo;
@@ -166,18 +174,18 @@ extern "C" int tier_cuda_gemm(tier_dev *d, int lane, const char *fn, int m, int 
 		st = layouts_make(&real, m, n, k, &A, &B, c_type, ldc);
 	int done = 0;
 	if (st == CUBLAS_STATUS_SUCCESS && gemm_get(&key, &algo))
-		done = cublasLtMatmul(h, desc, &alpha, A.p, real.la, B.p, real.lb, &beta, C, real.lc, C, real.lc, &algo, ws,
+		done = cublasLtMatmul(h, desc, &alpha, A.p, real.la, B.p, real.lb, &beta, Cin, real.lc, C, real.lc, &algo, ws,
 				      wsb, stream) == CUBLAS_STATUS_SUCCESS;
 	if (st == CUBLAS_STATUS_SUCCESS && !done && (key.n != n || key.k != k)) { /* the algorithm of the bucket */
 		st = layouts_make(&q, m, key.n, key.k, &A, &B, c_type, ldc);
 		if (st == CUBLAS_STATUS_SUCCESS && query(h, desc, &q, wsb, &key, &algo) == CUBLAS_STATUS_SUCCESS)
-			done = cublasLtMatmul(h, desc, &alpha, A.p, real.la, B.p, real.lb, &beta, C, real.lc, C, real.lc, &algo,
+			done = cublasLtMatmul(h, desc, &alpha, A.p, real.la, B.p, real.lb, &beta, Cin, real.lc, C, real.lc, &algo,
 					      ws, wsb, stream) == CUBLAS_STATUS_SUCCESS;
 	}
 	if (st == CUBLAS_STATUS_SUCCESS && !done) { /* the exact shape */
 		st = query(h, desc, &real, wsb, &key, &algo);
 		if (st == CUBLAS_STATUS_SUCCESS)
-			st = cublasLtMatmul(h, desc, &alpha, A.p, real.la, B.p, real.lb, &beta, C, real.lc, C, real.lc, &algo, ws,
+			st = cublasLtMatmul(h, desc, &alpha, A.p, real.la, B.p, real.lb, &beta, Cin, real.lc, C, real.lc, &algo, ws,
 					    wsb, stream);
 		done = st == CUBLAS_STATUS_SUCCESS;
 	}

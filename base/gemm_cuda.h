@@ -28,6 +28,10 @@ typedef struct {
 
 int tier_cuda_gemm(tier_dev *d, int lane, const char *fn, int m, int n, int k, float alpha, tier_gemm_operand A,
 		   tier_gemm_operand B, float beta, void *C, int c_type, int ldc);
+/* The same with the C that beta scales read from Cin (of C's type and layout; Cin may be C):
+ * C = alpha op(A) op(B) + beta Cin, a residual added in the product's epilogue. */
+int tier_cuda_gemm_cd(tier_dev *d, int lane, const char *fn, int m, int n, int k, float alpha, tier_gemm_operand A,
+		      tier_gemm_operand B, float beta, const void *Cin, void *C, int c_type, int ldc);
 
 #ifdef __cplusplus
 }

@@ -34,7 +34,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
 		v=${vars[$i]}
 		echo "== round $r variant $i: ${v:-default}"
 		# shellcheck disable=SC2086
-		env $v timeout 150 "$b/tier-run" "${a[@]}" 2>&1 | grep -E "^ +[0-9]+ |^# done|rror"
+		env $v timeout 150 "$b/tier-run" "${a[@]}" 2>&1 | grep -E "^ +[0-9]+ |^# done|^# op cache|^# hbm|rror"
 	done
 done > "$out/ab.txt"
 # the medians: per variant, the rates of every step after the first, all rounds together

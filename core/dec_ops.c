@@ -1,5 +1,6 @@
 /* dec_ops.c - the decoder's operations dispatched by device: see dec_ops.h. */
 #include "config.h"
+#include <errno.h>
 #include <string.h>
 #include "core/dec_ops.h"
 #include "core/ops_cuda.h"
@@ -44,6 +45,17 @@ int dop_linear(const tier_model *m, int T, int in, int out, const void *x, const
 	if (m->cuda)
 		return opsc_linear_fwd(m->dev, T, in, out, x, w, l, y, ws);
 	return tier_linear_fwd(m->dev, T, in, out, x, w, l, y, ws);
+}
+
+int dop_linear_res(const tier_model *m, int T, int in, int out, const void *x, const void *w,
+		   const tier_lora_ref *l, const float *res, float *y, void *ws)
+{
+	if (m->cuda)
+		return opsc_linear_fwd_res(m->dev, T, in, out, x, w, l, res, y, ws);
+	if (y == res) /* the product would overwrite the residual before the add */
+		return tier_fail(-EINVAL, "dop_linear_res: y is res on the CPU");
+	int rc = tier_linear_fwd(m->dev, T, in, out, x, w, l, y, ws);
+	return rc ? rc : dop_add(m, (size_t)T * out, y, res, y);
 }
 
 int dop_linear_bwd(const tier_model *m, int T, int in, int out, const void *x, const void *w,

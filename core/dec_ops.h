@@ -23,6 +23,10 @@ int dop_norm_bwd_add(const tier_model *m, int rows, int dim, const float *x, con
 size_t dop_linear_ws(const tier_model *m, int T, int in, int out, int r);
 int dop_linear(const tier_model *m, int T, int in, int out, const void *x, const void *w, const tier_lora_ref *l,
 	       float *y, void *ws);
+/* y = dop_linear's + res (y may be res): on CUDA in the first product's epilogue
+ * (opsc_linear_fwd_res), on the CPU an add after it (the bits of dop_linear then dop_add). */
+int dop_linear_res(const tier_model *m, int T, int in, int out, const void *x, const void *w,
+		   const tier_lora_ref *l, const float *res, float *y, void *ws);
 int dop_linear_bwd(const tier_model *m, int T, int in, int out, const void *x, const void *w,
 		   const tier_lora_ref *l, const float *dy, float *dx, int accumulate, void *ws);
 /* dop_linear_bwd from dy in the activations' type (bf16 on CUDA: no conversion; fp32 on the CPU). */

@@ -299,8 +299,12 @@ int dec_attn_fwd_core(const tier_model *m, const dec_shape *sh, dec_bufs *b)
 int dec_attn_fwd_out(const tier_model *m, const dec_shape *sh, const float *x, const dec_weights *w, dec_bufs *b)
 {
 	int T = sh->T, H = m->H, qd = m->nh * m->hd, rc;
-	if ((rc = dop_linear(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->h1, b->ws)) ||
-	    (rc = dop_add(m, (size_t)T * H, b->h1, x, b->h1)))
+	/* h1 = x + o_proj(o): the residual in the product's epilogue (sh->attn_res), or an add after */
+	if (sh->attn_res)
+		rc = dop_linear_res(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], x, b->h1, b->ws);
+	else if (!(rc = dop_linear(m, T, qd, H, b->o, w->w[W_O], &w->lora[P_O], b->h1, b->ws)))
+		rc = dop_add(m, (size_t)T * H, b->h1, x, b->h1);
+	if (rc)
 		return rc;
 	return dop_norm(m, T, H, b->h1, w->w[W_LN2], b->b, b->r2);
 }

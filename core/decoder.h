@@ -52,6 +52,8 @@ typedef struct {
 				 * into one buffer; 0: a product each */
 	int qkv_fwd_cat;        /* with qkv_cat: their forward's adapters' x A^T in one product
 				 * (opsc_linear_fwd_cat); 0: opsc_linear_fwd each */
+	int attn_res;           /* the o projection adds the residual x in its epilogue (dop_linear_res);
+				 * 0: an add of its own after it */
 	int moe_res;            /* routed: the MoE block adds the residual h1 in its combine (its output
 				 * straight into the layer's); 0: into b->mo, then a pass of its own */
 	int keep_h;             /* CUDA, the MoE half in one chunk: h = silu(g) u kept in the MoE state

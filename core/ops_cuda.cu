@@ -734,6 +734,16 @@ int opsc_gemm(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, ops
 	return tier_cuda_gemm(d, -1, "opsc_gemm", m, n, k, alpha, A, B, beta, C, CUDA_R_32F, ldc);
 }
 
+/* C = alpha op(A) op(B) + res (fp32, C's layout; res NULL: + beta0 C): a residual in the epilogue.
+ * k >= 1 (the linear layers' products). */
+static int gemm_res(tier_dev *d, int m, int n, int k, float alpha, opsc_operand A, opsc_operand B, const float *res,
+		    float beta0, float *C, int ldc)
+{
+	if (!res)
+		return opsc_gemm(d, m, n, k, alpha, A, B, beta0, C, ldc);
+	return tier_cuda_gemm_cd(d, -1, "opsc_linear_fwd_res", m, n, k, alpha, A, B, 1.0f, res, C, CUDA_R_32F, ldc);
+}
+
 /* ---- Linear layer with LoRA ------------------------------------------------------------------
  * Row-major X [R, C] is column-major X^T [C, R] with ld C, so each row-major product is computed as
  * its transpose: Y = X W^T becomes Y^T [out, T] = W (stored [in, out], transposed) X^T (stored
@@ -871,18 +881,24 @@ static int lora_first(void)
 /* The adapter's part of the forward: xa16 = x A^T (x masked under dropout), then
  * y^T (beta 0: =, 1: +=) scale B (stored [r, out], transposed) xa^T (stored [r, T]). */
 static int lora_y(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const tier_lora_ref *l, void *ws, float beta,
-		  float *y)
+		  const float *res, float *y)
 {
 	int r = l->rank, rc;
 	lin_ws s = ws_split(ws, T, out, r);
 	const opsc_bf16 *xl;
 	if ((rc = lora_input(d, T, in, x, l, &s, &xl)) || (rc = lora_xa(d, T, in, xl, l, &s)))
 		return rc;
-	return opsc_gemm(d, out, T, r, l->scale, bf(1, l->b, r), bf(0, s.xa16, r), beta, y, out);
+	return gemm_res(d, out, T, r, l->scale, bf(1, l->b, r), bf(0, s.xa16, r), res, beta, y, out);
 }
 
 int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 		    const tier_lora_ref *lora, float *y, void *ws)
+{
+	return opsc_linear_fwd_res(d, T, in, out, x, w, lora, NULL, y, ws);
+}
+
+int opsc_linear_fwd_res(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+			const tier_lora_ref *lora, const float *res, float *y, void *ws)
 {
 	int rc = linear_check("opsc_linear_fwd", d, T, in, out, x, w, lora, ws, 0);
 	if (rc || T == 0)
@@ -891,12 +907,15 @@ int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 	 * so that y is read once, in the main product's epilogue (a compute-bound product), not by a
 	 * pass of its own after it. Else the main product first and the adapter's part added after. */
 	int lo = lora_on(lora), first = lo && lora_first();
-	if (first && (rc = lora_y(d, T, in, out, x, lora, ws, 0.0f, y)))
+	/* res: the first product's epilogue adds it (C read from res, written to y) */
+	if (first && (rc = lora_y(d, T, in, out, x, lora, ws, 0.0f, res, y)))
 		return rc;
 	/* y^T (=|+=) W (stored [in, out], transposed) x^T (stored [in, T]) */
-	if ((rc = opsc_gemm(d, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), first ? 1.0f : 0.0f, y, out)) || !lo || first)
+	if ((rc = gemm_res(d, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), first ? NULL : res, first ? 1.0f : 0.0f, y,
+			   out)) ||
+	    !lo || first)
 		return rc;
-	return lora_y(d, T, in, out, x, lora, ws, 1.0f, y);
+	return lora_y(d, T, in, out, x, lora, ws, 1.0f, NULL, y);
 }
 
 /* dx (+)= the adapter's part, A^T dxa^T (written when not accumulate). With dropout it goes through

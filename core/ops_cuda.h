@@ -68,6 +68,11 @@ int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16
 size_t opsc_linear_ws_bytes(int T, int in, int out, int rank, float dropout);
 int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 		    const tier_lora_ref *lora, float *y, void *ws);
+/* The same plus a residual: y = res + x W^T + the adapter's part, res fp32 [T, out] added in the
+ * first product's epilogue (cuBLASLt's C read from res): a decoder's h1 = x + o_proj(o) without a
+ * pass of its own. y may be res; res NULL: opsc_linear_fwd. */
+int opsc_linear_fwd_res(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+			const tier_lora_ref *lora, const float *res, float *y, void *ws);
 /* Backward from dy fp32 [T, out]: dx [T, in] fp32 = dy W + scale (dy B) A (written, or added to
  * when accumulate; NULL: not wanted); da += scale (dy B)^T x, db += scale dy^T (x A^T). dy is
  * converted to bf16 in ws for the products. With dropout, x in da and db is the masked x, and the

@@ -74,6 +74,12 @@ int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 	return NOCUDA("opsc_linear_fwd");
 }
 
+int opsc_linear_fwd_res(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+			const tier_lora_ref *lora, const float *res, float *y, void *ws)
+{
+	return NOCUDA("opsc_linear_fwd_res");
+}
+
 int opsc_linear_bwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 		    const tier_lora_ref *lora, const float *dy, float *dx, int accumulate, void *ws)
 {

@@ -151,7 +151,8 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
  * (dec_shape.qkv_fwd_cat: its tests pass, and on an H100 in session 25 it gained nothing
  * measurable, so it is off by default); $TIER_MOE_KEEP_H=0 leaves h out of the MoE states the op
  * cache keeps (dec_shape.keep_h): their backward makes it again, as before session 26;
- * $TIER_MOE_RES=0 adds the residual after the MoE block in a pass of its own (dec_shape.moe_res). */
+ * $TIER_MOE_RES=0 adds the residual after the MoE block in a pass of its own (dec_shape.moe_res),
+ * $TIER_ATTN_RES=0 after the o projection (dec_shape.attn_res). */
 static void trainer_env(tier_trainer *t)
 {
 	const char *prof = getenv("TIER_PROFILE");
@@ -168,7 +169,8 @@ static void trainer_env(tier_trainer *t)
 	t->qk_fused = !(qf && !strcmp(qf, "0"));
 	t->qkv_cat = !(qc && !strcmp(qc, "0"));
 	t->qkv_fwd_cat = qfc && !strcmp(qfc, "1"); /* off: no gain measured */
-	const char *kh = getenv("TIER_MOE_KEEP_H"), *mres = getenv("TIER_MOE_RES");
+	const char *kh = getenv("TIER_MOE_KEEP_H"), *mres = getenv("TIER_MOE_RES"), *ares = getenv("TIER_ATTN_RES");
+	t->attn_res = !(ares && !strcmp(ares, "0"));
 	t->keep_h = !(kh && !strcmp(kh, "0"));
 	t->moe_res = !(mres && !strcmp(mres, "0"));
 }
@@ -309,6 +311,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->sh.qkv_cat = t->qkv_cat && m->cuda && t->qk_fused && !(m->lora.dropout > 0);
 	t->sh.qkv_fwd_cat = t->sh.qkv_cat && t->qkv_fwd_cat;
 	t->sh.moe_res = t->moe_res;
+	t->sh.attn_res = t->attn_res;
 	t->sh.keep_h = t->keep_h && m->cuda && t->sh.mchunks == 1 && cache_keeps_moe(t);
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
 	if ((rc = tier_attn_workspace_bytes(m->dev, &t->sh.ap, &aws))) {

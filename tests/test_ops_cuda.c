@@ -313,7 +313,20 @@ static void lin_fwd(const lin *L, const tier_lora_ref *lr, void *ws)
 	down(yg, dy, 4 * Tout);
 	check(!lr ? "linear fwd y" : lr->dropout > 0 ? "linear fwd y (LoRA, dropout)" : "linear fwd y (LoRA)",
 	      err_f32(yg, y, Tout, 0), TOL_BF16);
-	free(y), free(ylora), free(xa), free(yg);
+	/* with a residual (opsc_linear_fwd_res): y + res, into fresh poison and in place over res */
+	float *res = rand_f32(NULL, Tout, 2.0f);
+	for (size_t i = 0; i < Tout; i++)
+		y[i] += res[i];
+	for (int inplace = 0; inplace < 2; inplace++) {
+		void *dres = up(res, 4 * Tout), *dout = inplace ? dres : poisoned(4 * Tout);
+		assert_int_equal(opsc_linear_fwd_res(gpu, L->T, L->in, L->out, L->dx_, L->dw_, lr, dres, dout, ws), 0);
+		down(yg, dout, 4 * Tout);
+		check(inplace ? "linear fwd y + res, in place" : "linear fwd y + res", err_f32(yg, y, Tout, 0), TOL_BF16);
+		tier_dev_free(gpu, dres);
+		if (!inplace)
+			tier_dev_free(gpu, dout);
+	}
+	free(res), free(y), free(ylora), free(xa), free(yg);
 	tier_dev_free(gpu, dy);
 }
 
