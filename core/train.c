@@ -188,6 +188,24 @@ static int cache_keeps_moe(const tier_trainer *t)
 	return 0;
 }
 
+/* Whether the op cache's states with h (dec_shape.keep_h; save: their halves' bytes) fit: a step's
+ * states, every layer's for every micro-batch, within the cache's HBM budget and, beside all else a
+ * step touches (trainer_budget's sum), in HBM. Where they do not, the larger states would crowd
+ * out other states or the weights: on an 80 GB card, whose store cannot hold the weights beside
+ * the cache anyway, keeping h cost (a) 1.6% (session 26). */
+static int keep_h_fits(const tier_trainer *t, uint64_t sbytes, size_t ta, size_t nckpt, const size_t save[2])
+{
+	const tier_model *m = t->m;
+	tier_cache_config cc;
+	if (tier_cache_config_parse(t->c.opcache, &cc))
+		return 0;
+	uint64_t states = (uint64_t)m->L * (uint64_t)t->c.micro_batches * (save[0] + save[1]);
+	uint64_t all = m->base_bytes + 16 * m->lora_n + nckpt * tier_align_up(ta, 4096) + sbytes;
+	tier_stats st;
+	tier_store_stats(m->s, &st);
+	return states <= cc.budget[0] && all + states <= st.tier[TIER_HBM].capacity;
+}
+
 /* The host tables sized by the experts and the tokens, and the checkpoint slots. */
 static int trainer_tables(tier_trainer *t, size_t nckpt)
 {
@@ -334,6 +352,12 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	 * CUDA, as HF keeps its hidden states; each operation works on an fp32 copy in the scratch) */
 	size_t ta = (dop_act_size(m) * (size_t)T * m->H + 63) / 64 * 64;
 	size_t nckpt = ((size_t)m->L + 1) * t->nck;
+	if (t->sh.keep_h && !keep_h_fits(t, sbytes, ta, nckpt, save)) {
+		t->sh.keep_h = 0; /* the op cache's states without h: their backward makes it again */
+		uint64_t with = t->dec_bytes;
+		t->dec_bytes = dec_bufs_save_bytes(m, &t->sh, save);
+		sbytes -= with - t->dec_bytes;
+	}
 	if ((size_t)t->nck * (W_NSLOTS + (size_t)E + 3) + 64 > PIN_MAX) { /* each micro-batch pins the layer again */
 		rc = tier_fail(-EINVAL, "layer-major with %d micro-batches of a layer of %d experts pins more than %d "
 			       "objects an operation; use fewer micro-batches", t->nck, E, PIN_MAX);
