@@ -181,6 +181,9 @@ int moe_cuda_experts_bwd(tier_dev *dev, int E, int H, int I, const int32_t *offs
 int moe_cuda_swiglu(tier_dev *dev, size_t n, const void *g, const void *u, void *h);
 int moe_cuda_swiglu_bwd(tier_dev *dev, size_t rows, int I, const void *g, const void *u, const float *dh, void *dg,
 			void *du, float *row_dot);
+/* The same from dh in bf16 (a product that rounded it), row_dot required. */
+int moe_cuda_swiglu_bwd16(tier_dev *dev, size_t rows, int I, const void *g, const void *u, const void *dh, void *dg,
+			  void *du, float *row_dot);
 
 /* ---- the experts through the grouped GEMMs (moe_experts_grouped.cu) ----
  * Whether they run for these shapes and pointers: TIER_MOE_GROUPED=1 (where everything fits: H, I

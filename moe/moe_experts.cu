@@ -79,21 +79,43 @@ static __device__ __forceinline__ float2 swiglu_d(float x, float u, float d)
 	return make_float2(d * u * s * (1.0f + x * (1.0f - s)), d * x * s); /* dG, dU */
 }
 
+/* dh's element i as fp32: dh fp32, or bf16 where the product that made it rounded it (the fused
+ * LoRA backward's, TIER_MOE_DH16). */
+static __device__ __forceinline__ float dh_at(const float *dh, size_t i) { return dh[i]; }
+static __device__ __forceinline__ float dh_at(const bf16 *dh, size_t i) { return __bfloat162float(dh[i]); }
+
+/* Eight elements of dh from i (16-byte aligned). */
+static __device__ __forceinline__ void dh_at8(const float *dh, size_t i, float (&d)[8])
+{
+	float4 d0 = *(const float4 *)(dh + i), d1 = *(const float4 *)(dh + i + 4);
+	d[0] = d0.x, d[1] = d0.y, d[2] = d0.z, d[3] = d0.w, d[4] = d1.x, d[5] = d1.y, d[6] = d1.z, d[7] = d1.w;
+}
+static __device__ __forceinline__ void dh_at8(const bf16 *dh, size_t i, float (&d)[8])
+{
+	uint4 v = *(const uint4 *)(dh + i);
+	const __nv_bfloat162 *p = (const __nv_bfloat162 *)&v;
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		float2 f = __bfloat1622float2(p[j]);
+		d[2 * j] = f.x, d[2 * j + 1] = f.y;
+	}
+}
+
 /* The backward at element i (V = 1) or the pair i, i + 1 (V = 2): dg, du written; with DOT, the
  * element's (pair's) share of dh . silu(g) u returned. */
-template <int V, bool DOT>
-static __device__ __forceinline__ float swiglu_bwd_at(const bf16 *g, const bf16 *u, const float *dh, size_t i, bf16 *dg,
+template <int V, bool DOT, typename DT>
+static __device__ __forceinline__ float swiglu_bwd_at(const bf16 *g, const bf16 *u, const DT *dh, size_t i, bf16 *dg,
 						      bf16 *du)
 {
 	if (V == 2) {
 		float2 x = moe_get2(g + i), y = moe_get2(u + i);
-		float d0 = dh[i], d1 = dh[i + 1];
+		float d0 = dh_at(dh, i), d1 = dh_at(dh, i + 1);
 		float2 a = swiglu_d(x.x, y.x, d0), b = swiglu_d(x.y, y.y, d1);
 		moe_set2(dg + i, a.x, b.x);
 		moe_set2(du + i, a.y, b.y);
 		return DOT ? d0 * silu_mul(x.x, y.x) + d1 * silu_mul(x.y, y.y) : 0.0f;
 	}
-	float x = __bfloat162float(g[i]), y = __bfloat162float(u[i]), d = dh[i];
+	float x = __bfloat162float(g[i]), y = __bfloat162float(u[i]), d = dh_at(dh, i);
 	float2 a = swiglu_d(x, y, d);
 	dg[i] = __float2bfloat16(a.x);
 	du[i] = __float2bfloat16(a.y);
@@ -103,13 +125,13 @@ static __device__ __forceinline__ float swiglu_bwd_at(const bf16 *g, const bf16 
 /* The same for the eight elements from i (16-byte aligned in g, u, dg and du, dh too): every load
  * issued before the arithmetic, 16-byte accesses (a pair at a time left the rows kernel at half the
  * copy's rate). */
-template <bool DOT>
-static __device__ __forceinline__ float swiglu_bwd_at8(const bf16 *g, const bf16 *u, const float *dh, size_t i,
+template <bool DOT, typename DT>
+static __device__ __forceinline__ float swiglu_bwd_at8(const bf16 *g, const bf16 *u, const DT *dh, size_t i,
 						       bf16 *dg, bf16 *du)
 {
 	uint4 gv = *(const uint4 *)(g + i), uv = *(const uint4 *)(u + i), og, ou;
-	float4 d0 = *(const float4 *)(dh + i), d1 = *(const float4 *)(dh + i + 4);
-	const float d[8] = { d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w };
+	float d[8];
+	dh_at8(dh, i, d);
 	const __nv_bfloat162 *g2 = (const __nv_bfloat162 *)&gv, *u2 = (const __nv_bfloat162 *)&uv;
 	__nv_bfloat162 *og2 = (__nv_bfloat162 *)&og, *ou2 = (__nv_bfloat162 *)&ou;
 	float dot = 0.0f;
@@ -133,17 +155,17 @@ __global__ void swiglu_bwd_kernel(const bf16 *g, const bf16 *u, const float *dh,
 	size_t step = V * (size_t)gridDim.x * blockDim.x;
 	for (size_t i = V * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += step) {
 		if (V == 2 && i + 1 < n)
-			swiglu_bwd_at<2, false>(g, u, dh, i, dg, du);
+			swiglu_bwd_at<2, false, float>(g, u, dh, i, dg, du);
 		else
-			swiglu_bwd_at<1, false>(g, u, dh, i, dg, du);
+			swiglu_bwd_at<1, false, float>(g, u, dh, i, dg, du);
 	}
 }
 
 /* The same with the dot of each row's dh and silu(g) u into row_dot (the router weight's gradient
  * times the weight, moe.h's row_dot): a warp a row, V as above (V = 2 needs an even I) or 8
  * (swiglu_bwd_at8: I a multiple of 8, the arrays 16-byte aligned). */
-template <int V>
-__global__ void swiglu_bwd_rows_kernel(const bf16 *g, const bf16 *u, const float *dh, size_t rows, int I, bf16 *dg,
+template <int V, typename DT>
+__global__ void swiglu_bwd_rows_kernel(const bf16 *g, const bf16 *u, const DT *dh, size_t rows, int I, bf16 *dg,
 				       bf16 *du, float *row_dot)
 {
 	int lane = threadIdx.x & 31;
@@ -152,7 +174,7 @@ __global__ void swiglu_bwd_rows_kernel(const bf16 *g, const bf16 *u, const float
 		float dot = 0.0f;
 		for (int i = V * lane; i < I; i += 32 * V)
 			dot += V == 8 ? swiglu_bwd_at8<true>(g, u, dh, r * I + i, dg, du)
-				      : swiglu_bwd_at<V, true>(g, u, dh, r * I + i, dg, du);
+				      : swiglu_bwd_at<V, true, DT>(g, u, dh, r * I + i, dg, du);
 		for (int m = 16; m; m >>= 1)
 			dot += __shfl_xor_sync(0xffffffffu, dot, m);
 		if (lane == 0)
@@ -195,6 +217,34 @@ extern "C" int moe_cuda_swiglu(tier_dev *dev, size_t n, const void *g, const voi
 	return 0;
 }
 
+/* The rows kernel (a warp a row, each row's dot) in the widest form the alignment allows. */
+template <typename DT>
+static int swiglu_bwd_rows(tier_dev *dev, size_t rows, int I, const bf16 *gb, const bf16 *ub, const DT *dh, void *dg,
+			   void *du, float *row_dot)
+{
+	size_t b = (rows + 7) / 8;
+	int grid = (int)(b < 8192 ? b : 8192);
+	cudaStream_t st = moe_stream(dev);
+	if (I % 8 == 0 && moe_a16(gb) && moe_a16(ub) && moe_a16(dg) && moe_a16(du) && moe_a16(dh))
+		swiglu_bwd_rows_kernel<8, DT><<<grid, 256, 0, st>>>(gb, ub, dh, rows, I, (bf16 *)dg, (bf16 *)du, row_dot);
+	else if (I % 2 == 0 && pairs_aligned(gb, ub, dg, du) && ((uintptr_t)dh & (2 * sizeof(DT) - 1)) == 0)
+		swiglu_bwd_rows_kernel<2, DT><<<grid, 256, 0, st>>>(gb, ub, dh, rows, I, (bf16 *)dg, (bf16 *)du, row_dot);
+	else
+		swiglu_bwd_rows_kernel<1, DT><<<grid, 256, 0, st>>>(gb, ub, dh, rows, I, (bf16 *)dg, (bf16 *)du, row_dot);
+	CUDA_LAUNCHED();
+	return 0;
+}
+
+extern "C" int moe_cuda_swiglu_bwd16(tier_dev *dev, size_t rows, int I, const void *g, const void *u, const void *dh,
+				     void *dg, void *du, float *row_dot)
+{
+	if (!row_dot)
+		return tier_fail(-EINVAL, "moe_cuda_swiglu_bwd16: the rows' dot is required");
+	if (!rows || !I)
+		return 0;
+	return swiglu_bwd_rows(dev, rows, I, (const bf16 *)g, (const bf16 *)u, (const bf16 *)dh, dg, du, row_dot);
+}
+
 extern "C" int moe_cuda_swiglu_bwd(tier_dev *dev, size_t rows, int I, const void *g, const void *u, const float *dh,
 				   void *dg, void *du, float *row_dot)
 {
@@ -202,19 +252,9 @@ extern "C" int moe_cuda_swiglu_bwd(tier_dev *dev, size_t rows, int I, const void
 	size_t n = rows * (size_t)I;
 	if (!n)
 		return 0;
-	if (row_dot) {
-		size_t b = (rows + 7) / 8;
-		int grid = (int)(b < 8192 ? b : 8192);
-		if (I % 8 == 0 && moe_a16(g) && moe_a16(u) && moe_a16(dg) && moe_a16(du) && moe_a16(dh))
-			swiglu_bwd_rows_kernel<8><<<grid, 256, 0, moe_stream(dev)>>>(gb, ub, dh, rows, I, (bf16 *)dg,
-										    (bf16 *)du, row_dot);
-		else if (I % 2 == 0 && pairs_aligned(g, u, dg, du))
-			swiglu_bwd_rows_kernel<2><<<grid, 256, 0, moe_stream(dev)>>>(gb, ub, dh, rows, I, (bf16 *)dg,
-										    (bf16 *)du, row_dot);
-		else
-			swiglu_bwd_rows_kernel<1><<<grid, 256, 0, moe_stream(dev)>>>(gb, ub, dh, rows, I, (bf16 *)dg,
-										    (bf16 *)du, row_dot);
-	} else if (pairs_aligned(g, u, dg, du))
+	if (row_dot)
+		return swiglu_bwd_rows(dev, rows, I, gb, ub, dh, dg, du, row_dot);
+	if (pairs_aligned(g, u, dg, du))
 		swiglu_bwd_kernel<2><<<grid_of((n + 1) / 2), 256, 0, moe_stream(dev)>>>(gb, ub, dh, n, (bf16 *)dg,
 										   (bf16 *)du);
 	else

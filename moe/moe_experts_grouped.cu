@@ -319,6 +319,15 @@ static int x_rows_on(void)
 	return !(v && !strcmp(v, "0"));
 }
 
+/* TIER_MOE_DH16=0: the fused backward's dh in fp32, as before session 26. Else the down product
+ * rounds dh to bf16 (its staged epilogue's whole-line stores, half the bytes) and the SwiGLU
+ * backward reads that: dg and du are bf16 from it either way. */
+static int dh16_on(void)
+{
+	const char *v = getenv("TIER_MOE_DH16");
+	return !(v && !strcmp(v, "0"));
+}
+
 static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
 		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, const void *g,
 		     const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du, float *dh,
@@ -338,10 +347,13 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 		   (rc = lora_grads(dev, ld, E, off, d_off, I, H, h, dy, kz ? kd : zb, kz ? 2 : 0, dzg, &ad))))
 		return rc;
 	sd.x0 = dzg, sd.w0 = ad.w, sd.K0 = rd;
-	/* dh = dY down + dZ_d A_d: down_e [H, I] and A_d [r, I] are [K, N] */
-	if ((rc = moe_cuda_grouped_mm_sm90_segs(dev, E, I, H, d_off, rows, dp->w, 1, dy, rd ? 1 : 0, &sd, z, dh, 0, 1.0f,
+	/* dh = dY down + dZ_d A_d: down_e [H, I] and A_d [r, I] are [K, N]; in bf16 where the rows'
+	 * dot is wanted (dh16_on) */
+	int h16 = row_dot && dh16_on();
+	if ((rc = moe_cuda_grouped_mm_sm90_segs(dev, E, I, H, d_off, rows, dp->w, 1, dy, rd ? 1 : 0, &sd, z, dh, h16, 1.0f,
 						0.0f)) ||
-	    (rc = moe_cuda_swiglu_bwd(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot)))
+	    (rc = h16 ? moe_cuda_swiglu_bwd16(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot)
+		      : moe_cuda_swiglu_bwd(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot)))
 		return rc;
 	/* X is read only by the dA reductions where Z is kept or no dB wants it: then they read the
 	 * layer's x through the permutation and xg is never gathered (keep's source); else gather it */

@@ -1408,6 +1408,45 @@ static void test_layer_grouped(void **state)
 	unsetenv("TIER_MOE_GROUPED");
 }
 
+/* The SwiGLU backward from a bf16 dh (moe_cuda_swiglu_bwd16, the fused LoRA backward's) gives the
+ * fp32 form's dg, du and rows' dots bit for bit on the same values: every width (I a multiple of
+ * 8, even, odd), outputs poisoned; no rows' dot is refused. */
+static void test_swiglu_bwd16(void **state)
+{
+	(void)state;
+	const int Is[3] = { 64, 22, 13 };
+	for (int c = 0; c < 3; c++) {
+		int rows = 37, I = Is[c];
+		size_t n = (size_t)rows * I;
+		float *g = malloc(4 * n), *u = malloc(4 * n), *dh = malloc(4 * n);
+		ref_fill(&rng, g, n, 3.0f), ref_fill(&rng, u, n, 1.0f), ref_fill(&rng, dh, n, 1.0f);
+		for (size_t i = 0; i < n; i++) /* dh's values exact in bf16: both forms read the same */
+			dh[i] = (float)ref_bf16(dh[i]);
+		void *dg = up_bf16(g, n), *du = up_bf16(u, n), *d32 = up(dh, 4 * n), *d16 = up_bf16(dh, n);
+		void *o[2][3];
+		for (int v = 0; v < 2; v++) {
+			o[v][0] = up(NULL, 2 * n), o[v][1] = up(NULL, 2 * n), o[v][2] = up(NULL, 4 * (size_t)rows);
+			poison_dev(o[v][0], 2 * n), poison_dev(o[v][1], 2 * n), poison_dev(o[v][2], 4 * (size_t)rows);
+		}
+		assert_int_equal(moe_cuda_swiglu_bwd(gpu, rows, I, dg, du, d32, o[0][0], o[0][1], o[0][2]), 0);
+		assert_int_equal(moe_cuda_swiglu_bwd16(gpu, rows, I, dg, du, d16, o[1][0], o[1][1], o[1][2]), 0);
+		float *a[2][3];
+		for (int v = 0; v < 2; v++)
+			a[v][0] = dl_bf16(o[v][0], n), a[v][1] = dl_bf16(o[v][1], n), a[v][2] = dl_f32(o[v][2], rows);
+		for (int j = 0; j < 3; j++)
+			assert_memory_equal(a[0][j], a[1][j], 4 * (j < 2 ? n : (size_t)rows));
+		for (size_t i = 0; i < n; i++)
+			assert_true(isfinite(a[1][0][i]) && isfinite(a[1][1][i]));
+		for (int v = 0; v < 2; v++)
+			for (int j = 0; j < 3; j++)
+				tier_dev_free(gpu, o[v][j]), free(a[v][j]);
+		tier_dev_free(gpu, dg), tier_dev_free(gpu, du), tier_dev_free(gpu, d32), tier_dev_free(gpu, d16);
+		free(g), free(u), free(dh);
+	}
+	void *any = &rng; /* never read: the missing dot is refused first */
+	assert_int_equal(moe_cuda_swiglu_bwd16(gpu, 4, 8, any, any, any, any, any, NULL), -EINVAL);
+}
+
 /* The public steps that run on CUDA, on random routing. */
 static void test_steps(void **state)
 {
@@ -1567,6 +1606,7 @@ int main(void)
 		cmocka_unit_test(test_grouped_wgrad2),
 		cmocka_unit_test(test_grouped_wgrad_bad_input),
 		cmocka_unit_test(test_steps),
+		cmocka_unit_test(test_swiglu_bwd16),
 		cmocka_unit_test(test_layer_bad_input),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
