@@ -182,6 +182,11 @@ int moe_cuda_swiglu(tier_dev *dev, size_t n, const void *g, const void *u, void 
 int moe_cuda_swiglu_bwd(tier_dev *dev, size_t rows, int I, const void *g, const void *u, const float *dh, void *dg,
 			void *du, float *row_dot);
 /* The same from dh in bf16 (a product that rounded it), row_dot required. */
+/* Whether moe_cuda_experts_bwd with the rows' dot (a layer's backward) rounds dh to bf16 on these
+ * experts, adapters and host offsets (the fused LoRA backward under TIER_MOE_DH16), given aligned
+ * buffers: what a test's emulation of that backward follows. */
+int moe_cuda_experts_dh16(tier_dev *dev, int E, int H, int I, const int32_t *off, const tier_moe_experts *w,
+			  const tier_moe_loras *lora);
 int moe_cuda_swiglu_bwd16(tier_dev *dev, size_t rows, int I, const void *g, const void *u, const void *dh, void *dg,
 			  void *du, float *row_dot);
 

@@ -442,6 +442,13 @@ static int dx_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *d_off, 
 	return rc;
 }
 
+extern "C" int moe_cuda_experts_dh16(tier_dev *dev, int E, int H, int I, const int32_t *off,
+				     const tier_moe_experts *w, const tier_moe_loras *lora)
+{
+	return moe_cuda_experts_grouped_fits(E, H, I, off, w, lora, NULL, 0) && moe_lora_max_rank(lora) > 0 &&
+	       fused_lora(dev, H, I) && dh16_on();
+}
+
 extern "C" int moe_cuda_experts_bwd_grouped(tier_dev *dev, int E, int H, int I, const int32_t *off,
 					    const int32_t *d_off, const tier_moe_experts *w, const tier_moe_loras *lora,
 					    const void *xg, const void *g, const void *u, const void *dy, float *dxg,

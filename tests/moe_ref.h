@@ -444,7 +444,7 @@ static inline void ref_lora_row_bwd(int rnd, int in, int out, const float *a, co
  * input h as the forward left it (else made again from g and u); zk: the adapters' Z as the forward
  * kept them (ref_lora_row_bwd). */
 static inline void ref_row_bwd_k(int rnd, int H, int I, const ref_expert *w, const float *xr, const float *g,
-				 const float *u, const float *dyr, float *dxr, float *dot, const float *hk, int zk)
+				 const float *u, const float *dyr, float *dxr, float *dot, const float *hk, int zk, int dh16)
 {
 	int m = H > I ? H : I;
 	double *x = malloc(sizeof(double) * 7 * (size_t)m), *h = x + m, *dy = h + m, *dh = dy + m, *dG = dh + m;
@@ -461,13 +461,15 @@ static inline void ref_row_bwd_k(int rnd, int H, int I, const ref_expert *w, con
 	}
 	if (w->a[2])
 		ref_lora_row_bwd(rnd, I, H, w->a[2], w->b[2], w->r, w->s, w->da[2], w->db[2], h, dy, dh, zk);
+	for (int i = 0; i < I; i++) /* dh is stored in fp32, or in bf16 (dh16: the fused LoRA backward's) */
+		dh[i] = dh16 ? ref_bf16(dh[i]) : (double)(float)dh[i];
 	double dd = 0.0;
 	for (int i = 0; i < I; i++)
-		dd += (double)(float)dh[i] * (g[i] * ref_sigmoid(g[i]) * u[i]);
+		dd += dh[i] * (g[i] * ref_sigmoid(g[i]) * u[i]);
 	if (dot)
 		*dot = (float)dd;
 	for (int i = 0; i < I; i++) {
-		double d = (float)dh[i], sg = ref_sigmoid(g[i]); /* dh is stored in fp32 */
+		double d = dh[i], sg = ref_sigmoid(g[i]);
 		dG[i] = ref_rnd(rnd, d * u[i] * sg * (1.0 + g[i] * (1.0 - sg)));
 		dU[i] = ref_rnd(rnd, d * g[i] * sg);
 	}
@@ -489,7 +491,7 @@ static inline void ref_row_bwd_k(int rnd, int H, int I, const ref_expert *w, con
 static inline void ref_row_bwd(int rnd, int H, int I, const ref_expert *w, const float *xr, const float *g,
 			       const float *u, const float *dyr, float *dxr, float *dot)
 {
-	ref_row_bwd_k(rnd, H, I, w, xr, g, u, dyr, dxr, dot, NULL, 0);
+	ref_row_bwd_k(rnd, H, I, w, xr, g, u, dyr, dxr, dot, NULL, 0, 0);
 }
 
 #endif

@@ -739,11 +739,13 @@ static void layer_case(const gcase *c)
 	assert_int_equal(tier_moe_combine_bwd(cpu, T, k, H, prc, twr, NULL, dout, dye, NULL), 0);
 	for (size_t i = 0; i < (size_t)rows * H; i++)
 		dye[i] = (float)ref_bf16(dye[i]);
+	/* dh in bf16 where the fused LoRA backward rounds it (TIER_MOE_DH16) */
+	int dh16 = moe_cuda_experts_dh16(gpu, E, H, I, oc, &gwts, r ? &glo : NULL);
 	for (int e = 0; e < E; e++)
 		for (int row = oc[e]; row < oc[e + 1]; row++)
 			ref_row_bwd_k(1, H, I, &ex[e], xgc + (size_t)row * H, ge + (size_t)row * I, ue + (size_t)row * I,
 				      dye + (size_t)row * H, dxge + (size_t)row * H, dote + row,
-				      kh ? he + (size_t)row * I : NULL, kz);
+				      kh ? he + (size_t)row * I : NULL, kz, dh16);
 	/* d_topk_w as the layer takes it, from the rows' dh . h over the bf16 dy (d_out . y unrounded
 	 * differs by that rounding, which Mixtral's w0 w1 (dw0 - dw1) magnified to 1.3% in dw_r) */
 	assert_int_equal(tier_moe_combine_dw(cpu, T, k, prc, twr, dote, dtwe), 0);
