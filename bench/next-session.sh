@@ -25,20 +25,22 @@
 # forms (the forward's adapters in one product: no gain, stays off; the q/k table form: -1.4%, taken
 # out) and its own defaults: the LoRA reductions add to C without reading it, and the backward's
 # gate/up dA read x through the permutation instead of a gathered xg: (a) +1.6% on session 24's
-# defaults; a634a7b's (the permutation's rows fetched two loads ahead; TIER_MOE_WGRAD_STAGES=3)
-# passed test_moe_cuda and test_golden_cuda on an H100. Written after the device time ran out, off
-# and not yet run: the reductions' split form (TIER_MOE_WGRAD_WARPS=cols: each warp a quarter of
-# the C tile, no shared-memory sum at the end). Next, on an H200 (needs_h200), carry
-# [".device/pack.tar.xz", ".device/lib"] (~360 s):
-#   .device/bin/tier-bench lora > $OUT/lora.txt   (the "cols" rows against "auto")
-#   TESTS="test_ops_cuda test_moe_cuda test_golden_cuda" TEST_FORMS="TIER_MOE_WGRAD_WARPS=cols"
-#   VARIANTS="TIER_QKV_CAT=0 TIER_MOE_WGMMA_TMA=1 TIER_MOE_X_ROWS=0 TIER_MOE_WGRAD_ADD=rmw;;TIER_MOE_WGRAD_WARPS=cols"
-#   ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab; STAGES=c,b bench/next-session.sh .device/bin $OUT/n
-# (the first variant: the forms of session 24's H200 gate figures, as the peer in the same call).
+# defaults. Session 26 ran them on an H200 (+3.7% on session 24's forms at batch 3; the split
+# reductions, TIER_MOE_WGRAD_WARPS=cols, gained nothing and stay off; (c) 6,446.1) and made four
+# forms the defaults: the residuals in the o projection's and the MoE combine's epilogues, dh in
+# bf16 in the fused LoRA backward, h kept in the op cache's MoE states where they fit: (a) at
+# batch 3 19,328 (+1.9%) on another H200, 2.998x call 1's (c), about 2.97 on one machine
+# (bench/RESULTS.md, "session 26"). Next, on an H200 (needs_h200), carry [".device/pack.tar.xz",
+# ".device/lib"] (~260 s): the gate in one call, then a profile for what follows:
+#   TESTS=" " ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab   ((a) at batch 3, the defaults)
+#   STAGES=c,b,kprof KPROF_LAST_MS=1300 bench/next-session.sh .device/bin $OUT/n
+# (kprof profiles (a) at batch 1; for batch 3: CUDA_INJECTION64_PATH=$PWD/.device/lib/libtier-kprof.so
+# TIER_KPROF_OUT=$OUT/kprof-a3.txt .device/bin/tier-run <job_args> --batch 3 --steps 3 --ddr 4G
+# --op-cache all:hbm=56G, ~40 s.)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
 # and attn, and (a): QUICK=1 about 60 s on an H100.)
-# At batch 3 the op cache's entries took 43.7 GiB (all 576 kept; 56G leaves room for a build whose
-# entries grow).
+# At batch 3 the op cache's entries took 50.4 GiB with h kept (43.7 without; all 576 kept under
+# 56G, the device's peak 124 GiB).
 # STAGES=tiles times the MoE block on the trainer's own shape (mean group 256 rows) under each
 # TIER_MOE_WGMMA_TILE (~300 s).
 # usage: bench/next-session.sh BUILD_DIR OUT_DIR
