@@ -782,6 +782,17 @@ static int golden_chunks; /* tier_train_cfg.moe_chunks of test_model_vs_hf: 0 on
 static int golden_opcache; /* test_model_vs_hf with the op cache: 1 the attention's output kept in DDR,
 			    * 2 both halves kept in HBM (the MoE states with h: dec_shape.keep_h) */
 
+/* The op cache served a run: some of its entries of `kind` kept in tier `at` (0 HBM, 1 DDR) hit. */
+static void check_cache_hits(const char *name, tier_trainer *t, tier_op_kind kind, int at, const char *what)
+{
+	tier_cache_stats cs;
+	assert_int_equal(tier_trainer_cache_stats(t, &cs), 0);
+	printf("# %s: op cache: %llu %s kept in %s, %llu hits from there\n", name,
+	       (unsigned long long)cs.kind[kind].admitted[at], what, at ? "ddr" : "hbm",
+	       (unsigned long long)cs.kind[kind].hits[at]);
+	assert_true(cs.kind[kind].hits[at] > 0);
+}
+
 static void test_model_vs_hf(void **state)
 {
 	fixture f;
@@ -853,21 +864,10 @@ static void test_model_vs_hf(void **state)
 			export_for_peft(&f, r.m, hid, ids);
 	}
 	assert_true(ok);
-	if (golden_opcache == 2) { /* the gradients above came through the kept states, MoE's with h */
-		tier_cache_stats cs;
-		assert_int_equal(tier_trainer_cache_stats(r.t, &cs), 0);
-		printf("# %s: op cache: %llu MoE states kept in hbm, %llu hits\n", f.c->name,
-		       (unsigned long long)cs.kind[TIER_OP_GROUPED_GEMM].admitted[0],
-		       (unsigned long long)cs.kind[TIER_OP_GROUPED_GEMM].hits[0]);
-		assert_true(cs.kind[TIER_OP_GROUPED_GEMM].hits[0] > 0);
-	} else if (golden_opcache) { /* the gradients above came through the kept outputs */
-		tier_cache_stats cs;
-		assert_int_equal(tier_trainer_cache_stats(r.t, &cs), 0);
-		printf("# %s: op cache: %llu attention outputs kept in ddr, %llu hits from there\n", f.c->name,
-		       (unsigned long long)cs.kind[TIER_OP_ATTENTION].admitted[1],
-		       (unsigned long long)cs.kind[TIER_OP_ATTENTION].hits[1]);
-		assert_true(cs.kind[TIER_OP_ATTENTION].hits[1] > 0);
-	}
+	if (golden_opcache == 2) /* the gradients above came through the kept states, MoE's with h */
+		check_cache_hits(f.c->name, r.t, TIER_OP_GROUPED_GEMM, 0, "MoE states");
+	else if (golden_opcache) /* the gradients above came through the kept outputs */
+		check_cache_hits(f.c->name, r.t, TIER_OP_ATTENTION, 1, "attention outputs");
 	tier_peft_free(a);
 	free(ids), free(sh), free(tok), free(lab), free(hid);
 	rig_close(&r);
@@ -883,6 +883,7 @@ static void test_model_vs_hf_opcache(void **state)
 	golden_opcache = 0;
 }
 
+#ifdef GOLDEN_CUDA
 /* The same comparison, the backward reading each layer's two halves from the op cache in HBM:
  * the MoE states there hold h (dec_shape.keep_h), which the backward then takes as it is. */
 static void test_model_vs_hf_kept(void **state)
@@ -891,6 +892,7 @@ static void test_model_vs_hf_kept(void **state)
 	test_model_vs_hf(state);
 	golden_opcache = 0;
 }
+#endif
 
 /* The same comparison with the MoE half run in token chunks (tier_train_cfg.moe_chunks). */
 static void test_model_vs_hf_chunked(void **state)

@@ -385,7 +385,9 @@ static void test_layer_bad_input(void **state)
 }
 
 /* The saved state's room for the adapters' kept Z (tier_moe_saved_bytes_lora): bf16 storage only,
- * one bf16 column a rank of each adapter present, and a buffer sized without it refused. */
+ * one bf16 column a rank of each adapter present, and a buffer sized without it refused. With h
+ * (tier_moe_saved_bytes_keep): T k I bf16 more past kept_z, bf16 only, keep_h 0 the _lora size, a
+ * buffer sized without it refused by name. */
 static void test_saved_lora(void **state)
 {
 	(void)state;
@@ -398,10 +400,14 @@ static void test_saved_lora(void **state)
 	lo.down = (tier_moe_lora){ .a = arr, .b = arr, .rank = 16 }; /* up: no adapter */
 	int T = 5;
 	size_t plain = tier_moe_saved_bytes(&b16, T), with = tier_moe_saved_bytes_lora(&b16, T, &lo);
+	size_t hb = 2 * (size_t)T * 2 * 8, keep = tier_moe_saved_bytes_keep(&b16, T, &lo, 1), fb = tier_moe_saved_bytes(&f32, T);
 	assert_true(plain > 0 && with >= plain + 2 * (size_t)T * 2 * 24 && with < plain + 2 * (size_t)T * 2 * 24 + 64);
 	assert_true(tier_moe_saved_bytes_lora(&b16, T, NULL) == plain);
-	assert_true(tier_moe_saved_bytes_lora(&f32, T, &lo) == tier_moe_saved_bytes(&f32, T));
-	char *buf = malloc(with);
+	assert_true(tier_moe_saved_bytes_lora(&f32, T, &lo) == fb);
+	assert_true(keep >= with + hb && keep < with + hb + 64 && tier_moe_saved_bytes_keep(&b16, T, &lo, 0) == with);
+	assert_true(tier_moe_saved_bytes_keep(&b16, T, NULL, 1) >= plain + hb);
+	assert_true(tier_moe_saved_bytes_keep(&f32, T, &lo, 1) == fb);
+	char *buf = malloc(keep > fb ? keep : fb);
 	tier_moe_saved s;
 	assert_int_equal(tier_moe_saved_bind_lora(&b16, T, &lo, buf, plain, &s), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "tier_moe_saved_bytes_lora"));
@@ -409,42 +415,16 @@ static void test_saved_lora(void **state)
 	assert_int_equal(s.kept_cols, 24);
 	assert_true((char *)s.kept_z >= (char *)s.u + 2 * (size_t)T * 2 * 8 &&
 		    (char *)s.kept_z + 2 * (size_t)T * 2 * 24 <= buf + with);
-	assert_true(s.kept == 0 && s.h_in_ws == 0);
-	assert_true(s.kept_h == NULL);
-	assert_int_equal(tier_moe_saved_bind(&b16, T, buf, plain, &s), 0);
-	assert_true(s.kept_z == NULL && s.kept_cols == 0 && s.kept_h == NULL);
-	free(buf);
-}
-
-/* The saved state's room for h (tier_moe_saved_bytes_keep): T k I bf16 past kept_z, bf16 storage
- * only, keep_h 0 the _lora size, a buffer sized without it refused by name. */
-static void test_saved_keep_h(void **state)
-{
-	(void)state;
-	tier_moe_cfg b16 = { RT(TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 2, 0, 0, 0, 0), 8, 24, 0, 0, 0, TIER_MOE_BF16 }, f32 = b16;
-	f32.dtype = TIER_MOE_F32;
-	const float *arr[4] = { NULL };
-	tier_moe_loras lo;
-	memset(&lo, 0, sizeof lo);
-	lo.up = (tier_moe_lora){ .a = arr, .b = arr, .rank = 4 };
-	int T = 7;
-	size_t hb = 2 * (size_t)T * 2 * 24, with = tier_moe_saved_bytes_lora(&b16, T, &lo);
-	size_t keep = tier_moe_saved_bytes_keep(&b16, T, &lo, 1);
-	assert_true(keep >= with + hb && keep < with + hb + 64);
-	assert_true(tier_moe_saved_bytes_keep(&b16, T, &lo, 0) == with);
-	assert_true(tier_moe_saved_bytes_keep(&b16, T, NULL, 1) >= tier_moe_saved_bytes(&b16, T) + hb);
-	assert_true(tier_moe_saved_bytes_keep(&f32, T, &lo, 1) == tier_moe_saved_bytes(&f32, T));
-	size_t fb = tier_moe_saved_bytes(&f32, T);
-	char *buf = malloc(keep > fb ? keep : fb);
-	tier_moe_saved s;
+	assert_true(s.kept == 0 && s.h_in_ws == 0 && s.kept_h == NULL);
 	assert_int_equal(tier_moe_saved_bind_keep(&b16, T, &lo, 1, buf, with, &s), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "tier_moe_saved_bytes_keep"));
 	assert_int_equal(tier_moe_saved_bind_keep(&b16, T, &lo, 1, buf, keep, &s), 0);
-	assert_non_null(s.kept_h);
-	assert_true((char *)s.kept_h >= (char *)s.kept_z + 2 * (size_t)T * 2 * 4 && (char *)s.kept_h + hb <= buf + keep);
+	assert_true((char *)s.kept_h >= (char *)s.kept_z + 2 * (size_t)T * 2 * 24 && (char *)s.kept_h + hb <= buf + keep);
 	assert_true((((uintptr_t)s.kept_h - (uintptr_t)buf) & 63) == 0 && s.kept == 0 && s.h_in_ws == 0);
 	assert_int_equal(tier_moe_saved_bind_keep(&f32, T, &lo, 1, buf, fb, &s), 0); /* no h in fp32 */
 	assert_true(s.kept_h == NULL && s.kept_z == NULL);
+	assert_int_equal(tier_moe_saved_bind(&b16, T, buf, plain, &s), 0);
+	assert_true(s.kept_z == NULL && s.kept_cols == 0 && s.kept_h == NULL);
 	free(buf);
 }
 
@@ -452,7 +432,6 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_saved_lora),
-		cmocka_unit_test(test_saved_keep_h),
 		cmocka_unit_test(test_layer_qwen_mixtral), cmocka_unit_test(test_layer_deepseek),
 		cmocka_unit_test(test_layer_edges),        cmocka_unit_test(test_layer_896_experts),
 		cmocka_unit_test(test_layer_bad_input),
