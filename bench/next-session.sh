@@ -33,10 +33,8 @@
 # (bench/RESULTS.md, "session 26"). Next, on an H200 (needs_h200), carry [".device/pack.tar.xz",
 # ".device/lib"] (~260 s): the gate in one call, then a profile for what follows:
 #   TESTS=" " ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab   ((a) at batch 3, the defaults)
-#   STAGES=c,b,kprof KPROF_LAST_MS=1300 bench/next-session.sh .device/bin $OUT/n
-# (kprof profiles (a) at batch 1; for batch 3: CUDA_INJECTION64_PATH=$PWD/.device/lib/libtier-kprof.so
-# TIER_KPROF_OUT=$OUT/kprof-a3.txt .device/bin/tier-run <job_args> --batch 3 --steps 3 --ddr 4G
-# --op-cache all:hbm=56G, ~40 s.)
+#   STAGES=c,b,kprof KPROF_ARGS="--batch 3 --op-cache all:hbm=56G" KPROF_LAST_MS=1300
+#   bench/next-session.sh .device/bin $OUT/n   ((a)'s kernel profile at batch 3, ~40 s)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
 # and attn, and (a): QUICK=1 about 60 s on an H100.)
 # At batch 3 the op cache's entries took 50.4 GiB with h kept (43.7 without; all 576 kept under
@@ -111,9 +109,11 @@ elif has kprof; then
 	# KPROF_LAST_MS: the busy time and gaps of the run's last N ms too (the steps after the first:
 	# ~540 for (a)'s last two); KPROF_TRACE=1: every record with the host's runtime calls, as
 	# kprof-a-trace.log, for bench/kprof_trace.py (each gap, the kernels around it, what the host did)
+	# KPROF_ARGS: options appended to (a)'s (later ones win), e.g. "--batch 3 --op-cache all:hbm=56G"
+	# shellcheck disable=SC2086 # the options are separate words
 	step 150 kprof-a env CUDA_INJECTION64_PATH="$kprof_lib" TIER_KPROF_OUT="$out/kprof-a.txt" TIER_KPROF_TOP=60 \
 		TIER_KPROF_LAST_MS="${KPROF_LAST_MS:-0}" ${KPROF_TRACE:+TIER_KPROF_TRACE="$logs/kprof-a-trace.log"} \
-		"${run[@]}" "${am[@]}" --steps 3
+		"${run[@]}" "${am[@]}" --steps 3 ${KPROF_ARGS:-}
 fi
 has a && [ -n "${RUN_OLD:-}" ] && step 150 train-a-old "${old[@]}" "${am[@]}"
 # A_ALT / B_ALT: VAR=VALUE settings, each a run of (a) / (b) of its own right after the default one;
