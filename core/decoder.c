@@ -371,12 +371,11 @@ int dec_route(const tier_model *m, const dec_shape *sh, const dec_weights *w, de
 }
 
 /* The MoE block's forward over chunk c: its state into b->ms, and with out (not a backward's
- * recompute) the layer's output. Routed (one chunk): a forward's dec_route has routed, and the
- * block writes out = h1 + MoE itself (its combine adds h1; out b->mo: the block's output alone);
- * a recompute routes again on the device, to the forward's counts. In chunks: the chunk's output
- * rows into b->mo. */
+ * recompute) its output rows there, res (NULL: none; routed only) added by its combine. Routed
+ * (one chunk): a forward's dec_route has routed; a recompute routes again on the device, to the
+ * forward's counts. */
 static int moe_chunk_fwd(const tier_model *m, const dec_shape *sh, const dec_weights *w, dec_bufs *b, int c,
-			 float *out)
+			 const float *res, float *out)
 {
 	int state_only = !out;
 	size_t r0 = (size_t)c * sh->mT;
@@ -388,8 +387,7 @@ static int moe_chunk_fwd(const tier_model *m, const dec_shape *sh, const dec_wei
 							     b->ws, b->ws_bytes, NULL)))
 			return rc;
 		return tier_moe_layer_fwd_routed_res(m->dev, &sh->moe, sh->T, b->b, &w->ex,
-						     w->has_elora ? &w->elora : NULL, b->routed,
-						     state_only || out == b->mo ? NULL : b->h1, out, &b->ms, b->ws,
+						     w->has_elora ? &w->elora : NULL, b->routed, res, out, &b->ms, b->ws,
 						     b->ws_bytes);
 	}
 	return tier_moe_layer_fwd(m->dev, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], NULL, &w->ex,
@@ -405,11 +403,11 @@ int dec_mlp_recompute(const dec_shape *sh, int moe)
 int dec_mlp_fwd(const tier_model *m, const dec_shape *sh, int moe, const dec_weights *w, dec_bufs *b, float *out)
 {
 	int T = sh->T, H = m->H, I = m->I, rc = 0;
-	if (moe && sh->routed && sh->moe_res) /* one chunk, the residual added by the block (moe_chunk_fwd) */
-		return moe_chunk_fwd(m, sh, w, b, 0, out);
+	if (moe && sh->routed && sh->moe_res) /* one chunk: out = h1 + MoE(b), the residual in the combine */
+		return moe_chunk_fwd(m, sh, w, b, 0, out ? b->h1 : NULL, out);
 	if (moe)
 		for (int c = 0; c < sh->mchunks && !rc; c++)
-			rc = moe_chunk_fwd(m, sh, w, b, c, out ? b->mo : NULL);
+			rc = moe_chunk_fwd(m, sh, w, b, c, NULL, out ? b->mo : NULL);
 	else if (!(rc = dop_linear(m, T, H, I, b->b, w->w[W_GATE], &w->mlp[P_GATE], b->g, b->ws)) &&
 		 !(rc = dop_linear(m, T, H, I, b->b, w->w[W_UP], &w->mlp[P_UP], b->u, b->ws)))
 		rc = dop_swiglu(m, (size_t)T * I, b->g, b->u, b->act);
@@ -432,7 +430,7 @@ static int moe_bwd(const tier_model *m, const dec_shape *sh, const dec_weights *
 			rc = tier_moe_layer_bwd_routed(m->dev, &sh->moe, sh->T, b->b, w->w[W_ROUTER], &w->ex,
 						       w->has_elora ? &w->elora : NULL, &b->ms, b->routed, dout, d_aux,
 						       b->db, NULL, b->ws, b->ws_bytes);
-		else if (!(sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c, NULL))))
+		else if (!(sh->mchunks > 1 && (rc = moe_chunk_fwd(m, sh, w, b, c, NULL, NULL))))
 			rc = tier_moe_layer_bwd(m->dev, &sh->moe, sh->mT, act_rows(m, b->b, r0), w->w[W_ROUTER], &w->ex,
 						w->has_elora ? &w->elora : NULL, &b->ms, dout + r0 * (size_t)m->H,
 						d_aux, f32_rows(m, b->db, r0), NULL, b->ws, b->ws_bytes);

@@ -153,6 +153,13 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
  * cache keeps (dec_shape.keep_h): their backward makes it again, as before session 26;
  * $TIER_MOE_RES=0 adds the residual after the MoE block in a pass of its own (dec_shape.moe_res),
  * $TIER_ATTN_RES=0 after the o projection (dec_shape.attn_res). */
+/* Whether $name is set to value. */
+static int env_is(const char *name, const char *value)
+{
+	const char *v = getenv(name);
+	return v && !strcmp(v, value);
+}
+
 static void trainer_env(tier_trainer *t)
 {
 	const char *prof = getenv("TIER_PROFILE");
@@ -163,47 +170,43 @@ static void trainer_env(tier_trainer *t)
 	t->pipe_force = t->pipeline && pipe && !strcmp(pipe, "force");
 	const char *routed = getenv("TIER_SCHED_ROUTED");
 	t->sched_routed = !routed || !strcmp(routed, "bwd") ? 1 : !strcmp(routed, "all") ? 2 : 0;
-	const char *mr = getenv("TIER_MOE_ROUTED"), *qf = getenv("TIER_QK_FUSED"), *qc = getenv("TIER_QKV_CAT");
-	const char *qfc = getenv("TIER_QKV_FWD_CAT");
-	t->moe_routed = !(mr && !strcmp(mr, "0"));
-	t->qk_fused = !(qf && !strcmp(qf, "0"));
-	t->qkv_cat = !(qc && !strcmp(qc, "0"));
-	t->qkv_fwd_cat = qfc && !strcmp(qfc, "1"); /* off: no gain measured */
-	const char *kh = getenv("TIER_MOE_KEEP_H"), *mres = getenv("TIER_MOE_RES"), *ares = getenv("TIER_ATTN_RES");
-	t->attn_res = !(ares && !strcmp(ares, "0"));
-	t->keep_h = !(kh && !strcmp(kh, "0"));
-	t->moe_res = !(mres && !strcmp(mres, "0"));
+	t->moe_routed = !env_is("TIER_MOE_ROUTED", "0");
+	t->qk_fused = !env_is("TIER_QK_FUSED", "0");
+	t->qkv_cat = !env_is("TIER_QKV_CAT", "0");
+	t->qkv_fwd_cat = env_is("TIER_QKV_FWD_CAT", "1"); /* off: no gain measured */
+	t->attn_res = !env_is("TIER_ATTN_RES", "0");
+	t->keep_h = !env_is("TIER_MOE_KEEP_H", "0");
+	t->moe_res = !env_is("TIER_MOE_RES", "0");
 }
 
-/* Whether the op cache may keep the MoE half (grouped_gemm among its rules' kinds): then its
- * states keep h too (dec_shape.keep_h), else the backward's recompute leaves h in the workspace. */
-static int cache_keeps_moe(const tier_trainer *t)
+/* The op cache's HBM budget where it may keep the MoE half (grouped_gemm among its rules' kinds),
+ * else 0: only states kept in HBM keep h too (dec_shape.keep_h, keep_h_fits); elsewhere the
+ * backward's recompute leaves h in the workspace. */
+static uint64_t cache_moe_hbm(const tier_trainer *t)
 {
 	tier_cache_config cc;
 	if (!t->c.opcache || !*t->c.opcache || tier_cache_config_parse(t->c.opcache, &cc))
 		return 0; /* a bad text is refused with its message when the cache opens */
 	for (unsigned i = 0; i < cc.n_rules; i++)
 		if (cc.rules[i].kinds & (1u << TIER_OP_GROUPED_GEMM))
-			return cc.budget[0] + cc.budget[1] > 0;
+			return cc.budget[0];
 	return 0;
 }
 
 /* Whether the op cache's states with h (dec_shape.keep_h; save: their halves' bytes) fit: a step's
- * states, every layer's for every micro-batch, within the cache's HBM budget and, beside all else a
- * step touches (trainer_budget's sum), in HBM. Where they do not, the larger states would crowd
+ * states, every layer's for every micro-batch, within the cache's HBM budget (cache_hbm) and,
+ * beside all else a step touches (trainer_budget's sum), in HBM. Where they do not, the larger states would crowd
  * out other states or the weights: on an 80 GB card, whose store cannot hold the weights beside
  * the cache anyway, keeping h cost (a) 1.6% (session 26). */
-static int keep_h_fits(const tier_trainer *t, uint64_t sbytes, size_t ta, size_t nckpt, const size_t save[2])
+static int keep_h_fits(const tier_trainer *t, uint64_t cache_hbm, uint64_t sbytes, size_t ta, size_t nckpt,
+		       const size_t save[2])
 {
 	const tier_model *m = t->m;
-	tier_cache_config cc;
-	if (tier_cache_config_parse(t->c.opcache, &cc))
-		return 0;
 	uint64_t states = (uint64_t)m->L * (uint64_t)t->c.micro_batches * (save[0] + save[1]);
 	uint64_t all = m->base_bytes + 16 * m->lora_n + nckpt * tier_align_up(ta, 4096) + sbytes;
 	tier_stats st;
 	tier_store_stats(m->s, &st);
-	return states <= cc.budget[0] && all + states <= st.tier[TIER_HBM].capacity;
+	return states <= cache_hbm && all + states <= st.tier[TIER_HBM].capacity;
 }
 
 /* The host tables sized by the experts and the tokens, and the checkpoint slots. */
@@ -330,7 +333,8 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	t->sh.qkv_fwd_cat = t->sh.qkv_cat && t->qkv_fwd_cat;
 	t->sh.moe_res = t->moe_res;
 	t->sh.attn_res = t->attn_res;
-	t->sh.keep_h = t->keep_h && m->cuda && t->sh.mchunks == 1 && cache_keeps_moe(t);
+	uint64_t cache_hbm = t->keep_h && m->cuda && t->sh.mchunks == 1 ? cache_moe_hbm(t) : 0;
+	t->sh.keep_h = cache_hbm > 0;
 	size_t aws; /* the attention's limits on this device (CUDA: head_dim 32, 64, 96 or 128), up front */
 	if ((rc = tier_attn_workspace_bytes(m->dev, &t->sh.ap, &aws))) {
 		rc = tier_fail(rc, "%s; this model cannot train on this device (use --device cpu)", tier_last_error());
@@ -352,7 +356,7 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	 * CUDA, as HF keeps its hidden states; each operation works on an fp32 copy in the scratch) */
 	size_t ta = (dop_act_size(m) * (size_t)T * m->H + 63) / 64 * 64;
 	size_t nckpt = ((size_t)m->L + 1) * t->nck;
-	if (t->sh.keep_h && !keep_h_fits(t, sbytes, ta, nckpt, save)) {
+	if (t->sh.keep_h && !keep_h_fits(t, cache_hbm, sbytes, ta, nckpt, save)) {
 		t->sh.keep_h = 0; /* the op cache's states without h: their backward makes it again */
 		uint64_t with = t->dec_bytes;
 		t->dec_bytes = dec_bufs_save_bytes(m, &t->sh, save);

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <errno.h>
+#include <stdlib.h>
+#include <string.h>
 #include "moe/moe_internal.h"
 #include "base/cuda_reduce.cuh"
 
@@ -20,6 +22,13 @@
 #define CUDA_LAUNCHED() CUDA_TRY(cudaGetLastError())
 
 typedef __nv_bfloat16 bf16;
+
+/* Whether the environment sets name to value (the kernels' measurement and comparison knobs). */
+static inline int moe_env_is(const char *name, const char *value)
+{
+	const char *v = getenv(name);
+	return v && !strcmp(v, value);
+}
 
 static inline int moe_cuda_dev(tier_dev *dev, const char *fn)
 {

@@ -207,8 +207,8 @@ static int lora_grads(tier_dev *dev, const tier_moe_lora *l, int E, const int32_
  * trainable, of one rank; TIER_MOE_DA_PAIR=0 keeps two passes (for comparisons). */
 static int da_pair(const tier_moe_lora *lg, const tier_moe_lora *lu)
 {
-	const char *v = getenv("TIER_MOE_DA_PAIR");
-	return moe_lora_on(lg) && moe_lora_on(lu) && lg->da && lu->da && lg->rank == lu->rank && !(v && !strcmp(v, "0"));
+	return moe_lora_on(lg) && moe_lora_on(lu) && lg->da && lu->da && lg->rank == lu->rank &&
+	       !moe_env_is("TIER_MOE_DA_PAIR", "0");
 }
 
 /* dA_g += dZ_g^T X and dA_u += dZ_u^T X in one pass over X (xs not NULL: X's rows read from the
@@ -245,8 +245,8 @@ static int lora_bwd(tier_dev *dev, const tier_moe_lora *l, int E, const int32_t 
  * the bf16 g, u and y are rounded once. */
 static int fused_lora(tier_dev *dev, int H, int I)
 {
-	const char *v = getenv("TIER_MOE_LORA_FUSED"); /* 0: the separate LoRA passes (comparisons) */
-	return use_wgmma(dev, I) && use_wgmma(dev, H) && !(v && !strcmp(v, "0"));
+	/* TIER_MOE_LORA_FUSED=0: the separate LoRA passes (comparisons) */
+	return use_wgmma(dev, I) && use_wgmma(dev, H) && !moe_env_is("TIER_MOE_LORA_FUSED", "0");
 }
 
 static int rank_of(const tier_moe_lora *l) { return moe_lora_on(l) ? l->rank : 0; }
@@ -313,20 +313,12 @@ static int fwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 
 /* TIER_MOE_X_ROWS=0: the backward gathers xg whole even where only the dA reductions read it (the
  * form before session 25, for comparisons). */
-static int x_rows_on(void)
-{
-	const char *v = getenv("TIER_MOE_X_ROWS");
-	return !(v && !strcmp(v, "0"));
-}
+static int x_rows_on(void) { return !moe_env_is("TIER_MOE_X_ROWS", "0"); }
 
 /* TIER_MOE_DH16=0: the fused backward's dh in fp32, as before session 26. Else the down product
  * rounds dh to bf16 (its staged epilogue's whole-line stores, half the bytes) and the SwiGLU
  * backward reads that: dg and du are bf16 from it either way. */
-static int dh16_on(void)
-{
-	const char *v = getenv("TIER_MOE_DH16");
-	return !(v && !strcmp(v, "0"));
-}
+static int dh16_on(void) { return !moe_env_is("TIER_MOE_DH16", "0"); }
 
 static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
 		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, const void *g,

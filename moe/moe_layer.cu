@@ -153,6 +153,13 @@ static int route(tier_dev *dev, const tier_moe_cfg *c, int T, const void *x, con
 	return 0;
 }
 
+/* Where h lives between the forward and its backward: the saved state's kept_h when bound, else the
+ * workspace (ws at b). */
+static char *h_at(const tier_moe_saved *s, char *b, const moe_cuda_ws *l)
+{
+	return s->kept_h ? (char *)s->kept_h : b + l->h;
+}
+
 /* Permute, experts and combine on the host's offsets (made from the routed counts), which the
  * device checks against its own. */
 static int fwd_routed(tier_dev *dev, const char *fn, const tier_moe_cfg *c, int T, const void *x,
@@ -166,8 +173,7 @@ static int fwd_routed(tier_dev *dev, const char *fn, const tier_moe_cfg *c, int 
 	char *b = (char *)ws;
 	int32_t off[TIER_MOE_MAX_EXPERTS + 1];
 	int rc = moe_offsets_of(fn, counts, E, n, cap, off), permuted = s->permuted;
-	/* h where the backward finds it: the saved state's kept_h when bound, else the workspace */
-	char *hb = s->kept_h ? (char *)s->kept_h : b + l.h;
+	char *hb = h_at(s, b, &l);
 	moe_keep keep = { s->kept_z, s->kept_cols, s->h_in_ws || s->kept_h, 0 };
 	s->permuted = 0; /* the route's permute serves this call alone */
 	s->kept = 0;
@@ -262,7 +268,7 @@ extern "C" int moe_cuda_layer_bwd(tier_dev *dev, const tier_moe_cfg *c, int T, c
 	/* the router weights' gradient from the experts' dh . h (tier_moe_combine_dw), not from a saved y */
 	if ((rc = moe_cuda_combine_bwd(dev, T, k, H, s->pair_row, s->topk_w, NULL, d_out, b + l.dy, NULL)) ||
 	    (off[E] > 0 && (rc = moe_cuda_experts_bwd(dev, E, H, I, off, s->offsets, w, lora, b + l.xg, s->g, s->u, b + l.dy, dxg,
-						      dot, s->kept_h ? s->kept_h : b + l.h, b + l.dg, b + l.du, (float *)(b + l.dh), b + l.z,
+						      dot, h_at(s, b, &l), b + l.dg, b + l.du, (float *)(b + l.dh), b + l.z,
 						      b + l.dz, &keep, &dx16))) ||
 	    (rc = moe_cuda_combine_dw(dev, T, k, s->pair_row, s->topk_w, dot, dtw)) ||
 	    (rc = moe_cuda_unpermute_sum(dev, T, k, H, s->pair_row, dxg, dx16, dx)) ||

@@ -121,15 +121,21 @@ __device__ __forceinline__ void gw_add2(float *p, float x, float y, float alpha,
 		atomicAdd(reinterpret_cast<float2 *>(p), make_float2(alpha * x, alpha * y));
 }
 
-/* Whether the environment sets name to value (the measurement knobs below). */
-static int gw_env_is(const char *name, const char *value)
-{
-	const char *v = getenv(name);
-	return v && !strcmp(v, value);
-}
-
 /* TIER_MOE_WGRAD_ADD=rmw: the epilogue's read-modify-write of C (comparisons); else the atomic add. */
-static int gw_rmw(void) { return gw_env_is("TIER_MOE_WGRAD_ADD", "rmw"); }
+static int gw_rmw(void) { return moe_env_is("TIER_MOE_WGRAD_ADD", "rmw"); }
+
+/* C += alpha s at one entry of a 16 x 8 tile: rows m (s.x, s.y) and m + 8 (s.z, s.w), columns n and
+ * n + 1, those inside C. */
+template <int NW>
+__device__ __forceinline__ void gw_add_entry(float *C, const gw_args<NW> &a, float alpha, int m, int n, float4 s)
+{
+	if (n >= a.N) /* N % 8 == 0: n + 1 < N too */
+		return;
+	if (m < a.M)
+		gw_add2(C + (size_t)m * a.N + n, s.x, s.y, alpha, a.rmw);
+	if (m + 8 < a.M) /* M % 16 may be 8 */
+		gw_add2(C + (size_t)(m + 8) * a.N + n, s.z, s.w, alpha, a.rmw);
+}
 
 /* The 4 partial tiles summed in warp order, then C += alpha sum. Entry q of a warp's part is lane
  * q % 32 of 16 x 8 tile q / 32: rows g, g + 8 (g = lane / 4), columns 2 (lane % 4) and the next.
@@ -154,13 +160,8 @@ __device__ __forceinline__ void gw_store(float (*acc)[BN / 8][4], float4 *red, c
 			float4 v = red[w * PART + q];
 			s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
 		}
-		int t = q >> 5, l = q & 31, m = m0 + t / SM::NJ * 16 + (l >> 2), n = n0 + t % SM::NJ * 8 + (l & 3) * 2;
-		if (n >= a.N) /* N % 8 == 0: n + 1 < N too */
-			continue;
-		if (m < a.M)
-			gw_add2(C + (size_t)m * a.N + n, s.x, s.y, alpha, a.rmw);
-		if (m + 8 < a.M) /* M % 16 may be 8 */
-			gw_add2(C + (size_t)(m + 8) * a.N + n, s.z, s.w, alpha, a.rmw);
+		int t = q >> 5, l = q & 31;
+		gw_add_entry(C, a, alpha, m0 + t / SM::NJ * 16 + (l >> 2), n0 + t % SM::NJ * 8 + (l & 3) * 2, s);
 	}
 }
 
@@ -210,15 +211,9 @@ __device__ __forceinline__ void gw_store_split(float (*acc)[gw_split<BM, BN>::WN
 #pragma unroll
 	for (int i = 0; i < SP::WMI; i++)
 #pragma unroll
-		for (int j = 0; j < SP::WNJ; j++) {
-			int m = m0 + (mi0 + i) * 16 + (lane >> 2), n = n0 + (nj0 + j) * 8 + (lane & 3) * 2;
-			if (n >= a.N) /* N % 8 == 0: n + 1 < N too */
-				continue;
-			if (m < a.M)
-				gw_add2(C + (size_t)m * a.N + n, acc[i][j][0], acc[i][j][1], alpha, a.rmw);
-			if (m + 8 < a.M)
-				gw_add2(C + (size_t)(m + 8) * a.N + n, acc[i][j][2], acc[i][j][3], alpha, a.rmw);
-		}
+		for (int j = 0; j < SP::WNJ; j++)
+			gw_add_entry(C, a, alpha, m0 + (mi0 + i) * 16 + (lane >> 2), n0 + (nj0 + j) * 8 + (lane & 3) * 2,
+				     make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
 }
 
 /* The ring as in gg_kernel: before stage kt the groups of stages 0..kt are complete, and the barrier
@@ -323,9 +318,9 @@ static int gw_launch_st(tier_dev *dev, const gw_args<NW> &a, int E)
 template <int BM, int BN, int NW>
 static int gw_launch(tier_dev *dev, const gw_args<NW> &a, int E)
 {
-	if (gw_env_is("TIER_MOE_WGRAD_WARPS", "cols"))
+	if (moe_env_is("TIER_MOE_WGRAD_WARPS", "cols"))
 		return gw_launch_st<BM, BN, NW, GW_STAGES, 1>(dev, a, E);
-	if (gw_env_is("TIER_MOE_WGRAD_STAGES", "3"))
+	if (moe_env_is("TIER_MOE_WGRAD_STAGES", "3"))
 		return gw_launch_st<BM, BN, NW, 3>(dev, a, E);
 	return gw_launch_st<BM, BN, NW, GW_STAGES>(dev, a, E);
 }

@@ -57,6 +57,14 @@ static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u
  * gather made ("gather" + "dA g+u", counted for the form before). */
 static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1, 1, 0 };
 static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "rmw", "st3", "cols" };
+/* The reductions' rows that are not tiles: the default tile under another knob. "rmw": the epilogue's
+ * read-modify-write of C (the form before session 25); "st3": three pipeline stages; "cols": the
+ * split form. */
+static const struct {
+	const char *name, *knob, *value;
+} forms[] = { { "rmw", "TIER_MOE_WGRAD_ADD", "rmw" },
+	      { "st3", "TIER_MOE_WGRAD_STAGES", "3" },
+	      { "cols", "TIER_MOE_WGRAD_WARPS", "cols" } };
 #define NTILES (sizeof tiles / sizeof tiles[0])
 static const char *const sk_rows[] = { "128" }; /* TIER_MOE_SKINNY_ROWS beside the default 64 */
 #define NSKROWS (sizeof sk_rows / sizeof sk_rows[0])
@@ -229,18 +237,11 @@ static const bench_col cols[] = {
  * product's TIER_MOE_SKINNY_ROWS), print it; its time in *t. */
 static int lz_row(lz *z, int row, const char *tile, unsigned iters, double copy_rate, double *t)
 {
-	/* "rmw": the reductions' default tile with the epilogue's read-modify-write of C (the form
-	 * before); "st3": with three pipeline stages; "cols": the split form */
-	const char *knob = "TIER_MOE_WGRAD_TILE";
-	if (!is_wgrad(row))
-		knob = "TIER_MOE_SKINNY_ROWS";
-	else if (tile && !strcmp(tile, "rmw"))
-		knob = "TIER_MOE_WGRAD_ADD";
-	else if (tile && !strcmp(tile, "st3"))
-		knob = "TIER_MOE_WGRAD_STAGES";
-	else if (tile && !strcmp(tile, "cols"))
-		knob = "TIER_MOE_WGRAD_WARPS";
-	const char *val = tile && !strcmp(tile, "st3") ? "3" : tile;
+	/* a tile's name is its knob's value, but for the reductions' other forms (forms[]) */
+	const char *knob = is_wgrad(row) ? "TIER_MOE_WGRAD_TILE" : "TIER_MOE_SKINNY_ROWS", *val = tile;
+	for (size_t i = 0; tile && is_wgrad(row) && i < sizeof forms / sizeof forms[0]; i++)
+		if (!strcmp(tile, forms[i].name))
+			knob = forms[i].knob, val = forms[i].value;
 	if (tile)
 		setenv(knob, val, 1);
 	z->row = row;
