@@ -2,7 +2,8 @@
 # forms-ab.sh - one GPU call that checks and times forms against the defaults: the CUDA tests named
 # in TESTS (each once by default and, with TEST_FORMS, once more under those settings), then the
 # trainer's job (a) under each variant of VARIANTS (';'-separated, each space-separated VAR=VALUE;
-# "" the defaults), ROUNDS times in turn so that drift in the machine falls on every variant alike.
+# "" the defaults; words from the first that starts with -- are tier-run options added after A_ARGS,
+# e.g. "TIER_MOE_KEEP_H=0 --batch 6 --micro-batches 2"), ROUNDS times in turn so that drift in the machine falls on every variant alike.
 # Each run prints its per-step rates; ab.txt ends with each variant's median of the steps after
 # the first, over all its rounds, and its ratio to the first variant's. KPROF=1 adds a 3-step
 # kernel profile of (a) by default (kprof.txt) with its timeline (trace.txt.gz), where
@@ -31,10 +32,14 @@ IFS=';' read -r -a vars <<< "${VARIANTS:-}"
 [ ${#vars[@]} -gt 0 ] || vars=("")
 for r in $(seq 1 "${ROUNDS:-2}"); do
 	for i in "${!vars[@]}"; do
-		v=${vars[$i]}
+		v=${vars[$i]} envs=() more=()
 		echo "== round $r variant $i: ${v:-default}"
-		# shellcheck disable=SC2086
-		env $v timeout 150 "$b/tier-run" "${a[@]}" 2>&1 | grep -E "^ +[0-9]+ |^# done|^# op cache|^# hbm|rror"
+		# the settings, then from the first word that starts with -- the trainer's own options
+		for w in $v; do
+			if [ ${#more[@]} -gt 0 ] || [[ $w == --* ]]; then more+=("$w"); else envs+=("$w"); fi
+		done
+		env "${envs[@]}" timeout 150 "$b/tier-run" "${a[@]}" "${more[@]}" 2>&1 |
+			grep -E "^ +[0-9]+ |^# done|^# op cache|^# hbm|rror"
 	done
 done > "$out/ab.txt"
 # the medians: per variant, the rates of every step after the first, all rounds together

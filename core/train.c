@@ -193,16 +193,17 @@ static uint64_t cache_moe_hbm(const tier_trainer *t)
 	return 0;
 }
 
-/* Whether the op cache's states with h (dec_shape.keep_h; save: their halves' bytes) fit: a step's
- * states, every layer's for every micro-batch, within the cache's HBM budget (cache_hbm) and,
- * beside all else a step touches (trainer_budget's sum), in HBM. Where they do not, the larger states would crowd
- * out other states or the weights: on an 80 GB card, whose store cannot hold the weights beside
- * the cache anyway, keeping h cost (a) 1.6% (session 26). */
+/* Whether the op cache's states with h (dec_shape.keep_h; save: their halves' bytes) fit: the
+ * states alive at once, every layer's for each micro-batch a layer-major step holds (t->nck; else
+ * one: a micro-batch's backward frees its entries before the next forward), within the cache's HBM
+ * budget (cache_hbm) and, beside all else a step touches (trainer_budget's sum), in HBM. Where they
+ * do not, the larger states would crowd out other states or the weights: on an 80 GB card, whose
+ * store cannot hold the weights beside the cache anyway, keeping h cost (a) 1.6% (session 26). */
 static int keep_h_fits(const tier_trainer *t, uint64_t cache_hbm, uint64_t sbytes, size_t ta, size_t nckpt,
 		       const size_t save[2])
 {
 	const tier_model *m = t->m;
-	uint64_t states = (uint64_t)m->L * (uint64_t)t->c.micro_batches * (save[0] + save[1]);
+	uint64_t states = (uint64_t)m->L * (uint64_t)t->nck * (save[0] + save[1]);
 	uint64_t all = m->base_bytes + 16 * m->lora_n + nckpt * tier_align_up(ta, 4096) + sbytes;
 	tier_stats st;
 	tier_store_stats(m->s, &st);
