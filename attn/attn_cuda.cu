@@ -28,6 +28,7 @@
 #include "attn/attn_cu.cuh"
 #include "base/bf16x4.cuh"
 #include "base/mma_sm80.cuh"
+#include "base/pdl.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -139,6 +140,7 @@ __device__ __forceinline__ void fwd_store(const fwd_args &a, float (&o)[TM][D / 
 template <int D>
 __global__ void __launch_bounds__(128) fwd_kernel(fwd_args a)
 {
+	pdl_enter();
 	constexpr int LD = D + 8, KT = D / 16, DT = D / 8, NT = BK / 8, BUF = 2 * BK * LD;
 	extern __shared__ __align__(16) unsigned char smem[];
 	/* The Q block, then two (K, V) buffers: the next key block loads while this one is used. */
@@ -272,6 +274,7 @@ __global__ void __launch_bounds__(128) fwd_kernel(fwd_args a)
 template <int V>
 __global__ void rowdot_kernel(const bf16 *o, const bf16 *dout, float *Di, int64_t rows, int D)
 {
+	pdl_enter();
 	int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
 	int lane = threadIdx.x & 31;
 	float s = 0.f;
@@ -347,6 +350,7 @@ __device__ __forceinline__ void bwd_stage(const bwd_args &a, bf16 *Qs, bf16 *dOs
 template <int D>
 __global__ void __launch_bounds__(128) bwd_kernel(bwd_args a)
 {
+	pdl_enter();
 	constexpr int LD = D + 8, KT = D / 16, DT = D / 8, LDS = BQB + 8, QT = BQB / 8;
 	extern __shared__ __align__(16) unsigned char smem[];
 	/* K and V of this block, then two stages of (Q, dO, lse, D) so the next query block loads
@@ -628,6 +632,7 @@ __device__ __forceinline__ void fwd2_softmax(float (&s)[TM][NT][4], float (&o)[T
 template <int D, int WARPS, int TM, int MINB>
 __global__ void __launch_bounds__(32 * WARPS, MINB) fwd2_kernel(fwd_args a)
 {
+	pdl_enter();
 	typedef fwd2_cfg<D, WARPS, TM> C;
 	constexpr int LD = C::LD, WR = C::WR, BQ2 = C::BQ2, KT = D / 16, DT = D / 8, NT = BK / 8;
 	constexpr uint32_t RB = LD * 2, STAGE = 2 * BK * RB;
@@ -796,6 +801,7 @@ __device__ __forceinline__ void bwd2_probs(float (&st)[QT][4], float (&dpt)[QT][
 template <int D, int WARPS, int QB, int MINB>
 __global__ void __launch_bounds__(32 * WARPS, MINB) bwd2_kernel(bwd_args a)
 {
+	pdl_enter();
 	typedef bwd2_cfg<D, WARPS, QB> C;
 	constexpr int LD = C::LD, LDS = C::LDS, BKC = C::BKC, KT = D / 16, DT = D / 8, QT = QB / 8;
 	constexpr uint32_t RB = LD * 2, SB = QB * RB;
@@ -979,6 +985,7 @@ __device__ __forceinline__ void from_f(bf16 *p, float x) { *p = __float2bfloat16
 template <typename X>
 __global__ void rope_kernel(rope_args a, X *x)
 {
+	pdl_enter();
 	for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < a.pairs;
 	     idx += (int64_t)gridDim.x * blockDim.x) {
 		int i = (int)(idx % a.half);
@@ -1030,6 +1037,7 @@ __device__ __forceinline__ void store8(float *p, const float *v)
 template <typename X>
 __global__ void rope_tok_kernel(rope_args a, X *x, int64_t tokens)
 {
+	pdl_enter();
 	__shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
 	int per = a.half / 8, n = a.H * per;
 	for (int64_t tok = blockIdx.x; tok < tokens; tok += gridDim.x) {
@@ -1093,7 +1101,7 @@ int launch_fwd(const fwd_args &a, dim3 grid, cudaStream_t s)
 {
 	size_t sm = fwd_smem(D);
 	cudaFuncSetAttribute(fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-	fwd_kernel<D><<<grid, 128, sm, s>>>(a);
+	tier_launch(fwd_kernel<D>, grid, 128, sm, s, a);
 	return cuda_check("attention forward kernel");
 }
 
@@ -1102,7 +1110,7 @@ int launch_bwd(const bwd_args &a, dim3 grid, cudaStream_t s)
 {
 	size_t sm = bwd_smem(D);
 	cudaFuncSetAttribute(bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-	bwd_kernel<D><<<grid, 128, sm, s>>>(a);
+	tier_launch(bwd_kernel<D>, grid, 128, sm, s, a);
 	return cuda_check("attention backward kernel");
 }
 
@@ -1142,7 +1150,7 @@ int launch_fwd2(const fwd_args &a, const tier_attn_params *p, cudaStream_t s)
 	typedef fwd2_cfg<D, W, TM> C;
 	dim3 grid((unsigned)(p->n_heads * p->batch), (unsigned)((p->seq + C::BQ2 - 1) / C::BQ2));
 	cudaFuncSetAttribute(fwd2_kernel<D, W, TM, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem);
-	fwd2_kernel<D, W, TM, MINB><<<grid, C::THREADS, C::smem, s>>>(a);
+	tier_launch(fwd2_kernel<D, W, TM, MINB>, grid, C::THREADS, C::smem, s, a);
 	return cuda_check("attention forward kernel");
 }
 
@@ -1166,7 +1174,7 @@ int launch_bwd2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
 	dim3 grid((unsigned)(p->n_heads / p->n_kv_heads), (unsigned)((p->seq + C::BKC - 1) / C::BKC),
 		  (unsigned)(p->n_kv_heads * p->batch));
 	cudaFuncSetAttribute(bwd2_kernel<D, W, BQB_, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem);
-	bwd2_kernel<D, W, BQB_, MINB><<<grid, C::THREADS, C::smem, s>>>(a);
+	tier_launch(bwd2_kernel<D, W, BQB_, MINB>, grid, C::THREADS, C::smem, s, a);
 	return cuda_check("attention backward kernel");
 }
 
@@ -1331,9 +1339,11 @@ extern "C" int attn_cuda_bwd(tier_dev *dev, const tier_attn_params *p, const voi
 		       p->scale, p->scale * LOG2E, sw };
 	unsigned rb = (unsigned)((rows + 3) / 4);
 	if (p->head_dim % 4 == 0 && (uintptr_t)o % 8 == 0 && (uintptr_t)dout % 8 == 0)
-		rowdot_kernel<4><<<rb, 128, 0, s>>>((const bf16 *)o, (const bf16 *)dout, (float *)ws, rows, (int)p->head_dim);
+		tier_launch(rowdot_kernel<4>, rb, 128, 0, s, (const bf16 *)o, (const bf16 *)dout, (float *)ws, rows,
+				(int)p->head_dim);
 	else
-		rowdot_kernel<2><<<rb, 128, 0, s>>>((const bf16 *)o, (const bf16 *)dout, (float *)ws, rows, (int)p->head_dim);
+		tier_launch(rowdot_kernel<2>, rb, 128, 0, s, (const bf16 *)o, (const bf16 *)dout, (float *)ws, rows,
+				(int)p->head_dim);
 	if ((rc = cuda_check("attention backward row sums")))
 		return rc;
 	if (cudaMemsetAsync(dq, 0, (size_t)(rows * p->head_dim) * sizeof(float), s) != cudaSuccess ||
@@ -1362,15 +1372,15 @@ extern "C" int attn_cuda_rope(tier_dev *dev, const tier_rope_params *r, const in
 		if (tb == 0)
 			return 0;
 		if (inverse)
-			rope_tok_kernel<float><<<tb, 128, 0, s>>>(a, (float *)x, r->tokens);
+			tier_launch(rope_tok_kernel<float>, tb, 128, 0, s, a, (float *)x, r->tokens);
 		else
-			rope_tok_kernel<bf16><<<tb, 128, 0, s>>>(a, (bf16 *)x, r->tokens);
+			tier_launch(rope_tok_kernel<bf16>, tb, 128, 0, s, a, (bf16 *)x, r->tokens);
 		return cuda_check("rope kernel");
 	}
 	unsigned blocks = (unsigned)((a.pairs + 255) / 256 < 65536 ? (a.pairs + 255) / 256 : 65536);
 	if (inverse)
-		rope_kernel<float><<<blocks, 256, 0, s>>>(a, (float *)x);
+		tier_launch(rope_kernel<float>, blocks, 256, 0, s, a, (float *)x);
 	else
-		rope_kernel<bf16><<<blocks, 256, 0, s>>>(a, (bf16 *)x);
+		tier_launch(rope_kernel<bf16>, blocks, 256, 0, s, a, (bf16 *)x);
 	return cuda_check("rope kernel");
 }

@@ -39,6 +39,7 @@
 #include "base/mma_sm80.cuh"
 #include "base/sm90.cuh"
 #include "base/tmap_cuda.h"
+#include "base/pdl.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -192,6 +193,7 @@ __global__ void __launch_bounds__(AW_THREADS, 1)
 	aw_fwd_kernel(const __grid_constant__ CUtensorMap qm, const __grid_constant__ CUtensorMap km,
 		      const __grid_constant__ CUtensorMap vm, const aw_args a)
 {
+	pdl_enter();
 #ifdef TIER_SM90A
 	/* 16-byte alignment declared, 1024 made here (the slack is in AW_SMEM): declared 1024, the
 	 * compiler folds the pad away and the alignment rests on the linker's placement */
@@ -285,7 +287,7 @@ extern "C" int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const vo
 	cudaStream_t s = (cudaStream_t)stream;
 	if (cudaFuncSetAttribute(aw_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, AW_SMEM) != cudaSuccess)
 		return tier_fail(-EIO, "attention forward (wgmma): %s", cudaGetErrorString(cudaGetLastError()));
-	aw_fwd_kernel<<<grid, AW_THREADS, AW_SMEM, s>>>(qm, km, vm, a);
+	tier_launch(aw_fwd_kernel, grid, AW_THREADS, AW_SMEM, s, qm, km, vm, a);
 	cudaError_t e = cudaGetLastError();
 	return e == cudaSuccess ? 0 : tier_fail(-EIO, "attention forward (wgmma): %s", cudaGetErrorString(e));
 }

@@ -48,6 +48,7 @@
 #include "base/mma_sm80.cuh"
 #include "base/sm90.cuh"
 #include "base/tmap_cuda.h"
+#include "base/pdl.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -380,6 +381,7 @@ __global__ void __launch_bounds__(AB_THREADS, 1)
 		      const __grid_constant__ CUtensorMap vm, const __grid_constant__ CUtensorMap om,
 		      const __grid_constant__ CUtensorMap dqm, const ab_args a)
 {
+	pdl_enter();
 #ifdef TIER_SM90A
 	extern __shared__ __align__(16) unsigned char smem[]; /* 1024 made below, as in attn_wgmma.cu */
 	__shared__ __align__(8) uint64_t bars[AB_STAGES + 1]; /* full[], K and V */
@@ -499,7 +501,7 @@ extern "C" int attn_wgmma_bwd(const tier_attn_params *p, const void *q, const vo
 	const int smem = dq_tma ? AB_SMEM : AB_SMEM_NO_DQ;
 	if (cudaFuncSetAttribute(ab_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
 		return tier_fail(-EIO, "attention backward (wgmma): %s", cudaGetErrorString(cudaGetLastError()));
-	ab_bwd_kernel<<<grid, AB_THREADS, smem, (cudaStream_t)stream>>>(qm, km, vm, om, dqm, a);
+	tier_launch(ab_bwd_kernel, grid, AB_THREADS, smem, (cudaStream_t)stream, qm, km, vm, om, dqm, a);
 	cudaError_t e = cudaGetLastError();
 	return e == cudaSuccess ? 0 : tier_fail(-EIO, "attention backward (wgmma): %s", cudaGetErrorString(e));
 }

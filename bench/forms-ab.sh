@@ -39,7 +39,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
 			if [ ${#more[@]} -gt 0 ] || [[ $w == --* ]]; then more+=("$w"); else envs+=("$w"); fi
 		done
 		env "${envs[@]}" timeout 150 "$b/tier-run" "${a[@]}" "${more[@]}" 2>&1 |
-			grep -E "^ +[0-9]+ |^# done|^# op cache|^# hbm|rror"
+			grep -E "^ +[0-9]+ |^# done|^# op cache|^# hbm|^# time by part|rror"
 	done
 done > "$out/ab.txt"
 # the medians: per variant, the rates of every step after the first, all rounds together

@@ -13,6 +13,7 @@
 #include "core/ops_cuda.h"
 #include "base/bf16x4.cuh"
 #include "base/cuda_reduce.cuh"
+#include "base/pdl.cuh"
 
 #define THREADS 256
 /* Grid-stride loops cap the grid: 8192 blocks of 256 threads are several waves on an H200 (132 SMs,
@@ -57,6 +58,7 @@ static int row_threads(int dim)
 
 __global__ void rmsnorm_fwd_kernel(int dim, float eps, const float *x, const bf16 *w, bf16 *y, float *rstd)
 {
+	pdl_enter();
 	__shared__ float red[33];
 	size_t row = blockIdx.x;
 	const float *xr = x + row * dim;
@@ -76,6 +78,7 @@ __global__ void rmsnorm_fwd_kernel(int dim, float eps, const float *x, const bf1
 __global__ void rmsnorm_bwd_kernel(int dim, const float *x, const bf16 *w, const float *rstd, const float *dy,
 				   const float *res, float *dx)
 {
+	pdl_enter();
 	__shared__ float red[33];
 	size_t row = blockIdx.x;
 	const float *xr = x + row * dim, *dyr = dy + row * dim, *rr = res ? res + row * dim : NULL;
@@ -98,6 +101,7 @@ __global__ void rmsnorm_bwd_kernel(int dim, const float *x, const bf16 *w, const
 
 __global__ void rmsnorm_fwd4_kernel(int rows, int dim, float eps, const float *x, const bf16 *w, bf16 *y, float *rstd)
 {
+	pdl_enter();
 	size_t row = (size_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
 	int lane = threadIdx.x & 31;
 	if (row >= (size_t)rows)
@@ -122,6 +126,7 @@ __global__ void rmsnorm_fwd4_kernel(int rows, int dim, float eps, const float *x
 __global__ void rmsnorm_bwd4_kernel(int rows, int dim, const float *x, const bf16 *w, const float *rstd, const float *dy,
 				    const float *res, float *dx)
 {
+	pdl_enter();
 	size_t row = (size_t)blockIdx.x * NORM_WARPS + (threadIdx.x >> 5);
 	int lane = threadIdx.x & 31;
 	if (row >= (size_t)rows)
@@ -159,6 +164,7 @@ template <int NV>
 __global__ void __launch_bounds__(NORM_RT) rmsnorm_fwd_reg_kernel(int dim, float eps, const float *x, const bf16 *w,
 								   bf16 *y, float *rstd)
 {
+	pdl_enter();
 	__shared__ float red[33];
 	size_t row = blockIdx.x;
 	const float4 *xr = (const float4 *)(x + row * dim);
@@ -191,6 +197,7 @@ __global__ void __launch_bounds__(NORM_RT) rmsnorm_bwd_reg_kernel(int dim, const
 								   const float *rstd, const float *dy, const float *res,
 								   float *dx)
 {
+	pdl_enter();
 	__shared__ float red[33];
 	size_t row = blockIdx.x;
 	const float4 *xr = (const float4 *)(x + row * dim), *dyr = (const float4 *)(dy + row * dim);
@@ -270,14 +277,15 @@ int opsc_rmsnorm_fwd(tier_dev *d, int rows, int dim, float eps, const float *x, 
 	bf16 *yb = (bf16 *)y;
 	if (nv && fit)
 		norm_reg_launch(nv, [&](auto v) {
-			rmsnorm_fwd_reg_kernel<decltype(v)::value><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, eps, x, wb, yb, rstd);
+			tier_launch(rmsnorm_fwd_reg_kernel<decltype(v)::value>, rows, NORM_RT, 0, stream_of(d), dim,
+					eps, x, wb, yb, rstd);
 		});
 	else if (dim % 4 == 0 && fit)
-		rmsnorm_fwd4_kernel<<<norm_blocks(rows), 32 * NORM_WARPS, 0, stream_of(d)>>>(rows, dim, eps, x,
-											 (const bf16 *)w, (bf16 *)y, rstd);
+		tier_launch(rmsnorm_fwd4_kernel, norm_blocks(rows), 32 * NORM_WARPS, 0, stream_of(d), rows, dim, eps, x,
+				(const bf16 *)w, (bf16 *)y, rstd);
 	else
-		rmsnorm_fwd_kernel<<<rows, row_threads(dim), 0, stream_of(d)>>>(dim, eps, x, (const bf16 *)w, (bf16 *)y,
-										 rstd);
+		tier_launch(rmsnorm_fwd_kernel, rows, row_threads(dim), 0, stream_of(d), dim, eps, x, (const bf16 *)w,
+				(bf16 *)y, rstd);
 	return launched("opsc_rmsnorm_fwd", (size_t)rows * dim);
 }
 
@@ -293,14 +301,15 @@ static int rmsnorm_bwd(const char *op, tier_dev *d, int rows, int dim, const flo
 	const bf16 *wb = (const bf16 *)w;
 	if (nv && fit)
 		norm_reg_launch(nv, [&](auto v) {
-			rmsnorm_bwd_reg_kernel<decltype(v)::value><<<rows, NORM_RT, 0, stream_of(d)>>>(dim, x, wb, rstd, dy, res,
-													 dx);
+			tier_launch(rmsnorm_bwd_reg_kernel<decltype(v)::value>, rows, NORM_RT, 0, stream_of(d), dim, x,
+					wb, rstd, dy, res, dx);
 		});
 	else if (dim % 4 == 0 && fit)
-		rmsnorm_bwd4_kernel<<<norm_blocks(rows), 32 * NORM_WARPS, 0, stream_of(d)>>>(rows, dim, x, (const bf16 *)w,
-											 rstd, dy, res, dx);
+		tier_launch(rmsnorm_bwd4_kernel, norm_blocks(rows), 32 * NORM_WARPS, 0, stream_of(d), rows, dim, x,
+				(const bf16 *)w, rstd, dy, res, dx);
 	else
-		rmsnorm_bwd_kernel<<<rows, row_threads(dim), 0, stream_of(d)>>>(dim, x, (const bf16 *)w, rstd, dy, res, dx);
+		tier_launch(rmsnorm_bwd_kernel, rows, row_threads(dim), 0, stream_of(d), dim, x, (const bf16 *)w, rstd,
+				dy, res, dx);
 	return launched(op, (size_t)rows * dim);
 }
 
@@ -325,6 +334,7 @@ __device__ static inline float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)
 
 __global__ void swiglu_fwd_kernel(size_t n, const float *g, const float *u, bf16 *h)
 {
+	pdl_enter();
 	GRID_STRIDE(i, n) {
 		float gi = g[i];
 		h[i] = __float2bfloat16_rn(gi * sigmoid(gi) * u[i]);
@@ -334,6 +344,7 @@ __global__ void swiglu_fwd_kernel(size_t n, const float *g, const float *u, bf16
 /* d silu(g) / dg = s + g s (1 - s) with s = sigmoid(g). */
 __global__ void swiglu_bwd_kernel(size_t n, const float *g, const float *u, const float *dh, float *dg, float *du)
 {
+	pdl_enter();
 	GRID_STRIDE(i, n) {
 		float gi = g[i], s = sigmoid(gi), si = gi * s, dhi = dh[i];
 		dg[i] = dhi * u[i] * (s + si * (1.0f - s));
@@ -343,6 +354,7 @@ __global__ void swiglu_bwd_kernel(size_t n, const float *g, const float *u, cons
 
 __global__ void embed_kernel(int T, int dim, const int32_t *tokens, const bf16 *table, float *out)
 {
+	pdl_enter();
 	for (int t = blockIdx.x; t < T; t += gridDim.x) {
 		const bf16 *row = table + (size_t)tokens[t] * dim;
 		float *o = out + (size_t)t * dim;
@@ -353,12 +365,14 @@ __global__ void embed_kernel(int T, int dim, const int32_t *tokens, const bf16 *
 
 __global__ void add_kernel(size_t n, const float *a, const float *b, float *out)
 {
+	pdl_enter();
 	GRID_STRIDE(i, n)
 		out[i] = a[i] + b[i];
 }
 
 __global__ void to_bf16_kernel(size_t n, const float *x, bf16 *y)
 {
+	pdl_enter();
 	GRID_STRIDE(i, n)
 		y[i] = __float2bfloat16_rn(x[i]);
 }
@@ -369,6 +383,7 @@ __global__ void to_bf16_kernel(size_t n, const float *x, bf16 *y)
  * adds a step). In place (out a or b) is fine: a thread reads its elements before writing them. */
 __global__ void add4_kernel(size_t n, const float *a, const float *b, float *out)
 {
+	pdl_enter();
 	size_t n4 = n / 4;
 	GRID_STRIDE(i, n4) {
 		float4 x = ((const float4 *)a)[i], y = ((const float4 *)b)[i];
@@ -380,6 +395,7 @@ __global__ void add4_kernel(size_t n, const float *a, const float *b, float *out
 
 __global__ void to_bf16_4_kernel(size_t n, const float *x, bf16 *y)
 {
+	pdl_enter();
 	size_t n4 = n / 4;
 	GRID_STRIDE(i, n4) {
 		float4 v = ((const float4 *)x)[i];
@@ -391,6 +407,7 @@ __global__ void to_bf16_4_kernel(size_t n, const float *x, bf16 *y)
 
 __global__ void from_bf16_4_kernel(size_t n, const bf16 *x, float *y)
 {
+	pdl_enter();
 	size_t n4 = n / 4;
 	GRID_STRIDE(i, n4)
 		((float4 *)y)[i] = bf16x4_load(x + 4 * i);
@@ -400,6 +417,7 @@ __global__ void from_bf16_4_kernel(size_t n, const bf16 *x, float *y)
 
 __global__ void from_bf16_kernel(size_t n, const bf16 *x, float *y)
 {
+	pdl_enter();
 	GRID_STRIDE(i, n)
 		y[i] = __bfloat162float(x[i]);
 }
@@ -418,6 +436,7 @@ struct many_args {
 /* Segment s = blockIdx.y. */
 __global__ void to_bf16_many_kernel(const __grid_constant__ many_args a)
 {
+	pdl_enter();
 	for (int s = blockIdx.y; s < a.n; s += gridDim.y) {
 		const float *x = a.src[s];
 		bf16 *y = a.dst[s];
@@ -432,7 +451,7 @@ int opsc_swiglu_fwd(tier_dev *d, size_t n, const float *g, const float *u, opsc_
 	int rc = cuda_dev(d, "opsc_swiglu_fwd");
 	if (rc || n == 0)
 		return rc;
-	swiglu_fwd_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, g, u, (bf16 *)h);
+	tier_launch(swiglu_fwd_kernel, grid_for(n), THREADS, 0, stream_of(d), n, g, u, (bf16 *)h);
 	return launched("opsc_swiglu_fwd", n);
 }
 
@@ -441,7 +460,7 @@ int opsc_swiglu_bwd(tier_dev *d, size_t n, const float *g, const float *u, const
 	int rc = cuda_dev(d, "opsc_swiglu_bwd");
 	if (rc || n == 0)
 		return rc;
-	swiglu_bwd_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, g, u, dh, dg, du);
+	tier_launch(swiglu_bwd_kernel, grid_for(n), THREADS, 0, stream_of(d), n, g, u, dh, dg, du);
 	return launched("opsc_swiglu_bwd", n);
 }
 
@@ -456,7 +475,7 @@ int opsc_embed_fwd(tier_dev *d, int T, int vocab, int dim, const int32_t *tokens
 	if (T == 0)
 		return 0;
 	int blocks = T < MAX_BLOCKS ? T : MAX_BLOCKS;
-	embed_kernel<<<blocks, row_threads(dim), 0, stream_of(d)>>>(T, dim, tokens, (const bf16 *)table, out);
+	tier_launch(embed_kernel, blocks, row_threads(dim), 0, stream_of(d), T, dim, tokens, (const bf16 *)table, out);
 	return launched("opsc_embed_fwd", (size_t)T * dim);
 }
 
@@ -466,9 +485,9 @@ int opsc_add(tier_dev *d, size_t n, const float *a, const float *b, float *out)
 	if (rc || n == 0)
 		return rc;
 	if (al(a, 16) && al(b, 16) && al(out, 16))
-		add4_kernel<<<grid_for((n + 3) / 4), THREADS, 0, stream_of(d)>>>(n, a, b, out);
+		tier_launch(add4_kernel, grid_for((n + 3) / 4), THREADS, 0, stream_of(d), n, a, b, out);
 	else
-		add_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, a, b, out);
+		tier_launch(add_kernel, grid_for(n), THREADS, 0, stream_of(d), n, a, b, out);
 	return launched("opsc_add", n);
 }
 
@@ -478,9 +497,9 @@ int opsc_to_bf16(tier_dev *d, size_t n, const float *x, opsc_bf16 *y)
 	if (rc || n == 0)
 		return rc;
 	if (al(x, 16) && al(y, 8))
-		to_bf16_4_kernel<<<grid_for((n + 3) / 4), THREADS, 0, stream_of(d)>>>(n, x, (bf16 *)y);
+		tier_launch(to_bf16_4_kernel, grid_for((n + 3) / 4), THREADS, 0, stream_of(d), n, x, (bf16 *)y);
 	else
-		to_bf16_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, x, (bf16 *)y);
+		tier_launch(to_bf16_kernel, grid_for(n), THREADS, 0, stream_of(d), n, x, (bf16 *)y);
 	return launched("opsc_to_bf16", n);
 }
 
@@ -490,9 +509,9 @@ int opsc_from_bf16(tier_dev *d, size_t n, const opsc_bf16 *x, float *y)
 	if (rc || n == 0)
 		return rc;
 	if (al(x, 8) && al(y, 16))
-		from_bf16_4_kernel<<<grid_for((n + 3) / 4), THREADS, 0, stream_of(d)>>>(n, (const bf16 *)x, y);
+		tier_launch(from_bf16_4_kernel, grid_for((n + 3) / 4), THREADS, 0, stream_of(d), n, (const bf16 *)x, y);
 	else
-		from_bf16_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, (const bf16 *)x, y);
+		tier_launch(from_bf16_kernel, grid_for(n), THREADS, 0, stream_of(d), n, (const bf16 *)x, y);
 	return launched("opsc_from_bf16", n);
 }
 
@@ -526,7 +545,7 @@ int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16
 		unsigned gy = (unsigned)a.n, gx = grid_for(max_len);
 		if ((size_t)gx * gy > 65536)
 			gx = 65536 / gy > 0 ? 65536 / gy : 1;
-		to_bf16_many_kernel<<<dim3(gx, gy), THREADS, 0, stream_of(d)>>>(a);
+		tier_launch(to_bf16_many_kernel, dim3(gx, gy), THREADS, 0, stream_of(d), a);
 		if ((rc = launched("opsc_to_bf16_many", max_len)))
 			return rc;
 	}
@@ -538,6 +557,7 @@ int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16
 /* Squares in fp64 per thread, a warp and block reduction in fp64, one atomicAdd (double) per block. */
 __global__ void sumsq_kernel(size_t n, const float *x, double *acc)
 {
+	pdl_enter();
 	__shared__ double red[32];
 	double s = 0.0;
 	GRID_STRIDE(i, n) {
@@ -570,6 +590,7 @@ __device__ __forceinline__ void adamw_one(size_t i, float *p, const float *g, fl
 __global__ void adamw_kernel(size_t n, float *p, const float *g, float *m, float *v, float lr, float b1, float b2,
 			     float eps, float decay, float bc1, float bc2, float gscale)
 {
+	pdl_enter();
 	GRID_STRIDE(i, n)
 		adamw_one(i, p, g, m, v, lr, b1, b2, eps, decay, bc1, bc2, gscale);
 }
@@ -582,6 +603,7 @@ struct adamw_many_args {
 /* blockIdx.y: the tensor; the x blocks stride over it. */
 __global__ void adamw_many_kernel(const __grid_constant__ adamw_many_args a)
 {
+	pdl_enter();
 	const opsc_adamw_t &e = a.t[blockIdx.y];
 	GRID_STRIDE(i, e.n)
 		adamw_one(i, e.p, e.g, e.m, e.v, a.lr, a.b1, a.b2, a.eps, a.decay, e.bc1, e.bc2, a.gscale);
@@ -592,7 +614,7 @@ int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc)
 	int rc = cuda_dev(d, "opsc_sumsq");
 	if (rc || n == 0)
 		return rc;
-	sumsq_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, x, acc);
+	tier_launch(sumsq_kernel, grid_for(n), THREADS, 0, stream_of(d), n, x, acc);
 	return launched("opsc_sumsq", n);
 }
 
@@ -626,7 +648,7 @@ int opsc_adamw_many(tier_dev *d, int count, const opsc_adamw_t *t, float lr, flo
 			continue;
 		/* blocks for the longest tensor, at most 64 per tensor: shorter ones leave theirs idle */
 		unsigned gx = grid_for(most);
-		adamw_many_kernel<<<dim3(gx < 64 ? gx : 64, (unsigned)k), THREADS, 0, stream_of(d)>>>(a);
+		tier_launch(adamw_many_kernel, dim3(gx < 64 ? gx : 64, (unsigned)k), THREADS, 0, stream_of(d), a);
 		rc = launched("opsc_adamw_many", most);
 	}
 	free(ap);
@@ -639,7 +661,8 @@ int opsc_adamw(tier_dev *d, size_t n, float *p, const float *g, float *m, float 
 	int rc = cuda_dev(d, "opsc_adamw");
 	if (rc || n == 0)
 		return rc;
-	adamw_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, p, g, m, v, lr, b1, b2, eps, decay, bc1, bc2, gscale);
+	tier_launch(adamw_kernel, grid_for(n), THREADS, 0, stream_of(d), n, p, g, m, v, lr, b1, b2, eps, decay, bc1,
+			bc2, gscale);
 	return launched("opsc_adamw", n);
 }
 
@@ -657,6 +680,7 @@ __host__ __device__ static inline uint64_t mix64(uint64_t z)
 /* Box-Muller on the two 32-bit halves; u1 in (0, 1] so the log is finite (|z| <= 6.7). */
 __global__ void fill_normal_kernel(size_t n, uint64_t key, float std, bf16 *out)
 {
+	pdl_enter();
 	const float two32 = 2.3283064365386963e-10f; /* 2^-32 */
 	GRID_STRIDE(i, n) {
 		uint64_t h = mix64(key + (i + 1) * 0x9e3779b97f4a7c15ull);
@@ -669,6 +693,7 @@ __global__ void fill_normal_kernel(size_t n, uint64_t key, float std, bf16 *out)
 
 __global__ void fill_const_kernel(size_t n, float v, bf16 *out)
 {
+	pdl_enter();
 	bf16 b = __float2bfloat16_rn(v);
 	GRID_STRIDE(i, n)
 		out[i] = b;
@@ -679,7 +704,7 @@ int opsc_fill_normal(tier_dev *d, size_t n, uint64_t seed, float std, opsc_bf16 
 	int rc = cuda_dev(d, "opsc_fill_normal");
 	if (rc || n == 0)
 		return rc;
-	fill_normal_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, mix64(seed), std, (bf16 *)out);
+	tier_launch(fill_normal_kernel, grid_for(n), THREADS, 0, stream_of(d), n, mix64(seed), std, (bf16 *)out);
 	return launched("opsc_fill_normal", n);
 }
 
@@ -688,7 +713,7 @@ int opsc_fill_const(tier_dev *d, size_t n, float v, opsc_bf16 *out)
 	int rc = cuda_dev(d, "opsc_fill_const");
 	if (rc || n == 0)
 		return rc;
-	fill_const_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, v, (bf16 *)out);
+	tier_launch(fill_const_kernel, grid_for(n), THREADS, 0, stream_of(d), n, v, (bf16 *)out);
 	return launched("opsc_fill_const", n);
 }
 
@@ -703,6 +728,7 @@ static int operand_ok(const opsc_operand *X, int rows)
 /* C = beta C for an empty sum (k = 0), which cuBLASLt does not take; beta 0 writes zeros (C unread). */
 __global__ void scale_kernel(int m, int n, float beta, float *C, int ldc)
 {
+	pdl_enter();
 	GRID_STRIDE(i, (size_t)m * n) {
 		float *c = C + (i / m) * ldc + i % m;
 		*c = beta == 0.0f ? 0.0f : beta * *c;
@@ -713,7 +739,7 @@ static int gemm_empty(tier_dev *d, int m, int n, float beta, float *C, int ldc)
 {
 	if (beta == 1.0f)
 		return 0;
-	scale_kernel<<<grid_for((size_t)m * n), THREADS, 0, stream_of(d)>>>(m, n, beta, C, ldc);
+	tier_launch(scale_kernel, grid_for((size_t)m * n), THREADS, 0, stream_of(d), m, n, beta, C, ldc);
 	return launched("opsc_gemm (k=0)", (size_t)m * n);
 }
 
@@ -822,6 +848,7 @@ __device__ static inline int lora_keep(uint64_t key, float p, uint64_t t, uint64
  * in fp32, as the CPU computes it. */
 __global__ void lora_mask_kernel(size_t n, int in, uint64_t key, float p, float s, const bf16 *x, bf16 *xd)
 {
+	pdl_enter();
 	const bf16 zero = __float2bfloat16_rn(0.0f);
 	GRID_STRIDE(k, n)
 		xd[k] = lora_keep(key, p, k / in, k % in) ? __float2bfloat16_rn(__bfloat162float(x[k]) * s) : zero;
@@ -831,6 +858,7 @@ __global__ void lora_mask_kernel(size_t n, int in, uint64_t key, float p, float 
  * __fmul_rn keeps the product out of an FMA, so the sum rounds as the CPU's (product, then add). */
 __global__ void lora_mask_add_kernel(size_t n, int in, uint64_t key, float p, float s, const float *tmp, float *dx)
 {
+	pdl_enter();
 	GRID_STRIDE(k, n)
 		if (lora_keep(key, p, k / in, k % in))
 			dx[k] += __fmul_rn(tmp[k], s);
@@ -846,8 +874,8 @@ static int lora_input(tier_dev *d, int T, int in, const opsc_bf16 *x, const tier
 	*xl = x;
 	if (!(l->dropout > 0))
 		return 0;
-	lora_mask_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, in, l->mask_key, l->dropout, keep_scale(l),
-								      (const bf16 *)x, (bf16 *)s->drop);
+	tier_launch(lora_mask_kernel, grid_for(n), THREADS, 0, stream_of(d), n, in, l->mask_key, l->dropout,
+			keep_scale(l), (const bf16 *)x, (bf16 *)s->drop);
 	*xl = (const opsc_bf16 *)s->drop;
 	return launched("opsc_linear (LoRA dropout mask)", n);
 }
@@ -930,8 +958,8 @@ static int lora_dx(tier_dev *d, int T, int in, const tier_lora_ref *l, float *dx
 		return opsc_gemm(d, in, T, r, 1.0f, bf(0, l->a, in), bf(0, s->dxa16, r), accumulate ? 1.0f : 0.0f, dx, in);
 	if ((rc = opsc_gemm(d, in, T, r, 1.0f, bf(0, l->a, in), bf(0, s->dxa16, r), 0.0f, (float *)s->drop, in)))
 		return rc;
-	lora_mask_add_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(n, in, l->mask_key, l->dropout, keep_scale(l),
-									  (const float *)s->drop, dx);
+	tier_launch(lora_mask_add_kernel, grid_for(n), THREADS, 0, stream_of(d), n, in, l->mask_key, l->dropout,
+			keep_scale(l), (const float *)s->drop, dx);
 	return launched("opsc_linear_bwd (LoRA dropout mask)", n);
 }
 
@@ -1059,6 +1087,7 @@ int opsc_linear_bwd_bf16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x
  * (y) aligned. */
 __global__ void to_bf16_rows4_kernel(int rows, int cols, const float *x, bf16 *y, int ldy)
 {
+	pdl_enter();
 	const int c4 = cols / 4;
 	GRID_STRIDE(k, (size_t)rows * c4) {
 		const size_t r = k / c4, c = (k % c4) * 4;
@@ -1071,6 +1100,7 @@ __global__ void to_bf16_rows4_kernel(int rows, int cols, const float *x, bf16 *y
 
 __global__ void to_bf16_rows_kernel(int rows, int cols, const float *x, bf16 *y, int ldy)
 {
+	pdl_enter();
 	GRID_STRIDE(k, (size_t)rows * cols)
 		y[(k / cols) * ldy + k % cols] = __float2bfloat16_rn(x[k]);
 }
@@ -1087,9 +1117,10 @@ int opsc_to_bf16_rows(tier_dev *d, int rows, int cols, const float *x, opsc_bf16
 	if (n == 0)
 		return 0;
 	if (cols % 4 == 0 && ldy % 4 == 0 && al(x, 16) && al(y, 8))
-		to_bf16_rows4_kernel<<<grid_for(n / 4), THREADS, 0, stream_of(d)>>>(rows, cols, x, (bf16 *)y, ldy);
+		tier_launch(to_bf16_rows4_kernel, grid_for(n / 4), THREADS, 0, stream_of(d), rows, cols, x, (bf16 *)y,
+				ldy);
 	else
-		to_bf16_rows_kernel<<<grid_for(n), THREADS, 0, stream_of(d)>>>(rows, cols, x, (bf16 *)y, ldy);
+		tier_launch(to_bf16_rows_kernel, grid_for(n), THREADS, 0, stream_of(d), rows, cols, x, (bf16 *)y, ldy);
 	return launched("opsc_to_bf16_rows", n);
 }
 

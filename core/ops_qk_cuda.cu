@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include "core/ops_cuda.h"
 #include "base/cuda_reduce.cuh"
+#include "base/pdl.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -53,6 +54,7 @@ __device__ __forceinline__ void qk_angles(const qk_args &a, int64_t tok, float s
  * norm takes the row's sum of w d x by lanes then the warp. */
 __global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_constant__ qk_args a)
 {
+	pdl_enter();
 	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
 	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
@@ -108,6 +110,7 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_con
  * x is read once and the result written once. */
 __global__ void __launch_bounds__(32 * QK_WARPS) qk_fwd_kernel(const __grid_constant__ qk_args a, float eps)
 {
+	pdl_enter();
 	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
 	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
@@ -186,7 +189,7 @@ extern "C" int opsc_qk_fwd(tier_dev *d, const tier_rope_params *r, const float *
 	if (rc || r->tokens == 0)
 		return rc;
 	a.dq = NULL, a.x = x, a.rstd = rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out;
-	qk_fwd_kernel<<<qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d)>>>(a, eps);
+	tier_launch(qk_fwd_kernel, qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d), a, eps);
 	return qk_launched("opsc_qk_fwd", r);
 }
 
@@ -201,7 +204,7 @@ extern "C" int opsc_qk_grad_ld(tier_dev *d, const tier_rope_params *r, const flo
 		return tier_fail(-EINVAL, "opsc_qk_grad: out's row stride %lld is below a token's %lld elements (%lld heads "
 				 "of %lld)", (long long)ld, (long long)a.ld, (long long)r->n_heads, (long long)r->head_dim);
 	a.dq = dq, a.x = x, a.rstd = (float *)rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out, a.ld = ld;
-	qk_grad_kernel<<<qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d)>>>(a);
+	tier_launch(qk_grad_kernel, qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d), a);
 	return qk_launched("opsc_qk_grad", r);
 }
 

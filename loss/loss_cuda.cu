@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include "loss/loss_impl.h"
 #include "core/ops_cuda.h"
+#include "base/pdl.cuh"
 
 #define THREADS 512
 
@@ -51,6 +52,7 @@ __device__ static inline void merge(float &m, float &s, float m2, float s2)
 /* Count the tokens with a target and set the gradient scale; zero the loss sum. One block. */
 __global__ void prep_kernel(const int32_t *labels, int64_t N, opts o, int mean, float dloss, scalars *sc)
 {
+	pdl_enter();
 	__shared__ unsigned long long part[32];
 	unsigned long long n = 0;
 	for (int64_t i = threadIdx.x; i < N; i += blockDim.x)
@@ -74,6 +76,7 @@ __global__ void prep_kernel(const int32_t *labels, int64_t N, opts o, int mean, 
 __global__ void __launch_bounds__(THREADS) stats_kernel(const float *L, int b, int v0, const int32_t *labels,
 							 float4 *st, int first, opts o)
 {
+	pdl_enter();
 	__shared__ float sm[THREADS / 32], ss[THREADS / 32], sz[THREADS / 32];
 	const float *row = L + (size_t)blockIdx.x * b;
 	float m = -INFINITY, s = 0, zs = 0;
@@ -111,6 +114,7 @@ __global__ void __launch_bounds__(THREADS) stats_kernel(const float *L, int b, i
 /* One thread per token of the chunk: lse from the state, and the chunk's loss into the sum. */
 __global__ void finalize_kernel(const float4 *st, int c, const int32_t *labels, float *lse, opts o, scalars *sc)
 {
+	pdl_enter();
 	int i = blockIdx.x * blockDim.x + threadIdx.x;
 	double l = 0;
 	if (i < c) {
@@ -128,6 +132,7 @@ __global__ void finalize_kernel(const float4 *st, int c, const int32_t *labels, 
 
 __global__ void result_kernel(const scalars *sc, int mean, float *loss, int64_t *count)
 {
+	pdl_enter();
 	unsigned long long n = sc->count;
 	*count = (int64_t)n;
 	*loss = n == 0 ? 0.0f : (float)(mean ? sc->loss_sum / (double)n : sc->loss_sum);
@@ -141,6 +146,7 @@ __global__ void result_kernel(const scalars *sc, int mean, float *loss, int64_t 
 __global__ void __launch_bounds__(THREADS) grad_kernel(float *L, int b, int v0, const int32_t *labels,
 							const float *lse, const scalars *sc, opts o)
 {
+	pdl_enter();
 	float *row = L + (size_t)blockIdx.x * b;
 	__nv_bfloat16 *out = (__nv_bfloat16 *)row;
 	int32_t y = labels[blockIdx.x];
@@ -211,7 +217,7 @@ static int tile_grads(const ctx *x, int64_t r0, int c, int64_t v0, int b)
 	const __nv_bfloat16 *G = (const __nv_bfloat16 *)x->L;  /* dlogits over the logits, ld 2b */
 	opsc_operand Wn = { 0, W + v0 * D, CUDA_R_16BF, D }, Gn = { 0, G, CUDA_R_16BF, 2 * b };
 	opsc_operand Hn = { 0, H + r0 * D, CUDA_R_16BF, D }, Gt = { 1, G, CUDA_R_16BF, 2 * b };
-	grad_kernel<<<c, THREADS, 0, x->s>>>(x->L, b, (int)v0, x->a->labels + r0, x->a->lse + r0, x->sc, x->o);
+	tier_launch(grad_kernel, c, THREADS, 0, x->s, x->L, b, (int)v0, x->a->labels + r0, x->a->lse + r0, x->sc, x->o);
 	if ((rc = cuda_check("gradient kernel")))
 		return rc;
 	if ((rc = opsc_gemm(x->dev, D, c, b, 1.0f, Wn, Gn, v0 == 0 ? 0.0f : 1.0f, x->a->dH + r0 * D, D)))
@@ -230,11 +236,13 @@ static int chunk_fwd(const ctx *x, int64_t r0, int c)
 		int b = (int)(V - v0 < B ? V - v0 : B);
 		if ((rc = tile_logits(x, r0, c, v0, b)))
 			return rc;
-		stats_kernel<<<c, THREADS, 0, x->s>>>(x->L, b, (int)v0, x->a->labels + r0, x->st, v0 == 0, x->o);
+		tier_launch(stats_kernel, c, THREADS, 0, x->s, x->L, b, (int)v0, x->a->labels + r0, x->st, v0 == 0,
+				x->o);
 		if ((rc = cuda_check("statistics kernel")))
 			return rc;
 	}
-	finalize_kernel<<<(c + 255) / 256, 256, 0, x->s>>>(x->st, c, x->a->labels + r0, x->a->lse + r0, x->o, x->sc);
+	tier_launch(finalize_kernel, (c + 255) / 256, 256, 0, x->s, x->st, c, x->a->labels + r0, x->a->lse + r0, x->o,
+			x->sc);
 	return cuda_check("finalise kernel");
 }
 
@@ -272,7 +280,7 @@ extern "C" int loss_cuda_run(tier_dev *dev, const tier_loss_params *p, const los
 	x.sc = (scalars *)((char *)a->ws + l.scalars);
 	x.o.softcap = p->softcap, x.o.z_loss = p->z_loss, x.o.eps = p->label_smoothing;
 	x.o.inv_v = 1.0f / (float)p->V, x.o.ignore = p->ignore_index, x.o.V = (int32_t)p->V;
-	prep_kernel<<<1, 1024, 0, x.s>>>(a->labels, p->N, x.o, mean, a->dloss, x.sc);
+	tier_launch(prep_kernel, 1, 1024, 0, x.s, a->labels, p->N, x.o, mean, a->dloss, x.sc);
 	if ((rc = cuda_check("count kernel")))
 		return rc;
 	for (int64_t r0 = 0; r0 < p->N; r0 += p->chunk_tokens) {
@@ -283,7 +291,7 @@ extern "C" int loss_cuda_run(tier_dev *dev, const tier_loss_params *p, const los
 			return rc;
 	}
 	if (a->mode & LOSS_FWD) {
-		result_kernel<<<1, 1, 0, x.s>>>(x.sc, mean, a->loss, a->count);
+		tier_launch(result_kernel, 1, 1, 0, x.s, x.sc, mean, a->loss, a->count);
 		return cuda_check("result kernel");
 	}
 	return 0;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
+#include "base/pdl.cuh"
 
 #define FULL_MASK 0xffffffffu
 
@@ -132,6 +133,7 @@ __global__ void __launch_bounds__(32 * RT_WARPS) router_select_kernel(router_arg
 								      int32_t *__restrict__ topk_idx,
 								      float *__restrict__ topk_w)
 {
+	pdl_enter();
 	extern __shared__ float rt_smem[]; /* group limit only: per warp E floats, then E bytes */
 	int lane = threadIdx.x & 31, wib = threadIdx.x >> 5, t = blockIdx.x * RT_WARPS + wib;
 	if (t >= a.T)
@@ -194,8 +196,8 @@ template <int NCH>
 static int router_select_launch(cudaStream_t st, const router_args &a, size_t smem, const float *logits,
 				const float *bias, int32_t *topk_idx, float *topk_w)
 {
-	router_select_kernel<NCH><<<(a.T + RT_WARPS - 1) / RT_WARPS, 32 * RT_WARPS, smem, st>>>(a, logits, bias, topk_idx,
-												topk_w);
+	tier_launch(router_select_kernel<NCH>, (a.T + RT_WARPS - 1) / RT_WARPS, 32 * RT_WARPS, smem, st, a, logits,
+			bias, topk_idx, topk_w);
 	CUDA_LAUNCHED();
 	return 0;
 }
@@ -277,6 +279,7 @@ static void pm_plan(int n, int E, int *seg, int *nseg)
 __global__ void __launch_bounds__(32 * PM_WARPS) pm_count_kernel(const int32_t *__restrict__ idx, int n, int E, int seg,
 								  int nseg, int32_t *__restrict__ cnt)
 {
+	pdl_enter();
 	__shared__ int32_t hist[PM_WARPS][TIER_MOE_MAX_EXPERTS];
 	int lane = threadIdx.x & 31, wib = threadIdx.x >> 5, s = blockIdx.x * PM_WARPS + wib;
 	if (s >= nseg)
@@ -299,6 +302,7 @@ __global__ void __launch_bounds__(32 * PM_WARPS) pm_count_kernel(const int32_t *
 __global__ void __launch_bounds__(32 * PM_WARPS) pm_scan_kernel(int E, int nseg, int32_t *__restrict__ cnt,
 								 int32_t *__restrict__ counts)
 {
+	pdl_enter();
 	int lane = threadIdx.x & 31, e = blockIdx.x * PM_WARPS + (threadIdx.x >> 5);
 	if (e >= E)
 		return;
@@ -327,6 +331,7 @@ __global__ void __launch_bounds__(32 * PM_WARPS) pm_scan_kernel(int E, int nseg,
 /* offsets [E+1]: exclusive scan of the kept counts; one block of E rounded up to 32 threads. */
 __global__ void pm_offsets_kernel(const int32_t *__restrict__ counts, int E, int cap, int32_t *__restrict__ offsets)
 {
+	pdl_enter();
 	__shared__ int wsum[32];
 	int e = threadIdx.x, lane = e & 31, warp = e >> 5, nw = blockDim.x >> 5;
 	int c = e < E ? counts[e] : 0;
@@ -360,6 +365,7 @@ __global__ void __launch_bounds__(32 * PM_WARPS) pm_place_kernel(const int32_t *
 								  const int32_t *__restrict__ offsets,
 								  int32_t *__restrict__ pair_row)
 {
+	pdl_enter();
 	__shared__ int32_t off[TIER_MOE_MAX_EXPERTS + 1];
 	__shared__ int32_t next[PM_WARPS][TIER_MOE_MAX_EXPERTS]; /* per warp: the row of e's next pair */
 	int lane = threadIdx.x & 31, wib = threadIdx.x >> 5, s = blockIdx.x * PM_WARPS + wib;
@@ -408,6 +414,7 @@ __global__ void __launch_bounds__(32 * SC_WARPS) pm_scatter_kernel(int T, int k,
 								    int32_t *__restrict__ row_pair, const void *__restrict__ x,
 								    void *__restrict__ xg)
 {
+	pdl_enter();
 	int lane = threadIdx.x & 31, t = blockIdx.x * SC_WARPS + (threadIdx.x >> 5);
 	if (row_pair) /* rows n_rows .. n-1: no pair (disjoint from the rows written below) */
 		for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x + (size_t)*n_rows; i < (size_t)n;
@@ -451,11 +458,11 @@ static int launch_scatter(cudaStream_t st, int T, int k, int H, const int32_t *p
 	int blocks = (T + SC_WARPS - 1) / SC_WARPS, vec = x && H % 8 == 0 && (uintptr_t)x % 16 == 0 &&
 							       (uintptr_t)xg % 16 == 0;
 	if (vec)
-		pm_scatter_kernel<uint4><<<blocks, 32 * SC_WARPS, 0, st>>>(T, k, T * k, H / 8, pair_row, n_rows, row_pair, x,
-									   xg);
+		tier_launch(pm_scatter_kernel<uint4>, blocks, 32 * SC_WARPS, 0, st, T, k, T * k, H / 8, pair_row,
+				n_rows, row_pair, x, xg);
 	else
-		pm_scatter_kernel<unsigned short><<<blocks, 32 * SC_WARPS, 0, st>>>(T, k, T * k, H, pair_row, n_rows, row_pair, x,
-									    xg);
+		tier_launch(pm_scatter_kernel<unsigned short>, blocks, 32 * SC_WARPS, 0, st, T, k, T * k, H, pair_row,
+				n_rows, row_pair, x, xg);
 	CUDA_LAUNCHED();
 	return 0;
 }
@@ -482,9 +489,9 @@ extern "C" int moe_cuda_permute(tier_dev *dev, int T, int k, int E, int H, int c
 	int sblocks = (nseg + PM_WARPS - 1) / PM_WARPS;
 	if ((rc = moe_cuda_expert_counts(dev, T, k, E, topk_idx, counts, row_pair)))
 		return rc;
-	pm_offsets_kernel<<<1, (E + 31) / 32 * 32, 0, st>>>(counts, E, capacity, offsets);
+	tier_launch(pm_offsets_kernel, 1, (E + 31) / 32 * 32, 0, st, counts, E, capacity, offsets);
 	CUDA_LAUNCHED();
-	pm_place_kernel<<<sblocks, 32 * PM_WARPS, 0, st>>>(topk_idx, n, E, seg, nseg, cnt, offsets, pair_row);
+	tier_launch(pm_place_kernel, sblocks, 32 * PM_WARPS, 0, st, topk_idx, n, E, seg, nseg, cnt, offsets, pair_row);
 	CUDA_LAUNCHED();
 	return launch_scatter(st, T, k, H, pair_row, offsets + E, row_pair, x, xg);
 }
@@ -503,10 +510,11 @@ extern "C" int moe_cuda_expert_counts(tier_dev *dev, int T, int k, int E, const 
 	int n = T * k, seg, nseg;
 	pm_plan(n, E, &seg, &nseg);
 	int32_t *cnt = nseg > 1 ? scratch : counts;
-	pm_count_kernel<<<(nseg + PM_WARPS - 1) / PM_WARPS, 32 * PM_WARPS, 0, st>>>(topk_idx, n, E, seg, nseg, cnt);
+	tier_launch(pm_count_kernel, (nseg + PM_WARPS - 1) / PM_WARPS, 32 * PM_WARPS, 0, st, topk_idx, n, E, seg, nseg,
+			cnt);
 	CUDA_LAUNCHED();
 	if (nseg > 1) {
-		pm_scan_kernel<<<(E + PM_WARPS - 1) / PM_WARPS, 32 * PM_WARPS, 0, st>>>(E, nseg, cnt, counts);
+		tier_launch(pm_scan_kernel, (E + PM_WARPS - 1) / PM_WARPS, 32 * PM_WARPS, 0, st, E, nseg, cnt, counts);
 		CUDA_LAUNCHED();
 	}
 	return 0;
@@ -519,6 +527,7 @@ extern "C" int moe_cuda_expert_counts(tier_dev *dev, int T, int k, int E, const 
 __global__ void combine_kernel(int k, int H, const int32_t *pair_row, const float *w, const __nv_bfloat16 *y,
 			       const float *res, float *out)
 {
+	pdl_enter();
 	int t = blockIdx.x;
 	for (int h = threadIdx.x; h < H; h += blockDim.x) {
 		float acc = 0.0f;
@@ -536,6 +545,7 @@ __global__ void combine_kernel(int k, int H, const int32_t *pair_row, const floa
 __global__ void combine8_kernel(int k, int H8, const int32_t *pair_row, const float *w, const uint4 *y,
 				const float4 *res, float4 *out)
 {
+	pdl_enter();
 	int t = blockIdx.x;
 	for (int h = threadIdx.x; h < H8; h += blockDim.x) {
 		float acc[8] = { 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f };
@@ -583,10 +593,10 @@ extern "C" int moe_cuda_combine_fwd_res(tier_dev *dev, int T, int k, int H, cons
 	MOE_NONNULL(out, fn);
 	cudaStream_t st = moe_stream(dev);
 	if (H % 8 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)res % 16 == 0)
-		combine8_kernel<<<T, 128, 0, st>>>(k, H / 8, pair_row, topk_w, (const uint4 *)y, (const float4 *)res,
-						   (float4 *)out);
+		tier_launch(combine8_kernel, T, 128, 0, st, k, H / 8, pair_row, topk_w, (const uint4 *)y,
+				(const float4 *)res, (float4 *)out);
 	else
-		combine_kernel<<<T, 256, 0, st>>>(k, H, pair_row, topk_w, (const bf16 *)y, res, out);
+		tier_launch(combine_kernel, T, 256, 0, st, k, H, pair_row, topk_w, (const bf16 *)y, res, out);
 	CUDA_LAUNCHED();
 	return 0;
 }

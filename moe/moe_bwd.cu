@@ -8,6 +8,7 @@
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
 #include "base/bf16x4.cuh"
+#include "base/pdl.cuh"
 
 #define TOK_THREADS 256
 
@@ -15,6 +16,7 @@
 __global__ void combine_bwd_kernel(int k, int H, const int32_t *pair_row, const float *w, const bf16 *y,
 				   const float *d_out, bf16 *dy, float *d_topk_w)
 {
+	pdl_enter();
 	__shared__ float red[33];
 	int t = blockIdx.x;
 	const float *g = d_out + (size_t)t * H;
@@ -48,6 +50,7 @@ template <int NV>
 __global__ void combine_bwd4_kernel(int k, int H4, const int32_t *pair_row, const float *w, const float4 *d_out,
 				    bf16 *dy)
 {
+	pdl_enter();
 	int t = blockIdx.x;
 	float4 g[NV];
 #pragma unroll
@@ -73,6 +76,7 @@ __global__ void combine_bwd4_kernel(int k, int H4, const int32_t *pair_row, cons
 /* tier_moe_combine_dw: a thread a pair. */
 __global__ void combine_dw_kernel(int n, const int32_t *pair_row, const float *w, const float *row_dot, float *d_topk_w)
 {
+	pdl_enter();
 	for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < n; p += gridDim.x * blockDim.x) {
 		int r = pair_row[p];
 		float wp = w[p];
@@ -97,12 +101,12 @@ extern "C" int moe_cuda_combine_bwd(tier_dev *dev, int T, int k, int H, const in
 	cudaStream_t st = moe_stream(dev);
 	const float4 *g4 = (const float4 *)d_out;
 	if (y || H % 4 || nv > 4 || (uintptr_t)d_out % 16 || (uintptr_t)dy % 8)
-		combine_bwd_kernel<<<T, TOK_THREADS, 0, st>>>(k, H, pair_row, topk_w, (const bf16 *)y, d_out, (bf16 *)dy,
-							      d_topk_w);
+		tier_launch(combine_bwd_kernel, T, TOK_THREADS, 0, st, k, H, pair_row, topk_w, (const bf16 *)y, d_out,
+				(bf16 *)dy, d_topk_w);
 	else if (nv <= 2)
-		combine_bwd4_kernel<2><<<T, TOK_THREADS, 0, st>>>(k, H4, pair_row, topk_w, g4, (bf16 *)dy);
+		tier_launch(combine_bwd4_kernel<2>, T, TOK_THREADS, 0, st, k, H4, pair_row, topk_w, g4, (bf16 *)dy);
 	else
-		combine_bwd4_kernel<4><<<T, TOK_THREADS, 0, st>>>(k, H4, pair_row, topk_w, g4, (bf16 *)dy);
+		tier_launch(combine_bwd4_kernel<4>, T, TOK_THREADS, 0, st, k, H4, pair_row, topk_w, g4, (bf16 *)dy);
 	CUDA_LAUNCHED();
 	return 0;
 }
@@ -119,8 +123,8 @@ extern "C" int moe_cuda_combine_dw(tier_dev *dev, int T, int k, const int32_t *p
 	MOE_NONNULL(row_dot, fn);
 	MOE_NONNULL(d_topk_w, fn);
 	int n = T * k, blocks = (n + 255) / 256;
-	combine_dw_kernel<<<blocks < 4096 ? blocks : 4096, 256, 0, moe_stream(dev)>>>(n, pair_row, topk_w, row_dot,
-										    d_topk_w);
+	tier_launch(combine_dw_kernel, blocks < 4096 ? blocks : 4096, 256, 0, moe_stream(dev), n, pair_row, topk_w,
+			row_dot, d_topk_w);
 	CUDA_LAUNCHED();
 	return 0;
 }
@@ -129,6 +133,7 @@ extern "C" int moe_cuda_combine_dw(tier_dev *dev, int T, int k, const int32_t *p
 __global__ void permute_bwd_kernel(int k, int H, int n, const int32_t *offsets, int E, const int32_t *row_pair,
 				   const float *dxg, float *dx)
 {
+	pdl_enter();
 	int r = blockIdx.x, rows = offsets[E];
 	if (r >= rows || rows > n)
 		return;
@@ -152,7 +157,7 @@ extern "C" int moe_cuda_permute_bwd(tier_dev *dev, int T, int k, int H, const in
 	MOE_NONNULL(row_pair, fn);
 	MOE_NONNULL(dxg, fn);
 	MOE_NONNULL(dx, fn);
-	permute_bwd_kernel<<<T * k, 128, 0, moe_stream(dev)>>>(k, H, T * k, offsets, E, row_pair, dxg, dx);
+	tier_launch(permute_bwd_kernel, T * k, 128, 0, moe_stream(dev), k, H, T * k, offsets, E, row_pair, dxg, dx);
 	CUDA_LAUNCHED();
 	return 0;
 }
@@ -169,6 +174,7 @@ __device__ __forceinline__ float4 dxg_at4(const bf16 *p)
 template <typename TI>
 __global__ void unpermute_sum_kernel(int k, int H, int n, const int32_t *pair_row, const TI *dxg, float *dx)
 {
+	pdl_enter();
 	int t = blockIdx.x;
 	int32_t r[TIER_MOE_MAX_TOPK];
 	for (int j = 0; j < k; j++) {
@@ -192,6 +198,7 @@ __global__ void unpermute_sum_kernel(int k, int H, int n, const int32_t *pair_ro
 template <int KM, typename TI>
 __global__ void unpermute_sum4_kernel(int k, int H4, int n, const int32_t *pair_row, const TI *dxg, float4 *dx)
 {
+	pdl_enter();
 	int t = blockIdx.x;
 	int32_t r[KM], at[KM], safe = 0; /* at: the row loaded, a kept row (or row 0) for the rest */
 #pragma unroll
@@ -225,16 +232,16 @@ static void unpermute_launch(cudaStream_t st, int T, int k, int H, const int32_t
 {
 	int n = T * k, H4 = H / 4;
 	if (H % 4 || (uintptr_t)dxg % (4 * sizeof(TI)) || (uintptr_t)dx % 16)
-		unpermute_sum_kernel<TI><<<T, TOK_THREADS, 0, st>>>(k, H, n, pair_row, dxg, dx);
+		tier_launch(unpermute_sum_kernel<TI>, T, TOK_THREADS, 0, st, k, H, n, pair_row, dxg, dx);
 	else if (k <= 2)
-		unpermute_sum4_kernel<2, TI><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, dxg, (float4 *)dx);
+		tier_launch(unpermute_sum4_kernel<2, TI>, T, TOK_THREADS, 0, st, k, H4, n, pair_row, dxg, (float4 *)dx);
 	else if (k <= 4)
-		unpermute_sum4_kernel<4, TI><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, dxg, (float4 *)dx);
+		tier_launch(unpermute_sum4_kernel<4, TI>, T, TOK_THREADS, 0, st, k, H4, n, pair_row, dxg, (float4 *)dx);
 	else if (k <= 8)
-		unpermute_sum4_kernel<8, TI><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, dxg, (float4 *)dx);
+		tier_launch(unpermute_sum4_kernel<8, TI>, T, TOK_THREADS, 0, st, k, H4, n, pair_row, dxg, (float4 *)dx);
 	else
-		unpermute_sum4_kernel<TIER_MOE_MAX_TOPK, TI><<<T, TOK_THREADS, 0, st>>>(k, H4, n, pair_row, dxg,
-											   (float4 *)dx);
+		tier_launch(unpermute_sum4_kernel<TIER_MOE_MAX_TOPK, TI>, T, TOK_THREADS, 0, st, k, H4, n, pair_row,
+				dxg, (float4 *)dx);
 }
 
 extern "C" int moe_cuda_unpermute_sum(tier_dev *dev, int T, int k, int H, const int32_t *pair_row, const void *dxg,
@@ -268,6 +275,7 @@ __device__ static inline float sigm(float x) { return 1.0f / (1.0f + expf(-x)); 
 __global__ void router_bwd_kernel(rb_args a, const float *logits, const int32_t *topk_idx, const float *d_topk_w,
 				  const int32_t *counts, float *d_logits, bf16 *dl_bf16)
 {
+	pdl_enter();
 	extern __shared__ float sm[];
 	float *pe = sm, *dle = sm + a.E;
 	__shared__ float red[33];
@@ -365,8 +373,8 @@ extern "C" int moe_cuda_router_bwd(tier_dev *dev, const tier_moe_router_cfg *cfg
 		      cfg->routed_scaling_factor == 0.0f ? 1.0f : cfg->routed_scaling_factor,
 		      d_loss * aux_coef * E / T, d_loss * z_coef * 2.0f / T, aux };
 	size_t smem = 2 * sizeof(float) * (size_t)E; /* <= 8 KiB: E <= 1024 */
-	router_bwd_kernel<<<T, TOK_THREADS, smem, moe_stream(dev)>>>(a, logits, topk_idx, d_topk_w, counts, d_logits,
-								      (bf16 *)dl_bf16);
+	tier_launch(router_bwd_kernel, T, TOK_THREADS, smem, moe_stream(dev), a, logits, topk_idx, d_topk_w, counts,
+			d_logits, (bf16 *)dl_bf16);
 	CUDA_LAUNCHED();
 	return 0;
 }
@@ -376,6 +384,7 @@ extern "C" int moe_cuda_router_bwd(tier_dev *dev, const tier_moe_router_cfg *cfg
 
 __global__ void aux_stats_kernel(int T, int E, const float *logits, float *p, float *zs)
 {
+	pdl_enter();
 	extern __shared__ float acc[]; /* [E]: entry e is only touched by thread e % blockDim.x */
 	__shared__ float red[33];
 	float zacc = 0.0f;
@@ -414,8 +423,8 @@ extern "C" int moe_cuda_aux_stats(tier_dev *dev, int T, int E, const float *logi
 	cudaStream_t st = moe_stream(dev);
 	CUDA_TRY(cudaMemsetAsync(p, 0, sizeof(float) * (size_t)E, st));
 	CUDA_TRY(cudaMemsetAsync(zs, 0, sizeof(float), st));
-	aux_stats_kernel<<<(T + AUX_TOKENS - 1) / AUX_TOKENS, TOK_THREADS, sizeof(float) * (size_t)E, st>>>(T, E, logits, p,
-													  zs);
+	tier_launch(aux_stats_kernel, (T + AUX_TOKENS - 1) / AUX_TOKENS, TOK_THREADS, sizeof(float) * (size_t)E, st, T,
+			E, logits, p, zs);
 	CUDA_LAUNCHED();
 	return 0;
 }

@@ -10,6 +10,7 @@
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
 #include "base/gemm_cuda.h"
+#include "base/pdl.cuh"
 
 /* ---- the products: row-major views of the library's one cuBLASLt call (base/gemm_cuda.cu) ---- */
 extern "C" int moe_cuda_mm(tier_dev *dev, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
@@ -48,6 +49,7 @@ static __device__ __forceinline__ float silu_mul(float g, float u) { return g / 
 template <int V>
 __global__ void swiglu_kernel(const bf16 *g, const bf16 *u, size_t n, bf16 *h)
 {
+	pdl_enter();
 	size_t step = V * (size_t)gridDim.x * blockDim.x;
 	for (size_t i = V * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += step) {
 		if (V == 8 && i + 8 <= n) {
@@ -152,6 +154,7 @@ static __device__ __forceinline__ float swiglu_bwd_at8(const bf16 *g, const bf16
 template <int V>
 __global__ void swiglu_bwd_kernel(const bf16 *g, const bf16 *u, const float *dh, size_t n, bf16 *dg, bf16 *du)
 {
+	pdl_enter();
 	size_t step = V * (size_t)gridDim.x * blockDim.x;
 	for (size_t i = V * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += step) {
 		if (V == 2 && i + 1 < n)
@@ -168,6 +171,7 @@ template <int V, typename DT>
 __global__ void swiglu_bwd_rows_kernel(const bf16 *g, const bf16 *u, const DT *dh, size_t rows, int I, bf16 *dg,
 				       bf16 *du, float *row_dot)
 {
+	pdl_enter();
 	int lane = threadIdx.x & 31;
 	size_t warps = (size_t)gridDim.x * (blockDim.x >> 5);
 	for (size_t r = blockIdx.x * (size_t)(blockDim.x >> 5) + (threadIdx.x >> 5); r < rows; r += warps) {
@@ -184,6 +188,7 @@ __global__ void swiglu_bwd_rows_kernel(const bf16 *g, const bf16 *u, const DT *d
 
 __global__ void moe_to_bf16_kernel(size_t n, const float *x, bf16 *y)
 {
+	pdl_enter();
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
 		y[i] = __float2bfloat16(x[i]);
 }
@@ -191,7 +196,7 @@ __global__ void moe_to_bf16_kernel(size_t n, const float *x, bf16 *y)
 extern "C" int moe_cuda_to_bf16(tier_dev *dev, size_t n, const float *x, void *y)
 {
 	if (n) {
-		moe_to_bf16_kernel<<<grid_of(n), 256, 0, moe_stream(dev)>>>(n, x, (bf16 *)y);
+		tier_launch(moe_to_bf16_kernel, grid_of(n), 256, 0, moe_stream(dev), n, x, (bf16 *)y);
 		CUDA_LAUNCHED();
 	}
 	return 0;
@@ -208,11 +213,11 @@ extern "C" int moe_cuda_swiglu(tier_dev *dev, size_t n, const void *g, const voi
 	if (!n)
 		return 0;
 	if (moe_a16(g) && moe_a16(u) && moe_a16(h))
-		swiglu_kernel<8><<<grid_of((n + 7) / 8), 256, 0, moe_stream(dev)>>>(gb, ub, n, (bf16 *)h);
+		tier_launch(swiglu_kernel<8>, grid_of((n + 7) / 8), 256, 0, moe_stream(dev), gb, ub, n, (bf16 *)h);
 	else if (pairs_aligned(g, u, h, h))
-		swiglu_kernel<2><<<grid_of((n + 1) / 2), 256, 0, moe_stream(dev)>>>(gb, ub, n, (bf16 *)h);
+		tier_launch(swiglu_kernel<2>, grid_of((n + 1) / 2), 256, 0, moe_stream(dev), gb, ub, n, (bf16 *)h);
 	else
-		swiglu_kernel<1><<<grid_of(n), 256, 0, moe_stream(dev)>>>(gb, ub, n, (bf16 *)h);
+		tier_launch(swiglu_kernel<1>, grid_of(n), 256, 0, moe_stream(dev), gb, ub, n, (bf16 *)h);
 	CUDA_LAUNCHED();
 	return 0;
 }
@@ -226,11 +231,14 @@ static int swiglu_bwd_rows(tier_dev *dev, size_t rows, int I, const bf16 *gb, co
 	int grid = (int)(b < 8192 ? b : 8192);
 	cudaStream_t st = moe_stream(dev);
 	if (I % 8 == 0 && moe_a16(gb) && moe_a16(ub) && moe_a16(dg) && moe_a16(du) && moe_a16(dh))
-		swiglu_bwd_rows_kernel<8, DT><<<grid, 256, 0, st>>>(gb, ub, dh, rows, I, (bf16 *)dg, (bf16 *)du, row_dot);
+		tier_launch(swiglu_bwd_rows_kernel<8, DT>, grid, 256, 0, st, gb, ub, dh, rows, I, (bf16 *)dg,
+				(bf16 *)du, row_dot);
 	else if (I % 2 == 0 && pairs_aligned(gb, ub, dg, du)) /* dh read an element at a time */
-		swiglu_bwd_rows_kernel<2, DT><<<grid, 256, 0, st>>>(gb, ub, dh, rows, I, (bf16 *)dg, (bf16 *)du, row_dot);
+		tier_launch(swiglu_bwd_rows_kernel<2, DT>, grid, 256, 0, st, gb, ub, dh, rows, I, (bf16 *)dg,
+				(bf16 *)du, row_dot);
 	else
-		swiglu_bwd_rows_kernel<1, DT><<<grid, 256, 0, st>>>(gb, ub, dh, rows, I, (bf16 *)dg, (bf16 *)du, row_dot);
+		tier_launch(swiglu_bwd_rows_kernel<1, DT>, grid, 256, 0, st, gb, ub, dh, rows, I, (bf16 *)dg,
+				(bf16 *)du, row_dot);
 	CUDA_LAUNCHED();
 	return 0;
 }
@@ -255,10 +263,11 @@ extern "C" int moe_cuda_swiglu_bwd(tier_dev *dev, size_t rows, int I, const void
 	if (row_dot)
 		return swiglu_bwd_rows(dev, rows, I, gb, ub, dh, dg, du, row_dot);
 	if (pairs_aligned(g, u, dg, du))
-		swiglu_bwd_kernel<2><<<grid_of((n + 1) / 2), 256, 0, moe_stream(dev)>>>(gb, ub, dh, n, (bf16 *)dg,
-										   (bf16 *)du);
+		tier_launch(swiglu_bwd_kernel<2>, grid_of((n + 1) / 2), 256, 0, moe_stream(dev), gb, ub, dh, n,
+				(bf16 *)dg, (bf16 *)du);
 	else
-		swiglu_bwd_kernel<1><<<grid_of(n), 256, 0, moe_stream(dev)>>>(gb, ub, dh, n, (bf16 *)dg, (bf16 *)du);
+		tier_launch(swiglu_bwd_kernel<1>, grid_of(n), 256, 0, moe_stream(dev), gb, ub, dh, n, (bf16 *)dg,
+				(bf16 *)du);
 	CUDA_LAUNCHED();
 	return 0;
 }

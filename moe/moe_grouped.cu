@@ -28,6 +28,7 @@
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
 #include "base/mma_sm80.cuh"
+#include "base/pdl.cuh"
 
 #define GG_BN 128      /* B rows (output columns) per CTA; with gate_up 64 of gate and 64 of up */
 #define GG_BK 32       /* k per pipeline stage */
@@ -229,6 +230,7 @@ __device__ __forceinline__ void store_gate_up(float (*acc)[4][4], const gg_args<
 template <int BM, int MODE, typename OUT>
 __global__ void __launch_bounds__(GG_THREADS, 2) gg_kernel(const __grid_constant__ gg_args<gg_nt<MODE>::value> a)
 {
+	pdl_enter();
 	typedef gg_smem<BM, MODE> SM;
 	constexpr int NT = gg_nt<MODE>::value;
 	extern __shared__ __align__(16) unsigned char smem[];
@@ -284,7 +286,7 @@ static int gg_launch(tier_dev *dev, const char *fn, const gg_args<gg_nt<MODE>::v
 	dim3 grid((unsigned)((a.N + cols - 1) / cols), (unsigned)ny);
 	CUDA_TRY(cudaFuncSetAttribute(gg_kernel<BM, MODE, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				      (int)SM::BYTES));
-	gg_kernel<BM, MODE, OUT><<<grid, GG_THREADS, SM::BYTES, moe_stream(dev)>>>(a);
+	tier_launch(gg_kernel<BM, MODE, OUT>, grid, GG_THREADS, SM::BYTES, moe_stream(dev), a);
 	CUDA_LAUNCHED();
 	return 0;
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
+#include "base/pdl.cuh"
 
 /* Reads what is asked of offsets [E+1], counts [E], and p [E] with zs on the host after the queued
  * work: one synchronisation. */
@@ -43,6 +44,7 @@ struct route_offsets {
 
 __global__ void route_check_kernel(int32_t *__restrict__ d_off, int E, const __grid_constant__ route_offsets h)
 {
+	pdl_enter();
 	for (int e = threadIdx.x; e <= E; e += blockDim.x) {
 		int v = d_off[e];
 		if (v == h.off[e])
@@ -57,7 +59,7 @@ static int route_check(tier_dev *dev, int E, int32_t *d_off, const int32_t *off)
 {
 	route_offsets h;
 	memcpy(h.off, off, sizeof(int32_t) * (size_t)(E + 1));
-	route_check_kernel<<<1, 256, 0, moe_stream(dev)>>>(d_off, E, h);
+	tier_launch(route_check_kernel, 1, 256, 0, moe_stream(dev), d_off, E, h);
 	CUDA_LAUNCHED();
 	return 0;
 }

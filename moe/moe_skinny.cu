@@ -33,6 +33,7 @@
 #include "moe/moe_cu.cuh"
 #include "moe/moe_skinny.h"
 #include "base/mma_sm80.cuh"
+#include "base/pdl.cuh"
 
 #define SK_BK 64      /* k per stage: one 128-byte line of each X row */
 #define SK_STAGES 4   /* ring depth: 3 stages of X in flight per CTA while one is multiplied */
@@ -210,6 +211,7 @@ __device__ __forceinline__ void sk_store(float (*acc)[C::NJ][4], const sk_args<C
 template <class C>
 __global__ void __launch_bounds__(SK_THREADS, C::CTAS) sk_kernel(const __grid_constant__ sk_args<C::NW> a)
 {
+	pdl_enter();
 	extern __shared__ __align__(16) unsigned char sk_smem[];
 	sk_tile t;
 	if (!sk_find<C::BM>(a.off, a.E, (int)blockIdx.x, &t))
@@ -252,7 +254,7 @@ static int sk_launch(tier_dev *dev, const sk_args<C::NW> &a, int rows_bound)
 	/* all of L1 as shared memory: cp.async.cg bypasses L1, and more CTAs per SM keep more of X in flight */
 	CUDA_TRY(cudaFuncSetAttribute(sk_kernel<C>, cudaFuncAttributePreferredSharedMemoryCarveout,
 				      cudaSharedmemCarveoutMaxShared));
-	sk_kernel<C><<<(unsigned)grid, SK_THREADS, C::BYTES, moe_stream(dev)>>>(a);
+	tier_launch(sk_kernel<C>, (unsigned)grid, SK_THREADS, C::BYTES, moe_stream(dev), a);
 	CUDA_LAUNCHED();
 	return 0;
 }

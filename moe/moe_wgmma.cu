@@ -55,6 +55,7 @@
 #include "moe/moe_wgmma_cfg.cuh"
 #include "moe/moe_wgmma_ptx.cuh"
 #include "moe/moe_wgmma_store.cuh"
+#include "base/pdl.cuh"
 
 #ifdef WG_SM90A
 /* ---- the tile table ---- */
@@ -556,6 +557,7 @@ struct wg_stg {
 template <int BM, int BN, int MODE, int PP, typename OUT, int DBG, int TMA>
 __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant__ wg_args<MODE> a)
 {
+	pdl_enter();
 #ifdef WG_SM90A
 	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA> CFG;
 	extern __shared__ __align__(16) unsigned char wg_smem[];
@@ -684,6 +686,7 @@ struct wg_map_tmpl {
 template <int MODE>
 __global__ void wg_map_kernel(const __grid_constant__ wg_args<MODE> a, const __grid_constant__ wg_map_tmpl m)
 {
+	pdl_enter();
 #ifdef WG_SM90A
 	int i = blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= m.kinds * a.E)
@@ -757,7 +760,7 @@ static int wg_tma_maps(tier_dev *dev, typename CFG::args &a, int rows_bound, con
 	int n = m.kinds * a.E;
 	CUDA_TRY(cudaMallocAsync(maps, sizeof(CUtensorMap) * (size_t)n, st));
 	a.bmap = (const CUtensorMap *)*maps;
-	wg_map_kernel<CFG::MODE><<<(n + 127) / 128, 128, 0, st>>>(a, m);
+	tier_launch(wg_map_kernel<CFG::MODE>, (n + 127) / 128, 128, 0, st, a, m);
 	cudaError_t e = cudaGetLastError();
 	return e == cudaSuccess ? 0 : tier_fail(-EIO, "TMA maps: the map kernel did not launch: %s", cudaGetErrorString(e));
 }
@@ -806,7 +809,8 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, 
 	cudaError_t e = cudaFuncSetAttribute(wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA>,
 					     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::BYTES);
 	if (e == cudaSuccess) {
-		wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA><<<grid, WG_THREADS, CFG::BYTES, moe_stream(dev)>>>(a);
+		tier_launch(wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA>, grid, WG_THREADS, CFG::BYTES, moe_stream(dev),
+				a);
 		e = cudaGetLastError();
 	}
 	if (maps) /* in stream order: after the kernel, or at once when it did not launch */
@@ -991,6 +995,7 @@ struct wg_tab_args {
 
 __global__ void wg_tab_kernel(const __grid_constant__ wg_tab_args a)
 {
+	pdl_enter();
 	for (int i = threadIdx.x; i < a.n * a.E; i += blockDim.x)
 		a.dst[i / a.E][i % a.E] = a.p[i / a.E][i % a.E];
 }
@@ -1018,14 +1023,14 @@ static int wg_put_tables(tier_dev *dev, int E, int nseg, const moe_wg_seg *seg, 
 				ta.p[ta.n][e] = w[e];
 			ta.dst[ta.n++] = d;
 			if (ta.n == WG_TAB_PER_LAUNCH) {
-				wg_tab_kernel<<<1, 256, 0, moe_stream(dev)>>>(ta);
+				tier_launch(wg_tab_kernel, 1, 256, 0, moe_stream(dev), ta);
 				CUDA_LAUNCHED();
 				ta.n = 0;
 			}
 		}
 	}
 	if (ta.n) {
-		wg_tab_kernel<<<1, 256, 0, moe_stream(dev)>>>(ta);
+		tier_launch(wg_tab_kernel, 1, 256, 0, moe_stream(dev), ta);
 		CUDA_LAUNCHED();
 	}
 	return 0;

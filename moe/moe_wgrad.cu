@@ -11,6 +11,7 @@
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
 #include "base/mma_sm80.cuh"
+#include "base/pdl.cuh"
 
 #define GW_PAD 8 /* bf16 added to each shared row against ldmatrix bank conflicts */
 
@@ -223,6 +224,7 @@ __device__ __forceinline__ void gw_store_split(float (*acc)[gw_split<BM, BN>::WN
 template <int BM, int BN, int NW, int ST, int WS>
 __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ gw_args<NW> a)
 {
+	pdl_enter();
 	typedef gw_smem<BM, BN, NW, ST> SM;
 	typedef gw_split<BM, BN> SP;
 	/* WS (the split form): the warp's quarter, from m tile mi0 and n tile nj0 */
@@ -309,7 +311,7 @@ static int gw_launch_st(tier_dev *dev, const gw_args<NW> &a, int E)
 	dim3 grid((unsigned)((a.N + BN - 1) / BN), (unsigned)((a.M + BM - 1) / BM), (unsigned)E);
 	CUDA_TRY(cudaFuncSetAttribute(gw_kernel<BM, BN, NW, ST, WS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 				      (int)SM::BYTES));
-	gw_kernel<BM, BN, NW, ST, WS><<<grid, GW_THREADS, SM::BYTES, moe_stream(dev)>>>(a);
+	tier_launch(gw_kernel<BM, BN, NW, ST, WS>, grid, GW_THREADS, SM::BYTES, moe_stream(dev), a);
 	CUDA_LAUNCHED();
 	return 0;
 }
