@@ -1235,7 +1235,14 @@ int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
 /* wg: the wgmma forward (attn_wgmma.cu) where it applies, else v2. */
 int fwd_wg(const fwd_args &a, const tier_attn_params *p, cudaStream_t s)
 {
-	int rc = attn_wgmma_fwd(p, a.q, a.k, a.v, a.o, a.lse, a.sl2, s);
+	int rc = attn_wgmma_fwd(p, a.q, a.k, a.v, a.o, a.lse, a.sl2, 0, s);
+	return rc == -ENOTSUP ? fwd_v2<4, 2, 2>(a, p, s) : rc;
+}
+
+/* wgo: wg with each block's softmax beside the previous block's P V (the same bits), else v2. */
+int fwd_wgo(const fwd_args &a, const tier_attn_params *p, cudaStream_t s)
+{
+	int rc = attn_wgmma_fwd(p, a.q, a.k, a.v, a.o, a.lse, a.sl2, 1, s);
 	return rc == -ENOTSUP ? fwd_v2<4, 2, 2>(a, p, s) : rc;
 }
 
@@ -1259,6 +1266,7 @@ struct bwd_variant {
 };
 const fwd_variant fwd_variants[] = {
 	{ "wg", fwd_wg },
+	{ "wgo", fwd_wgo },
 	{ "v2", fwd_v2<4, 2, 2> },
 	{ "w8", fwd_v2<8, 1, 2> },
 	{ "v1", fwd_v1 },

@@ -41,9 +41,10 @@ int attn_cuda_rope(tier_dev *dev, const tier_rope_params *r, const int32_t *pos,
 int attn_wgmma_usable(int head_dim);
 /* The forward on wgmma (attn_wgmma.cu: head_dim 128, compute capability 9.0, TMA): 0 when queued on
  * stream, -ENOTSUP for a shape or device it does not take (the caller runs another kernel), other
- * errors as usual. sl2: scale * log2(e). */
+ * errors as usual. sl2: scale * log2(e); overlap: the softmax beside the previous block's P V (the
+ * "wgo" variant), the same bits. */
 int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const void *k, const void *v, void *o, float *lse,
-		   float sl2, void *stream);
+		   float sl2, int overlap, void *stream);
 /* The wgmma backward's switches (attn_wgmma_bwd.cu): TIER_ATTN_BWD_DEBUG=nodq, TIER_ATTN_BWD_DQ
  * (atomic, tma), TIER_ATTN_BWD_DS (scalar, stm); -EINVAL naming a bad value. attn_cuda_bwd reads
  * them once, before choosing a kernel, so that a typo fails on any device and variant. */

@@ -47,11 +47,20 @@ typedef __nv_bfloat16 bf16;
 #define AW_BQ 128         /* query rows per CTA: two warpgroups of 64 */
 #define AW_BK 128         /* keys per block */
 #define AW_THREADS 288    /* warps 0-7 consume (warpgroups 0 and 1), warp 8 loads */
+/* the overlapped form: a third warpgroup loads (one thread of it), so that setmaxnreg can move its
+ * registers to the consumers: 168 a thread at launch (three warps on one of the register file's
+ * four quarters), the loaders down to 24, the consumers up to 240 */
+#define AW_THREADS_OV 384
+#define AW_REGS_LOAD 24
+#define AW_REGS_CONSUME 240
 #define AW_Q_BYTES (2 * 2 * 64 * 128)
 #define AW_K_BYTES (2 * AW_BK * 128)
 #define AW_V_BYTES (2 * 2 * 64 * 128)
 #define AW_STAGE (AW_K_BYTES + AW_V_BYTES)
-#define AW_SMEM (AW_Q_BYTES + 2 * AW_STAGE + 1024) /* + the alignment's slack */
+/* stages: 2, or 3 for the overlapped form (a stage's V is read until the next block's softmax is done) */
+#define AW_SMEM_N(ns) (AW_Q_BYTES + (ns) * AW_STAGE + 1024) /* + the alignment's slack */
+#define AW_SMEM AW_SMEM_N(2)
+static_assert(AW_SMEM_N(3) + 64 <= 227 * 1024, "three stages and the barriers fit 227 KiB");
 #define AW_LN2 0.6931471805599453f
 
 namespace {
@@ -67,20 +76,21 @@ struct aw_args {
 /* The producer (one thread): the CTA's Q, then each key block's K and V into stage kb % 2 once
  * the consumers have released that stage's previous block; seq: the sequence (rows past its end
  * read as zeros). */
+template <int NS>
 __device__ __forceinline__ void aw_produce(const CUtensorMap *qm, const CUtensorMap *km, const CUtensorMap *vm,
 					   uint32_t base, uint32_t bars, int h, int kvh, int seq, int i0, int nkb)
 {
-	const uint32_t qbar = bars + 32;
+	const uint32_t qbar = bars + 16 * NS;
 	bar_expect_tx(qbar, AW_Q_BYTES);
 	for (int w = 0; w < 2; w++)
 		for (int dc = 0; dc < 2; dc++)
 			tma_load3(base + (w * 2 + dc) * 8192, qm, h * AW_D + dc * 64, i0 + 64 * w, seq, qbar);
 	bar_arrive(qbar);
 	for (int kb = 0; kb < nkb; kb++) {
-		const int s = kb & 1;
-		const uint32_t full = bars + 8 * s, empty = bars + 16 + 8 * s, st = base + AW_Q_BYTES + s * AW_STAGE;
-		if (kb >= 2)
-			mbar_wait(empty, ((kb >> 1) - 1) & 1);
+		const int s = kb % NS;
+		const uint32_t full = bars + 8 * s, empty = bars + 8 * NS + 8 * s, st = base + AW_Q_BYTES + s * AW_STAGE;
+		if (kb >= NS)
+			mbar_wait(empty, (kb / NS - 1) & 1);
 		bar_expect_tx(full, AW_STAGE);
 		const int j0 = kb * AW_BK;
 		for (int dc = 0; dc < 2; dc++)
@@ -94,12 +104,13 @@ __device__ __forceinline__ void aw_produce(const CUtensorMap *qm, const CUtensor
 }
 
 /* The online softmax of one key block on this thread's two rows (g and g + 8 of its warp): s holds
- * the raw scores, 16 chunks of 8 keys (element e: row e >> 1, key 8 i + 2 t + (e & 1)); m (raw
- * units) and l the running max and sum; o the output, rescaled. With MASK key c of the block (c
- * relative to the thread's first key 2 t) is visible iff c < lim[row]. */
+ * the raw scores, 16 chunks of 8 keys (element e: row e >> 1, key 8 i + 2 t + (e & 1)), and gets
+ * the probabilities; m (raw units) and l the running max and sum; alpha the factor the output
+ * takes for the new max (aw_rescale). With MASK key c of the block (c relative to the thread's
+ * first key 2 t) is visible iff c < lim[row]. */
 template <bool MASK>
-__device__ __forceinline__ void aw_softmax(float (&s)[64], float (&o)[64], float (&m)[2], float (&l)[2],
-					   const int (&lim)[2], float sl2)
+__device__ __forceinline__ void aw_probs(float (&s)[64], float (&m)[2], float (&l)[2], float (&alpha)[2],
+					 const int (&lim)[2], float sl2)
 {
 	float mx[2] = { m[0], m[1] }, ms[2];
 #pragma unroll
@@ -115,12 +126,9 @@ __device__ __forceinline__ void aw_softmax(float (&s)[64], float (&o)[64], float
 		mx[r] = quad_max(mx[r]);
 		/* a row with no visible key yet keeps max -inf; 0 keeps exp2 away from inf - inf */
 		ms[r] = mx[r] == -INFINITY ? 0.f : mx[r] * sl2;
-		const float alpha = ex2(m[r] * sl2 - ms[r]);
+		alpha[r] = ex2(m[r] * sl2 - ms[r]);
 		m[r] = mx[r];
-		l[r] *= alpha;
-#pragma unroll
-		for (int i = 0; i < 16; i++)
-			o[4 * i + 2 * r] *= alpha, o[4 * i + 2 * r + 1] *= alpha;
+		l[r] *= alpha[r];
 	}
 #pragma unroll
 	for (int i = 0; i < 16; i++)
@@ -131,24 +139,18 @@ __device__ __forceinline__ void aw_softmax(float (&s)[64], float (&o)[64], float
 		}
 }
 
-/* One key block for one consumer warpgroup: S = Q K^T, softmax, O += P V. q: the warpgroup's Q;
- * st: the stage. */
-template <bool MASK>
-__device__ __forceinline__ void aw_block(float (&o)[64], float (&m)[2], float (&l)[2], uint32_t q, uint32_t st,
-					 const int (&lim)[2], float sl2)
+__device__ __forceinline__ void aw_rescale(float (&o)[64], const float (&alpha)[2])
 {
-	float s[64];
-	acc_fence(o);
-	wgmma_fence();
 #pragma unroll
-	for (int kk = 0; kk < AW_D / 16; kk++) /* k + 16 within a 64-d half: 32 bytes = 2 in the start address */
-		wgmma_op<0>(s, wg_desc(q + (kk >> 2) * 8192) + 2 * (kk & 3),
-			    wg_desc(st + (kk >> 2) * (AW_BK * 128)) + 2 * (kk & 3), kk > 0);
-	wgmma_commit();
-	wgmma_wait<0>();
-	acc_fence(s);
-	aw_softmax<MASK>(s, o, m, l, lim, sl2);
-	uint32_t pa[AW_BK / 16][4];
+	for (int r = 0; r < 2; r++)
+#pragma unroll
+		for (int i = 0; i < 16; i++)
+			o[4 * i + 2 * r] *= alpha[r], o[4 * i + 2 * r + 1] *= alpha[r];
+}
+
+/* P rounded to bf16 as the A fragments of O += P V (the accumulator's layout is the A operand's). */
+__device__ __forceinline__ void aw_pack(uint32_t (&pa)[AW_BK / 16][4], const float (&s)[64])
+{
 #pragma unroll
 	for (int kt = 0; kt < AW_BK / 16; kt++) {
 		pa[kt][0] = pack(s[8 * kt + 0], s[8 * kt + 1]);
@@ -156,16 +158,123 @@ __device__ __forceinline__ void aw_block(float (&o)[64], float (&m)[2], float (&
 		pa[kt][2] = pack(s[8 * kt + 4], s[8 * kt + 5]);
 		pa[kt][3] = pack(s[8 * kt + 6], s[8 * kt + 7]);
 	}
+}
+
+/* S = Q K^T of the stage st, queued (8 wgmma m64n128k16; the caller fences and commits). */
+__device__ __forceinline__ void aw_scores(float (&s)[64], uint32_t q, uint32_t st)
+{
+#pragma unroll
+	for (int kk = 0; kk < AW_D / 16; kk++) /* k + 16 within a 64-d half: 32 bytes = 2 in the start address */
+		wgmma_op<0>(s, wg_desc(q + (kk >> 2) * 8192) + 2 * (kk & 3),
+			    wg_desc(st + (kk >> 2) * (AW_BK * 128)) + 2 * (kk & 3), kk > 0);
+}
+
+/* O += P V of the stage st, queued (8 wgmma m64n128k16, A from registers). */
+__device__ __forceinline__ void aw_pv(float (&o)[64], const uint32_t (&pa)[AW_BK / 16][4], uint32_t st)
+{
 	const uint32_t v = st + AW_K_BYTES;
-	acc_fence(o); /* the rescaled o and the packed P written before the fence, as PTX requires */
-	frag_fence(pa);
-	wgmma_fence();
 #pragma unroll
 	for (int kt = 0; kt < AW_BK / 16; kt++) /* keys + 16 within a 64-key half: 16 rows = 2048 bytes */
 		wgmma_rs<1>(o, pa[kt], wg_desc_mn_at(v + (kt >> 2) * 16384, 8192) + 128 * (kt & 3));
+}
+
+/* One key block for one consumer warpgroup: S = Q K^T, softmax, O += P V. q: the warpgroup's Q;
+ * st: the stage. */
+template <bool MASK>
+__device__ __forceinline__ void aw_block(float (&o)[64], float (&m)[2], float (&l)[2], uint32_t q, uint32_t st,
+					 const int (&lim)[2], float sl2)
+{
+	float s[64], alpha[2];
+	acc_fence(o);
+	wgmma_fence();
+	aw_scores(s, q, st);
+	wgmma_commit();
+	wgmma_wait<0>();
+	acc_fence(s);
+	aw_probs<MASK>(s, m, l, alpha, lim, sl2);
+	aw_rescale(o, alpha);
+	uint32_t pa[AW_BK / 16][4];
+	aw_pack(pa, s);
+	acc_fence(o); /* the rescaled o and the packed P written before the fence, as PTX requires */
+	frag_fence(pa);
+	wgmma_fence();
+	aw_pv(o, pa, st);
 	wgmma_commit();
 	wgmma_wait<0>();
 	acc_fence(o);
+}
+
+/* Whether key block j0 needs the mask for the warpgroup of rows r0..: it crosses the diagonal or
+ * the sequence's end. Then lim: this thread's visible keys of the block (aw_probs). */
+__device__ __forceinline__ bool aw_masked(const aw_args &a, int j0, int r0, int row, int t, int (&lim)[2])
+{
+#pragma unroll
+	for (int r = 0; r < 2; r++)
+		lim[r] = (a.causal ? min(row + 8 * r + 1, a.S) : a.S) - j0 - 2 * t;
+	return (a.causal && j0 + AW_BK - 1 > r0) || j0 + AW_BK > a.S;
+}
+
+/* The overlapped form (TIER_ATTN_FWD=wgo): block kb's S = Q K^T and block kb - 1's O += P V are
+ * queued together, and the softmax of kb runs while the tensor cores finish P V; o takes kb's
+ * factor once P V is done. The same operations in the same order as aw_block's, so the same bits.
+ * No branch while a product is in flight (ptxas would serialise every wgmma): the first block is
+ * peeled, and the softmax always takes the mask, with limits past the block where none applies.
+ * A stage is released after its P V, a block later than aw_block releases it: three stages. */
+__device__ __forceinline__ void aw_consume_overlapped(const aw_args &a, float (&o)[64], float (&m)[2], float (&l)[2],
+						      uint32_t q, uint32_t base, uint32_t bars, int nkb, int r0,
+						      int row, int t, int lane)
+{
+	float s[64], alpha[2];
+	uint32_t pa[AW_BK / 16][4];
+	int lim[2];
+	mbar_wait(bars, 0);
+	__syncwarp(); /* converged for the .aligned instructions */
+	wgmma_fence();
+	aw_scores(s, q, base + AW_Q_BYTES);
+	wgmma_commit();
+	wgmma_wait<0>();
+	acc_fence(s);
+	if (!aw_masked(a, 0, r0, row, t, lim))
+		lim[0] = lim[1] = AW_BK;
+	aw_probs<true>(s, m, l, alpha, lim, a.sl2);
+	aw_rescale(o, alpha);
+	aw_pack(pa, s);
+	for (int kb = 1; kb < nkb; kb++) {
+		const int st_i = kb % 3, pv_i = (kb + 2) % 3;
+		const uint32_t st = base + AW_Q_BYTES + st_i * AW_STAGE;
+		if (!aw_masked(a, kb * AW_BK, r0, row, t, lim))
+			lim[0] = lim[1] = AW_BK;
+		mbar_wait(bars + 8 * st_i, (kb / 3) & 1);
+		__syncwarp();
+		acc_fence(o);
+		frag_fence(pa);
+		wgmma_fence();
+		aw_scores(s, q, st);
+		wgmma_commit();
+		aw_pv(o, pa, base + AW_Q_BYTES + pv_i * AW_STAGE);
+		wgmma_commit();
+		wgmma_wait<1>(); /* S done; P V may still run */
+		acc_fence(s);
+		aw_probs<true>(s, m, l, alpha, lim, a.sl2);
+		wgmma_wait<0>();
+		acc_fence(o);
+		aw_rescale(o, alpha);
+		aw_pack(pa, s);
+		__syncwarp();
+		if (lane == 0)
+			bar_arrive(bars + 24 + 8 * pv_i); /* block kb - 1's stage is free */
+	}
+	const int last = (nkb + 2) % 3;
+	acc_fence(o);
+	frag_fence(pa);
+	wgmma_fence();
+	aw_pv(o, pa, base + AW_Q_BYTES + last * AW_STAGE);
+	wgmma_commit();
+	wgmma_wait<0>();
+	acc_fence(o);
+	__syncwarp();
+	if (lane == 0)
+		bar_arrive(bars + 24 + 8 * last);
 }
 
 /* The end: o / l in bf16 and lse = (m sl2 + log2 l) ln 2, rows below S. */
@@ -189,35 +298,41 @@ __device__ __forceinline__ void aw_store(const aw_args &a, const float (&o)[64],
 }
 #endif /* TIER_SM90A */
 
-__global__ void __launch_bounds__(AW_THREADS, 1)
+template <bool OV>
+__global__ void __launch_bounds__(OV ? AW_THREADS_OV : AW_THREADS, 1)
 	aw_fwd_kernel(const __grid_constant__ CUtensorMap qm, const __grid_constant__ CUtensorMap km,
 		      const __grid_constant__ CUtensorMap vm, const aw_args a)
 {
 	pdl_enter();
 #ifdef TIER_SM90A
+	constexpr int NS = OV ? 3 : 2;
 	/* 16-byte alignment declared, 1024 made here (the slack is in AW_SMEM): declared 1024, the
 	 * compiler folds the pad away and the alignment rests on the linker's placement */
 	extern __shared__ __align__(16) unsigned char smem[];
-	__shared__ __align__(8) uint64_t bars[5]; /* full[2], empty[2], Q */
+	__shared__ __align__(8) uint64_t bars[2 * NS + 1]; /* full[NS], empty[NS], Q */
 	const uint32_t raw = wg_saddr(smem), base = raw + ((1024u - (raw & 1023u)) & 1023u), b = wg_saddr(bars);
 	const int h = blockIdx.x % a.H, kvh = h / a.G, qb = gridDim.y - 1 - blockIdx.y, i0 = qb * AW_BQ;
 	const int row0 = (blockIdx.x / a.H) * a.S; /* the sequence's first token */
 	const int nkb_all = (a.S + AW_BK - 1) / AW_BK, nkb = a.causal ? min(nkb_all, qb + 1) : nkb_all;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	if (threadIdx.x == 0) {
-		for (int s = 0; s < 2; s++) {
-			bar_init(b + 8 * s, 1);       /* full: the producer's arrival and the bytes */
-			bar_init(b + 16 + 8 * s, 8); /* empty: one arrival per consumer warp */
+		for (int s = 0; s < NS; s++) {
+			bar_init(b + 8 * s, 1);           /* full: the producer's arrival and the bytes */
+			bar_init(b + 8 * NS + 8 * s, 8); /* empty: one arrival per consumer warp */
 		}
-		bar_init(b + 32, 1);
+		bar_init(b + 16 * NS, 1);
 		fence_barrier_init();
 	}
 	__syncthreads();
-	if (warp == 8) {
-		if (lane == 0)
-			aw_produce(&qm, &km, &vm, base, b, h, kvh, (int)(blockIdx.x / a.H), i0, nkb);
+	if (warp >= 8) {
+		if (OV)
+			wg_regs_dec<AW_REGS_LOAD>();
+		if (warp == 8 && lane == 0)
+			aw_produce<NS>(&qm, &km, &vm, base, b, h, kvh, (int)(blockIdx.x / a.H), i0, nkb);
 		return;
 	}
+	if (OV)
+		wg_regs_inc<AW_REGS_CONSUME>();
 	const int wg = warp >> 2, g = lane >> 2, t = lane & 3;
 	const int r0 = i0 + 64 * wg, row = r0 + 16 * (warp & 3) + g; /* this thread's rows: row, row + 8 */
 	const uint32_t q = base + wg * 16384;
@@ -225,26 +340,25 @@ __global__ void __launch_bounds__(AW_THREADS, 1)
 #pragma unroll
 	for (int i = 0; i < 64; i++)
 		o[i] = 0.f;
-	mbar_wait(b + 32, 0);
-	for (int kb = 0; kb < nkb; kb++) {
-		const int s = kb & 1, j0 = kb * AW_BK;
-		const uint32_t st = base + AW_Q_BYTES + s * AW_STAGE;
-		mbar_wait(b + 8 * s, (kb >> 1) & 1);
-		__syncwarp(); /* converged for the .aligned instructions */
-		/* only the block crossing this warpgroup's diagonal, or the sequence's end, masks */
-		if ((a.causal && j0 + AW_BK - 1 > r0) || j0 + AW_BK > a.S) {
+	mbar_wait(b + 16 * NS, 0);
+	if (OV) {
+		aw_consume_overlapped(a, o, m, l, q, base, b, nkb, r0, row, t, lane);
+	} else {
+		for (int kb = 0; kb < nkb; kb++) {
+			const int s = kb & 1, j0 = kb * AW_BK;
+			const uint32_t st = base + AW_Q_BYTES + s * AW_STAGE;
+			mbar_wait(b + 8 * s, (kb >> 1) & 1);
+			__syncwarp(); /* converged for the .aligned instructions */
+			/* only the block crossing this warpgroup's diagonal, or the sequence's end, masks */
 			int lim[2];
-#pragma unroll
-			for (int r = 0; r < 2; r++)
-				lim[r] = (a.causal ? min(row + 8 * r + 1, a.S) : a.S) - j0 - 2 * t;
-			aw_block<true>(o, m, l, q, st, lim, a.sl2);
-		} else {
-			const int lim[2] = { 0, 0 };
-			aw_block<false>(o, m, l, q, st, lim, a.sl2);
+			if (aw_masked(a, j0, r0, row, t, lim))
+				aw_block<true>(o, m, l, q, st, lim, a.sl2);
+			else
+				aw_block<false>(o, m, l, q, st, lim, a.sl2);
+			__syncwarp();
+			if (lane == 0)
+				bar_arrive(b + 16 + 8 * s);
 		}
-		__syncwarp();
-		if (lane == 0)
-			bar_arrive(b + 16 + 8 * s);
 	}
 	aw_store(a, o, m, l, (int64_t)row0, row, h, t);
 #endif
@@ -267,7 +381,7 @@ extern "C" int attn_wgmma_usable(int head_dim)
 }
 
 extern "C" int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const void *k, const void *v, void *o,
-			      float *lse, float sl2, void *stream)
+			      float *lse, float sl2, int overlap, void *stream)
 {
 	if (!attn_wgmma_usable((int)p->head_dim))
 		return -ENOTSUP;
@@ -285,9 +399,11 @@ extern "C" int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const vo
 		      (int)(p->n_heads / p->n_kv_heads), p->causal, sl2 };
 	dim3 grid((unsigned)(p->n_heads * p->batch), (unsigned)((p->seq + AW_BQ - 1) / AW_BQ));
 	cudaStream_t s = (cudaStream_t)stream;
-	if (cudaFuncSetAttribute(aw_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, AW_SMEM) != cudaSuccess)
+	void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, aw_args) = overlap ? aw_fwd_kernel<true> : aw_fwd_kernel<false>;
+	const int smem = overlap ? AW_SMEM_N(3) : AW_SMEM;
+	if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
 		return tier_fail(-EIO, "attention forward (wgmma): %s", cudaGetErrorString(cudaGetLastError()));
-	tier_launch(aw_fwd_kernel, grid, AW_THREADS, AW_SMEM, s, qm, km, vm, a);
+	tier_launch(kern, grid, overlap ? AW_THREADS_OV : AW_THREADS, smem, s, qm, km, vm, a);
 	cudaError_t e = cudaGetLastError();
 	return e == cudaSuccess ? 0 : tier_fail(-EIO, "attention forward (wgmma): %s", cudaGetErrorString(e));
 }

@@ -15,6 +15,20 @@
 #ifdef TIER_SM90A
 __device__ __forceinline__ uint32_t wg_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+/* A warpgroup's registers per thread, moved between warpgroups of a CTA (all 128 threads execute
+ * it): a loading warpgroup gives its registers up so that the computing ones can grow past the
+ * launch's even share (the kernel's count is the share). */
+template <int N>
+__device__ __forceinline__ void wg_regs_dec(void)
+{
+	asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void wg_regs_inc(void)
+{
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 __device__ __forceinline__ void bar_init(uint32_t b, int count)
 {
 	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(count) : "memory");

@@ -22,7 +22,9 @@ static tier_dev *cpu, *gpu;
 /* The kernel variants of attn/attn_cuda.cu (its fwd_variants and bwd_variants tables). Each case
  * runs max(NFWD, NBWD) times with the pairs (fwd[i % NFWD], bwd[i % NBWD]), so every variant of
  * both lists runs on every shape. */
-static const char *const fwd_variants[] = { "v2", "w8", "v1", "wg" };
+static const char *const fwd_variants[] = { "v2", "w8", "v1", "wg", "wgo" };
+/* wgo runs wg's operations in another overlap: its o and lse must be wg's bits (wg runs first) */
+#define FWD_SAME_AS_WG "wgo"
 static const char *const bwd_variants[] = { "k128", "q64", "v2", "v1", "wg" };
 #define NFWD (sizeof fwd_variants / sizeof fwd_variants[0])
 #define NBWD (sizeof bwd_variants / sizeof bwd_variants[0])
@@ -96,7 +98,9 @@ static void compare(int64_t B, int64_t S, int64_t H, int64_t KH, int64_t D, int 
 	size_t nq = (size_t)(B * S * H * D), nk = (size_t)(B * S * KH * D), nl = (size_t)(B * S * H), cws, gws;
 	float *f[4], *o = malloc(nq * 4), *lse = malloc(nl * 4), *dq = malloc(nq * 4), *dk = malloc(nk * 4);
 	float *dv = malloc(nk * 4), *got = malloc(nq * 4), *cw;
-	uint16_t *h[4], *ob = malloc(nq * 2);
+	uint16_t *h[4], *ob = malloc(nq * 2), *wg_o = malloc(nq * 2);
+	float *wg_lse = malloc(nl * 4);
+	int have_wg = 0;
 	size_t n[4] = { nq, nk, nk, nq };
 	void *d[4], *go, *glse, *gdq, *gdk, *gdv, *gw;
 	tier_attn_params_init(&p, B, S, H, KH, D);
@@ -126,6 +130,14 @@ static void compare(int64_t B, int64_t S, int64_t H, int64_t KH, int64_t D, int 
 		check("o", &p, got, o, nq, 1e-30);
 		fetch(got, glse, nl * 4);
 		check("lse", &p, got, lse, nl, 1.0);
+		if (!strcmp(cur_fwd, "wg")) {
+			memcpy(wg_o, ob, nq * 2), memcpy(wg_lse, got, nl * 4);
+			have_wg = 1;
+		} else if (!strcmp(cur_fwd, FWD_SAME_AS_WG)) {
+			assert_true(have_wg);
+			assert_memory_equal(ob, wg_o, nq * 2);
+			assert_memory_equal(got, wg_lse, nl * 4);
+		}
 		fetch(got, gdq, nq * 4);
 		check("dq", &p, got, dq, nq, max_abs(dv, nk));   /* dq, dk vanish at S = 1 */
 		fetch(got, gdk, nk * 4);
@@ -137,7 +149,7 @@ static void compare(int64_t B, int64_t S, int64_t H, int64_t KH, int64_t D, int 
 	}
 	for (int i = 0; i < 4; i++)
 		free(f[i]), free(h[i]), tier_dev_free(gpu, d[i]);
-	free(o), free(lse), free(dq), free(dk), free(dv), free(got), free(cw), free(ob);
+	free(o), free(lse), free(dq), free(dk), free(dv), free(got), free(cw), free(ob), free(wg_o), free(wg_lse);
 }
 
 /* The caller's TIER_ATTN_FWD / TIER_ATTN_BWD, put back after the cases (NULL: unset). */
