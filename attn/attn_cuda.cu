@@ -29,6 +29,7 @@
 #include "base/bf16x4.cuh"
 #include "base/mma_sm80.cuh"
 #include "base/pdl.cuh"
+#include "base/fill_cuda.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -1208,6 +1209,11 @@ int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
  *          elsewhere): 2 consumer warpgroups x 64 rows and a loading warp, 128-key blocks, 168
  *          regs (8 bytes of spill), 164864 B: 1 CTA per SM. The default since its first GPU run
  *          (2026-12-05, session 17: test_attn_cuda passed; 0.269 ms against v2's 0.432).
+ *     wgo: wg with the softmax of each key block beside the previous block's P V products, a
+ *          loading warpgroup whose registers go to the consumers (setmaxnreg: 240 a consumer
+ *          thread), three stages, 225 KiB; the same bits as wg. The default since its first GPU
+ *          run (2026-12-06, session 27, H100: test_attn_cuda passed, o and lse equal to wg's;
+ *          0.258 ms against wg's 0.286, the trainer's (a) +0.4%).
  * bwd  wg: attn_wgmma_bwd.cu's kernel (the same conditions, else q64): 2 warpgroups x 64 keys,
  *          warp 0 also loading, 64-query steps in a 3-stage TMA ring, dS through shared memory for
  *          dQ; 236 regs, 199168 B. The default since the same run (0.916 ms against q64's 1.484).
@@ -1265,8 +1271,8 @@ struct bwd_variant {
 	bwd_fn fn;
 };
 const fwd_variant fwd_variants[] = {
-	{ "wg", fwd_wg },
 	{ "wgo", fwd_wgo },
+	{ "wg", fwd_wg },
 	{ "v2", fwd_v2<4, 2, 2> },
 	{ "w8", fwd_v2<8, 1, 2> },
 	{ "v1", fwd_v1 },
@@ -1354,9 +1360,8 @@ extern "C" int attn_cuda_bwd(tier_dev *dev, const tier_attn_params *p, const voi
 				(int)p->head_dim);
 	if ((rc = cuda_check("attention backward row sums")))
 		return rc;
-	if (cudaMemsetAsync(dq, 0, (size_t)(rows * p->head_dim) * sizeof(float), s) != cudaSuccess ||
-	    (G > 1 && (cudaMemsetAsync(dk, 0, kv_bytes, s) != cudaSuccess ||
-		       cudaMemsetAsync(dv, 0, kv_bytes, s) != cudaSuccess)))
+	if (tier_cuda_fill(dq, 0, (size_t)(rows * p->head_dim) * sizeof(float), s) != cudaSuccess ||
+	    (G > 1 && (tier_cuda_fill(dk, 0, kv_bytes, s) != cudaSuccess || tier_cuda_fill(dv, 0, kv_bytes, s) != cudaSuccess)))
 		return cuda_check("clearing the attention gradients");
 	return bwd_variants[var].fn(a, p, s);
 }

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <cublasLt.h>
 #include <cuda_profiler_api.h>
+#include "base/fill_cuda.h"
 #endif
 #ifdef TIER_HAVE_HWLOC
 #include <hwloc.h>
@@ -572,7 +573,7 @@ int tier_dev_memset(tier_dev *d, void *dst, int value, size_t n)
 {
 #ifdef TIER_HAVE_CUDA
 	if (d->kind == TIER_DEV_CUDA) {
-		CUDA_TRY(cudaMemsetAsync(dst, value, n, d->stream), -EIO);
+		CUDA_TRY((cudaError_t)tier_cuda_fill(dst, value, n, d->stream), -EIO);
 		return 0;
 	}
 #endif

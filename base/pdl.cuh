@@ -7,8 +7,9 @@
  * is resident, so the early blocks never crowd this kernel out of its own SMs).
  *
  * Ordering stays transitive: a kernel passes pdl_enter only after its predecessor completed, which
- * completed only after its own predecessor, and so on; memory copies, memsets, event waits and
- * cuBLAS's kernels keep the stream's full ordering. TIER_PDL=0 launches every kernel without the
+ * completed only after its own predecessor, and so on; memory copies, cudaMemsetAsync, event waits
+ * and cuBLAS's kernels keep the stream's full ordering (which is why our memsets are kernels too:
+ * base/fill_cuda.cu). TIER_PDL=0 launches every kernel without the
  * attribute (pdl_enter then returns at once). Include from .cu files only. */
 #ifndef TIER_BASE_PDL_CUH
 #define TIER_BASE_PDL_CUH

@@ -9,6 +9,7 @@
 #include "moe/moe_cuda.h"
 #include "base/bf16x4.cuh"
 #include "base/pdl.cuh"
+#include "base/fill_cuda.h"
 
 #define TOK_THREADS 256
 
@@ -421,8 +422,8 @@ extern "C" int moe_cuda_aux_stats(tier_dev *dev, int T, int E, const float *logi
 	MOE_NONNULL(p, fn);
 	MOE_NONNULL(zs, fn);
 	cudaStream_t st = moe_stream(dev);
-	CUDA_TRY(cudaMemsetAsync(p, 0, sizeof(float) * (size_t)E, st));
-	CUDA_TRY(cudaMemsetAsync(zs, 0, sizeof(float), st));
+	CUDA_TRY((cudaError_t)tier_cuda_fill(p, 0, sizeof(float) * (size_t)E, st));
+	CUDA_TRY((cudaError_t)tier_cuda_fill(zs, 0, sizeof(float), st));
 	tier_launch(aux_stats_kernel, (T + AUX_TOKENS - 1) / AUX_TOKENS, TOK_THREADS, sizeof(float) * (size_t)E, st, T,
 			E, logits, p, zs);
 	CUDA_LAUNCHED();

@@ -11,6 +11,7 @@
 #include "moe/moe_cu.cuh"
 #include "moe/moe_cuda.h"
 #include "base/pdl.cuh"
+#include "base/fill_cuda.h"
 
 /* Reads what is asked of offsets [E+1], counts [E], and p [E] with zs on the host after the queued
  * work: one synchronisation. */
@@ -77,7 +78,7 @@ extern "C" int moe_cuda_routing_check(tier_dev *dev)
 	CUDA_TRY(cudaStreamSynchronize(st));
 	if (!v[0])
 		return 0;
-	CUDA_TRY(cudaMemsetAsync(flag, 0, sizeof v, st));
+	CUDA_TRY((cudaError_t)tier_cuda_fill(flag, 0, sizeof v, st));
 	CUDA_TRY(cudaStreamSynchronize(st));
 	return tier_fail(-EIO, "tier_moe_routing_check: a routed MoE call had offsets[%d] = %d on the device where the "
 			 "counts it was given make %d: those counts were not its routing's (a recompute that routed "
