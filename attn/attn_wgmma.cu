@@ -26,8 +26,11 @@
  *   V_s  [key half 2][d half 2][64 keys][64 d]        32 KiB, MN-major B of O = P V
  * per stage s of 2: 160 KiB in all, one CTA (9 warps) per SM.
  *
- * Not yet: the producer's next block overlapping the softmax inside a warpgroup (the two
- * warpgroups already overlap each other's softmax and products), and head_dim other than 128. */
+ * The overlapped form (aw_consume_overlapped, TIER_ATTN_FWD=wgo, the default since session 27) also
+ * overlaps each warpgroup's softmax with its own products: a loading warpgroup instead of a warp
+ * (its registers go to the consumers), three stages (225 KiB), the same bits.
+ *
+ * Not yet: head_dim other than 128. */
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
