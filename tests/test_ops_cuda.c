@@ -1396,6 +1396,34 @@ static void test_bad_args(void **state)
 	tier_dev_free(gpu, p);
 }
 
+/* tier_dev_memset (base/fill_cuda.cu's kernel on CUDA: 16-byte stores in the aligned middle, bytes
+ * at the ends) at every start offset 0..17 of a poisoned buffer and sizes around the 16-byte
+ * boundaries: exactly [off, off + n) takes the value, every byte around it keeps the poison. */
+static void test_memset(void **state)
+{
+	(void)state;
+	const size_t sizes[] = { 0, 1, 2, 5, 15, 16, 17, 31, 32, 33, 100, 4096 + 7, ((size_t)1 << 20) + 3 };
+	const size_t cap = ((size_t)1 << 20) + 64;
+	unsigned char *h = malloc(cap), *want = malloc(cap);
+	void *d;
+	assert_non_null(h), assert_non_null(want);
+	assert_int_equal(tier_dev_malloc(gpu, cap, &d), 0);
+	for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+		for (size_t off = 0; off < 18; off++) {
+			const size_t n = sizes[si];
+			const int v = (int)(0x100 + 17 * si + off); /* only the low byte counts */
+			memset(want, 0xab, cap);
+			assert_int_equal(tier_dev_memcpy_h2d(gpu, d, want, cap), 0);
+			memset(want + off, v & 0xff, n);
+			assert_int_equal(tier_dev_memset(gpu, (unsigned char *)d + off, v, n), 0);
+			assert_int_equal(tier_dev_memcpy_d2h(gpu, h, d, cap), 0);
+			if (memcmp(h, want, cap))
+				fail_msg("memset of %zu bytes at offset %zu: wrong bytes", n, off);
+		}
+	tier_dev_free(gpu, d);
+	free(h), free(want);
+}
+
 /* n memsets of a buffer, queued. */
 static void memsets(void *buf, size_t bytes, int n)
 {
@@ -1524,6 +1552,7 @@ int main(void)
 		cmocka_unit_test(test_adamw),       cmocka_unit_test(test_adamw_many),
 		cmocka_unit_test(test_fill),        cmocka_unit_test(test_bad_args),
 		cmocka_unit_test(test_marks),       cmocka_unit_test(test_waypoint), cmocka_unit_test(test_copy_lanes),
+		cmocka_unit_test(test_memset),
 	};
 	int rc;
 	if (!tier_cuda_available()) {
