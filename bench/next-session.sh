@@ -30,11 +30,18 @@
 # forms the defaults: the residuals in the o projection's and the MoE combine's epilogues, dh in
 # bf16 in the fused LoRA backward, h kept in the op cache's MoE states where they fit: (a) at
 # batch 3 19,328 (+1.9%) on another H200, 2.998x call 1's (c), about 2.97 on one machine
-# (bench/RESULTS.md, "session 26"). Next, on an H200 (needs_h200), carry [".device/pack.tar.xz",
-# ".device/lib"] (~260 s): the gate in one call, then a profile for what follows:
-#   TESTS=" " ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab   ((a) at batch 3, the defaults)
-#   STAGES=c,b,kprof KPROF_ARGS="--batch 3 --op-cache all:hbm=56G" KPROF_LAST_MS=1300
-#   bench/next-session.sh .device/bin $OUT/n   ((a)'s kernel profile at batch 3, ~40 s)
+# (bench/RESULTS.md, "session 26"). Session 27 (one H100 call; nine H200 starts failed) made
+# programmatic dependent launch (TIER_PDL) and the overlapped attention forward (TIER_ATTN_FWD=wgo)
+# the defaults: (a) at batch 1 +1.2% on the H100; then memsets as a PDL kernel (base/fill_cuda.cu)
+# and test_ops_cuda's test_memset, not yet run on a GPU. Next, on an H200 (needs_h200), carry
+# [".device/pack.tar.xz", ".device/lib"] (~330 s): session 26's defaults as the peer, the gate in
+# one call, the tests (test_ops_cuda first: the memset kernel), micro-batches, (b):
+#   TESTS=" " VARIANTS="TIER_PDL=0 TIER_ATTN_FWD=wg;" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
+#   STAGES=c bench/next-session.sh .device/bin $OUT/c
+#   for t in test_ops_cuda test_attn_cuda test_golden_cuda; do .device/bin/tests/$t; done
+#   TESTS=" " VARIANTS="--batch 6 --micro-batches 2" ROUNDS=1 bench/forms-ab.sh .device/bin $OUT/ab2
+#   STAGES=b bench/next-session.sh .device/bin $OUT/n
+# (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
 # and attn, and (a): QUICK=1 about 60 s on an H100.)
 # At batch 3 the op cache's entries took 50.4 GiB with h kept (43.7 without; all 576 kept under
