@@ -30,7 +30,7 @@
 # forms the defaults: the residuals in the o projection's and the MoE combine's epilogues, dh in
 # bf16 in the fused LoRA backward, h kept in the op cache's MoE states where they fit: (a) at
 # batch 3 19,328 (+1.9%) on another H200, 2.998x call 1's (c), about 2.97 on one machine
-# (bench/RESULTS.md, "session 26"). Session 27 (one H100 call; nine H200 starts failed) made
+# (bench/RESULTS.md, "session 26"). Session 27 (one H100 call; ten H200 starts failed) made
 # programmatic dependent launch (TIER_PDL) and the overlapped attention forward (TIER_ATTN_FWD=wgo)
 # the defaults: (a) at batch 1 +1.2% on the H100; then memsets as a PDL kernel (base/fill_cuda.cu)
 # and test_ops_cuda's test_memset, not yet run on a GPU. Next, on an H200 (needs_h200), carry
