@@ -1207,8 +1207,8 @@ int bwd_v2(const bwd_args &a, const tier_attn_params *p, cudaStream_t s)
  *      v1: the original kernel (255 regs, 120 bytes of spills, runtime masks on every block).
  *      wg: attn_wgmma.cu's kernel on wgmma and TMA (head_dim 128 on compute capability 9.0; v2
  *          elsewhere): 2 consumer warpgroups x 64 rows and a loading warp, 128-key blocks, 168
- *          regs (8 bytes of spill), 164864 B: 1 CTA per SM. The default since its first GPU run
- *          (2026-12-05, session 17: test_attn_cuda passed; 0.269 ms against v2's 0.432).
+ *          regs (8 bytes of spill), 164864 B: 1 CTA per SM. The default from its first GPU run
+ *          (2026-12-05, session 17: test_attn_cuda passed; 0.269 ms against v2's 0.432) to wgo's.
  *     wgo: wg with the softmax of each key block beside the previous block's P V products, a
  *          loading warpgroup whose registers go to the consumers (setmaxnreg: 240 a consumer
  *          thread), three stages, 225 KiB; the same bits as wg. The default since its first GPU
