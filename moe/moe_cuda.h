@@ -141,8 +141,7 @@ int moe_cuda_grouped_gate_up(tier_dev *dev, int E, int H, int I, const int32_t *
  * C tile of a CTA (default auto: 64 x 16 when N <= 16, 16 x 64 when M <= 16, else 64 x 64; the pair
  * below takes 64 x 64 one product at a time); a malformed value is -EINVAL. tier-bench lora times
  * each tile on the trainer's shapes. TIER_MOE_WGRAD_ADD=rmw: C read, added to and written instead of
- * the atomic add (the form before; comparisons); TIER_MOE_WGRAD_STAGES=3: three pipeline stages;
- * TIER_MOE_WGRAD_WARPS=cols: each warp a quarter of the C tile over every row (measurements). (moe_wgrad.cu) */
+ * the atomic add (the form before; comparisons). (moe_wgrad.cu) */
 int moe_cuda_grouped_wgrad(tier_dev *dev, int E, int M, int N, const int32_t *d_off, int rows_bound, const void *a,
 			   const void *b, float alpha, float *const *c);
 /* Two of them sharing B in one pass over it: C0_e += alpha0 A0_e^T B_e and C1_e += alpha1 A1_e^T B_e,

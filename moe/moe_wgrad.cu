@@ -25,8 +25,6 @@
  * dA [r, in] (r <= 16: a square tile would compute 4 times what they need), 64 x 64 otherwise. */
 #define GW_BK 64       /* rows per pipeline stage: 16 per warp */
 #define GW_STAGES 4    /* the groups are read once: stages in flight hide the memory latency */
-/* TIER_MOE_WGRAD_STAGES=3: three stages (less shared memory, more CTAs an SM to cover each CTA's
- * start and end) for measurements */
 #define GW_THREADS 128 /* 4 warps */
 #define GW_CHUNKS(W) (GW_BK * (W) / 8 / GW_THREADS) /* 16-byte chunks a thread loads of a W-column stage */
 
@@ -166,69 +164,17 @@ __device__ __forceinline__ void gw_store(float (*acc)[BN / 8][4], float4 *red, c
 	}
 }
 
-/* ---- the split form (TIER_MOE_WGRAD_WARPS=cols): each warp owns a quarter of the C tile ----
- * Instead of taking 16 rows of every stage and summing the four partial tiles through shared memory
- * at the end, warp w takes every row of the stage for its quarter of the tile: a quarter of the
- * m tiles where there are four or more (BM >= 64), else of the n tiles. It then adds its quarter to
- * C itself: no shared-memory sum and no barrier after the ring, at the price of each warp reading
- * the other operand's whole stage. Each element still sums its rows in one order (stage by stage,
- * 16 rows at a time) and gets one add. */
-template <int BM, int BN>
-struct gw_split {
-	typedef gw_smem<BM, BN> SM;
-	static constexpr int SPLIT_M = SM::MI % 4 == 0;
-	static constexpr int WMI = SPLIT_M ? SM::MI / 4 : SM::MI, WNJ = SPLIT_M ? SM::NJ : SM::NJ / 4;
-	static_assert(SPLIT_M || SM::NJ % 8 == 0, "a quarter of the n tiles in whole 16-column pairs");
-};
-
-/* The warp's quarter over rows kk.. (16) of one stage; mi0, nj0: its first m and n tile. */
-template <int BM, int BN>
-__device__ __forceinline__ void gw_mma_split(float (*acc)[gw_split<BM, BN>::WNJ][4], const bf16 *sa, const bf16 *sb,
-					     int kk, int mi0, int nj0, int lane)
-{
-	typedef gw_smem<BM, BN> SM;
-	typedef gw_split<BM, BN> SP;
-	uint32_t a[SP::WMI][4], b[SP::WNJ / 2][4];
-#pragma unroll
-	for (int i = 0; i < SP::WMI; i++)
-		ldsm4t(a[i], sa + (kk + (lane & 7) + (lane >> 4) * 8) * SM::LDA + (mi0 + i) * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-	for (int jp = 0; jp < SP::WNJ / 2; jp++)
-		ldsm4t(b[jp], sb + (kk + (lane & 7) + ((lane >> 3) & 1) * 8) * SM::LDB + (nj0 / 2 + jp) * 16 + (lane >> 4) * 8);
-#pragma unroll
-	for (int i = 0; i < SP::WMI; i++)
-#pragma unroll
-		for (int j = 0; j < SP::WNJ; j++)
-			mma16816(acc[i][j], a[i], &b[j >> 1][(j & 1) * 2]);
-}
-
-/* The warp's quarter added to C: accumulator (i, j) holds rows g, g + 8 (g = lane / 4) of m tile
- * mi0 + i and columns 2 (lane % 4) and the next of n tile nj0 + j. */
-template <int BM, int BN, int NW>
-__device__ __forceinline__ void gw_store_split(float (*acc)[gw_split<BM, BN>::WNJ][4], const gw_args<NW> &a,
-					       float alpha, float *C, int m0, int n0, int mi0, int nj0, int lane)
-{
-	typedef gw_split<BM, BN> SP;
-#pragma unroll
-	for (int i = 0; i < SP::WMI; i++)
-#pragma unroll
-		for (int j = 0; j < SP::WNJ; j++)
-			gw_add_entry(C, a, alpha, m0 + (mi0 + i) * 16 + (lane >> 2), n0 + (nj0 + j) * 8 + (lane & 3) * 2,
-				     make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
-}
-
 /* The ring as in gg_kernel: before stage kt the groups of stages 0..kt are complete, and the barrier
  * also frees slot (kt - 1) % STAGES for the prefetch of stage kt + STAGES - 1. With NW = 2 each
  * stage of B serves both products; each accumulates exactly as alone (the same tiles, the same
  * order), so each result is the one-product kernel's bit for bit. */
-template <int BM, int BN, int NW, int ST, int WS>
+template <int BM, int BN, int NW>
 __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ gw_args<NW> a)
 {
 	pdl_enter();
+	constexpr int ST = GW_STAGES;
 	typedef gw_smem<BM, BN, NW, ST> SM;
-	typedef gw_split<BM, BN> SP;
-	/* WS (the split form): the warp's quarter, from m tile mi0 and n tile nj0 */
-	constexpr int AMI = WS ? SP::WMI : SM::MI, ANJ = WS ? SP::WNJ : SM::NJ;
+	constexpr int AMI = SM::MI, ANJ = SM::NJ;
 	extern __shared__ __align__(16) unsigned char smem[];
 	int e = blockIdx.z, row0 = a.off[e], rend = a.off[e + 1];
 	bool want = false;
@@ -238,7 +184,6 @@ __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ 
 	if (!want || rend <= row0)
 		return; /* not wanted, or no rows: C_e stays as it is */
 	int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	int mi0 = SP::SPLIT_M ? warp * SP::WMI : 0, nj0 = SP::SPLIT_M ? 0 : warp * SP::WNJ;
 	bf16 *sa = (bf16 *)smem, *sb = sa + ST * NW * SM::A; /* stage s of product j: sa + (s NW + j) A */
 	float acc[NW][AMI][ANJ][4];
 #pragma unroll
@@ -274,57 +219,31 @@ __global__ void __launch_bounds__(GW_THREADS) gw_kernel(const __grid_constant__ 
 		gw_rows<BN>(src2, a.bmap, a.bdiv, r + 2 * GW_BK, rend);
 	};
 	cp_async_ring<ST>(nk, load, [&](int s, int kt) {
-		if constexpr (WS) {
-#pragma unroll
-			for (int kk = 0; kk < GW_BK; kk += 16)
-				if (row0 + kt * GW_BK + kk < rend) /* rows wholly past the group are zeros */
-#pragma unroll
-					for (int j = 0; j < NW; j++)
-						gw_mma_split<BM, BN>(acc[j], sa + (s * NW + j) * SM::A, sb + s * SM::B, kk, mi0,
-								     nj0, lane);
-		} else if (row0 + kt * GW_BK + warp * 16 < rend) { /* a slice wholly past the group is zeros */
+		if (row0 + kt * GW_BK + warp * 16 < rend) { /* a slice wholly past the group is zeros */
 #pragma unroll
 			for (int j = 0; j < NW; j++)
 				gw_mma<BM, BN>(acc[j], sa + (s * NW + j) * SM::A, sb + s * SM::B, warp * 16, lane);
 		}
 	});
 	cp_async_wait<0>();
-	if constexpr (WS) {
 #pragma unroll
-		for (int j = 0; j < NW; j++)
-			if (a.c[j][e])
-				gw_store_split<BM, BN, NW>(acc[j], a, a.alpha[j], a.c[j][e], m0, n0, mi0, nj0, lane);
-	} else {
-#pragma unroll
-		for (int j = 0; j < NW; j++) {
-			__syncthreads(); /* every warp is done with the ring (or the last product's sums) that red overlays */
-			if (a.c[j][e])
-				gw_store<BM, BN, NW>(acc[j], (float4 *)smem, a, a.alpha[j], a.c[j][e], m0, n0, warp, lane);
-		}
+	for (int j = 0; j < NW; j++) {
+		__syncthreads(); /* every warp is done with the ring (or the last product's sums) that red overlays */
+		if (a.c[j][e])
+			gw_store<BM, BN, NW>(acc[j], (float4 *)smem, a, a.alpha[j], a.c[j][e], m0, n0, warp, lane);
 	}
 }
 
-template <int BM, int BN, int NW, int ST, int WS = 0>
-static int gw_launch_st(tier_dev *dev, const gw_args<NW> &a, int E)
-{
-	typedef gw_smem<BM, BN, NW, ST> SM;
-	dim3 grid((unsigned)((a.N + BN - 1) / BN), (unsigned)((a.M + BM - 1) / BM), (unsigned)E);
-	CUDA_TRY(cudaFuncSetAttribute(gw_kernel<BM, BN, NW, ST, WS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-				      (int)SM::BYTES));
-	tier_launch(gw_kernel<BM, BN, NW, ST, WS>, grid, GW_THREADS, SM::BYTES, moe_stream(dev), a);
-	CUDA_LAUNCHED();
-	return 0;
-}
-
-/* TIER_MOE_WGRAD_WARPS=cols: the split form (four stages); TIER_MOE_WGRAD_STAGES=3: three stages. */
 template <int BM, int BN, int NW>
 static int gw_launch(tier_dev *dev, const gw_args<NW> &a, int E)
 {
-	if (moe_env_is("TIER_MOE_WGRAD_WARPS", "cols"))
-		return gw_launch_st<BM, BN, NW, GW_STAGES, 1>(dev, a, E);
-	if (moe_env_is("TIER_MOE_WGRAD_STAGES", "3"))
-		return gw_launch_st<BM, BN, NW, 3>(dev, a, E);
-	return gw_launch_st<BM, BN, NW, GW_STAGES>(dev, a, E);
+	typedef gw_smem<BM, BN, NW> SM;
+	dim3 grid((unsigned)((a.N + BN - 1) / BN), (unsigned)((a.M + BM - 1) / BM), (unsigned)E);
+	CUDA_TRY(cudaFuncSetAttribute(gw_kernel<BM, BN, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				      (int)SM::BYTES));
+	tier_launch(gw_kernel<BM, BN, NW>, grid, GW_THREADS, SM::BYTES, moe_stream(dev), a);
+	CUDA_LAUNCHED();
+	return 0;
 }
 
 /* c[e] for e < E into the table (each 16-byte aligned or NULL); how many are not NULL in *n. */

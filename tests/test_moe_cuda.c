@@ -1191,27 +1191,12 @@ static void test_grouped_wgrad(void **state)
 			grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
 		unsetenv("TIER_MOE_WGRAD_TILE");
 	}
-	/* the epilogue's read-modify-write of C (the form before the atomic add), three stages, and the
-	 * split form (each warp a quarter of the tile) */
-	static const char *const knobs[][2] = { { "TIER_MOE_WGRAD_ADD", "rmw" },
-						{ "TIER_MOE_WGRAD_STAGES", "3" },
-						{ "TIER_MOE_WGRAD_WARPS", "cols" } };
-	for (size_t k = 0; k < 3; k++) {
-		setenv(knobs[k][0], knobs[k][1], 1);
-		for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-			grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
-		grouped_wgrad_case(3, 2048, 16, r3, 2);
-		unsetenv(knobs[k][0]);
-	}
-	/* the split form under every tile */
-	setenv("TIER_MOE_WGRAD_WARPS", "cols", 1);
-	for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
-		setenv("TIER_MOE_WGRAD_TILE", tiles[t], 1);
-		for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-			grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
-		unsetenv("TIER_MOE_WGRAD_TILE");
-	}
-	unsetenv("TIER_MOE_WGRAD_WARPS");
+	/* the epilogue's read-modify-write of C (the form before the atomic add) */
+	setenv("TIER_MOE_WGRAD_ADD", "rmw", 1);
+	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+		grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
+	grouped_wgrad_case(3, 2048, 16, r3, 2);
+	unsetenv("TIER_MOE_WGRAD_ADD");
 }
 
 /* B's rows through a permutation, as the layer's backward reads x (moe_cuda_grouped_wgrad*_rows):
@@ -1326,15 +1311,6 @@ static void test_grouped_wgrad2(void **state)
 		grouped_wgrad2_case(40, 16, 768, r40, -1, 7);
 		grouped_wgrad2_case(3, 64, 16, r3, -1, -1);
 		unsetenv("TIER_MOE_WGRAD_TILE");
-	}
-	static const char *const knobs[][2] = { { "TIER_MOE_WGRAD_STAGES", "3" }, { "TIER_MOE_WGRAD_WARPS", "cols" } };
-	for (size_t k = 0; k < 2; k++) {
-		setenv(knobs[k][0], knobs[k][1], 1);
-		grouped_wgrad2_case(3, 16, 2048, r3, 2, -1);
-		grouped_wgrad2_case(40, 16, 768, r40, -1, 7);
-		grouped_wgrad2_case(40, 8, 72, r40, 3, 3);
-		grouped_wgrad2_case(3, 64, 16, r3, -1, -1);
-		unsetenv(knobs[k][0]);
 	}
 }
 

@@ -4,8 +4,7 @@
  * to-device copy measured in the same run (the peer: these kernels read each operand once and are
  * bound by memory, so the copy's rate is their ceiling). The weight-gradient reductions
  * (moe_cuda_grouped_wgrad, _wgrad2) run again under each C tile of TIER_MOE_WGRAD_TILE (and "rmw": the
- * default tile with TIER_MOE_WGRAD_ADD=rmw, the epilogue before session 25; "st3", with
- * TIER_MOE_WGRAD_STAGES=3; "cols", TIER_MOE_WGRAD_WARPS=cols), and the rank
+ * default tile with TIER_MOE_WGRAD_ADD=rmw, the epilogue before session 25), and the rank
  * products under each TIER_MOE_SKINNY_ROWS, so that one run says which form each shape wants. CUDA only. */
 #include "config.h"
 #include <errno.h>
@@ -56,15 +55,12 @@ static const char *const names[L_N] = { "copy", "Z g+u", "dZ g", "dB g", "dA g+u
  * session 25: dA g+u reading the layer's x through the permutation ("x") instead of the xg that the
  * gather made ("gather" + "dA g+u", counted for the form before). */
 static const int per_layer[L_N] = { 0, 0, 2, 2, 1, 0, 1, 1, 1, 1, 0 };
-static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "rmw", "st3", "cols" };
+static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64", "rmw" };
 /* The reductions' rows that are not tiles: the default tile under another knob. "rmw": the epilogue's
- * read-modify-write of C (the form before session 25); "st3": three pipeline stages; "cols": the
- * split form. */
+ * read-modify-write of C (the form before session 25). */
 static const struct {
 	const char *name, *knob, *value;
-} forms[] = { { "rmw", "TIER_MOE_WGRAD_ADD", "rmw" },
-	      { "st3", "TIER_MOE_WGRAD_STAGES", "3" },
-	      { "cols", "TIER_MOE_WGRAD_WARPS", "cols" } };
+} forms[] = { { "rmw", "TIER_MOE_WGRAD_ADD", "rmw" } };
 #define NTILES (sizeof tiles / sizeof tiles[0])
 static const char *const sk_rows[] = { "128" }; /* TIER_MOE_SKINNY_ROWS beside the default 64 */
 #define NSKROWS (sizeof sk_rows / sizeof sk_rows[0])
