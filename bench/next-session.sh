@@ -27,8 +27,9 @@
 # gate/up dA read x through the permutation instead of a gathered xg: (a) +1.6% on session 24's
 # defaults. Session 26 ran them on an H200 (+3.7% on session 24's forms at batch 3; the split
 # reductions, TIER_MOE_WGRAD_WARPS=cols, gained nothing: taken out in session 27; (c) 6,446.1)
-# and made four forms the defaults: the residuals in the o projection's and the MoE combine's epilogues, dh in
-# bf16 in the fused LoRA backward, h kept in the op cache's MoE states where they fit: (a) at
+# and made four forms the defaults: the residuals in the o projection's and the MoE combine's
+# epilogues, dh in bf16 in the fused LoRA backward, h kept in the op cache's MoE states where they
+# fit: (a) at
 # batch 3 19,328 (+1.9%) on another H200, 2.998x call 1's (c), about 2.97 on one machine
 # (bench/RESULTS.md, "session 26"). Session 27 (one H100 call; ten H200 starts failed) made
 # programmatic dependent launch (TIER_PDL) and the overlapped attention forward (TIER_ATTN_FWD=wgo)
