@@ -54,6 +54,7 @@ typedef __nv_bfloat16 bf16;
  * registers to the consumers: 168 a thread at launch (three warps on one of the register file's
  * four quarters), the loaders down to 24, the consumers up to 240 */
 #define AW_THREADS_OV 384
+#define AW_NS_OV 3 /* its stages */
 #define AW_REGS_LOAD 24
 #define AW_REGS_CONSUME 240
 #define AW_Q_BYTES (2 * 2 * 64 * 128)
@@ -63,7 +64,7 @@ typedef __nv_bfloat16 bf16;
 /* stages: 2, or 3 for the overlapped form (a stage's V is read until the next block's softmax is done) */
 #define AW_SMEM_N(ns) (AW_Q_BYTES + (ns) * AW_STAGE + 1024) /* + the alignment's slack */
 #define AW_SMEM AW_SMEM_N(2)
-static_assert(AW_SMEM_N(3) + 64 <= 227 * 1024, "three stages and the barriers fit 227 KiB");
+static_assert(AW_SMEM_N(AW_NS_OV) + 64 <= 227 * 1024, "the overlapped form's stages and the barriers fit 227 KiB");
 #define AW_LN2 0.6931471805599453f
 
 namespace {
@@ -217,6 +218,14 @@ __device__ __forceinline__ bool aw_masked(const aw_args &a, int j0, int r0, int 
 	return (a.causal && j0 + AW_BK - 1 > r0) || j0 + AW_BK > a.S;
 }
 
+/* aw_masked's limits, or limits past the block where no mask applies: the softmax of the overlapped
+ * form always takes the mask (no branch while a product is in flight). */
+__device__ __forceinline__ void aw_limits(const aw_args &a, int j0, int r0, int row, int t, int (&lim)[2])
+{
+	if (!aw_masked(a, j0, r0, row, t, lim))
+		lim[0] = lim[1] = AW_BK;
+}
+
 /* The overlapped form (TIER_ATTN_FWD=wgo): block kb's S = Q K^T and block kb - 1's O += P V are
  * queued together, and the softmax of kb runs while the tensor cores finish P V; o takes kb's
  * factor once P V is done. The same operations in the same order as aw_block's, so the same bits.
@@ -237,17 +246,15 @@ __device__ __forceinline__ void aw_consume_overlapped(const aw_args &a, float (&
 	wgmma_commit();
 	wgmma_wait<0>();
 	acc_fence(s);
-	if (!aw_masked(a, 0, r0, row, t, lim))
-		lim[0] = lim[1] = AW_BK;
+	aw_limits(a, 0, r0, row, t, lim);
 	aw_probs<true>(s, m, l, alpha, lim, a.sl2);
 	aw_rescale(o, alpha);
 	aw_pack(pa, s);
 	for (int kb = 1; kb < nkb; kb++) {
-		const int st_i = kb % 3, pv_i = (kb + 2) % 3;
+		const int st_i = kb % AW_NS_OV, pv_i = (kb + AW_NS_OV - 1) % AW_NS_OV;
 		const uint32_t st = base + AW_Q_BYTES + st_i * AW_STAGE;
-		if (!aw_masked(a, kb * AW_BK, r0, row, t, lim))
-			lim[0] = lim[1] = AW_BK;
-		mbar_wait(bars + 8 * st_i, (kb / 3) & 1);
+		aw_limits(a, kb * AW_BK, r0, row, t, lim);
+		mbar_wait(bars + 8 * st_i, (kb / AW_NS_OV) & 1);
 		__syncwarp();
 		acc_fence(o);
 		frag_fence(pa);
@@ -265,9 +272,9 @@ __device__ __forceinline__ void aw_consume_overlapped(const aw_args &a, float (&
 		aw_pack(pa, s);
 		__syncwarp();
 		if (lane == 0)
-			bar_arrive(bars + 24 + 8 * pv_i); /* block kb - 1's stage is free */
+			bar_arrive(bars + 8 * AW_NS_OV + 8 * pv_i); /* block kb - 1's stage is free */
 	}
-	const int last = (nkb + 2) % 3;
+	const int last = (nkb + AW_NS_OV - 1) % AW_NS_OV;
 	acc_fence(o);
 	frag_fence(pa);
 	wgmma_fence();
@@ -277,7 +284,7 @@ __device__ __forceinline__ void aw_consume_overlapped(const aw_args &a, float (&
 	acc_fence(o);
 	__syncwarp();
 	if (lane == 0)
-		bar_arrive(bars + 24 + 8 * last);
+		bar_arrive(bars + 8 * AW_NS_OV + 8 * last);
 }
 
 /* The end: o / l in bf16 and lse = (m sl2 + log2 l) ln 2, rows below S. */
@@ -308,7 +315,7 @@ __global__ void __launch_bounds__(OV ? AW_THREADS_OV : AW_THREADS, 1)
 {
 	pdl_enter();
 #ifdef TIER_SM90A
-	constexpr int NS = OV ? 3 : 2;
+	constexpr int NS = OV ? AW_NS_OV : 2;
 	/* 16-byte alignment declared, 1024 made here (the slack is in AW_SMEM): declared 1024, the
 	 * compiler folds the pad away and the alignment rests on the linker's placement */
 	extern __shared__ __align__(16) unsigned char smem[];
@@ -403,7 +410,7 @@ extern "C" int attn_wgmma_fwd(const tier_attn_params *p, const void *q, const vo
 	dim3 grid((unsigned)(p->n_heads * p->batch), (unsigned)((p->seq + AW_BQ - 1) / AW_BQ));
 	cudaStream_t s = (cudaStream_t)stream;
 	void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, aw_args) = overlap ? aw_fwd_kernel<true> : aw_fwd_kernel<false>;
-	const int smem = overlap ? AW_SMEM_N(3) : AW_SMEM;
+	const int smem = overlap ? AW_SMEM_N(AW_NS_OV) : AW_SMEM;
 	if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
 		return tier_fail(-EIO, "attention forward (wgmma): %s", cudaGetErrorString(cudaGetLastError()));
 	tier_launch(kern, grid, overlap ? AW_THREADS_OV : AW_THREADS, smem, s, qm, km, vm, a);
