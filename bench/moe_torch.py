@@ -237,6 +237,10 @@ def main():
                     print(f"# {mname} {rname} {op}: tier's floor {floor:.3f} ms (HBM bytes at the copy's rate, or"
                           f" a dense GEMM of the FLOPs); torch / floor {ms[op] / floor:.2f}, the most a kernel doing"
                           f" tier's work could gain on torch here; tier at {floor / tier_ms:.0%} of the floor's speed")
+                mm_ms = t.get("gate_up_mm_ms") if t and op == "gate_up" else None
+                if mm_ms:  # tier's plain product: the same output as torch's, no SwiGLU, no h
+                    print(f"{mname:>10} {rname:>8} {'gate_up(mm)':>14} {ms[op]:>10.3f} {rate:>9.1f} {unit:>8}"
+                          f" {mm_ms:>10.3f} {w / mm_ms / 1e9:>9.1f} {ms[op] / mm_ms:>8.2f} {skew:>9.2f}")
                 g_ms = t.get(TIER_KEYS[op].replace("_ms", "_grouped_ms")) if t and op in TIER_KEYS else None
                 if g_ms:  # tier's experimental device-side grouped GEMM, against the same torch time
                     trate = w / g_ms / (1e9 if op in flop else 1e6)

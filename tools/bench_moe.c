@@ -47,17 +47,17 @@ typedef struct {
 } moe_opts;
 
 enum {
-	OP_ROUTER, OP_PERMUTE, OP_COPY, OP_GATE_UP, OP_DOWN, OP_DENSE_GU, OP_DENSE_DOWN, OP_EXPERTS_FWD,
+	OP_ROUTER, OP_PERMUTE, OP_COPY, OP_GATE_UP, OP_GATE_UP_MM, OP_DOWN, OP_DENSE_GU, OP_DENSE_DOWN, OP_EXPERTS_FWD,
 	OP_COMBINE_FWD, OP_COMBINE_BWD, OP_EXPERTS_BWD, OP_PERMUTE_BWD, OP_ROUTER_BWD, OP_BLOCK_FWD,
 	OP_BLOCK_FWD_BWD, OP_EXPERTS_FWD_G, OP_BLOCK_FWD_G, N_OPS
 };
 static const char *const op_name[] = {
-	"router",      "permute",     "d2d-copy",   "gate-up",   "down",          "dense-gate-up", "dense-down",
+	"router",      "permute",     "d2d-copy",   "gate-up",   "gate-up-mm",    "down",          "dense-gate-up", "dense-down",
 	"experts-fwd", "combine",     "combine-bwd", "experts-bwd", "permute-bwd", "router-bwd",   "block-fwd",
 	"block-fwd+bwd", "experts-fwd-g", "block-fwd-g"
 };
 static const char *const op_key[] = {
-	"router",      "permute",     "copy",        "gate_up",     "down",        "dense_gate_up", "dense_down",
+	"router",      "permute",     "copy",        "gate_up",     "gate_up_mm",  "down",        "dense_gate_up", "dense_down",
 	"experts_fwd", "combine",     "combine_bwd", "experts_bwd", "permute_bwd", "router_bwd",    "block_fwd",
 	"block_fwd_bwd", "experts_fwd_grouped", "block_fwd_grouped"
 };
@@ -99,7 +99,8 @@ static void usage(FILE *f)
 		"the offsets in the experts); the other rows follow TIER_MOE_GROUPED (docs/moe.md). gate-up and\n"
 		"down time the experts' two Hopper grouped GEMMs alone (gate and up with SwiGLU, bf16 g, u and h\n"
 		"out; down, bf16 y out; TIER_MOE_WGMMA_TILE applies), where they run (a Hopper GPU, H and I\n"
-		"multiples of 8, TIER_MOE_WGMMA not 0). dense-gate-up and dense-down run one cuBLASLt GEMM of\n"
+		"multiples of 8, TIER_MOE_WGMMA not 0). gate-up-mm is the gate and up product alone with one bf16\n"
+		"[rows, 2I] out, the work torch._grouped_mm does in the peer's gate_up. dense-gate-up and dense-down run one cuBLASLt GEMM of\n"
 		"the same FLOPs (all rows times one expert's weights: no groups, no padding). After each shape a\n"
 		"floor for each product: the longer of its unavoidable HBM bytes (each used expert's weights, its\n"
 		"input and outputs once) at the d2d copy's rate and the dense GEMM's time. The rows run in the\n"
@@ -339,17 +340,20 @@ static int alloc_case(moe_case *c, const moe_shape *s, int zipf)
 	c->wgmma = c->cuda && moe_cuda_wgmma_on(c->dev) && c->H % 8 == 0 && c->I % 8 == 0;
 #endif
 	/* every expert gets the same values (the speed does not depend on them): one random matrix of
-	 * each shape made on the host, copied E times, instead of E * 3 * I * H random draws */
-	if ((rc = dalloc(c, I * H * c->el, &c->wg[0])) || (rc = dalloc(c, H * I * c->el, &c->wd[0])) ||
+	 * each shape made on the host, copied E times, instead of E * 3 * I * H random draws. An
+	 * expert's gate and up are one [2I, H] allocation (gate rows first, HF's fused layout), so that
+	 * the gate-up-mm row can run them as one plain product, as torch._grouped_mm does; wu[e] points
+	 * into wg[e]'s block and is not freed on its own */
+	if ((rc = dalloc(c, 2 * I * H * c->el, &c->wg[0])) || (rc = dalloc(c, H * I * c->el, &c->wd[0])) ||
 	    (rc = fill(c, c->wg[0], I * H, 1.0f / sqrtf((float)H), &r)) ||
+	    (rc = dcopy(c, (char *)c->wg[0] + I * H * c->el, c->wg[0], I * H * c->el)) ||
 	    (rc = fill(c, c->wd[0], H * I, 1.0f / sqrtf((float)I), &r)))
 		return rc;
 	for (int e = 0; e < c->E; e++) {
-		if ((e && (rc = dalloc(c, I * H * c->el, &c->wg[e]))) || (rc = dalloc(c, I * H * c->el, &c->wu[e])) ||
-		    (e && (rc = dalloc(c, H * I * c->el, &c->wd[e]))))
+		if ((e && (rc = dalloc(c, 2 * I * H * c->el, &c->wg[e]))) || (e && (rc = dalloc(c, H * I * c->el, &c->wd[e]))))
 			return rc;
-		if ((e && (rc = dcopy(c, c->wg[e], c->wg[0], I * H * c->el))) ||
-		    (rc = dcopy(c, c->wu[e], c->wg[0], I * H * c->el)) ||
+		c->wu[e] = (char *)c->wg[e] + I * H * c->el;
+		if ((e && (rc = dcopy(c, c->wg[e], c->wg[0], 2 * I * H * c->el))) ||
 		    (e && (rc = dcopy(c, c->wd[e], c->wd[0], H * I * c->el))))
 			return rc;
 	}
@@ -391,8 +395,6 @@ static void free_case(moe_case *c)
 	for (int e = 0; e < c->E; e++) {
 		if (c->wg && c->wg[e])
 			tier_dev_free(c->dev, c->wg[e]);
-		if (c->wu && c->wu[e])
-			tier_dev_free(c->dev, c->wu[e]);
 		if (c->wd && c->wd[e])
 			tier_dev_free(c->dev, c->wd[e]);
 	}
@@ -461,6 +463,9 @@ static int call(moe_case *c, int op)
 	case OP_GATE_UP:
 		return moe_cuda_grouped_gate_up_sm90(c->dev, E, H, c->I, s->offsets, c->rows, (const void *const *)c->wg,
 						     (const void *const *)c->wu, c->xg, s->g, s->u, c->h);
+	case OP_GATE_UP_MM: /* [rows, 2I] = xg [rows, H] [gate_e; up_e]^T, bf16: torch's grouped product */
+		return moe_cuda_grouped_mm_sm90(c->dev, E, 2 * c->I, H, s->offsets, c->rows, (const void *const *)c->wg, 0,
+						c->xg, c->dout2, 1, 1.0f, 0.0f);
 	case OP_DOWN:
 		return moe_cuda_grouped_mm_sm90(c->dev, E, H, c->I, s->offsets, c->rows, (const void *const *)c->wd, 0, c->h,
 						c->y, 1, 1.0f, 0.0f);
@@ -501,7 +506,7 @@ static double work(const moe_case *c, int op, int *is_flop)
 	switch (op) {
 	case OP_ROUTER: return rt;
 	case OP_EXPERTS_FWD: case OP_EXPERTS_BWD: case OP_EXPERTS_FWD_G: return ex;
-	case OP_GATE_UP: case OP_DENSE_GU: return ex * 2.0 / 3.0;
+	case OP_GATE_UP: case OP_GATE_UP_MM: case OP_DENSE_GU: return ex * 2.0 / 3.0;
 	case OP_DOWN: case OP_DENSE_DOWN: return ex / 3.0;
 	case OP_BLOCK_FWD: case OP_BLOCK_FWD_G: return rt + ex;
 	case OP_BLOCK_FWD_BWD: return rt + ex + ex + rt; /* bwd: experts' input gradient, router's dx */
@@ -586,7 +591,8 @@ static int bench_shape(tier_dev *dev, const moe_opts *o, const moe_shape *s, int
 		int is_flop;
 		c.op = op;
 		ms[op] = 0;
-		if ((op == OP_GATE_UP || op == OP_DOWN || op == OP_DENSE_GU || op == OP_DENSE_DOWN) && !c.wgmma)
+		if ((op == OP_GATE_UP || op == OP_GATE_UP_MM || op == OP_DOWN || op == OP_DENSE_GU || op == OP_DENSE_DOWN) &&
+		    !c.wgmma)
 			continue; /* no Hopper kernels here: the JSON's 0 means not run */
 		ms[op] = bench_measure_ms(dev, call_op, &c, o->warm_ms, o->run.iters, &rc);
 		if (rc)
