@@ -40,7 +40,7 @@
 #   TESTS=" " VARIANTS="TIER_PDL=0 TIER_ATTN_FWD=wg;" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
 #   for t in test_ops_cuda test_attn_cuda test_golden_cuda; do .device/bin/tests/$t; done
-#   TESTS=" " VARIANTS="--batch 6 --micro-batches 2" ROUNDS=1 bench/forms-ab.sh .device/bin $OUT/ab2
+#   TESTS=" " VARIANTS="--micro-batches 2" ROUNDS=1 bench/forms-ab.sh .device/bin $OUT/ab2
 #   STAGES=b bench/next-session.sh .device/bin $OUT/n
 # (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora

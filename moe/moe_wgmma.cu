@@ -328,12 +328,15 @@ __device__ static void wg_tma_stages(const CUtensorMap *am, const CUtensorMap *b
 	for (int k0 = 0; k0 < K; k0 += WG_BK) {
 		bar_wait(sh.empty + 8 * s, ph ^ 1);
 		uint32_t sa = sh.ring + s * CFG::STAGE, sb = sa + CFG::A_BYTES, fb = sh.full + 8 * s;
-		bar_expect_tx(fb, CFG::STAGE);
-		tma_load(sa, am, k0, tl.row0, fb);
-		if constexpr (CFG::MODE == WG_GU) {
+		if constexpr (CFG::DBG == WG_DBG_NOLOAD) { /* the stage full at once, its bytes as they were */
+		} else if constexpr (CFG::MODE == WG_GU) {
+			bar_expect_tx(fb, CFG::STAGE);
+			tma_load(sa, am, k0, tl.row0, fb);
 			tma_load(sb, bm, k0, tl.col0, fb);
 			tma_load(sb + CFG::BN / 2 * WG_ROW, um, k0, tl.col0, fb);
 		} else {
+			bar_expect_tx(fb, CFG::STAGE);
+			tma_load(sa, am, k0, tl.row0, fb);
 			wg_tma_b<CFG>(sb, bm, k0, tl.col0, fb);
 		}
 		bar_arrive_n(fb, WG_PRODUCERS);
@@ -529,8 +532,12 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 			wg_mainloop<CFG>(d, a, sh, s, ph, aoff, boff, sh.turn + 8 * g, lane);
 		}
 		wg_tile tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
+		/* WG_DBG_NOSTORE stores only under a NaN alpha, which no caller passes: the products stay
+		 * in the code (ptxas drops products whose results are never stored) and the time is theirs
+		 * and the loads' */
+		bool put = CFG::DBG != WG_DBG_NOSTORE || a.alpha != a.alpha;
 #pragma unroll
-		for (int m = 0; m < CFG::MT && CFG::DBG != WG_DBG_NOSTORE; m++) {
+		for (int m = 0; m < CFG::MT && put; m++) {
 			int row0 = tl.row0 + roff + 64 * m;
 			if (row0 >= tl.rend)
 				break; /* the whole warpgroup alike: no staging barrier is left half-passed */
@@ -874,15 +881,15 @@ static int wg_by_shape(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_boun
 	}
 }
 
-/* The measurement kernel dbg (not WG_DBG_NONE) of one tile, with cp.async. */
-template <int BM, int BN, int MODE, int PP, typename OUT>
+/* The measurement kernel dbg (not WG_DBG_NONE) of one tile, with cp.async (TMA 0) or TMA loads. */
+template <int BM, int BN, int MODE, int PP, typename OUT, int TMA = 0>
 static int wg_launch_dbg(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, int dbg)
 {
 	if (dbg == WG_DBG_NOSTORE)
-		return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOSTORE>(dev, a, rows_bound, ctas, NULL);
+		return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOSTORE, TMA>(dev, a, rows_bound, ctas, NULL);
 	if (dbg == WG_DBG_NOMMA)
-		return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOMMA>(dev, a, rows_bound, ctas, NULL);
-	return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOLOAD>(dev, a, rows_bound, ctas, NULL);
+		return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOMMA, TMA>(dev, a, rows_bound, ctas, NULL);
+	return wg_launch<BM, BN, MODE, PP, OUT, WG_DBG_NOLOAD, TMA>(dev, a, rows_bound, ctas, NULL);
 }
 
 /* hseg: the extra segments' host tables (a.nseg of them). */
@@ -900,9 +907,13 @@ static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, const wg_plan_t &pl, int
 				 "(TIER_MOE_WGMMA_DEBUG, gate/up's 64x256 tiles or segments, or a driver without "
 				 "cuTensorMapEncodeTiled); use 1");
 	if constexpr (MODE != WG_KN) {
+		/* the 128x256 measurement kernels load as the products do (TMA unless TIER_MOE_WGMMA_TMA=0) */
+		if (dbg && shape == WG_PP128x128)
+			return wg_launch_dbg<128, 128, MODE, 1, OUT>(dev, a, rows_bound, ctas, dbg);
+		if (dbg && tma && !a.nseg && base_tmap_ok())
+			return wg_launch_dbg<128, 256, MODE, 0, OUT, 1>(dev, a, rows_bound, ctas, dbg);
 		if (dbg)
-			return shape == WG_PP128x128 ? wg_launch_dbg<128, 128, MODE, 1, OUT>(dev, a, rows_bound, ctas, dbg)
-						     : wg_launch_dbg<128, 256, MODE, 0, OUT>(dev, a, rows_bound, ctas, dbg);
+			return wg_launch_dbg<128, 256, MODE, 0, OUT>(dev, a, rows_bound, ctas, dbg);
 	}
 	if (tma && tma_fits)
 		return wg_by_shape<MODE, OUT, 1>(dev, a, shape, rows_bound, ctas, hseg);

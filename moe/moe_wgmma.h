@@ -51,8 +51,10 @@
  *   TIER_MOE_WGMMA_DEBUG=nostore|nomma|noload
  *       for measurements only, the outputs are wrong: the forward's products (w_kn 0, gate/up) on
  *       the 128x256 tiles (pp128x128 where TIER_MOE_WGMMA_TILE asks for it) leave out the stores,
- *       the products or the loads, to see which part bounds the time. (ptxas may drop products
- *       whose results are never stored: nostore can time the loads alone.)
+ *       the products or the loads, to see which part bounds the time. The 128x256 kernels load
+ *       through TMA as the products do (cp.async under TIER_MOE_WGMMA_TMA=0, or with segments);
+ *       nostore keeps the epilogue behind a branch no call takes, so the products stay in the
+ *       code (before session 28 ptxas dropped them and nostore timed the loads alone).
  *   TIER_MOE_WGMMA_TMA=all|1|0|require
  *       all (the default since session 24, also unset or empty): the loads go through TMA, one
  *       producer thread and a tensor map per expert (base/tmap_cuda.h), where they apply: every
