@@ -13,7 +13,7 @@ set -eu
 b=${1:?usage: bench/stage-device.sh BUILD_DIR (a --disable-shared build)}
 [ -f "$b/Makefile" ] || { echo "stage-device.sh: $b has no Makefile; configure a build there first" >&2; exit 1; }
 [ -d .git ] || { echo "stage-device.sh: run it from the repository root" >&2; exit 1; }
-tests="test_attn_cuda test_moe_cuda test_moe_wgmma test_moe_skinny test_ops_cuda test_golden_cuda test_loss_cuda test_offload_cuda"
+tests="test_attn_cuda test_moe_cuda test_moe_wgmma test_moe_dh_swiglu test_moe_skinny test_ops_cuda test_golden_cuda test_loss_cuda test_offload_cuda"
 targets="tier-run tier-bench"
 for t in $tests; do targets="$targets tests/$t"; done
 # shellcheck disable=SC2086 # the targets' words

@@ -6,7 +6,7 @@ if HAVE_CUDA
 libtier_la_SOURCES += moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
 	moe/moe_wgmma.cu moe/moe_skinny.cu moe/moe_wgrad.cu
 endif
-EXTRA_DIST += moe/moe_cu.cuh moe/moe_wgmma_cfg.cuh moe/moe_wgmma_ptx.cuh moe/moe_wgmma_store.cuh moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
+EXTRA_DIST += moe/moe_cu.cuh moe/moe_swiglu.cuh moe/moe_wgmma_cfg.cuh moe/moe_wgmma_ptx.cuh moe/moe_wgmma_store.cuh moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
 	moe/moe_wgmma.cu moe/moe_skinny.cu moe/moe_wgrad.cu
 
 if HAVE_CMOCKA
@@ -38,6 +38,13 @@ TESTS += tests/test_moe_wgmma
 tests_test_moe_wgmma_SOURCES = tests/test_moe_wgmma.c tests/moe_ref.h
 tests_test_moe_wgmma_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
 tests_test_moe_wgmma_LDFLAGS = $(TESTLD)
+
+## The dh product with SwiGLU's backward in its epilogue, against the two steps it replaces
+check_PROGRAMS += tests/test_moe_dh_swiglu
+TESTS += tests/test_moe_dh_swiglu
+tests_test_moe_dh_swiglu_SOURCES = tests/test_moe_dh_swiglu.c tests/moe_ref.h
+tests_test_moe_dh_swiglu_LDADD = $(TEST_LIBS) $(CMOCKA_LIBS)
+tests_test_moe_dh_swiglu_LDFLAGS = $(TESTLD)
 endif
 
 ## The LoRA rank products (skinny grouped GEMM; skipped without a CUDA GPU)

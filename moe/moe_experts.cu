@@ -11,6 +11,7 @@
 #include "moe/moe_cuda.h"
 #include "base/gemm_cuda.h"
 #include "base/pdl.cuh"
+#include "moe/moe_swiglu.cuh"
 
 /* ---- the products: row-major views of the library's one cuBLASLt call (base/gemm_cuda.cu) ---- */
 extern "C" int moe_cuda_mm(tier_dev *dev, int ta, int tb, int M, int N, int K, float alpha, const void *A, int lda,
@@ -31,17 +32,14 @@ extern "C" int moe_cuda_mm_lane(tier_dev *dev, int lane, int ta, int tb, int M, 
 			      ldc);
 }
 
-/* ---- elementwise SwiGLU over bf16 g and u, in fp32 ----
+/* ---- elementwise SwiGLU over bf16 g and u, in fp32 (moe_swiglu.cuh) ----
  * V = 2: a bf16 pair a thread, 4-byte loads and stores (every bf16 pointer 4-byte aligned; an odd
- * n's last element goes alone); V = 1: one element a thread, for any alignment. expf, not __expf:
- * the backward is held to fp32 accuracy on the values it reads. */
+ * n's last element goes alone); V = 1: one element a thread, for any alignment. */
 static int grid_of(size_t n)
 {
 	size_t b = (n + 255) / 256;
 	return (int)(b < 8192 ? (b ? b : 1) : 8192);
 }
-
-static __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 /* V = 8: eight elements a thread in 16-byte accesses (g, u, h 16-byte aligned; the tail past the
  * last whole eight one at a time): the backward's recompute of h ran at half the copy's rate on
@@ -74,13 +72,6 @@ __global__ void swiglu_kernel(const bf16 *g, const bf16 *u, size_t n, bf16 *h)
 	}
 }
 
-/* dU = dh silu(g), dG = dh u silu'(g), silu'(g) = s (1 + g (1 - s)). */
-static __device__ __forceinline__ float2 swiglu_d(float x, float u, float d)
-{
-	float s = 1.0f / (1.0f + expf(-x));
-	return make_float2(d * u * s * (1.0f + x * (1.0f - s)), d * x * s); /* dG, dU */
-}
-
 /* dh's element i as fp32: dh fp32, or bf16 where the product that made it rounded it (the fused
  * LoRA backward's, TIER_MOE_DH16). */
 static __device__ __forceinline__ float dh_at(const float *dh, size_t i) { return dh[i]; }
@@ -94,13 +85,7 @@ static __device__ __forceinline__ void dh_at8(const float *dh, size_t i, float (
 }
 static __device__ __forceinline__ void dh_at8(const bf16 *dh, size_t i, float (&d)[8])
 {
-	uint4 v = *(const uint4 *)(dh + i);
-	const __nv_bfloat162 *p = (const __nv_bfloat162 *)&v;
-#pragma unroll
-	for (int j = 0; j < 4; j++) {
-		float2 f = __bfloat1622float2(p[j]);
-		d[2 * j] = f.x, d[2 * j + 1] = f.y;
-	}
+	bf16x8_to_f32(*(const uint4 *)(dh + i), d);
 }
 
 /* The backward at element i (V = 1) or the pair i, i + 1 (V = 2): dg, du written; with DOT, the
@@ -134,18 +119,7 @@ static __device__ __forceinline__ float swiglu_bwd_at8(const bf16 *g, const bf16
 	uint4 gv = *(const uint4 *)(g + i), uv = *(const uint4 *)(u + i), og, ou;
 	float d[8];
 	dh_at8(dh, i, d);
-	const __nv_bfloat162 *g2 = (const __nv_bfloat162 *)&gv, *u2 = (const __nv_bfloat162 *)&uv;
-	__nv_bfloat162 *og2 = (__nv_bfloat162 *)&og, *ou2 = (__nv_bfloat162 *)&ou;
-	float dot = 0.0f;
-#pragma unroll
-	for (int j = 0; j < 4; j++) {
-		float2 x = __bfloat1622float2(g2[j]), y = __bfloat1622float2(u2[j]);
-		float2 a = swiglu_d(x.x, y.x, d[2 * j]), b = swiglu_d(x.y, y.y, d[2 * j + 1]);
-		og2[j] = __floats2bfloat162_rn(a.x, b.x);
-		ou2[j] = __floats2bfloat162_rn(a.y, b.y);
-		if (DOT)
-			dot += d[2 * j] * silu_mul(x.x, y.x) + d[2 * j + 1] * silu_mul(x.y, y.y);
-	}
+	float dot = swiglu_bwd8<DOT>(gv, uv, d, og, ou);
 	*(uint4 *)(dg + i) = og;
 	*(uint4 *)(du + i) = ou;
 	return dot;

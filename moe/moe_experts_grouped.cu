@@ -320,6 +320,11 @@ static int x_rows_on(void) { return !moe_env_is("TIER_MOE_X_ROWS", "0"); }
  * backward reads that: dg and du are bf16 from it either way. */
 static int dh16_on(void) { return !moe_env_is("TIER_MOE_DH16", "0"); }
 
+/* TIER_MOE_SWIGLU_EPI=1: with dh in bf16 (dh16_on), SwiGLU's backward runs in the dh product's
+ * epilogue (moe_cuda_grouped_dh_swiglu_sm90): dh is never written, and the elementwise pass over
+ * g, u and dh is gone. Off by default until timed on a GPU. */
+static int swiglu_epi_on(void) { return moe_env_is("TIER_MOE_SWIGLU_EPI", "1"); }
+
 static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, const int32_t *d_off, const ptrs *gp,
 		     const ptrs *upp, const ptrs *dp, const tier_moe_loras *lora, const void *xg, const void *g,
 		     const void *u, const void *dy, float *dxg, float *row_dot, void *h, void *dg, void *du, float *dh,
@@ -342,11 +347,16 @@ static int bwd_fused(tier_dev *dev, int E, int H, int I, const int32_t *off, con
 	/* dh = dY down + dZ_d A_d: down_e [H, I] and A_d [r, I] are [K, N]; in bf16 where the rows'
 	 * dot is wanted (dh16_on) */
 	int h16 = row_dot && dh16_on();
-	if ((rc = moe_cuda_grouped_mm_sm90_segs(dev, E, I, H, d_off, rows, dp->w, 1, dy, rd ? 1 : 0, &sd, z, dh, h16, 1.0f,
-						0.0f)) ||
-	    (rc = h16 ? moe_cuda_swiglu_bwd16(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot)
-		      : moe_cuda_swiglu_bwd(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot)))
+	if (h16 && swiglu_epi_on()) { /* dh's fp32 space holds the dot slots (rows x ceil(I / 128) floats) */
+		if ((rc = moe_cuda_grouped_dh_swiglu_sm90(dev, E, I, H, d_off, rows, dp->w, dy, rd ? 1 : 0, &sd, z, g, u, dg,
+							  du, row_dot, dh)))
+			return rc;
+	} else if ((rc = moe_cuda_grouped_mm_sm90_segs(dev, E, I, H, d_off, rows, dp->w, 1, dy, rd ? 1 : 0, &sd, z, dh,
+						       h16, 1.0f, 0.0f)) ||
+		   (rc = h16 ? moe_cuda_swiglu_bwd16(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot)
+			     : moe_cuda_swiglu_bwd(dev, (size_t)rows, I, g, u, dh, dg, du, row_dot))) {
 		return rc;
+	}
 	/* X is read only by the dA reductions where Z is kept or no dB wants it: then they read the
 	 * layer's x through the permutation and xg is never gathered (keep's source); else gather it */
 	const moe_xg_src *xs = keep ? keep->xg_src : NULL;

@@ -528,10 +528,16 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 			for (int m = 0; m < CFG::MT; m++)
 				for (int j = 0; j < CFG::WN / 2; j++)
 					d[m][j] = 0.0f;
-		} else {
-			wg_mainloop<CFG>(d, a, sh, s, ph, aoff, boff, sh.turn + 8 * g, lane);
 		}
-		wg_tile tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
+		wg_tile tl;
+		if constexpr (wg_is_swb<OUT>::v) { /* g and u on their way to L2 while the products run */
+			tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
+			wg_swb_prefetch<CFG>(a, tl, roff, coff, tid);
+		}
+		if constexpr (CFG::DBG != WG_DBG_NOMMA)
+			wg_mainloop<CFG>(d, a, sh, s, ph, aoff, boff, sh.turn + 8 * g, lane);
+		if constexpr (!wg_is_swb<OUT>::v)
+			tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
 		/* WG_DBG_NOSTORE stores only under a NaN alpha, which no caller passes: the products stay
 		 * in the code (ptxas drops products whose results are never stored) and the time is theirs
 		 * and the loads' */
@@ -543,6 +549,8 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 				break; /* the whole warpgroup alike: no staging barrier is left half-passed */
 			if constexpr (CFG::MODE == WG_GU)
 				wg_put_gu<CFG>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane);
+			else if constexpr (wg_is_swb<OUT>::v)
+				wg_put_swb<CFG>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane);
 			else if (!a.beta)
 				wg_put<CFG, OUT>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane);
 			else
@@ -558,7 +566,7 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 /* Whether a kernel's consumers stage outputs: gate/up's g, u and h, or a bf16 C. */
 template <int MODE, typename OUT>
 struct wg_stg {
-	static constexpr int v = MODE == WG_GU || sizeof(OUT) == 2;
+	static constexpr int v = MODE == WG_GU || sizeof(OUT) == 2 || wg_is_swb<OUT>::v;
 };
 
 template <int BM, int BN, int MODE, int PP, typename OUT, int DBG, int TMA>
@@ -586,13 +594,23 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 	int ncol = (a.N + CFG::OBN - 1) / CFG::OBN;
 	long long total = (long long)min(sh.tile0[a.E], a.rt_bound) * ncol;
 	int g = threadIdx.x >> 7;
+	/* SwiGLU's backward in the epilogue holds its arithmetic beside the accumulators: at the even
+	 * share (168) a consumer of 256 columns spills ~1 KiB. The producers give registers up (72: at 56
+	 * the TMA producer spills; the cp.async form spills ~100 bytes at 72, and is not the default)
+	 * and the consumers take 216: 128 x 72 + 256 x 216 <= 64 Ki. */
+	constexpr bool regs = wg_is_swb<OUT>::v;
 	if (g == 0) {
+		if constexpr (regs)
+			wg_regs_dec<72>();
 		if constexpr (CFG::TMA)
 			wg_produce_tma<CFG>(a, sh, ncol, total);
 		else
 			wg_produce<CFG>(a, sh, ncol, total);
-	} else
+	} else {
+		if constexpr (regs)
+			wg_regs_inc<216>();
 		wg_consume<CFG, OUT>(a, sh, ncol, total, g - 1);
+	}
 #elif defined(__CUDA_ARCH__)
 	__trap(); /* the compute_90 PTX, JIT-compiled for a later GPU: no wgmma there (the host refuses it) */
 #endif
@@ -1072,6 +1090,7 @@ static int wg_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int r
 	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f, a.rt_bound = 0, a.nseg = nseg;
 	for (int q = 0; q < nseg; q++)
 		a.seg[q] = seg[q];
+	a.sg = a.su = NULL, a.sdg = a.sdu = NULL, a.sdot = NULL, a.parts = 0;
 	if (c_bf16)
 		return wg_dispatch<MODE, bf16>(dev, a, pl, rows_bound, hseg);
 	return wg_dispatch<MODE, float>(dev, a, pl, rows_bound, hseg);
@@ -1113,6 +1132,60 @@ extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K,
 	return wg_mm<WG_NK>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, seg, c, c_bf16, alpha, beta, pl);
 }
 
+/* row_dot[r] = the sum of row r's dot slots in slot order (moe_cuda_grouped_dh_swiglu_sm90). Rows
+ * outside every group get the sum of whatever their slots hold; no caller reads them. */
+__global__ void wg_dot_sum_kernel(int rows, int parts, const float *part, float *row_dot)
+{
+	pdl_enter();
+	for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
+		float v = 0.0f;
+		for (int j = 0; j < parts; j++)
+			v += part[(size_t)r * parts + j];
+		row_dot[r] = v;
+	}
+}
+
+extern "C" int moe_cuda_grouped_dh_swiglu_sm90(tier_dev *dev, int E, int I, int H, const int32_t *d_off,
+					       int rows_bound, const void *const *down, const void *dy, int nseg,
+					       const moe_wg_seg *seg, void *tab, const void *g, const void *u, void *dg,
+					       void *du, float *row_dot, float *dot_scratch)
+{
+	const char *fn = "moe_cuda_grouped_dh_swiglu_sm90";
+	wg_seg_dev sd[WG_SEGS];
+	wg_plan_t pl;
+	int rc = wg_check_dims(fn, dev, E, "I", I, "H", H, rows_bound, d_off);
+	if (rc || (rc = moe_check_table16(fn, "down", E, down)) || (rc = moe_check_buf16(fn, "dy", dy)) ||
+	    (rc = moe_check_buf16(fn, "g", g)) || (rc = moe_check_buf16(fn, "u", u)) || (rc = moe_check_buf16(fn, "dg", dg)) ||
+	    (rc = moe_check_buf16(fn, "du", du)) || (rc = wg_check_segs(fn, E, nseg, seg, tab)))
+		return rc;
+	MOE_NONNULL(row_dot, fn);
+	MOE_NONNULL(dot_scratch, fn);
+	if ((rc = wg_plan(fn, dev, E, I, H, rows_bound, 0, &pl)))
+		return rc;
+	if (rows_bound == 0)
+		return 0;
+	if ((rc = wg_put_tables(dev, E, nseg, seg, tab, sd)))
+		return rc;
+	wg_args<WG_KN> a; /* 8 KiB */
+	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
+		a.w[e] = e < E ? (const bf16 *)down[e] : NULL;
+	a.up[0] = NULL;
+	wg_no_maps(a);
+	a.off = d_off, a.x = (const bf16 *)dy, a.c = NULL, a.u = NULL, a.h = NULL, a.alpha = 1.0f, a.bmap = NULL;
+	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0, a.nseg = nseg;
+	for (int q = 0; q < nseg; q++)
+		a.seg[q] = sd[q];
+	a.sg = (const bf16 *)g, a.su = (const bf16 *)u, a.sdg = (bf16 *)dg, a.sdu = (bf16 *)du, a.sdot = dot_scratch;
+	a.parts = (I + WG_SWB_SLOT - 1) / WG_SWB_SLOT;
+	if ((rc = wg_dispatch<WG_KN, wg_swb>(dev, a, pl, rows_bound, seg)))
+		return rc;
+	int blocks = (rows_bound + 255) / 256;
+	tier_launch(wg_dot_sum_kernel, blocks < 1024 ? blocks : 1024, 256, 0, moe_stream(dev), rows_bound, a.parts,
+		    (const float *)dot_scratch, row_dot);
+	cudaError_t e = cudaGetLastError();
+	return e == cudaSuccess ? 0 : tier_fail(-EIO, "%s: the dot sum: %s", fn, cudaGetErrorString(e));
+}
+
 extern "C" int moe_cuda_grouped_gate_up_sm90(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
 					     const void *const *gate, const void *const *up, const void *x, void *g,
 					     void *u, void *h)
@@ -1147,6 +1220,7 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 	wg_no_maps(a);
 	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = (bf16 *)u, a.h = (bf16 *)h, a.alpha = 1.0f, a.bmap = NULL;
 	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0, a.nseg = nseg;
+	a.sg = a.su = NULL, a.sdg = a.sdu = NULL, a.sdot = NULL, a.parts = 0;
 	if (nseg && (rc = wg_put_tables(dev, E, nseg, lora, tab, sd)))
 		return rc;
 	if (nseg)

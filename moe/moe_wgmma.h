@@ -106,6 +106,22 @@ int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K, const int3
 				  const void *const *w, int w_kn, const void *x, int nseg, const moe_wg_seg *seg,
 				  void *tab, void *c, int c_bf16, float alpha, float beta);
 
+/* The experts' dh = dY down_e (+ the segments: dZ_d A_d) with SwiGLU's backward in the epilogue: for
+ * every row r of expert e, down_e bf16 [H, I] row-major (the [K, N] of the product, N = I, K = H),
+ *     dh[r, :] = bf16(dY[r, :] down_e + segments)   (never written)
+ *     dg[r, :], du[r, :] = SwiGLU's backward at g, u (bf16 [rows, I]) and dh, as
+ *                          moe_cuda_swiglu_bwd16 gives them (the same bits)
+ *     row_dot[r] = dh[r, :] . silu(g[r, :]) u[r, :]   (fp32; summed in another order than
+ *                          moe_cuda_swiglu_bwd16's, so equal to rounding)
+ * dot_scratch: rows_bound x ceil(I / 128) floats of device memory (per 128-column slot partial
+ * sums, added up in slot order by a second small kernel). One launch of the product and one of the
+ * sum; the rows kernel's pass over g, u and dh, and dh's write and read, are gone. dg, du must not
+ * overlap g, u; all bf16 arrays 16-byte aligned. Return values as below. */
+int moe_cuda_grouped_dh_swiglu_sm90(tier_dev *dev, int E, int I, int H, const int32_t *d_off, int rows_bound,
+				    const void *const *down, const void *dy, int nseg, const moe_wg_seg *seg, void *tab,
+				    const void *g, const void *u, void *dg, void *du, float *row_dot,
+				    float *dot_scratch);
+
 /* lora: NULL, or one segment (gate's half x0 W0, up's x1 W1). */
 int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, int I, const int32_t *d_off, int rows_bound,
 				       const void *const *gate, const void *const *up, const void *x,

@@ -61,7 +61,28 @@ struct wg_args {
 	const bf16 *up[MODE == WG_GU ? TIER_MOE_MAX_EXPERTS : 1]; /* gate/up: up_e */
 	int nseg;                /* extra K segments after the main one (0..WG_SEGS) */
 	wg_seg_dev seg[WG_SEGS]; /* their operands, with device tables of weights */
+	/* OUT wg_swb (the SwiGLU backward in the epilogue): g and u bf16 [rows, N] read, dg and du
+	 * written, and each row's dot of dh and silu(g) u by 128-column slots, dot[r parts + slot] */
+	const bf16 *sg, *su;
+	bf16 *sdg, *sdu;
+	float *sdot;
+	int parts;
 };
+
+/* The output type tag of the products whose epilogue is SwiGLU's backward: C = dh (bf16-rounded as
+ * a bf16 C would be) is not written; dg, du and the dot slots are (wg_put_swb). */
+struct wg_swb {
+	char unused;
+};
+template <typename OUT>
+struct wg_is_swb {
+	static constexpr bool v = false;
+};
+template <>
+struct wg_is_swb<wg_swb> {
+	static constexpr bool v = true;
+};
+#define WG_SWB_SLOT 128 /* the columns of a dot slot */
 
 /* A tile of BM x BN: the bytes of a stage, the ring depth that fits, the columns WN of each
  * consumer warpgroup, its 64-row blocks MT and the output columns OBN of a tile.

@@ -5,6 +5,7 @@
 #define TIER_MOE_WGMMA_STORE_CUH
 
 #include "moe/moe_wgmma_ptx.cuh"
+#include "moe/moe_swiglu.cuh"
 
 #ifdef WG_SM90A
 /* The m64nNk16 f32 accumulator: thread (warp w, lane l) of the warpgroup holds rows 16 w + l / 4
@@ -159,6 +160,122 @@ __device__ __forceinline__ void wg_put_gu(float (&d)[CFG::WN / 2], const typenam
 	wg_put_cols<bf16, 0, CFG::WN / 2>(st, (bf16 *)a.c, a.N, row0, rend, col0, g, warp, lane, gv);
 	wg_put_cols<bf16, 0, CFG::WN / 2>(st, a.u, a.N, row0, rend, col0, g, warp, lane, uv);
 	wg_put_cols<bf16, 0, CFG::WN / 2>(st, a.h, a.N, row0, rend, col0, g, warp, lane, hv);
+}
+
+/* ---- SwiGLU's backward in the epilogue (OUT wg_swb: the experts' dh = dY down_e, moe_wgmma.h's
+ * moe_cuda_grouped_dh_swiglu_sm90) ----
+ * dh goes through the staging as a bf16 C would (the same rounding), and each 16-byte piece of it
+ * is met there by the same piece of g and u: dg, du written, and the piece's share of the row's dot
+ * of dh and silu(g) u summed per thread over the chunks of a 128-column slot, then over the slot's
+ * 8 threads of the row (a fixed order: the sums do not depend on the tile shape), one float per row
+ * and slot. dh itself is never written: the elementwise kernel after the product read it back. */
+
+/* g and u of the consumer's rows and columns toward L2 at the tile's start: the epilogue's loads
+ * then wait on L2, not on HBM. */
+template <class CFG>
+__device__ __forceinline__ void wg_swb_prefetch(const typename CFG::args &a, const wg_tile &tl, int roff, int coff,
+						int tid)
+{
+	constexpr int LPR = CFG::WN / 64, ROWS = 64 * CFG::MT; /* 128-byte lines of a row of one array */
+	for (int L = tid; L < 2 * ROWS * LPR; L += 128) {
+		int rest = L % (ROWS * LPR), r = tl.row0 + roff + rest / LPR, c = tl.col0 + coff + 64 * (rest % LPR);
+		if (r < tl.rend && c < a.N) {
+			const bf16 *p = (L < ROWS * LPR ? a.sg : a.su) + (size_t)r * a.N + c;
+			asm volatile("prefetch.L2 [%0];\n" ::"l"(p)); /* generic address */
+		}
+	}
+}
+
+/* The slot's dot of the thread's four rows (16 warp + lane / 8 + 16 j... as the copies' pieces):
+ * summed over the row's 8 threads, written by the first, reset. */
+template <class ARGS>
+__device__ __forceinline__ void wg_swb_flush(const ARGS &a, int row0, int rend, int slot, int warp, int lane,
+					     float (&dot)[4])
+{
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		float v = dot[j];
+		v += __shfl_xor_sync(0xffffffffu, v, 1);
+		v += __shfl_xor_sync(0xffffffffu, v, 2);
+		v += __shfl_xor_sync(0xffffffffu, v, 4);
+		int row = (32 * warp + lane) / 8 + 16 * j;
+		if ((lane & 7) == 0 && row0 + row < rend)
+			a.sdot[(size_t)(row0 + row) * a.parts + slot] = v;
+		dot[j] = 0.0f;
+	}
+}
+
+/* pieces whose g and u are loaded together: 2 leaves no spill in the TMA kernels (at setmaxnreg's
+ * 216), 4 spills in the ping-pong ones */
+#define SWB_PAIR 2
+/* One 64-column chunk from C0: dh staged (as wg_put_chunk), then each thread's four pieces, SWB_PAIR
+ * at a time: g and u of those loaded first, dg and du out (all four at once spill beside the
+ * accumulators a thread still holds for the later chunks). */
+template <int C0, class ARGS, class VAL>
+__device__ __forceinline__ void wg_swb_chunk(unsigned char *stage, const ARGS &a, int row0, int rend, int col0, int g,
+					     int warp, int lane, VAL val, float (&dot)[4])
+{
+	wg_wg_sync(g); /* the last chunk's reads of the staging are done */
+#pragma unroll
+	for (int qq = 0; qq < 8; qq++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			int row = 16 * warp + (lane >> 2) + 8 * h, col = 8 * qq + 2 * (lane & 3);
+			moe_set2((bf16 *)(stage + row * WG_OUT_ROW + col * 2), val(C0 / 8 + qq, h, 0), val(C0 / 8 + qq, h, 1));
+		}
+	wg_wg_sync(g);
+	int tid = 32 * warp + lane, k = tid & 7, col = col0 + C0 + 8 * k;
+#pragma unroll
+	for (int j0 = 0; j0 < 4; j0 += SWB_PAIR) {
+		uint4 gv[SWB_PAIR], uv[SWB_PAIR];
+#pragma unroll
+		for (int i = 0; i < SWB_PAIR; i++) {
+			int row = (tid >> 3) + 16 * (j0 + i);
+			if (row0 + row < rend && col < a.N) { /* N % 8 == 0: a piece is all in or all out */
+				size_t o = (size_t)(row0 + row) * a.N + col;
+				gv[i] = *(const uint4 *)(a.sg + o), uv[i] = *(const uint4 *)(a.su + o);
+			}
+		}
+#pragma unroll
+		for (int i = 0; i < SWB_PAIR; i++) {
+			int row = (tid >> 3) + 16 * (j0 + i);
+			if (!(row0 + row < rend && col < a.N))
+				continue;
+			size_t o = (size_t)(row0 + row) * a.N + col;
+			float dv[8];
+			uint4 og, ou;
+			bf16x8_to_f32(*(const uint4 *)(stage + row * WG_OUT_ROW + 16 * k), dv);
+			dot[j0 + i] += swiglu_bwd8<true>(gv[i], uv[i], dv, og, ou);
+			*(uint4 *)(a.sdg + o) = og;
+			*(uint4 *)(a.sdu + o) = ou;
+		}
+	}
+}
+
+/* The chunks C0, C0 + 64, ... < COLS; a slot's dot flushed after its last chunk, or where the
+ * columns end. col0 is a multiple of the slot (tiles and consumers split columns by 128 or 256). */
+template <int C0, int COLS, class ARGS, class VAL>
+__device__ __forceinline__ void wg_swb_cols(unsigned char *stage, const ARGS &a, int row0, int rend, int col0, int g,
+					    int warp, int lane, VAL val, float (&dot)[4])
+{
+	if constexpr (C0 < COLS) {
+		if (col0 + C0 >= a.N)
+			return; /* the same for the whole warpgroup */
+		wg_swb_chunk<C0>(stage, a, row0, rend, col0, g, warp, lane, val, dot);
+		if ((C0 + 64) % WG_SWB_SLOT == 0 || col0 + C0 + 64 >= a.N)
+			wg_swb_flush(a, row0, rend, (col0 + C0) / WG_SWB_SLOT, warp, lane, dot);
+		wg_swb_cols<C0 + 64, COLS>(stage, a, row0, rend, col0, g, warp, lane, val, dot);
+	}
+}
+
+template <class CFG>
+__device__ __forceinline__ void wg_put_swb(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_shared &sh,
+					   int row0, int rend, int col0, int g, int warp, int lane)
+{
+	static_assert(CFG::WN % WG_SWB_SLOT == 0, "a consumer's columns are whole slots");
+	float alpha = a.alpha, dot[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+	auto val = [&](int q, int h, int b) { return alpha * d[4 * q + 2 * h + b]; };
+	wg_swb_cols<0, CFG::WN>(sh.out + g * WG_OUT_BYTES, a, row0, rend, col0, g, warp, lane, val, dot);
 }
 #endif /* WG_SM90A */
 #endif
