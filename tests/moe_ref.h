@@ -120,6 +120,45 @@ static inline int ref_gpu_open(const char *name, tier_dev **gpu)
 	return 0;
 }
 
+/* ---- the CUDA tests' fixture ----
+ * A test that defines REF_GPU_TEST (its name) before including this header (after cmocka.h) has a
+ * CPU device (cpu), the GPU (gpu) and a generator (rng): main returns ref_gpu_run(tests, n,
+ * supported), which opens the GPU, skips (77) where supported (if not NULL) says no, and runs the
+ * group with cpu opened and rng seeded (TIER_TEST_SEED repeats a run). */
+#ifdef REF_GPU_TEST
+static tier_dev *cpu, *gpu;
+static tier_rng rng;
+
+static int ref_gpu_setup(void **state)
+{
+	(void)state;
+	tier_rng_seed(&rng, ref_seed(REF_GPU_TEST));
+	return tier_dev_open(&cpu, TIER_DEV_CPU, 0);
+}
+
+static int ref_gpu_teardown(void **state)
+{
+	(void)state;
+	tier_dev_close(cpu);
+	return 0;
+}
+
+static int ref_gpu_run(const struct CMUnitTest *tests, size_t n, int (*supported)(tier_dev *))
+{
+	int rc = ref_gpu_open(REF_GPU_TEST, &gpu);
+	if (rc)
+		return rc;
+	if (supported && !supported(gpu)) {
+		fprintf(stderr, "# %s: %s is not a compute capability 9.0 GPU, skipped\n", REF_GPU_TEST, tier_dev_name(gpu));
+		tier_dev_close(gpu);
+		return 77;
+	}
+	rc = _cmocka_run_group_tests(REF_GPU_TEST, tests, n, ref_gpu_setup, ref_gpu_teardown);
+	tier_dev_close(gpu);
+	return rc;
+}
+#endif
+
 /* Per-expert arrays: E buffers of n random floats, their fp64 copies, and freeing either kind. */
 static inline float **ref_arr(tier_rng *r, int E, size_t n, float scale)
 {

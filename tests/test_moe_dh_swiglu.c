@@ -15,13 +15,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <cmocka.h>
+#ifdef TIER_HAVE_CUDA
+#define REF_GPU_TEST "test_moe_dh_swiglu"
+#endif
 #include "moe_ref.h"
 #ifdef TIER_HAVE_CUDA
 #include "moe/moe_cuda.h"
 #include "moe/moe_wgmma.h"
-
-static tier_dev *cpu, *gpu;
-static tier_rng rng;
 
 static void *dev_bf16(size_t n, float scale, float *keep)
 {
@@ -256,41 +256,17 @@ static void test_bad_input(void **state)
 	prob_free(&p);
 }
 
-static int setup(void **state)
-{
-	(void)state;
-	tier_rng_seed(&rng, ref_seed("test_moe_dh_swiglu"));
-	return tier_dev_open(&cpu, TIER_DEV_CPU, 0);
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	tier_dev_close(cpu);
-	return 0;
-}
 #endif
 
 int main(void)
 {
 #ifdef TIER_HAVE_CUDA
-	int rc = ref_gpu_open("test_moe_dh_swiglu", &gpu);
-	if (rc)
-		return rc;
-	if (!moe_cuda_wgmma_supported(gpu)) {
-		fprintf(stderr, "# test_moe_dh_swiglu: %s is not a compute capability 9.0 GPU, skipped\n",
-			tier_dev_name(gpu));
-		tier_dev_close(gpu);
-		return 77;
-	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_shapes),
 		cmocka_unit_test(test_trainer_shape),
 		cmocka_unit_test(test_bad_input),
 	};
-	rc = cmocka_run_group_tests(tests, setup, teardown);
-	tier_dev_close(gpu);
-	return rc;
+	return ref_gpu_run(tests, sizeof tests / sizeof tests[0], moe_cuda_wgmma_supported);
 #else
 	fprintf(stderr, "# test_moe_dh_swiglu: built without CUDA, skipped\n");
 	return 77;

@@ -11,6 +11,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <cmocka.h>
+#ifdef TIER_HAVE_CUDA
+#define REF_GPU_TEST "test_moe_wgmma"
+#endif
 #include "moe_ref.h"
 #ifdef TIER_HAVE_CUDA
 #include "moe/moe_wgmma.h"
@@ -19,9 +22,6 @@
  * far below 1e-3 of the largest output. bf16 C adds one rounding (2^-9 relative). */
 #define F32_TOL 1e-3
 #define BF16_TOL 1e-2
-
-static tier_dev *cpu, *gpu;
-static tier_rng rng;
 
 static float rnd_bf16(float scale) { return ref_rnd_bf16(&rng, scale); }
 
@@ -771,32 +771,11 @@ static void test_bad_input(void **state)
 	assert_int_equal(moe_cuda_wgmma_supported(NULL), 0);
 }
 
-static int setup(void **state)
-{
-	(void)state;
-	tier_rng_seed(&rng, ref_seed("test_moe_wgmma"));
-	return tier_dev_open(&cpu, TIER_DEV_CPU, 0);
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	tier_dev_close(cpu);
-	return 0;
-}
 #endif
 
 int main(void)
 {
 #ifdef TIER_HAVE_CUDA
-	int rc = ref_gpu_open("test_moe_wgmma", &gpu);
-	if (rc)
-		return rc;
-	if (!moe_cuda_wgmma_supported(gpu)) {
-		fprintf(stderr, "# test_moe_wgmma: %s is not a compute capability 9.0 GPU, skipped\n", tier_dev_name(gpu));
-		tier_dev_close(gpu);
-		return 77;
-	}
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_small),
 		cmocka_unit_test(test_many),
@@ -812,9 +791,7 @@ int main(void)
 		cmocka_unit_test(test_gate_up_edges),
 		cmocka_unit_test(test_bad_input),
 	};
-	rc = cmocka_run_group_tests(tests, setup, teardown);
-	tier_dev_close(gpu);
-	return rc;
+	return ref_gpu_run(tests, sizeof tests / sizeof tests[0], moe_cuda_wgmma_supported);
 #else
 	fprintf(stderr, "# test_moe_wgmma: built without CUDA, skipped\n");
 	return 77;
