@@ -1132,11 +1132,12 @@ extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K,
 	return wg_mm<WG_NK>(dev, E, N, K, d_off, rows_bound, w, x, nseg, sd, seg, c, c_bf16, alpha, beta, pl);
 }
 
-/* row_dot[r] = the sum of row r's dot slots in slot order (moe_cuda_grouped_dh_swiglu_sm90). Rows
- * outside every group get the sum of whatever their slots hold; no caller reads them. */
-__global__ void wg_dot_sum_kernel(int rows, int parts, const float *part, float *row_dot)
+/* row_dot[r] = the sum of row r's dot slots in slot order (moe_cuda_grouped_dh_swiglu_sm90), for
+ * the rows of the groups: below *end (offsets[E]) and rows_bound; the rest untouched. */
+__global__ void wg_dot_sum_kernel(int rows_bound, const int32_t *end, int parts, const float *part, float *row_dot)
 {
 	pdl_enter();
+	int rows = min(rows_bound, *end);
 	for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += gridDim.x * blockDim.x) {
 		float v = 0.0f;
 		for (int j = 0; j < parts; j++)
@@ -1180,8 +1181,8 @@ extern "C" int moe_cuda_grouped_dh_swiglu_sm90(tier_dev *dev, int E, int I, int 
 	if ((rc = wg_dispatch<WG_KN, wg_swb>(dev, a, pl, rows_bound, seg)))
 		return rc;
 	int blocks = (rows_bound + 255) / 256;
-	tier_launch(wg_dot_sum_kernel, blocks < 1024 ? blocks : 1024, 256, 0, moe_stream(dev), rows_bound, a.parts,
-		    (const float *)dot_scratch, row_dot);
+	tier_launch(wg_dot_sum_kernel, blocks < 1024 ? blocks : 1024, 256, 0, moe_stream(dev), rows_bound, d_off + E,
+		    a.parts, (const float *)dot_scratch, row_dot);
 	cudaError_t e = cudaGetLastError();
 	return e == cudaSuccess ? 0 : tier_fail(-EIO, "%s: the dot sum: %s", fn, cudaGetErrorString(e));
 }

@@ -114,7 +114,8 @@ int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K, const int3
  *     row_dot[r] = dh[r, :] . silu(g[r, :]) u[r, :]   (fp32; summed in another order than
  *                          moe_cuda_swiglu_bwd16's, so equal to rounding)
  * dot_scratch: rows_bound x ceil(I / 128) floats of device memory (per 128-column slot partial
- * sums, added up in slot order by a second small kernel). One launch of the product and one of the
+ * sums, added up in slot order by a second small kernel). Rows outside the groups are untouched in
+ * dg, du and row_dot. One launch of the product and one of the
  * sum; the rows kernel's pass over g, u and dh, and dh's write and read, are gone. dg, du must not
  * overlap g, u; all bf16 arrays 16-byte aligned. Return values as below. */
 int moe_cuda_grouped_dh_swiglu_sm90(tier_dev *dev, int E, int I, int H, const int32_t *d_off, int rows_bound,

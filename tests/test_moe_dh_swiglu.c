@@ -119,7 +119,7 @@ static void run_one(const dprob *p, const char *what)
 	size_t parts = (size_t)(p->I + 127) / 128;
 	void *dg1 = dev_poison(all), *du1 = dev_poison(all), *dot1 = dev_poison(4 * rb + 4);
 	void *scratch = dev_poison(4 * rb * parts + 4);
-	assert_int_equal(moe_cuda_grouped_dh_swiglu_sm90(gpu, p->E, p->I, p->H, p->doff, p->rows,
+	assert_int_equal(moe_cuda_grouped_dh_swiglu_sm90(gpu, p->E, p->I, p->H, p->doff, p->rb,
 							 (const void *const *)p->down, p->dy, nseg, &seg, p->tab, p->g, p->u,
 							 dg1, du1, (float *)dot1, (float *)scratch),
 			 0);
@@ -158,6 +158,11 @@ static void run_one(const dprob *p, const char *what)
 			fprintf(stderr, "# %s: row %d dot %.9g (two steps %.9g), fp64 %.9g, tolerance %.3g\n", what, r,
 				(double)d1[r], (double)d0[r], s, tol);
 		assert_true(fabs(d1[r] - s) <= tol);
+	}
+	for (int r = p->rows; r < p->rb; r++) { /* past the groups: the poison */
+		uint32_t bits;
+		memcpy(&bits, &d1[r], 4);
+		assert_int_equal(bits, 0xffffffffu);
 	}
 	void *f[] = { dh, dg0, du0, dot0, dg1, du1, dot1, scratch };
 	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
