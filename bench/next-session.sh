@@ -43,7 +43,8 @@
 # 26's defaults as the peer, the gate in one call, then the attention and golden tests:
 #   TESTS=" " VARIANTS="TIER_PDL=0 TIER_ATTN_FWD=wg;" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
-#   for t in test_attn_cuda test_golden_cuda; do .device/bin/tests/$t; done
+#   for t in test_attn_cuda test_golden_cuda test_moe_dh_swiglu; do .device/bin/tests/$t; done
+# (test_moe_dh_swiglu: 7ba616c's row bound on the dot sum has not run on a GPU)
 # then (a second call) STAGES=b with B_ARGS="--hbm max" ((b)'s own job without the cap: what the
 # cap costs) and STAGES=moe (issue 4's set on the H200, with the gate-up-mm row).
 # (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)
