@@ -1075,6 +1075,23 @@ static void wg_no_maps(wg_args<MODE> &a)
 		a.smap[q] = -1;
 }
 
+/* The fields every product sets alike: W_e (gate/up: gate_e; up_e is the caller's), the operands,
+ * the extra segments' device form, no maps yet (wg_tma_maps writes them) and no SwiGLU epilogue. */
+template <int MODE>
+static void wg_args_base(wg_args<MODE> &a, int E, int N, int K, const void *const *w, const int32_t *d_off,
+			 const void *x, void *c, float alpha, int beta, int nseg, const wg_seg_dev *seg)
+{
+	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
+		a.w[e] = e < E ? (const bf16 *)w[e] : NULL;
+	a.up[0] = NULL;
+	wg_no_maps(a);
+	a.off = d_off, a.x = (const bf16 *)x, a.c = c, a.u = NULL, a.h = NULL, a.alpha = alpha, a.bmap = NULL;
+	a.E = E, a.N = N, a.K = K, a.beta = beta, a.rt_bound = 0, a.nseg = nseg;
+	for (int q = 0; q < nseg; q++)
+		a.seg[q] = seg[q];
+	a.sg = a.su = NULL, a.sdg = a.sdu = NULL, a.sdot = NULL, a.parts = 0;
+}
+
 /* The product in W_e's layout MODE (WG_NK or WG_KN), its arguments checked. */
 template <int MODE>
 static int wg_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound, const void *const *w,
@@ -1082,15 +1099,7 @@ static int wg_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int r
 		 float beta, const wg_plan_t &pl)
 {
 	wg_args<MODE> a; /* 8 KiB */
-	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
-		a.w[e] = e < E ? (const bf16 *)w[e] : NULL;
-	a.up[0] = NULL;
-	wg_no_maps(a);
-	a.off = d_off, a.x = (const bf16 *)x, a.c = c, a.u = NULL, a.h = NULL, a.alpha = alpha, a.bmap = NULL;
-	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f, a.rt_bound = 0, a.nseg = nseg;
-	for (int q = 0; q < nseg; q++)
-		a.seg[q] = seg[q];
-	a.sg = a.su = NULL, a.sdg = a.sdu = NULL, a.sdot = NULL, a.parts = 0;
+	wg_args_base(a, E, N, K, w, d_off, x, c, alpha, beta != 0.0f, nseg, seg);
 	if (c_bf16)
 		return wg_dispatch<MODE, bf16>(dev, a, pl, rows_bound, hseg);
 	return wg_dispatch<MODE, float>(dev, a, pl, rows_bound, hseg);
@@ -1168,14 +1177,7 @@ extern "C" int moe_cuda_grouped_dh_swiglu_sm90(tier_dev *dev, int E, int I, int 
 	if ((rc = wg_put_tables(dev, E, nseg, seg, tab, sd)))
 		return rc;
 	wg_args<WG_KN> a; /* 8 KiB */
-	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
-		a.w[e] = e < E ? (const bf16 *)down[e] : NULL;
-	a.up[0] = NULL;
-	wg_no_maps(a);
-	a.off = d_off, a.x = (const bf16 *)dy, a.c = NULL, a.u = NULL, a.h = NULL, a.alpha = 1.0f, a.bmap = NULL;
-	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0, a.nseg = nseg;
-	for (int q = 0; q < nseg; q++)
-		a.seg[q] = sd[q];
+	wg_args_base(a, E, I, H, down, d_off, dy, NULL, 1.0f, 0, nseg, sd);
 	a.sg = (const bf16 *)g, a.su = (const bf16 *)u, a.sdg = (bf16 *)dg, a.sdu = (bf16 *)du, a.sdot = dot_scratch;
 	a.parts = (I + WG_SWB_SLOT - 1) / WG_SWB_SLOT;
 	if ((rc = wg_dispatch<WG_KN, wg_swb>(dev, a, pl, rows_bound, seg)))
@@ -1213,18 +1215,12 @@ extern "C" int moe_cuda_grouped_gate_up_sm90_lora(tier_dev *dev, int E, int H, i
 		return rc;
 	if (rows_bound == 0)
 		return 0;
-	wg_args<WG_GU> a; /* 16 KiB */
-	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++) {
-		a.w[e] = e < E ? (const bf16 *)gate[e] : NULL;
-		a.up[e] = e < E ? (const bf16 *)up[e] : NULL;
-	}
-	wg_no_maps(a);
-	a.off = d_off, a.x = (const bf16 *)x, a.c = g, a.u = (bf16 *)u, a.h = (bf16 *)h, a.alpha = 1.0f, a.bmap = NULL;
-	a.E = E, a.N = I, a.K = H, a.beta = 0, a.rt_bound = 0, a.nseg = nseg;
-	a.sg = a.su = NULL, a.sdg = a.sdu = NULL, a.sdot = NULL, a.parts = 0;
 	if (nseg && (rc = wg_put_tables(dev, E, nseg, lora, tab, sd)))
 		return rc;
-	if (nseg)
-		a.seg[0] = sd[0];
+	wg_args<WG_GU> a; /* 16 KiB */
+	wg_args_base(a, E, I, H, gate, d_off, x, g, 1.0f, 0, nseg, sd);
+	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
+		a.up[e] = e < E ? (const bf16 *)up[e] : NULL;
+	a.u = (bf16 *)u, a.h = (bf16 *)h;
 	return wg_dispatch<WG_GU, bf16>(dev, a, pl, rows_bound, lora);
 }

@@ -18,6 +18,13 @@ static inline uint64_t ref_seed(const char *what)
 	return test_seed(what, (uint64_t)(uintptr_t)what);
 }
 
+/* A fixture's start: r seeded for the test name (TIER_TEST_SEED repeats a run), a CPU device in *d. */
+static inline int ref_seed_cpu(tier_rng *r, const char *name, tier_dev **d)
+{
+	tier_rng_seed(r, ref_seed(name));
+	return tier_dev_open(d, TIER_DEV_CPU, 0);
+}
+
 static inline void ref_fill(tier_rng *r, float *a, size_t n, float scale)
 {
 	for (size_t i = 0; i < n; i++)
@@ -45,8 +52,7 @@ static tier_rng rng;
 static int ref_setup(void **state)
 {
 	(void)state;
-	tier_rng_seed(&rng, ref_seed(REF_CPU_TEST));
-	return tier_dev_open(&dev, TIER_DEV_CPU, 0);
+	return ref_seed_cpu(&rng, REF_CPU_TEST, &dev);
 }
 
 static int ref_teardown(void **state)
@@ -132,8 +138,7 @@ static tier_rng rng;
 static int ref_gpu_setup(void **state)
 {
 	(void)state;
-	tier_rng_seed(&rng, ref_seed(REF_GPU_TEST));
-	return tier_dev_open(&cpu, TIER_DEV_CPU, 0);
+	return ref_seed_cpu(&rng, REF_GPU_TEST, &cpu);
 }
 
 static int ref_gpu_teardown(void **state)
