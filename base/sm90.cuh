@@ -99,6 +99,51 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, i
 		     : "memory");
 }
 
+/* The same box into the same offset of the shared memory of each CTA of the cluster in mask (bit r:
+ * rank r), each of those CTAs' barrier at offset bar completing the bytes it received. */
+__device__ __forceinline__ void tma_load_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar,
+					    uint16_t mask)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+		     " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+		     : "memory");
+}
+
+/* ---- thread block clusters ---- */
+__device__ __forceinline__ uint32_t cluster_rank(void)
+{
+	uint32_t r;
+	asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+	return r;
+}
+/* the cluster's index in the grid (x) and the grid's clusters (x) */
+__device__ __forceinline__ uint32_t cluster_id_x(void)
+{
+	uint32_t r;
+	asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+	return r;
+}
+__device__ __forceinline__ uint32_t cluster_count_x(void)
+{
+	uint32_t r;
+	asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+	return r;
+}
+/* Every thread of every CTA of the cluster meets here; what each wrote before is visible to all after
+ * (shared memory, mbarrier initialisation included). */
+__device__ __forceinline__ void cluster_sync(void)
+{
+	asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+/* One arrival on the barrier at shared offset b of the cluster's CTA rank. */
+__device__ __forceinline__ void bar_arrive_cluster(uint32_t b, uint32_t rank)
+{
+	asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+		     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(b),
+		     "r"(rank)
+		     : "memory");
+}
+
 /* The same for a 3-D map (base_tmap_bf16_seq): column c0, row c1 of sequence c2. */
 __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar)
 {

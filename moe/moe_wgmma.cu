@@ -106,6 +106,30 @@ __device__ __forceinline__ wg_tile wg_find(const wg_shared &sh, int E, long long
 	return tl;
 }
 
+/* The CTA's share of the schedule: its first tile and the step to its next (the grid's CTAs, or with
+ * CTA pairs the grid's clusters, each pair's CTAs taking the same tiles). */
+template <class CFG>
+__device__ __forceinline__ long long wg_first_tile(void)
+{
+	return CFG::CL == 1 ? (long long)blockIdx.x : (long long)cluster_id_x();
+}
+template <class CFG>
+__device__ __forceinline__ long long wg_tile_step(void)
+{
+	return CFG::CL == 1 ? (long long)gridDim.x : (long long)cluster_count_x();
+}
+
+/* Tile t as this CTA computes it: a pair's tile is CL BM rows (the table counts tiles of that
+ * height), of which the CTA of rank r takes BM from row r BM. */
+template <class CFG>
+__device__ __forceinline__ wg_tile wg_find_own(const wg_shared &sh, int E, long long t, int ncol)
+{
+	wg_tile tl = wg_find<CFG::BM * CFG::CL, CFG::OBN>(sh, E, t, ncol);
+	if constexpr (CFG::CL > 1)
+		tl.row0 += (int)cluster_rank() * CFG::BM;
+	return tl;
+}
+
 template <class CFG>
 __device__ __forceinline__ wg_shared wg_carve(unsigned char *smem)
 {
@@ -292,8 +316,8 @@ __device__ static void wg_produce(const typename CFG::args &a, const wg_shared &
 	wg_lane ln = wg_lane_of(threadIdx.x);
 	int s = 0;
 	uint32_t ph = 0;
-	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
-		wg_tile tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
+	for (long long t = wg_first_tile<CFG>(); t < total; t += wg_tile_step<CFG>()) {
+		wg_tile tl = wg_find_own<CFG>(sh, a.E, t, ncol);
 		wg_load_main<CFG>(a, sh, tl, ln, s, ph);
 		for (int q = 0; q < a.nseg; q++)
 			wg_load_seg<CFG>(a, a.seg[q], sh, tl, ln, s, ph);
@@ -303,11 +327,21 @@ __device__ static void wg_produce(const typename CFG::args &a, const wg_shared &
 
 /* ---- the TMA producer (CFG::TMA) ---- */
 /* B's boxes of one stage from map m: W_e [N, K] (or a segment's [N, K0]) the BN x 64 box at (k0,
- * col0); W_e [K, N] BN / 64 boxes of 64 k x 64 columns, one MN-major block each. */
+ * col0); W_e [K, N] BN / 64 boxes of 64 k x 64 columns, one MN-major block each. With CTA pairs
+ * each CTA loads half of them (W_e [N, K]: the map's boxes are BN / 2 rows), multicast to both. */
 template <class CFG>
 __device__ __forceinline__ void wg_tma_b(uint32_t sb, const CUtensorMap *m, int k0, int col0, uint32_t fb)
 {
-	if constexpr (CFG::MODE == WG_KN) {
+	if constexpr (CFG::CL == 2) {
+		int r = (int)cluster_rank();
+		if constexpr (CFG::MODE == WG_KN) {
+#pragma unroll
+			for (int b = r; b < CFG::BN / 64; b += 2)
+				tma_load_mc(sb + b * WG_MN_BLOCK, m, col0 + 64 * b, k0, fb, 3);
+		} else {
+			tma_load_mc(sb + r * (CFG::BN / 2) * WG_ROW, m, k0, col0 + r * (CFG::BN / 2), fb, 3);
+		}
+	} else if constexpr (CFG::MODE == WG_KN) {
 #pragma unroll
 		for (int b = 0; b < CFG::BN / 64; b++)
 			tma_load(sb + b * WG_MN_BLOCK, m, col0 + 64 * b, k0, fb);
@@ -332,8 +366,14 @@ __device__ static void wg_tma_stages(const CUtensorMap *am, const CUtensorMap *b
 		} else if constexpr (CFG::MODE == WG_GU) {
 			bar_expect_tx(fb, CFG::STAGE);
 			tma_load(sa, am, k0, tl.row0, fb);
-			tma_load(sb, bm, k0, tl.col0, fb);
-			tma_load(sb + CFG::BN / 2 * WG_ROW, um, k0, tl.col0, fb);
+			if (CFG::CL == 1) {
+				tma_load(sb, bm, k0, tl.col0, fb);
+				tma_load(sb + CFG::BN / 2 * WG_ROW, um, k0, tl.col0, fb);
+			} else if (cluster_rank() == 0) { /* gate_e's box to both CTAs, up_e's from the other */
+				tma_load_mc(sb, bm, k0, tl.col0, fb, 3);
+			} else {
+				tma_load_mc(sb + CFG::BN / 2 * WG_ROW, um, k0, tl.col0, fb, 3);
+			}
 		} else {
 			bar_expect_tx(fb, CFG::STAGE);
 			tma_load(sa, am, k0, tl.row0, fb);
@@ -374,14 +414,15 @@ __device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shar
 	int tid = threadIdx.x, s = 0, cur = -1, next = -1;
 	uint32_t ph = 0;
 	wg_lane ln = wg_lane_of(tid);
-	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
-		wg_tile tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
+	long long step = wg_tile_step<CFG>();
+	for (long long t = wg_first_tile<CFG>(); t < total; t += step) {
+		wg_tile tl = wg_find_own<CFG>(sh, a.E, t, ncol);
 		if (tid == 0) {
 			if (tl.e != cur && tl.e != next) /* the CTA's first tile: no lookahead acquired it */
 				wg_maps_acquire<CFG>(a, tl.e, false);
 			cur = tl.e;
-			if (t + gridDim.x < total) { /* the next tile's maps, while this one loads */
-				int e = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t + gridDim.x, ncol).e;
+			if (t + step < total) { /* the next tile's maps, while this one loads */
+				int e = wg_find_own<CFG>(sh, a.E, t + step, ncol).e;
 				if (e != cur && e != next)
 					wg_maps_acquire<CFG>(a, e, true);
 				next = e;
@@ -409,11 +450,16 @@ __device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shar
 
 /* ---- the consumers: warpgroups 1 and 2 ---- */
 /* One arrival per consumer warp: wgmma.wait_group is warp-synchronous, so lane 0 past it means the
- * warp's products that read the stage are complete. */
+ * warp's products that read the stage are complete. With CTA pairs on the other CTA's barrier too
+ * (its producer's half of B comes into this CTA's stage). */
+template <class CFG>
 __device__ __forceinline__ void wg_release(const wg_shared &sh, int s, int lane)
 {
-	if (lane == 0)
-		bar_arrive(sh.empty + 8 * s);
+	if (lane != 0)
+		return;
+	if constexpr (CFG::CL == 2)
+		bar_arrive_cluster(sh.empty + 8 * s, cluster_rank() ^ 1u);
+	bar_arrive(sh.empty + 8 * s);
 }
 
 /* The ring stages of one tile: its main segment's and each extra segment's. */
@@ -460,7 +506,7 @@ __device__ __forceinline__ void wg_mainloop(float (&d)[CFG::MT][CFG::WN / 2], co
 			wgmma_commit();
 			if (!first) {
 				wgmma_wait<1>();
-				wg_release(sh, prev, lane);
+				wg_release<CFG>(sh, prev, lane);
 			}
 #pragma unroll
 			for (int m = 0; m < CFG::MT; m++)
@@ -476,7 +522,7 @@ __device__ __forceinline__ void wg_mainloop(float (&d)[CFG::MT][CFG::WN / 2], co
 #pragma unroll
 	for (int m = 0; m < CFG::MT; m++)
 		acc_fence(d[m]);
-	wg_release(sh, prev, lane);
+	wg_release<CFG>(sh, prev, lane);
 }
 
 /* WG_DBG_NOMMA's mainloop: every stage of the tile handed back as soon as it is full. */
@@ -487,7 +533,7 @@ __device__ __forceinline__ void wg_drain(const typename CFG::args &a, const wg_s
 	for (int n = wg_tile_stages(a.K, a.nseg, a.seg); n > 0; n--) {
 		bar_wait(sh.full + 8 * s, ph);
 		__syncwarp();
-		wg_release(sh, s, lane);
+		wg_release<CFG>(sh, s, lane);
 		wg_ring_next(s, ph, CFG::STAGES);
 	}
 	if (CFG::PP && lane == 0)
@@ -510,7 +556,7 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 	uint32_t boff = CFG::A_BYTES + (!CFG::PP && CFG::BM == 64 ? CFG::WN * WG_ROW * g : 0);
 	int roff = !CFG::PP && CFG::BM == 128 ? 64 * g : 0;
 	int coff = !CFG::PP && CFG::BM == 64 ? (CFG::MODE == WG_GU ? CFG::WN / 2 : CFG::WN) * g : 0;
-	long long t = blockIdx.x, step = gridDim.x;
+	long long t = wg_first_tile<CFG>(), step = wg_tile_step<CFG>();
 	uint32_t tph = 0; /* the parity of the other's next turn */
 	if (CFG::PP) {
 		t += (long long)g * gridDim.x, step *= 2;
@@ -531,13 +577,13 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 		}
 		wg_tile tl;
 		if constexpr (wg_is_swb<OUT>::v) { /* g and u on their way to L2 while the products run */
-			tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
+			tl = wg_find_own<CFG>(sh, a.E, t, ncol);
 			wg_swb_prefetch<CFG>(a, tl, roff, coff, tid);
 		}
 		if constexpr (CFG::DBG != WG_DBG_NOMMA)
 			wg_mainloop<CFG>(d, a, sh, s, ph, aoff, boff, sh.turn + 8 * g, lane);
 		if constexpr (!wg_is_swb<OUT>::v)
-			tl = wg_find<CFG::BM, CFG::OBN>(sh, a.E, t, ncol);
+			tl = wg_find_own<CFG>(sh, a.E, t, ncol);
 		/* WG_DBG_NOSTORE stores only under a NaN alpha, which no caller passes: the products stay
 		 * in the code (ptxas drops products whose results are never stored) and the time is theirs
 		 * and the loads' */
@@ -569,12 +615,12 @@ struct wg_stg {
 	static constexpr int v = MODE == WG_GU || sizeof(OUT) == 2 || wg_is_swb<OUT>::v;
 };
 
-template <int BM, int BN, int MODE, int PP, typename OUT, int DBG, int TMA>
+template <int BM, int BN, int MODE, int PP, typename OUT, int DBG, int TMA, int CL>
 __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant__ wg_args<MODE> a)
 {
 	pdl_enter();
 #ifdef WG_SM90A
-	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA> CFG;
+	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA, CL> CFG;
 	extern __shared__ __align__(16) unsigned char wg_smem[];
 	wg_shared sh = wg_carve<CFG>(wg_smem);
 #ifdef TIER_WG_WATCHDOG
@@ -590,7 +636,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 		bar_init(sh.turn + 8, 4);
 		fence_barrier_init();
 	}
-	wg_table<BM>(a, sh); /* its barriers also publish the initialised mbarriers */
+	wg_table<BM * CL>(a, sh); /* its barriers also publish the initialised mbarriers */
+	if constexpr (CL > 1) /* and to the other CTA, before its first copy lands here */
+		cluster_sync();
 	int ncol = (a.N + CFG::OBN - 1) / CFG::OBN;
 	long long total = (long long)min(sh.tile0[a.E], a.rt_bound) * ncol;
 	int g = threadIdx.x >> 7;
@@ -611,6 +659,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 			wg_regs_inc<216>();
 		wg_consume<CFG, OUT>(a, sh, ncol, total, g - 1);
 	}
+	if constexpr (CL > 1) /* no CTA leaves while the other may still arrive on its barriers */
+		cluster_sync();
 #elif defined(__CUDA_ARCH__)
 	__trap(); /* the compute_90 PTX, JIT-compiled for a later GPU: no wgmma there (the host refuses it) */
 #endif
@@ -622,7 +672,7 @@ enum { WG_128x256, WG_128x128, WG_64x256, WG_PP64x256, WG_PP128x128, WG_NSHAPES 
 /* A call's plan, each knob read once (wg_plan): tile shape, CTAs, the measurement kernel
  * (TIER_MOE_WGMMA_DEBUG, WG_DBG_*) and the TMA knob (wg_tma_wanted's values). */
 struct wg_plan_t {
-	int shape, ctas, dbg, tma;
+	int shape, ctas, dbg, tma, cl;
 };
 static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 
@@ -748,7 +798,8 @@ static int wg_b_tmpl(CUtensorMap *m, const void *w, int N, int K)
 {
 	if (CFG::MODE == WG_KN)
 		return base_tmap_bf16(m, w, (uint64_t)K, (uint64_t)N, 64);
-	return base_tmap_bf16(m, w, (uint64_t)N, (uint64_t)K, CFG::MODE == WG_GU ? CFG::BN / 2 : CFG::BN);
+	/* CTA pairs load half of W_e [N, K]'s tile each */
+	return base_tmap_bf16(m, w, (uint64_t)N, (uint64_t)K, CFG::MODE == WG_GU ? CFG::BN / 2 : CFG::BN / CFG::CL);
 }
 
 /* The TMA maps of a launch: x's into a.amap; an extra segment with one half (K0 or K1 0; not in
@@ -811,17 +862,79 @@ static int wg_watch_report(tier_dev *dev, int stages)
 }
 #endif
 
-template <int BM, int BN, int MODE, int PP, typename OUT, int DBG = WG_DBG_NONE, int TMA = 0>
+/* Kernels launched on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2), for the tests to see that the form ran. */
+static unsigned long long wg_pair_launches;
+
+extern "C" unsigned long long moe_cuda_wgmma_pair_launches(void) { return wg_pair_launches; }
+
+/* The kernel on grid CTAs, in clusters of cl (1: none), with tier_launch's dependent launch. */
+template <typename KERN, typename ARGS>
+static cudaError_t wg_start(KERN kernel, int grid, int cl, size_t smem, cudaStream_t st, const ARGS &a)
+{
+	if (cl == 1)
+		return tier_launch(kernel, grid, WG_THREADS, smem, st, a);
+	cudaLaunchAttribute at[2];
+	memset(at, 0, sizeof at);
+	at[0].id = cudaLaunchAttributeClusterDimension;
+	at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[1].val.programmaticStreamSerializationAllowed = tier_pdl_on();
+	cudaLaunchConfig_t cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.gridDim = dim3((unsigned)grid), cfg.blockDim = dim3(WG_THREADS), cfg.dynamicSmemBytes = smem, cfg.stream = st;
+	cfg.attrs = at, cfg.numAttrs = 2;
+	return cudaLaunchKernelEx(&cfg, kernel, a);
+}
+
+/* The clusters of cl CTAs that fit the GPU at once with the kernel's shared memory (asked once a
+ * kernel): a persistent grid of more would run its last clusters after the others. */
+template <typename KERN>
+static int wg_max_clusters(KERN kernel, int cl, size_t smem, int *n)
+{
+	static int known = 0;
+	if (!known) {
+		cudaLaunchAttribute at;
+		memset(&at, 0, sizeof at);
+		at.id = cudaLaunchAttributeClusterDimension;
+		at.val.clusterDim.x = (unsigned)cl, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+		cudaLaunchConfig_t cfg;
+		memset(&cfg, 0, sizeof cfg);
+		cfg.gridDim = dim3((unsigned)cl), cfg.blockDim = dim3(WG_THREADS), cfg.dynamicSmemBytes = smem;
+		cfg.attrs = &at, cfg.numAttrs = 1;
+		int c = 0;
+		CUDA_TRY(cudaOccupancyMaxActiveClusters(&c, kernel, &cfg));
+		if (c < 1)
+			return tier_fail(-EIO, "wgmma grouped GEMM: no cluster of %d CTAs with %zu bytes of shared memory fits "
+					 "this GPU; unset TIER_MOE_WGMMA_CLUSTER", cl, smem);
+		known = c;
+	}
+	*n = known;
+	return 0;
+}
+
+template <int BM, int BN, int MODE, int PP, typename OUT, int DBG = WG_DBG_NONE, int TMA = 0, int CL = 1>
 static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, const moe_wg_seg *hseg)
 {
-	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA> CFG;
-	/* sum_e ceil(n_e / BM) <= (rows + (BM - 1) (non-empty experts)) / BM, and at most
-	 * min(E, rows_bound) experts have rows */
+	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA, CL> CFG;
+	auto kernel = wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA, CL>;
+	/* sum_e ceil(n_e / TM) <= (rows + (TM - 1) (non-empty experts)) / TM for the tiles' TM = CL BM
+	 * rows, and at most min(E, rows_bound) experts have rows */
+	constexpr int TM = BM * CL;
 	long long busy = a.E < rows_bound ? a.E : rows_bound;
-	long long ny = ((long long)rows_bound + (long long)(BM - 1) * busy) / BM;
+	long long ny = ((long long)rows_bound + (long long)(TM - 1) * busy) / TM;
 	long long tiles = ny * ((a.N + CFG::OBN - 1) / CFG::OBN);
 	a.rt_bound = ny < INT_MAX ? (int)ny : INT_MAX;
-	int grid = tiles < ctas ? (int)tiles : ctas;
+	cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::BYTES);
+	if (e != cudaSuccess)
+		return tier_fail(-EIO, "wgmma grouped GEMM: %s", cudaGetErrorString(e));
+	int units = ctas / CL; /* CTAs, or pairs of them */
+	if (CL > 1) {
+		int fit, rc = wg_max_clusters(kernel, CL, CFG::BYTES, &fit);
+		if (rc)
+			return rc;
+		units = units < 1 ? 1 : units < fit ? units : fit;
+	}
+	int grid = CL * (tiles < units ? (int)tiles : units);
 	void *maps = NULL;
 	if constexpr (TMA) {
 		int rc = wg_tma_maps<CFG>(dev, a, rows_bound, hseg, &maps);
@@ -831,13 +944,10 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, 
 			return rc;
 		}
 	}
-	cudaError_t e = cudaFuncSetAttribute(wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA>,
-					     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::BYTES);
-	if (e == cudaSuccess) {
-		tier_launch(wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA>, grid, WG_THREADS, CFG::BYTES, moe_stream(dev),
-				a);
-		e = cudaGetLastError();
-	}
+	wg_start(kernel, grid, CL, CFG::BYTES, moe_stream(dev), a);
+	e = cudaGetLastError();
+	if (e == cudaSuccess && CL > 1)
+		wg_pair_launches++;
 	if (maps) /* in stream order: after the kernel, or at once when it did not launch */
 		(void)cudaFreeAsync(maps, moe_stream(dev));
 	if (e != cudaSuccess)
@@ -883,8 +993,15 @@ static int wg_tma_wanted(void)
 /* The kernel of each tile shape, with cp.async (TMA 0) or TMA loads (gate/up's cooperative 64x256
  * never takes TMA: its two consumers would split g from u; the caller does not ask for it). */
 template <int MODE, typename OUT, int TMA>
-static int wg_by_shape(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas, const moe_wg_seg *hseg)
+static int wg_by_shape(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas, int cl,
+		       const moe_wg_seg *hseg)
 {
+	if constexpr (TMA) { /* CTA pairs (TIER_MOE_WGMMA_CLUSTER=2) where they apply */
+		if (cl == 2 && !a.nseg && shape == WG_128x128)
+			return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, 1, 2>(dev, a, rows_bound, ctas, hseg);
+		if (cl == 2 && !a.nseg && shape == WG_128x256)
+			return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NONE, 1, 2>(dev, a, rows_bound, ctas, hseg);
+	}
 	switch (shape) {
 	case WG_128x128:
 		return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, TMA>(dev, a, rows_bound, ctas, hseg);
@@ -934,8 +1051,8 @@ static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, const wg_plan_t &pl, int
 			return wg_launch_dbg<128, 256, MODE, 0, OUT>(dev, a, rows_bound, ctas, dbg);
 	}
 	if (tma && tma_fits)
-		return wg_by_shape<MODE, OUT, 1>(dev, a, shape, rows_bound, ctas, hseg);
-	return wg_by_shape<MODE, OUT, 0>(dev, a, shape, rows_bound, ctas, hseg);
+		return wg_by_shape<MODE, OUT, 1>(dev, a, shape, rows_bound, ctas, pl.cl, hseg);
+	return wg_by_shape<MODE, OUT, 0>(dev, a, shape, rows_bound, ctas, 1, hseg);
 }
 
 /* The checks both entry points share: the device, E, the output columns N and the depth K (named
@@ -964,6 +1081,10 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 	if ((pl->tma = wg_tma_wanted()) < 0)
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TMA=%s; use all (the default), 1, 0 or require, or unset it", fn,
 				 getenv("TIER_MOE_WGMMA_TMA"));
+	const char *cl = getenv("TIER_MOE_WGMMA_CLUSTER");
+	pl->cl = !cl || !*cl || !strcmp(cl, "1") ? 1 : !strcmp(cl, "2") ? 2 : -1;
+	if (pl->cl < 0)
+		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_CLUSTER=%s; use 2 (CTA pairs) or 1, or unset it", fn, cl);
 	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, &pl->ctas)))
 		return rc;

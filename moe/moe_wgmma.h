@@ -71,6 +71,13 @@
  *       everywhere (128 producer threads). require: as 1, and -EINVAL for a product that would
  *       take cp.async (tests: no silent fallback). A driver without cuTensorMapEncodeTiled takes
  *       cp.async.
+ *   TIER_MOE_WGMMA_CLUSTER=2|1
+ *       2: the products on 128x256 or 128x128 tiles (TIER_MOE_WGMMA_TILE or the default pick) with
+ *       TMA loads and no extra segment run on CTA pairs (clusters of 2) that share B: a pair takes
+ *       256 rows of one expert (a group's tile count rounded up to even), each CTA loads its own
+ *       128 rows of A and half of B, multicast to both, so the weights cross from L2 to shared
+ *       memory once for the pair. The others run as under 1 (the default): one CTA a tile.
+ *       moe_cuda_wgmma_pair_launches counts the launches on pairs.
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H
@@ -89,6 +96,9 @@ int moe_cuda_wgmma_supported(tier_dev *dev);
 /* moe_cuda_wgmma_supported, and TIER_MOE_WGMMA is not 0 (the knob that keeps the experts' grouped
  * products on mma.sync): whether the experts take these kernels. */
 int moe_cuda_wgmma_on(tier_dev *dev);
+
+/* The launches so far (this process) that ran on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2). */
+unsigned long long moe_cuda_wgmma_pair_launches(void);
 
 int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
 			     const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha, float beta);

@@ -92,7 +92,7 @@ struct wg_is_swb<wg_swb> {
  *  - PP 1 (ping-pong): each consumer works on a tile of its own, BM x BN, on the CTA's even or odd
  *    tiles in turn. The producer fills the ring in tile order, so one consumer's products run while
  *    the other stores its last tile: the stores hide behind the products. */
-template <int BM_, int BN_, int MODE_, int PP_, int DBG_, int STG_, int TMA_ = 0>
+template <int BM_, int BN_, int MODE_, int PP_, int DBG_, int STG_, int TMA_ = 0, int CL_ = 1>
 struct wg_cfg {
 	static constexpr int BM = BM_, BN = BN_, MODE = MODE_, PP = PP_;
 	static constexpr int DBG = DBG_; /* a measurement knob: WG_DBG_* above (0: the real kernel) */
@@ -102,10 +102,16 @@ struct wg_cfg {
 	 * B then holds BN / 2 gate rows, then BN / 2 up rows, so the accumulator's first WN / 2 columns
 	 * are g and the rest u (whole tiles a consumer: WN = BN) */
 	static constexpr int TMA = TMA_;
+	/* 2: CTA pairs (clusters of 2) share B. The pair takes tiles of 2 BM rows, each CTA BM of them
+	 * (the second may lie past the group's end: multiplied, never stored); each CTA loads its own A
+	 * and half of B, multicast to both, so B crosses from L2 once for the pair. A stage's "empty"
+	 * barrier then takes the consumer warps of both CTAs: neither half of B is overwritten before
+	 * both have read the stage. Cooperative 128-row tiles with TMA loads and no extra segment. */
+	static constexpr int CL = CL_;
 	static constexpr int OBN = MODE == WG_GU ? BN / 2 : BN;
 	static constexpr int WN = PP || BM == 128 ? BN : BN / 2;
 	static constexpr int MT = PP ? BM / 64 : 1;
-	static constexpr int EMPTY_ARRIVALS = PP ? 4 : 8; /* warps that read a stage */
+	static constexpr int EMPTY_ARRIVALS = (PP ? 4 : 8) * CL; /* warps that read a stage */
 	typedef wg_args<MODE> args;
 	static constexpr int A_BYTES = BM * WG_ROW, B_BYTES = BN * WG_ROW, STAGE = A_BYTES + B_BYTES;
 	/* ints: tile0 and roff [E + 1] each, one partial sum per warp */
@@ -122,6 +128,8 @@ struct wg_cfg {
 	static_assert(STAGES >= 3, "a stage loading while the consumers hold two");
 	static_assert(BYTES <= WG_SMEM, "Hopper's shared memory per block");
 	static_assert(!TMA || MODE != WG_GU || WN == BN, "TMA: g and u in one consumer");
+	static_assert(CL == 1 || (CL == 2 && TMA && !PP && BM == 128 && DBG == WG_DBG_NONE), "pairs: cooperative "
+		      "128-row tiles, TMA");
 };
 
 struct wg_tile {

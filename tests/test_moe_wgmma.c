@@ -242,6 +242,33 @@ static void run_pass(const wprob *p, int kn, const char *tag, size_t i0, size_t 
 /* In both weight layouts, with cp.async: every tile shape with each output kind, then few CTAs (in
  * pp128x128 the two consumers' turns and ring parities over many tiles); then the same with the TMA
  * loads required (a fallback to cp.async fails the call), half the output kinds in each layout. */
+/* CTA pairs (TIER_MOE_WGMMA_CLUSTER=2, TMA required) in layout kn: both 128-row tiles with every
+ * output kind, then one and two pairs on many tiles each; every call must have run on pairs. */
+static void run_pairs(const wprob *p, int kn)
+{
+	static const few_run runs[] = {
+		{ "128x256", NULL, 0, 1.0f, 0, "128x256" },	      { "128x256", NULL, 0, 0.37f, 1, "128x256" },
+		{ "128x256", NULL, 1, 0.37f, 0, "128x256" },	      { "128x256", NULL, 1, 1.0f, 1, "128x256" },
+		{ "128x128", NULL, 0, 0.37f, 1, "128x128" },	      { "128x128", NULL, 1, 1.0f, 0, "128x128" },
+		{ "128x256", "2", 1, 0.37f, 0, "128x256 on 2 CTAs" }, { "128x128", "3", 0, 1.0f, 1, "128x128 on 3 CTAs" },
+		{ "128x256", "4", 0, 0.37f, 1, "128x256 on 4 CTAs" },
+	};
+	char what[160];
+	setenv("TIER_MOE_WGMMA_TMA", "require", 1);
+	setenv("TIER_MOE_WGMMA_CLUSTER", "2", 1);
+	for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+		unsigned long long n0 = moe_cuda_wgmma_pair_launches();
+		knobs(runs[r].tile, runs[r].ctas);
+		snprintf(what, sizeof what, "pairs E %d N %d K %d rows %d w_kn %d, %s c_bf16 %d alpha %g beta %d", p->E, p->N,
+			 p->K, p->rows, kn, runs[r].label, runs[r].c_bf16, (double)runs[r].alpha, runs[r].beta);
+		run_one(p, kn, runs[r].c_bf16, runs[r].alpha, runs[r].beta, what);
+		assert_int_equal(moe_cuda_wgmma_pair_launches() - n0, p->rb > 0);
+	}
+	unsetenv("TIER_MOE_WGMMA_CLUSTER");
+	unsetenv("TIER_MOE_WGMMA_TMA");
+	knobs(NULL, NULL);
+}
+
 static void run_all(const wprob *p)
 {
 	static const few_run cp_few[] = {
@@ -262,6 +289,7 @@ static void run_all(const wprob *p)
 		run_pass(p, kn, "TMA ", (size_t)kn, 2, tma_few, sizeof tma_few / sizeof tma_few[0]);
 		unsetenv("TIER_MOE_WGMMA_TMA");
 		knobs(NULL, NULL);
+		run_pairs(p, kn);
 	}
 }
 
@@ -354,6 +382,20 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 		}
 		unsetenv("TIER_MOE_WGMMA_TMA");
 	}
+	/* CTA pairs (TMA required): both 128-row tiles, then one and two pairs on many tiles */
+	static const char *pairs[][2] = { { "128x256", NULL }, { "128x128", NULL }, { "128x256", "2" }, { "128x128", "4" } };
+	setenv("TIER_MOE_WGMMA_TMA", "require", 1);
+	setenv("TIER_MOE_WGMMA_CLUSTER", "2", 1);
+	for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+		unsigned long long n0 = moe_cuda_wgmma_pair_launches();
+		knobs(pairs[i][0], pairs[i][1]);
+		snprintf(what, sizeof what, "gate/up pairs E %d H %d I %d rows %d tile %s CTAs %s", E, H, I, p.rows,
+			 pairs[i][0], pairs[i][1] ? pairs[i][1] : "all");
+		gu_one(&p, NULL, NULL, what);
+		assert_int_equal(moe_cuda_wgmma_pair_launches() - n0, p.rb > 0);
+	}
+	unsetenv("TIER_MOE_WGMMA_CLUSTER");
+	unsetenv("TIER_MOE_WGMMA_TMA");
 	knobs(NULL, NULL);
 	prob_free(&p);
 }
@@ -715,6 +757,9 @@ static void test_bad_input(void **state)
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 0, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	unsetenv("TIER_MOE_WGMMA_DEBUG");
+	setenv("TIER_MOE_WGMMA_CLUSTER", "4", 1); /* malformed: pairs only */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	unsetenv("TIER_MOE_WGMMA_CLUSTER");
 	setenv("TIER_MOE_WGMMA_TMA", "yes", 1); /* malformed */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 1, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	unsetenv("TIER_MOE_WGMMA_TMA");
