@@ -3,6 +3,7 @@
 # against the one-CTA ones in the same run. test_moe_wgmma (which runs the pairs against the fp64
 # reference), then tier-bench moe on qwen3-30b and seed-896 without and with pairs, seed-896 on the
 # 128x256 tile (the pairs' shape) both ways, then torch's peer (bench/moe_torch.py) on the same shapes.
+# test_moe_cuda runs under TIER_MOE_WGMMA_CLUSTER=2 too (the block's products with LoRA segments).
 # usage: bench/pairs-session.sh BIN_DIR OUT_DIR  (BIN_DIR: the staged .device/bin)
 set -u
 b=$1 out=$2
@@ -20,6 +21,8 @@ step 150 wgmma "$b/tests/test_moe_wgmma"
 tail -3 "$out/wgmma.log"
 step 60 dh_swiglu "$b/tests/test_moe_dh_swiglu"
 tail -2 "$out/dh_swiglu.log"
+TIER_MOE_WGMMA_CLUSTER=2 step 120 moe_cuda-pairs "$b/tests/test_moe_cuda"
+tail -2 "$out/moe_cuda-pairs.log"
 step 120 moe "$b/tier-bench" moe --model qwen3-30b --model seed-896 --json
 TIER_MOE_WGMMA_CLUSTER=2 step 120 moe-pairs "$b/tier-bench" moe --model qwen3-30b --model seed-896 --json
 TIER_MOE_WGMMA_TILE=128x256 step 90 seed128 "$b/tier-bench" moe --model seed-896 --json

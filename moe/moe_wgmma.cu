@@ -170,6 +170,18 @@ __device__ __forceinline__ uint32_t wg_stage_free(const wg_shared &sh, int s, ui
 	return sh.ring + s * CFG::STAGE + ln.dst;
 }
 
+/* With CTA pairs, one arrival on the other CTA's full barrier of stage s, once this CTA found the
+ * stage free: a stage then completes in either CTA only after both have released its last fill, so
+ * that no consumer warp can arrive for the next fill on a barrier whose current phase still waits
+ * for the other CTA's warps (the multicast halves of B order this alone; a segment's stages, which
+ * each CTA loads for itself, need the arrival). */
+template <class CFG>
+__device__ __forceinline__ void wg_pair_arrive(const wg_shared &sh, int s)
+{
+	if constexpr (CFG::CL == 2)
+		bar_arrive_cluster(sh.full + 8 * s, cluster_rank() ^ 1u);
+}
+
 /* The ring stages of K k. */
 __device__ __forceinline__ int wg_kstages(int K) { return (K + WG_BK - 1) / WG_BK; }
 
@@ -267,6 +279,8 @@ __device__ static void wg_load_seg(const typename CFG::args &a, const wg_seg_dev
 	int arows = tl.rend - tl.row0 - r0;
 	for (int k0 = 0; k0 < K; k0 += WG_BK) {
 		uint32_t sa = wg_stage_free<CFG>(sh, s, ph, ln), sb = sa + CFG::A_BYTES;
+		if (threadIdx.x == 0)
+			wg_pair_arrive<CFG>(sh, s);
 		int k = k0 + 8 * j;
 		bool kin = k < K, hi = k >= sg.K0;
 		int kh = hi ? k - sg.K0 : k, Kh = hi ? sg.K1 : sg.K0;
@@ -330,9 +344,18 @@ __device__ static void wg_produce(const typename CFG::args &a, const wg_shared &
  * col0); W_e [K, N] BN / 64 boxes of 64 k x 64 columns, one MN-major block each. With CTA pairs
  * each CTA loads half of them (W_e [N, K]: the map's boxes are BN / 2 rows), multicast to both. */
 template <class CFG>
-__device__ __forceinline__ void wg_tma_b(uint32_t sb, const CUtensorMap *m, int k0, int col0, uint32_t fb)
+__device__ __forceinline__ void wg_tma_b(uint32_t sb, const CUtensorMap *m, int k0, int col0, uint32_t fb, bool mc)
 {
-	if constexpr (CFG::CL == 2) {
+	if (CFG::CL == 2 && !mc) { /* a segment's B: this CTA's own, both halves */
+		if constexpr (CFG::MODE == WG_KN) {
+#pragma unroll
+			for (int b = 0; b < CFG::BN / 64; b++)
+				tma_load(sb + b * WG_MN_BLOCK, m, col0 + 64 * b, k0, fb);
+		} else {
+			tma_load(sb, m, k0, col0, fb);
+			tma_load(sb + (CFG::BN / 2) * WG_ROW, m, k0, col0 + CFG::BN / 2, fb);
+		}
+	} else if constexpr (CFG::CL == 2) {
 		int r = (int)cluster_rank();
 		if constexpr (CFG::MODE == WG_KN) {
 #pragma unroll
@@ -354,10 +377,11 @@ __device__ __forceinline__ void wg_tma_b(uint32_t sb, const CUtensorMap *m, int 
  * BM x 64 box at (k0, row0) and B's; gate/up's main segment gate_e's and up_e's BN / 2 x 64 boxes
  * one after the other. Rows past a group's end are the next group's (multiplied, never stored);
  * past the matrices' edges TMA fills zeros. The full barrier expects all the stage's bytes, zeros
- * included, and takes the arrivals of all the producer threads from this one. */
+ * included, and takes the arrivals of all the producer threads from this one. mc: the main
+ * segment, whose B CTA pairs share by multicast (a segment's B each CTA loads whole). */
 template <class CFG>
 __device__ static void wg_tma_stages(const CUtensorMap *am, const CUtensorMap *bm, const CUtensorMap *um, int K,
-				     const wg_shared &sh, const wg_tile &tl, int &s, uint32_t &ph)
+				     const wg_shared &sh, const wg_tile &tl, int &s, uint32_t &ph, bool mc)
 {
 	for (int k0 = 0; k0 < K; k0 += WG_BK) {
 		bar_wait(sh.empty + 8 * s, ph ^ 1);
@@ -377,9 +401,10 @@ __device__ static void wg_tma_stages(const CUtensorMap *am, const CUtensorMap *b
 		} else {
 			bar_expect_tx(fb, CFG::STAGE);
 			tma_load(sa, am, k0, tl.row0, fb);
-			wg_tma_b<CFG>(sb, bm, k0, tl.col0, fb);
+			wg_tma_b<CFG>(sb, bm, k0, tl.col0, fb, mc);
 		}
 		bar_arrive_n(fb, WG_PRODUCERS);
+		wg_pair_arrive<CFG>(sh, s);
 		wg_ring_next(s, ph, CFG::STAGES);
 	}
 }
@@ -427,7 +452,7 @@ __device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shar
 					wg_maps_acquire<CFG>(a, e, true);
 				next = e;
 			}
-			wg_tma_stages<CFG>(&a.amap, a.bmap + tl.e, a.bmap + a.E + tl.e, a.K, sh, tl, s, ph);
+			wg_tma_stages<CFG>(&a.amap, a.bmap + tl.e, a.bmap + a.E + tl.e, a.K, sh, tl, s, ph, true);
 		} else {
 			wg_skip(s, ph, wg_kstages(a.K), CFG::STAGES);
 		}
@@ -435,7 +460,7 @@ __device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shar
 			int K = a.seg[q].K0 + a.seg[q].K1;
 			if (!GU && a.smap[q] >= 0) {
 				if (tid == 0)
-					wg_tma_stages<CFG>(&a.xmap[q], a.bmap + a.smap[q] + tl.e, NULL, K, sh, tl, s, ph);
+					wg_tma_stages<CFG>(&a.xmap[q], a.bmap + a.smap[q] + tl.e, NULL, K, sh, tl, s, ph, false);
 				else
 					wg_skip(s, ph, wg_kstages(K), CFG::STAGES);
 			} else {
@@ -629,7 +654,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 #endif
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < CFG::STAGES; s++) {
-			bar_init(sh.full + 8 * s, WG_PRODUCERS); /* each producer thread, or the TMA thread for all */
+			/* each producer thread, or the TMA thread for all; with CTA pairs the other's producer too */
+			bar_init(sh.full + 8 * s, WG_PRODUCERS + CL - 1);
 			bar_init(sh.empty + 8 * s, CFG::EMPTY_ARRIVALS);
 		}
 		bar_init(sh.turn, 4); /* one arrival per warp of the consumer */
@@ -997,9 +1023,9 @@ static int wg_by_shape(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_boun
 		       const moe_wg_seg *hseg)
 {
 	if constexpr (TMA) { /* CTA pairs (TIER_MOE_WGMMA_CLUSTER=2) where they apply */
-		if (cl == 2 && !a.nseg && shape == WG_128x128)
+		if (cl == 2 && shape == WG_128x128)
 			return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, 1, 2>(dev, a, rows_bound, ctas, hseg);
-		if (cl == 2 && !a.nseg && shape == WG_128x256)
+		if (cl == 2 && shape == WG_128x256)
 			return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NONE, 1, 2>(dev, a, rows_bound, ctas, hseg);
 	}
 	switch (shape) {

@@ -73,10 +73,11 @@
  *       cp.async.
  *   TIER_MOE_WGMMA_CLUSTER=2|1
  *       2: the products on 128x256 or 128x128 tiles (TIER_MOE_WGMMA_TILE or the default pick) with
- *       TMA loads and no extra segment run on CTA pairs (clusters of 2) that share B: a pair takes
- *       256 rows of one expert (a group's tile count rounded up to even), each CTA loads its own
- *       128 rows of A and half of B, multicast to both, so the weights cross from L2 to shared
- *       memory once for the pair. The others run as under 1 (the default): one CTA a tile.
+ *       TMA loads run on CTA pairs (clusters of 2) that share B: a pair takes 256 rows of one
+ *       expert (a group's tile count rounded up to even), each CTA loads its own 128 rows of A and
+ *       half of the main segment's B, multicast to both, so the weights cross from L2 to shared
+ *       memory once for the pair (extra segments load whole in each CTA). The others run as under
+ *       1 (the default): one CTA a tile.
  *       moe_cuda_wgmma_pair_launches counts the launches on pairs.
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H

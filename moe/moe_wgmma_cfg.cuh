@@ -106,7 +106,8 @@ struct wg_cfg {
 	 * (the second may lie past the group's end: multiplied, never stored); each CTA loads its own A
 	 * and half of B, multicast to both, so B crosses from L2 once for the pair. A stage's "empty"
 	 * barrier then takes the consumer warps of both CTAs: neither half of B is overwritten before
-	 * both have read the stage. Cooperative 128-row tiles with TMA loads and no extra segment. */
+	 * both have read the stage, and a stage's "full" barrier one arrival from the other CTA's producer
+	 * (wg_pair_arrive). Extra segments load whole in each CTA. Cooperative 128-row TMA tiles. */
 	static constexpr int CL = CL_;
 	static constexpr int OBN = MODE == WG_GU ? BN / 2 : BN;
 	static constexpr int WN = PP || BM == 128 ? BN : BN / 2;

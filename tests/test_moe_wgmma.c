@@ -511,6 +511,19 @@ static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, in
 					seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
 				}
 		}
+		/* CTA pairs: the main part's B shared, the segments' loaded whole in each CTA */
+		setenv("TIER_MOE_WGMMA_CLUSTER", "2", 1);
+		for (int t = 1; t <= 2; t++)
+			for (int v = 0; v < 2; v++) {
+				unsigned long long n0 = moe_cuda_wgmma_pair_launches();
+				knobs(all_tiles[t], v ? "2" : NULL);
+				snprintf(what, sizeof what, "segments pairs E %d N %d k %d+%d,%d+%d,%d w_kn %d tile %s%s", E, N,
+					 kw[0], nseg > 0 ? kw[1] : 0, nseg > 0 ? kw[2] : 0, nseg > 1 ? kw[3] : 0,
+					 nseg > 1 ? kw[4] : 0, kn, all_tiles[t], v ? " 2 CTAs" : "");
+				seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
+				assert_int_equal(moe_cuda_wgmma_pair_launches() - n0, p.rb > 0);
+			}
+		unsetenv("TIER_MOE_WGMMA_CLUSTER");
 		unsetenv("TIER_MOE_WGMMA_TMA");
 		knobs(NULL, NULL);
 		cut_free(&c, E);
@@ -561,6 +574,18 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 		}
 		unsetenv("TIER_MOE_WGMMA_TMA");
 	}
+	/* CTA pairs (TMA all, the default): gate_e's and up_e's boxes shared, the segment whole */
+	static const char *pairs[][2] = { { "128x256", NULL }, { "128x128", "2" } };
+	setenv("TIER_MOE_WGMMA_CLUSTER", "2", 1);
+	for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+		unsigned long long n0 = moe_cuda_wgmma_pair_launches();
+		knobs(pairs[i][0], pairs[i][1]);
+		snprintf(what, sizeof what, "gate/up + segment pairs E %d H %d I %d r %d,%d rows %d tile %s CTAs %s", E, H,
+			 I, r0, r1, p.rows, pairs[i][0], pairs[i][1] ? pairs[i][1] : "all");
+		gu_one(&q, &c.seg[0], c.tab, what);
+		assert_int_equal(moe_cuda_wgmma_pair_launches() - n0, p.rb > 0);
+	}
+	unsetenv("TIER_MOE_WGMMA_CLUSTER");
 	knobs(NULL, NULL);
 	for (int e = 0; e < E; e++)
 		tier_dev_free(gpu, upw[e]);
