@@ -44,6 +44,13 @@
  * runs on into the next tile while the consumers store the last one (with ping-pong, one consumer
  * multiplies while the other stores).
  *
+ * CTA pairs (wg_cfg::CL 2, TIER_MOE_WGMMA_CLUSTER=2): clusters of two CTAs walk the list of 2 BM-row
+ * tiles, each CTA computing BM rows of its pair's tile. B is the same for both, so each CTA's
+ * producer loads its own A and half of the main segment's B with a multicast copy into both CTAs'
+ * stages: per pair the weights cross from L2 once instead of twice (on qwen3-30b's gate/up, 128x256
+ * tiles move 1.5 MiB a tile from L2, about 6 TB/s at the measured speed; the pair moves 2 MiB for two).
+ * A stage is then refilled only when the consumers of both CTAs have released it.
+ *
  * Rows past a group's end, columns past N and k past K are zero-filled (cp.async with source size 0)
  * and never stored. Compiled for sm_90a only (wgmma); the compute_90 PTX of the build traps, and the
  * host refuses any device but compute capability 9.0. */
