@@ -726,7 +726,11 @@ static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "6
  * 3.86-3.89 against 3.77-4.13). With the TMA loads (the default) ping-pong stays for depths K >=
  * 1024 only: on seed-896 (session 9, call 2, uniform / Zipf 1.2, us) gate/up (K = H = 2048) took
  * 1,751 / 1,851 on pp64x256 against 2,008 / 1,845 on 128x256, but down (K = I = 512) 1,076 /
- * 1,069 against 1,051 / 982. */
+ * 1,069 against 1,051 / 982. Since gate/up's own TMA loads (session 24) that reversed: on an H100
+ * (session 29, two calls, uniform / Zipf 1.2, us) gate/up 2,021-2,053 / 2,107-2,125 on 128x256
+ * against 2,269 / 2,728 on pp64x256, gate/up alone 1,774-1,776 / 1,949-1,970 against 2,012 / 2,386
+ * (session 28: 1,742 against 1,933), the experts' forward 3,108-3,117 / 3,301-3,316 against 3,217
+ * / 3,916. So with TMA loads the forward takes 128x256 too; ping-pong stays for cp.async. */
 static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, int fwd, int tma, int *shape)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TILE");
@@ -742,7 +746,7 @@ static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, in
 	double m = (double)rows_bound / E;
 	if (m <= 64)
 		*shape = WG_64x256;
-	else if (fwd && m <= 192 && N > 128 && K >= (tma ? 1024 : 256))
+	else if (fwd && !tma && m <= 192 && N > 128 && K >= 256)
 		*shape = WG_PP64x256;
 	else
 		*shape = N <= 128 ? WG_128x128 : WG_128x256;

@@ -44,7 +44,8 @@
  *       tile a consumer warpgroup, the two taking turns (ping-pong: one stores while the other
  *       multiplies). Default: 64x256 when groups of the mean size rows_bound / E fit one 64-row
  *       tile; else for the forward's products (w_kn 0, gate/up) with N > 128 (gate/up: I > 64)
- *       and K >= 256 (K >= 1024 with the TMA loads), pp64x256 up to a mean of 192 rows; else
+ *       and K >= 256 with cp.async loads (TIER_MOE_WGMMA_TMA=0), pp64x256 up to a mean of 192
+ *       rows (with the TMA loads 128x256 won there since session 29); else
  *       128x256 (128x128 when N <= 128, gate/up: I <= 64).
  *   TIER_MOE_WGMMA_CTAS=n       at most n CTAs (default one per SM); small values push many tiles
  *                               through each CTA's ring.
