@@ -923,13 +923,15 @@ static cudaError_t wg_start(KERN kernel, int grid, int cl, size_t smem, cudaStre
 	return cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
-/* The clusters of cl CTAs that fit the GPU at once with the kernel's shared memory (asked once a
- * kernel): a persistent grid of more would run its last clusters after the others. */
+/* The clusters of cl CTAs that fit device ord at once with the kernel's shared memory (asked once a
+ * kernel and device): a persistent grid of more would run its last clusters after the others. */
+#define WG_MAX_DEVICES 64
 template <typename KERN>
-static int wg_max_clusters(KERN kernel, int cl, size_t smem, int *n)
+static int wg_max_clusters(KERN kernel, int ord, int cl, size_t smem, int *n)
 {
-	static int known = 0;
-	if (!known) {
+	static int fits[WG_MAX_DEVICES];
+	int unknown = 0, *known = ord >= 0 && ord < WG_MAX_DEVICES ? &fits[ord] : &unknown;
+	if (!*known) {
 		cudaLaunchAttribute at;
 		memset(&at, 0, sizeof at);
 		at.id = cudaLaunchAttributeClusterDimension;
@@ -943,9 +945,9 @@ static int wg_max_clusters(KERN kernel, int cl, size_t smem, int *n)
 		if (c < 1)
 			return tier_fail(-EIO, "wgmma grouped GEMM: no cluster of %d CTAs with %zu bytes of shared memory fits "
 					 "this GPU; unset TIER_MOE_WGMMA_CLUSTER", cl, smem);
-		known = c;
+		*known = c;
 	}
-	*n = known;
+	*n = *known;
 	return 0;
 }
 
@@ -966,7 +968,7 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, 
 		return tier_fail(-EIO, "wgmma grouped GEMM: %s", cudaGetErrorString(e));
 	int units = ctas / CL; /* CTAs, or pairs of them */
 	if (CL > 1) {
-		int fit, rc = wg_max_clusters(kernel, CL, CFG::BYTES, &fit);
+		int fit, rc = wg_max_clusters(kernel, tier_dev_ordinal(dev), CL, CFG::BYTES, &fit);
 		if (rc)
 			return rc;
 		units = units < 1 ? 1 : units < fit ? units : fit;
