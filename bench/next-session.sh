@@ -39,6 +39,11 @@
 # epilogue (TIER_MOE_SWIGLU_EPI=1) -1.9%, stays off; two micro-batches -1.4%; tier-bench moe's
 # like-for-like gate-up-mm row 1.01x torch on qwen3-30b, 0.77x on seed-896; the measurement
 # kernels put 8-23% of each product in its unhidden epilogue (bench/RESULTS.md, "session 28").
+# Session 29 (H100s only: five H200 starts failed) added CTA pairs sharing the weights' tile by TMA
+# multicast (TIER_MOE_WGMMA_CLUSTER=2): tests pass, 0-4% slower on the forward products, neutral on
+# (a), seed-896's backward 28% faster; off. The tile rule now takes 128x256 for the forward's
+# products on mean groups of 65-192 rows with TMA loads (seed-896 gate_up(mm) 1.01 / 1.07 of torch
+# on an H100, was 0.94 / 0.91): the H200's figures are still to take (STAGES=moe below).
 # Next, on an H200 (needs_h200), carry [".device/pack.tar.xz", ".device/lib"] (~400 s): session
 # 26's defaults as the peer, the gate in one call, then the attention and golden tests:
 #   TESTS=" " VARIANTS="TIER_PDL=0 TIER_ATTN_FWD=wg;" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab

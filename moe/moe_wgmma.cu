@@ -899,10 +899,14 @@ static int wg_watch_report(tier_dev *dev, int stages)
 }
 #endif
 
-/* Kernels launched on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2), for the tests to see that the form ran. */
+/* Kernels launched on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2), for the tests to see that the form ran
+ * (atomic: ranks' threads may launch at once). */
 static unsigned long long wg_pair_launches;
 
-extern "C" unsigned long long moe_cuda_wgmma_pair_launches(void) { return wg_pair_launches; }
+extern "C" unsigned long long moe_cuda_wgmma_pair_launches(void)
+{
+	return __atomic_load_n(&wg_pair_launches, __ATOMIC_RELAXED);
+}
 
 /* The kernel on grid CTAs, in clusters of cl (1: none), with tier_launch's dependent launch. */
 template <typename KERN, typename ARGS>
@@ -986,7 +990,7 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, 
 	wg_start(kernel, grid, CL, CFG::BYTES, moe_stream(dev), a);
 	e = cudaGetLastError();
 	if (e == cudaSuccess && CL > 1)
-		wg_pair_launches++;
+		__atomic_fetch_add(&wg_pair_launches, 1ull, __ATOMIC_RELAXED);
 	if (maps) /* in stream order: after the kernel, or at once when it did not launch */
 		(void)cudaFreeAsync(maps, moe_stream(dev));
 	if (e != cudaSuccess)
