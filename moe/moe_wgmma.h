@@ -47,8 +47,8 @@
  *       and K >= 256 with cp.async loads (TIER_MOE_WGMMA_TMA=0), pp64x256 up to a mean of 192
  *       rows (with the TMA loads 128x256 won there since session 29); else
  *       128x256 (128x128 when N <= 128, gate/up: I <= 64).
- *   TIER_MOE_WGMMA_CTAS=n       at most n CTAs (default one per SM); small values push many tiles
- *                               through each CTA's ring.
+ *   TIER_MOE_WGMMA_CTAS=n       at most n CTAs (default one per SM; on CTA pairs n / 2 pairs, at
+ *                               least one); small values push many tiles through each CTA's ring.
  *   TIER_MOE_WGMMA_DEBUG=nostore|nomma|noload
  *       for measurements only, the outputs are wrong: the forward's products (w_kn 0, gate/up) on
  *       the 128x256 tiles (pp128x128 where TIER_MOE_WGMMA_TILE asks for it) leave out the stores,
