@@ -166,6 +166,21 @@ __device__ __forceinline__ void tma_reduce_add3(const CUtensorMap *map, uint32_t
 		     ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2)
 		     : "memory");
 }
+/* Writes the box at shared src (in the map's swizzle) to global memory at (column c0, row c1) of a
+ * 2-D map; elements past the map's edges are not written. One thread issues it, reading src
+ * asynchronously: commit it (tma_reduce_commit), then bulk_wait_read before src is written again. */
+__device__ __forceinline__ void tma_store(const CUtensorMap *map, uint32_t src, int c0, int c1)
+{
+	asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"((uint64_t)map),
+		     "r"(src), "r"(c0), "r"(c1)
+		     : "memory");
+}
+/* At most N of the thread's committed bulk groups still read their shared sources. */
+template <int N>
+__device__ __forceinline__ void bulk_wait_read()
+{
+	asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void tma_reduce_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* The committed reductions have read their shared sources (they may still be writing). */
 __device__ __forceinline__ void tma_reduce_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }

@@ -35,18 +35,25 @@ extern "C" int base_tmap_ok(void)
 	return encode_fn != NULL;
 }
 
-/* The 128B-swizzle map of bf16 rows x cols (rank 2), or of batch such matrices one after the other
- * (rank 3); boxes of 64 columns x box_rows (x 1). */
-static CUresult encode_as(CUtensorMap *m, const void *base, int rank, uint64_t batch, uint64_t rows, uint64_t cols,
-			  uint32_t box_rows, int f32)
+/* The map of bf16 rows x cols (rank 2), or of batch such matrices one after the other (rank 3);
+ * boxes of box_bytes of a row (the swizzle's width: 128 or 64) x box_rows (x 1). */
+static CUresult encode_box(CUtensorMap *m, const void *base, int rank, uint64_t batch, uint64_t rows, uint64_t cols,
+			   uint32_t box_rows, int f32, uint32_t box_bytes)
 {
 	const uint64_t esz = f32 ? 4 : 2;
 	cuuint64_t dims[3] = { cols, rows, batch }, strides[2] = { cols * esz, rows * cols * esz };
-	cuuint32_t box[3] = { (cuuint32_t)(128 / esz), box_rows, 1 }, step[3] = { 1, 1, 1 };
+	cuuint32_t box[3] = { (cuuint32_t)(box_bytes / esz), box_rows, 1 }, step[3] = { 1, 1, 1 };
 	return encode_fn(m, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank,
-			 (void *)base, dims, strides, box, step,
-			 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-			 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+			 (void *)base, dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+			 box_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+			 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+/* The 128B-swizzle maps: boxes of 64 bf16 or 32 fp32 columns. */
+static CUresult encode_as(CUtensorMap *m, const void *base, int rank, uint64_t batch, uint64_t rows, uint64_t cols,
+			  uint32_t box_rows, int f32)
+{
+	return encode_box(m, base, rank, batch, rows, cols, box_rows, f32, 128);
 }
 
 /* The sequence maps of either type: rows of cols elements (16 bytes' worth a multiple), checked,
@@ -94,6 +101,22 @@ extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, u
 		return tier_fail(-EINVAL, "%s: a %llu x %llu bf16 matrix at %p with %u-row boxes cannot be mapped", fn,
 				 (unsigned long long)rows, (unsigned long long)cols, base, box_rows);
 	CUresult r = encode_as(m, base, 2, 1, rows, cols, box_rows, 0);
+	if (r != CUDA_SUCCESS)
+		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused a %llu x %llu matrix (CUresult %d)", fn,
+				 (unsigned long long)rows, (unsigned long long)cols, (int)r);
+	return 0;
+}
+
+extern "C" int base_tmap_bf16_store(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols)
+{
+	const char *fn = "base_tmap_bf16_store";
+	int rc = tmap_ready(fn);
+	if (rc)
+		return rc;
+	if (!m || !base || (uintptr_t)base % 16 || rows < 1 || cols < 8 || cols % 8 || rows >> 32 || cols >> 32)
+		return tier_fail(-EINVAL, "%s: a %llu x %llu bf16 matrix at %p cannot be mapped", fn, (unsigned long long)rows,
+				 (unsigned long long)cols, base);
+	CUresult r = encode_box(m, base, 2, 1, rows, cols, 64, 0, 64);
 	if (r != CUDA_SUCCESS)
 		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused a %llu x %llu matrix (CUresult %d)", fn,
 				 (unsigned long long)rows, (unsigned long long)cols, (int)r);

@@ -27,6 +27,10 @@ int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t col
 int base_tmap_bf16_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
 		       uint32_t box_rows);
 
+/* m describes base as bf16 [rows, cols] for TMA stores of 64-row x 32-column boxes (64 bytes of a
+ * row) in the 64B swizzle (tma_store in base/sm90.cuh); the same limits as base_tmap_bf16. */
+int base_tmap_bf16_store(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols);
+
 /* The same for fp32 (tma_reduce_add3's target): batch sequences of seq rows of cols floats (cols a
  * multiple of 4), boxes of 32 columns (128 bytes) x box_rows x 1 in the 128B swizzle. */
 int base_tmap_f32_seq(CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,

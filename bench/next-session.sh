@@ -43,7 +43,10 @@
 # multicast (TIER_MOE_WGMMA_CLUSTER=2): tests pass, 0-4% slower on the forward products, neutral on
 # (a), seed-896's backward 28% faster; off. The tile rule now takes 128x256 for the forward's
 # products on mean groups of 65-192 rows with TMA loads (seed-896 gate_up(mm) 1.01 / 1.07 of torch
-# on an H100, was 0.94 / 0.91): the H200's figures are still to take (STAGES=moe below).
+# on an H100, was 0.94 / 0.91): the H200's figures are still to take (STAGES=moe below). Its last
+# commits add the TMA-store epilogue (TIER_MOE_WGMMA_EPI=tma, off), not yet run on a GPU: first
+# test_moe_wgmma (which runs it), then FORM=TIER_MOE_WGMMA_EPI=tma bench/pairs-check.sh .device/bin
+# $OUT/q (~110 s on an H100; the trainer's (a) follows where its gate-up wins).
 # Next, on an H200 (needs_h200), carry [".device/pack.tar.xz", ".device/lib"] (~400 s): session
 # 26's defaults as the peer, the gate in one call, then the attention and golden tests:
 #   TESTS=" " VARIANTS="TIER_PDL=0 TIER_ATTN_FWD=wg;" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab

@@ -143,11 +143,14 @@ __device__ __forceinline__ wg_shared wg_carve(unsigned char *smem)
 	uint32_t base = wg_saddr(smem), pad = (1024u - (base & 1023u)) & 1023u;
 	wg_shared sh;
 	sh.ring = base + pad;
-	sh.full = sh.ring + CFG::STAGES * CFG::STAGE;
+	/* the TMA stores' stagings right after the ring, 1024-byte aligned (their swizzle) */
+	uint32_t st = CFG::ST ? 4 * WG_ST_BYTES : 0;
+	sh.full = sh.ring + CFG::STAGES * CFG::STAGE + st;
 	sh.empty = sh.full + 8 * CFG::STAGES;
 	sh.turn = sh.empty + 8 * CFG::STAGES;
-	sh.out = smem + pad + CFG::STAGES * CFG::STAGE + 16 * CFG::STAGES + 16;
-	sh.tile0 = (int *)(sh.out + (CFG::STG ? 2 * WG_OUT_BYTES : 0));
+	sh.out = CFG::ST ? smem + pad + CFG::STAGES * CFG::STAGE : smem + pad + CFG::STAGES * CFG::STAGE + 16 * CFG::STAGES + 16;
+	sh.tile0 = CFG::ST ? (int *)(sh.out + st + 16 * CFG::STAGES + 16)
+			   : (int *)(sh.out + (CFG::STG ? 2 * WG_OUT_BYTES : 0));
 	sh.roff = sh.tile0 + TIER_MOE_MAX_EXPERTS + 1;
 	sh.wsum = sh.roff + TIER_MOE_MAX_EXPERTS + 1;
 	return sh;
@@ -590,6 +593,7 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 	int coff = !CFG::PP && CFG::BM == 64 ? (CFG::MODE == WG_GU ? CFG::WN / 2 : CFG::WN) * g : 0;
 	long long t = wg_first_tile<CFG>(), step = wg_tile_step<CFG>();
 	uint32_t tph = 0; /* the parity of the other's next turn */
+	int nst = 0;      /* the TMA-store epilogue's subtiles so far (wg_st_sub) */
 	if (CFG::PP) {
 		t += (long long)g * gridDim.x, step *= 2;
 		if (g)
@@ -625,11 +629,18 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 			int row0 = tl.row0 + roff + 64 * m;
 			if (row0 >= tl.rend)
 				break; /* the whole warpgroup alike: no staging barrier is left half-passed */
-			if constexpr (CFG::MODE == WG_GU)
+			if constexpr (CFG::MODE == WG_GU && CFG::ST)
+				wg_put_gu_st<CFG>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane, nst);
+			else if constexpr (CFG::MODE == WG_GU)
 				wg_put_gu<CFG>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane);
 			else if constexpr (wg_is_swb<OUT>::v)
 				wg_put_swb<CFG>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane);
-			else if (!a.beta)
+			else if constexpr (CFG::ST && sizeof(OUT) == 2) {
+				if (!a.beta)
+					wg_put_st<CFG>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane, nst);
+				else
+					wg_store<CFG, OUT>(d[m], a, tl, roff + 64 * m, coff, warp, lane);
+			} else if (!a.beta)
 				wg_put<CFG, OUT>(d[m], a, sh, row0, tl.rend, tl.col0 + coff, g, warp, lane);
 			else
 				wg_store<CFG, OUT>(d[m], a, tl, roff + 64 * m, coff, warp, lane);
@@ -637,6 +648,9 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 		if (CFG::PP)
 			wg_skip(s, ph, nk, CFG::STAGES);
 	}
+	if constexpr (CFG::ST) /* the stores done before the CTA's shared memory goes */
+		if (tid == 0)
+			tma_reduce_wait();
 }
 #endif /* WG_SM90A */
 
@@ -647,12 +661,12 @@ struct wg_stg {
 	static constexpr int v = MODE == WG_GU || sizeof(OUT) == 2 || wg_is_swb<OUT>::v;
 };
 
-template <int BM, int BN, int MODE, int PP, typename OUT, int DBG, int TMA, int CL>
+template <int BM, int BN, int MODE, int PP, typename OUT, int DBG, int TMA, int CL, int ST>
 __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant__ wg_args<MODE> a)
 {
 	pdl_enter();
 #ifdef WG_SM90A
-	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA, CL> CFG;
+	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA, CL, ST> CFG;
 	extern __shared__ __align__(16) unsigned char wg_smem[];
 	wg_shared sh = wg_carve<CFG>(wg_smem);
 #ifdef TIER_WG_WATCHDOG
@@ -678,7 +692,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 	/* SwiGLU's backward in the epilogue holds its arithmetic beside the accumulators: at the even
 	 * share (168) a consumer of 256 columns spills ~1 KiB. The producers give registers up (72: at 56
 	 * the TMA producer spills; the cp.async form spills ~100 bytes at 72, and is not the default)
-	 * and the consumers take 216: 128 x 72 + 256 x 216 <= 64 Ki. */
+	 * and the consumers take 216: 128 x 72 + 256 x 216 <= 64 Ki. (Gate/up's 128x256 TMA-store kernel
+	 * spills 136 bytes at the even share, and 152 with this split, so it keeps the even share.) */
 	constexpr bool regs = wg_is_swb<OUT>::v;
 	if (g == 0) {
 		if constexpr (regs)
@@ -705,7 +720,7 @@ enum { WG_128x256, WG_128x128, WG_64x256, WG_PP64x256, WG_PP128x128, WG_NSHAPES 
 /* A call's plan, each knob read once (wg_plan): tile shape, CTAs, the measurement kernel
  * (TIER_MOE_WGMMA_DEBUG, WG_DBG_*) and the TMA knob (wg_tma_wanted's values). */
 struct wg_plan_t {
-	int shape, ctas, dbg, tma, cl;
+	int shape, ctas, dbg, tma, cl, st;
 };
 static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 
@@ -899,13 +914,35 @@ static int wg_watch_report(tier_dev *dev, int stages)
 }
 #endif
 
-/* Kernels launched on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2), for the tests to see that the form ran
- * (atomic: ranks' threads may launch at once). */
-static unsigned long long wg_pair_launches;
+/* Kernels launched on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2) and with the TMA-store epilogue
+ * (TIER_MOE_WGMMA_EPI=tma), for the tests to see that the forms ran (atomic: ranks' threads may
+ * launch at once). */
+static unsigned long long wg_pair_launches, wg_st_launches;
 
 extern "C" unsigned long long moe_cuda_wgmma_pair_launches(void)
 {
 	return __atomic_load_n(&wg_pair_launches, __ATOMIC_RELAXED);
+}
+
+extern "C" unsigned long long moe_cuda_wgmma_tma_store_launches(void)
+{
+	return __atomic_load_n(&wg_st_launches, __ATOMIC_RELAXED);
+}
+
+/* The TMA stores' maps (CFG::ST): gate/up's g, u and h, or the bf16 C, rows_bound x N each. */
+template <class CFG>
+static int wg_store_maps(typename CFG::args &a, int rows_bound)
+{
+	memset(a.omap, 0, sizeof a.omap);
+	if constexpr (CFG::ST) {
+		void *out[3] = { a.c, a.u, a.h };
+		for (int i = 0; i < (CFG::MODE == WG_GU ? 3 : 1); i++) {
+			int rc = base_tmap_bf16_store(&a.omap[i], out[i], (uint64_t)rows_bound, (uint64_t)a.N);
+			if (rc)
+				return rc;
+		}
+	}
+	return 0;
 }
 
 /* The kernel on grid CTAs, in clusters of cl (1: none), with tier_launch's dependent launch. */
@@ -955,11 +992,14 @@ static int wg_max_clusters(KERN kernel, int ord, int cl, size_t smem, int *n)
 	return 0;
 }
 
-template <int BM, int BN, int MODE, int PP, typename OUT, int DBG = WG_DBG_NONE, int TMA = 0, int CL = 1>
+template <int BM, int BN, int MODE, int PP, typename OUT, int DBG = WG_DBG_NONE, int TMA = 0, int CL = 1, int ST = 0>
 static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, const moe_wg_seg *hseg)
 {
-	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA, CL> CFG;
-	auto kernel = wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA, CL>;
+	typedef wg_cfg<BM, BN, MODE, PP, DBG, wg_stg<MODE, OUT>::v, TMA, CL, ST> CFG;
+	auto kernel = wg_kernel<BM, BN, MODE, PP, OUT, DBG, TMA, CL, ST>;
+	int rc0 = wg_store_maps<CFG>(a, rows_bound);
+	if (rc0)
+		return rc0;
 	/* sum_e ceil(n_e / TM) <= (rows + (TM - 1) (non-empty experts)) / TM for the tiles' TM = CL BM
 	 * rows, and at most min(E, rows_bound) experts have rows */
 	constexpr int TM = BM * CL;
@@ -991,6 +1031,8 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, 
 	e = cudaGetLastError();
 	if (e == cudaSuccess && CL > 1)
 		__atomic_fetch_add(&wg_pair_launches, 1ull, __ATOMIC_RELAXED);
+	if (e == cudaSuccess && ST)
+		__atomic_fetch_add(&wg_st_launches, 1ull, __ATOMIC_RELAXED);
 	if (maps) /* in stream order: after the kernel, or at once when it did not launch */
 		(void)cudaFreeAsync(maps, moe_stream(dev));
 	if (e != cudaSuccess)
@@ -1036,9 +1078,18 @@ static int wg_tma_wanted(void)
 /* The kernel of each tile shape, with cp.async (TMA 0) or TMA loads (gate/up's cooperative 64x256
  * never takes TMA: its two consumers would split g from u; the caller does not ask for it). */
 template <int MODE, typename OUT, int TMA>
-static int wg_by_shape(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas, int cl,
+static int wg_by_shape(tier_dev *dev, wg_args<MODE> &a, int shape, int rows_bound, int ctas, int cl, int st,
 		       const moe_wg_seg *hseg)
 {
+	/* the TMA-store epilogue (TIER_MOE_WGMMA_EPI=tma) where it applies: bf16 outputs but dh's
+	 * SwiGLU backward, one CTA a tile */
+	constexpr bool st_fits = TMA && (MODE == WG_GU || (sizeof(OUT) == 2 && !wg_is_swb<OUT>::v));
+	if constexpr (st_fits) {
+		if (st && cl == 1 && shape == WG_128x128)
+			return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, 1, 1, 1>(dev, a, rows_bound, ctas, hseg);
+		if (st && cl == 1 && shape == WG_128x256)
+			return wg_launch<128, 256, MODE, 0, OUT, WG_DBG_NONE, 1, 1, 1>(dev, a, rows_bound, ctas, hseg);
+	}
 	if constexpr (TMA) { /* CTA pairs (TIER_MOE_WGMMA_CLUSTER=2) where they apply */
 		if (cl == 2 && shape == WG_128x128)
 			return wg_launch<128, 128, MODE, 0, OUT, WG_DBG_NONE, 1, 2>(dev, a, rows_bound, ctas, hseg);
@@ -1094,8 +1145,8 @@ static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, const wg_plan_t &pl, int
 			return wg_launch_dbg<128, 256, MODE, 0, OUT>(dev, a, rows_bound, ctas, dbg);
 	}
 	if (tma && tma_fits)
-		return wg_by_shape<MODE, OUT, 1>(dev, a, shape, rows_bound, ctas, pl.cl, hseg);
-	return wg_by_shape<MODE, OUT, 0>(dev, a, shape, rows_bound, ctas, 1, hseg);
+		return wg_by_shape<MODE, OUT, 1>(dev, a, shape, rows_bound, ctas, pl.cl, pl.st, hseg);
+	return wg_by_shape<MODE, OUT, 0>(dev, a, shape, rows_bound, ctas, 1, 0, hseg);
 }
 
 /* The checks both entry points share: the device, E, the output columns N and the depth K (named
@@ -1128,6 +1179,10 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 	pl->cl = !cl || !*cl || !strcmp(cl, "1") ? 1 : !strcmp(cl, "2") ? 2 : -1;
 	if (pl->cl < 0)
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_CLUSTER=%s; use 2 (CTA pairs) or 1, or unset it", fn, cl);
+	const char *epi = getenv("TIER_MOE_WGMMA_EPI");
+	pl->st = !epi || !*epi || !strcmp(epi, "copy") ? 0 : !strcmp(epi, "tma") ? 1 : -1;
+	if (pl->st < 0)
+		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_EPI=%s; use tma (TMA stores) or copy, or unset it", fn, epi);
 	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, &pl->ctas)))
 		return rc;

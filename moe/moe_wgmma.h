@@ -80,6 +80,13 @@
  *       memory once for the pair (extra segments load whole in each CTA). The others run as under
  *       1 (the default): one CTA a tile.
  *       moe_cuda_wgmma_pair_launches counts the launches on pairs.
+ *   TIER_MOE_WGMMA_EPI=tma|copy
+ *       tma: the bf16 outputs (beta 0: gate/up's g, u and h, a bf16 C) of the products on 128x256 or
+ *       128x128 tiles with TMA loads and one CTA a tile leave by TMA stores of 64 x 32 subtiles
+ *       from two stagings a consumer, issued by one thread while the consumer goes back to its
+ *       products; a 64-row block cut by its group's end is stored by the threads. copy (the
+ *       default): the threads copy every block out of the staging. Not yet run on a GPU (session
+ *       29); moe_cuda_wgmma_tma_store_launches counts its launches.
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H
@@ -99,8 +106,10 @@ int moe_cuda_wgmma_supported(tier_dev *dev);
  * products on mma.sync): whether the experts take these kernels. */
 int moe_cuda_wgmma_on(tier_dev *dev);
 
-/* The launches so far (this process) that ran on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2). */
+/* The launches so far (this process) that ran on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2), and with
+ * the TMA-store epilogue (TIER_MOE_WGMMA_EPI=tma). */
 unsigned long long moe_cuda_wgmma_pair_launches(void);
+unsigned long long moe_cuda_wgmma_tma_store_launches(void);
 
 int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
 			     const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha, float beta);

@@ -15,6 +15,7 @@
 #define WG_SMEM (227 * 1024) /* Hopper's shared memory per block */
 #define WG_OUT_ROW 144        /* bytes per row of a consumer's output staging: 128 and 16 of padding */
 #define WG_OUT_BYTES (64 * WG_OUT_ROW) /* a consumer's staging: 64 rows of 128 bytes */
+#define WG_ST_BYTES (64 * 64)          /* one of a consumer's two TMA-store stagings: 64 rows x 32 bf16 */
 
 /* What B is and what the epilogue writes. */
 enum {
@@ -67,6 +68,8 @@ struct wg_args {
 	bf16 *sdg, *sdu;
 	float *sdot;
 	int parts;
+	/* the TMA stores' maps (wg_cfg::ST): the bf16 C, or gate/up's g, u and h (base_tmap_bf16_store) */
+	CUtensorMap omap[3];
 };
 
 /* The output type tag of the products whose epilogue is SwiGLU's backward: C = dh (bf16-rounded as
@@ -92,7 +95,7 @@ struct wg_is_swb<wg_swb> {
  *  - PP 1 (ping-pong): each consumer works on a tile of its own, BM x BN, on the CTA's even or odd
  *    tiles in turn. The producer fills the ring in tile order, so one consumer's products run while
  *    the other stores its last tile: the stores hide behind the products. */
-template <int BM_, int BN_, int MODE_, int PP_, int DBG_, int STG_, int TMA_ = 0, int CL_ = 1>
+template <int BM_, int BN_, int MODE_, int PP_, int DBG_, int STG_, int TMA_ = 0, int CL_ = 1, int ST_ = 0>
 struct wg_cfg {
 	static constexpr int BM = BM_, BN = BN_, MODE = MODE_, PP = PP_;
 	static constexpr int DBG = DBG_; /* a measurement knob: WG_DBG_* above (0: the real kernel) */
@@ -109,6 +112,11 @@ struct wg_cfg {
 	 * both have read the stage, and a stage's "full" barrier one arrival from the other CTA's producer
 	 * (wg_pair_arrive). Extra segments load whole in each CTA. Cooperative 128-row TMA tiles. */
 	static constexpr int CL = CL_;
+	/* 1: bf16 outputs (beta 0) leave by TMA stores of 64 x 32 subtiles, issued by one thread of the
+	 * consumer from two stagings in turn, so that the consumer goes back to its products while the
+	 * stores drain (wg_put_st); a 64-row block that a group's end cuts goes out by the threads' own
+	 * stores, as TMA does not stop at the group's end. */
+	static constexpr int ST = ST_;
 	static constexpr int OBN = MODE == WG_GU ? BN / 2 : BN;
 	static constexpr int WN = PP || BM == 128 ? BN : BN / 2;
 	static constexpr int MT = PP ? BM / 64 : 1;
@@ -120,7 +128,7 @@ struct wg_cfg {
 	/* besides the stages and their two barriers each: 1024 of slack to align the ring, the two
 	 * ping-pong turn barriers, the consumers' output staging (only where used: it costs 64 x 256
 	 * tiles a ring stage), the table */
-	static constexpr int FIXED = 1024 + 16 + (STG ? 2 * WG_OUT_BYTES : 0) + 4 * TABLE;
+	static constexpr int FIXED = 1024 + 16 + (ST ? 4 * WG_ST_BYTES : STG ? 2 * WG_OUT_BYTES : 0) + 4 * TABLE;
 	static constexpr int STAGES = (WG_SMEM - FIXED) / (STAGE + 16);
 	static constexpr size_t BYTES = (size_t)FIXED + (size_t)STAGES * (STAGE + 16);
 	static_assert(BM == 64 || BM == 128, "one consumer warpgroup per 64 rows, or both on 64");
@@ -131,6 +139,8 @@ struct wg_cfg {
 	static_assert(!TMA || MODE != WG_GU || WN == BN, "TMA: g and u in one consumer");
 	static_assert(CL == 1 || (CL == 2 && TMA && !PP && BM == 128 && DBG == WG_DBG_NONE), "pairs: cooperative "
 		      "128-row tiles, TMA");
+	static_assert(!ST || (STG && TMA && !PP && BM == 128 && CL == 1 && DBG == WG_DBG_NONE), "TMA stores: "
+		      "cooperative 128-row tiles, TMA loads");
 };
 
 struct wg_tile {

@@ -162,6 +162,103 @@ __device__ __forceinline__ void wg_put_gu(float (&d)[CFG::WN / 2], const typenam
 	wg_put_cols<bf16, 0, CFG::WN / 2>(st, a.h, a.N, row0, rend, col0, g, warp, lane, hv);
 }
 
+/* ---- the TMA-store epilogue (wg_cfg::ST: bf16 outputs, beta 0) ----
+ * A consumer's 64-row block leaves in subtiles of 64 rows x 32 columns (64 bytes a row), each put
+ * into one of the consumer's two stagings in the 64B swizzle (16-byte chunk j of row r at chunk
+ * j ^ ((r / 2) % 4): a warp's 8 rows x 4 pairs land on 32 different banks), then written by one TMA
+ * store that thread 0 of the consumer issues and commits; the consumer goes on at once. Before a
+ * staging is written again, the store that last read it must be done reading (bulk_wait_read: the
+ * stores alternate between the stagings, so at most the other one's may still read). A block that
+ * the group's end cuts is copied out by the threads themselves (a TMA store writes every row of its
+ * box inside the matrix, and the rows past the group's end are another group's); before those
+ * copies every earlier store must be done reading, since none is committed for them. n counts the
+ * consumer's subtiles (its staging n % 2). */
+__device__ __forceinline__ uint32_t wg_st_swz(int row, int j) { return (uint32_t)(row * 64 + ((j ^ ((row >> 1) & 3)) << 4)); }
+
+/* Columns [C0, C0 + 32) of the block from col0 (VAL as wg_put_chunk's: q counted from the block's
+ * first column), to out (N columns) through map. */
+template <int C0, class VAL>
+__device__ __forceinline__ void wg_st_sub(unsigned char *st2, const CUtensorMap *map, bf16 *out, int N, int row0,
+					  int rend, int col0, int g, int warp, int lane, int &n, VAL val)
+{
+	if (col0 + C0 >= N)
+		return; /* the same for the whole warpgroup */
+	int tid = 32 * warp + lane;
+	bool whole = row0 + 64 <= rend;
+	unsigned char *buf = st2 + (n & 1) * WG_ST_BYTES;
+	if (tid == 0) {
+		if (whole)
+			bulk_wait_read<1>();
+		else
+			bulk_wait_read<0>();
+	}
+	wg_wg_sync(g); /* and the copies of the last use of buf are done */
+#pragma unroll
+	for (int qq = 0; qq < 4; qq++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			int row = 16 * warp + (lane >> 2) + 8 * h;
+			moe_set2((bf16 *)(buf + wg_st_swz(row, qq) + 4 * (lane & 3)), val(C0 / 8 + qq, h, 0),
+				 val(C0 / 8 + qq, h, 1));
+		}
+	if (whole) {
+		fence_proxy_async(); /* this thread's writes, before the async proxy's reads */
+		wg_wg_sync(g);
+		if (tid == 0) {
+			tma_store(map, wg_saddr(buf), col0 + C0, row0);
+			tma_reduce_commit();
+		}
+	} else {
+		wg_wg_sync(g);
+#pragma unroll
+		for (int p = 0; p < 2; p++) {
+			int piece = tid + 128 * p, row = piece >> 2, k = piece & 3, col = col0 + C0 + 8 * k;
+			if (row0 + row < rend && col < N) /* N % 8 == 0: a 16-byte piece is all in or all out */
+				*(uint4 *)(out + (size_t)(row0 + row) * N + col) = *(const uint4 *)(buf + wg_st_swz(row, k));
+		}
+	}
+	n++;
+}
+
+template <int C0, int COLS, class VAL>
+__device__ __forceinline__ void wg_st_cols(unsigned char *st2, const CUtensorMap *map, bf16 *out, int N, int row0,
+					   int rend, int col0, int g, int warp, int lane, int &n, VAL val)
+{
+	if constexpr (C0 < COLS) {
+		wg_st_sub<C0>(st2, map, out, N, row0, rend, col0, g, warp, lane, n, val);
+		wg_st_cols<C0 + 32, COLS>(st2, map, out, N, row0, rend, col0, g, warp, lane, n, val);
+	}
+}
+
+/* wg_put and wg_put_gu by TMA stores. */
+template <class CFG>
+__device__ __forceinline__ void wg_put_st(float (&d)[CFG::WN / 2], const typename CFG::args &a, const wg_shared &sh,
+					  int row0, int rend, int col0, int g, int warp, int lane, int &n)
+{
+	float alpha = a.alpha;
+	auto val = [&](int q, int h, int b) { return alpha * d[4 * q + 2 * h + b]; };
+	wg_st_cols<0, CFG::WN>(sh.out + g * 2 * WG_ST_BYTES, &a.omap[0], (bf16 *)a.c, a.N, row0, rend, col0, g, warp,
+			       lane, n, val);
+}
+
+template <class CFG>
+__device__ __forceinline__ void wg_put_gu_st(float (&d)[CFG::WN / 2], const typename CFG::args &a,
+					     const wg_shared &sh, int row0, int rend, int col0, int g, int warp, int lane,
+					     int &n)
+{
+	static_assert(CFG::TMA, "g in the first WN / 2 accumulator columns, u after them");
+	unsigned char *st2 = sh.out + g * 2 * WG_ST_BYTES;
+	auto gv = [&](int q, int h, int b) { return d[4 * q + 2 * h + b]; };
+	auto uv = [&](int q, int h, int b) { return d[4 * (q + CFG::WN / 16) + 2 * h + b]; };
+	auto hv = [&](int q, int h, int b) {
+		float x = d[4 * q + 2 * h + b];
+		return x / (1.0f + expf(-x)) * d[4 * (q + CFG::WN / 16) + 2 * h + b];
+	};
+	wg_st_cols<0, CFG::WN / 2>(st2, &a.omap[0], (bf16 *)a.c, a.N, row0, rend, col0, g, warp, lane, n, gv);
+	wg_st_cols<0, CFG::WN / 2>(st2, &a.omap[1], a.u, a.N, row0, rend, col0, g, warp, lane, n, uv);
+	wg_st_cols<0, CFG::WN / 2>(st2, &a.omap[2], a.h, a.N, row0, rend, col0, g, warp, lane, n, hv);
+}
+
 /* ---- SwiGLU's backward in the epilogue (OUT wg_swb: the experts' dh = dY down_e, moe_wgmma.h's
  * moe_cuda_grouped_dh_swiglu_sm90) ----
  * dh goes through the staging as a bf16 C would (the same rounding), and each 16-byte piece of it

@@ -16,6 +16,7 @@
 #endif
 #include "moe_ref.h"
 #ifdef TIER_HAVE_CUDA
+#include "base/tmap_cuda.h"
 #include "moe/moe_wgmma.h"
 
 /* Both sides multiply the same bf16 values; the GPU sums in fp32 (in another order), which stays
@@ -141,6 +142,28 @@ static void knobs(const char *tile, const char *ctas)
 		unsetenv("TIER_MOE_WGMMA_CTAS");
 }
 
+/* The off-by-default forms each run must take (TMA loads required): CTA pairs, the TMA-store
+ * epilogue; their knob and launch counter. */
+static const struct {
+	const char *knob, *value, *name;
+	unsigned long long (*launches)(void);
+	int bf16_only; /* a product with an fp32 C does not take it */
+} forms[] = {
+	{ "TIER_MOE_WGMMA_CLUSTER", "2", "pairs", moe_cuda_wgmma_pair_launches, 0 },
+	{ "TIER_MOE_WGMMA_EPI", "tma", "TMA stores", moe_cuda_wgmma_tma_store_launches, 1 },
+};
+#define NFORMS (sizeof forms / sizeof forms[0])
+
+static void form_on(size_t f)
+{
+	setenv(forms[f].knob, forms[f].value, 1);
+}
+
+static void form_off(size_t f)
+{
+	unsetenv(forms[f].knob);
+}
+
 /* C's bytes before the call, rb + 1 rows (the last a guard past rows_bound): 0xff (NaN) with beta 0,
  * else bf16-rounded random values (cf: the same as floats). */
 static unsigned char *c_start(const wprob *p, int c_bf16, int beta, float *cf)
@@ -242,9 +265,10 @@ static void run_pass(const wprob *p, int kn, const char *tag, size_t i0, size_t 
 /* In both weight layouts, with cp.async: every tile shape with each output kind, then few CTAs (in
  * pp128x128 the two consumers' turns and ring parities over many tiles); then the same with the TMA
  * loads required (a fallback to cp.async fails the call), half the output kinds in each layout. */
-/* CTA pairs (TIER_MOE_WGMMA_CLUSTER=2, TMA required) in layout kn: both 128-row tiles with every
- * output kind, then one and two pairs on many tiles each; every call must have run on pairs. */
-static void run_pairs(const wprob *p, int kn)
+/* Form f (TMA required) in layout kn: both 128-row tiles with every output kind, then few CTAs
+ * (one and two pairs) on many tiles each; every call that the form applies to must have run in it
+ * (a bf16 C with beta 1 takes the TMA-store kernel, which adds to it as before; an fp32 C does not). */
+static void run_form(const wprob *p, int kn, size_t f)
 {
 	static const few_run runs[] = {
 		{ "128x256", NULL, 0, 1.0f, 0, "128x256" },	      { "128x256", NULL, 0, 0.37f, 1, "128x256" },
@@ -255,16 +279,16 @@ static void run_pairs(const wprob *p, int kn)
 	};
 	char what[160];
 	setenv("TIER_MOE_WGMMA_TMA", "require", 1);
-	setenv("TIER_MOE_WGMMA_CLUSTER", "2", 1);
+	form_on(f);
 	for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-		unsigned long long n0 = moe_cuda_wgmma_pair_launches();
+		unsigned long long n0 = forms[f].launches();
 		knobs(runs[r].tile, runs[r].ctas);
-		snprintf(what, sizeof what, "pairs E %d N %d K %d rows %d w_kn %d, %s c_bf16 %d alpha %g beta %d", p->E, p->N,
-			 p->K, p->rows, kn, runs[r].label, runs[r].c_bf16, (double)runs[r].alpha, runs[r].beta);
+		snprintf(what, sizeof what, "%s E %d N %d K %d rows %d w_kn %d, %s c_bf16 %d alpha %g beta %d", forms[f].name,
+			 p->E, p->N, p->K, p->rows, kn, runs[r].label, runs[r].c_bf16, (double)runs[r].alpha, runs[r].beta);
 		run_one(p, kn, runs[r].c_bf16, runs[r].alpha, runs[r].beta, what);
-		assert_int_equal(moe_cuda_wgmma_pair_launches() - n0, p->rb > 0);
+		assert_int_equal(forms[f].launches() - n0, p->rb > 0 && (runs[r].c_bf16 || !forms[f].bf16_only));
 	}
-	unsetenv("TIER_MOE_WGMMA_CLUSTER");
+	form_off(f);
 	unsetenv("TIER_MOE_WGMMA_TMA");
 	knobs(NULL, NULL);
 }
@@ -289,7 +313,8 @@ static void run_all(const wprob *p)
 		run_pass(p, kn, "TMA ", (size_t)kn, 2, tma_few, sizeof tma_few / sizeof tma_few[0]);
 		unsetenv("TIER_MOE_WGMMA_TMA");
 		knobs(NULL, NULL);
-		run_pairs(p, kn);
+		for (size_t f = 0; f < NFORMS; f++)
+			run_form(p, kn, f);
 	}
 }
 
@@ -382,19 +407,21 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 		}
 		unsetenv("TIER_MOE_WGMMA_TMA");
 	}
-	/* CTA pairs (TMA required): both 128-row tiles, then one and two pairs on many tiles */
-	static const char *pairs[][2] = { { "128x256", NULL }, { "128x128", NULL }, { "128x256", "2" }, { "128x128", "4" } };
+	/* each form (TMA required): both 128-row tiles, then few CTAs on many tiles */
+	static const char *fruns[][2] = { { "128x256", NULL }, { "128x128", NULL }, { "128x256", "2" }, { "128x128", "4" } };
 	setenv("TIER_MOE_WGMMA_TMA", "require", 1);
-	setenv("TIER_MOE_WGMMA_CLUSTER", "2", 1);
-	for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
-		unsigned long long n0 = moe_cuda_wgmma_pair_launches();
-		knobs(pairs[i][0], pairs[i][1]);
-		snprintf(what, sizeof what, "gate/up pairs E %d H %d I %d rows %d tile %s CTAs %s", E, H, I, p.rows,
-			 pairs[i][0], pairs[i][1] ? pairs[i][1] : "all");
-		gu_one(&p, NULL, NULL, what);
-		assert_int_equal(moe_cuda_wgmma_pair_launches() - n0, p.rb > 0);
+	for (size_t f = 0; f < NFORMS; f++) {
+		form_on(f);
+		for (size_t i = 0; i < sizeof fruns / sizeof fruns[0]; i++) {
+			unsigned long long n0 = forms[f].launches();
+			knobs(fruns[i][0], fruns[i][1]);
+			snprintf(what, sizeof what, "gate/up %s E %d H %d I %d rows %d tile %s CTAs %s", forms[f].name, E, H, I,
+				 p.rows, fruns[i][0], fruns[i][1] ? fruns[i][1] : "all");
+			gu_one(&p, NULL, NULL, what);
+			assert_int_equal(forms[f].launches() - n0, p.rb > 0);
+		}
+		form_off(f);
 	}
-	unsetenv("TIER_MOE_WGMMA_CLUSTER");
 	unsetenv("TIER_MOE_WGMMA_TMA");
 	knobs(NULL, NULL);
 	prob_free(&p);
@@ -511,19 +538,21 @@ static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, in
 					seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
 				}
 		}
-		/* CTA pairs: the main part's B shared, the segments' loaded whole in each CTA */
-		setenv("TIER_MOE_WGMMA_CLUSTER", "2", 1);
-		for (int t = 1; t <= 2; t++)
-			for (int v = 0; v < 2; v++) {
-				unsigned long long n0 = moe_cuda_wgmma_pair_launches();
-				knobs(all_tiles[t], v ? "2" : NULL);
-				snprintf(what, sizeof what, "segments pairs E %d N %d k %d+%d,%d+%d,%d w_kn %d tile %s%s", E, N,
-					 kw[0], nseg > 0 ? kw[1] : 0, nseg > 0 ? kw[2] : 0, nseg > 1 ? kw[3] : 0,
-					 nseg > 1 ? kw[4] : 0, kn, all_tiles[t], v ? " 2 CTAs" : "");
-				seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
-				assert_int_equal(moe_cuda_wgmma_pair_launches() - n0, p.rb > 0);
-			}
-		unsetenv("TIER_MOE_WGMMA_CLUSTER");
+		/* each form (pairs: the main part's B shared, the segments' loaded whole in each CTA) */
+		for (size_t f = 0; f < NFORMS; f++) {
+			form_on(f);
+			for (int t = 1; t <= 2; t++)
+				for (int v = 0; v < 2; v++) {
+					unsigned long long n0 = forms[f].launches();
+					knobs(all_tiles[t], v ? "2" : NULL);
+					snprintf(what, sizeof what, "segments %s E %d N %d k %d+%d,%d+%d,%d w_kn %d tile %s%s",
+						 forms[f].name, E, N, kw[0], nseg > 0 ? kw[1] : 0, nseg > 0 ? kw[2] : 0,
+						 nseg > 1 ? kw[3] : 0, nseg > 1 ? kw[4] : 0, kn, all_tiles[t], v ? " 2 CTAs" : "");
+					seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
+					assert_int_equal(forms[f].launches() - n0, p.rb > 0 && (v || !forms[f].bf16_only));
+				}
+			form_off(f);
+		}
 		unsetenv("TIER_MOE_WGMMA_TMA");
 		knobs(NULL, NULL);
 		cut_free(&c, E);
@@ -574,18 +603,20 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 		}
 		unsetenv("TIER_MOE_WGMMA_TMA");
 	}
-	/* CTA pairs (TMA all, the default): gate_e's and up_e's boxes shared, the segment whole */
-	static const char *pairs[][2] = { { "128x256", NULL }, { "128x128", "2" } };
-	setenv("TIER_MOE_WGMMA_CLUSTER", "2", 1);
-	for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
-		unsigned long long n0 = moe_cuda_wgmma_pair_launches();
-		knobs(pairs[i][0], pairs[i][1]);
-		snprintf(what, sizeof what, "gate/up + segment pairs E %d H %d I %d r %d,%d rows %d tile %s CTAs %s", E, H,
-			 I, r0, r1, p.rows, pairs[i][0], pairs[i][1] ? pairs[i][1] : "all");
-		gu_one(&q, &c.seg[0], c.tab, what);
-		assert_int_equal(moe_cuda_wgmma_pair_launches() - n0, p.rb > 0);
+	/* each form (TMA all, the default; pairs: gate_e's and up_e's boxes shared, the segment whole) */
+	static const char *fruns[][2] = { { "128x256", NULL }, { "128x128", "2" } };
+	for (size_t f = 0; f < NFORMS; f++) {
+		form_on(f);
+		for (size_t i = 0; i < sizeof fruns / sizeof fruns[0]; i++) {
+			unsigned long long n0 = forms[f].launches();
+			knobs(fruns[i][0], fruns[i][1]);
+			snprintf(what, sizeof what, "gate/up + segment %s E %d H %d I %d r %d,%d rows %d tile %s CTAs %s",
+				 forms[f].name, E, H, I, r0, r1, p.rows, fruns[i][0], fruns[i][1] ? fruns[i][1] : "all");
+			gu_one(&q, &c.seg[0], c.tab, what);
+			assert_int_equal(forms[f].launches() - n0, p.rb > 0);
+		}
+		form_off(f);
 	}
-	unsetenv("TIER_MOE_WGMMA_CLUSTER");
 	knobs(NULL, NULL);
 	for (int e = 0; e < E; e++)
 		tier_dev_free(gpu, upw[e]);
@@ -785,6 +816,17 @@ static void test_bad_input(void **state)
 	setenv("TIER_MOE_WGMMA_CLUSTER", "4", 1); /* malformed: pairs only */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	unsetenv("TIER_MOE_WGMMA_CLUSTER");
+	setenv("TIER_MOE_WGMMA_EPI", "bulk", 1); /* malformed */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	unsetenv("TIER_MOE_WGMMA_EPI");
+	if (base_tmap_ok()) { /* the TMA stores' maps: what the encoder cannot take is refused first */
+		CUtensorMap m;
+		assert_int_equal(base_tmap_bf16_store(&m, (void *)72, 4, 8), -EINVAL); /* base % 16 */
+		assert_int_equal(base_tmap_bf16_store(&m, (void *)64, 4, 12), -EINVAL); /* cols % 8 */
+		assert_int_equal(base_tmap_bf16_store(&m, (void *)64, 0, 8), -EINVAL);	/* no rows */
+		assert_int_equal(base_tmap_bf16_store(NULL, (void *)64, 4, 8), -EINVAL);
+		assert_int_equal(base_tmap_bf16_store(&m, (void *)64, 4, 8), 0);
+	}
 	setenv("TIER_MOE_WGMMA_TMA", "yes", 1); /* malformed */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 1, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	unsetenv("TIER_MOE_WGMMA_TMA");
