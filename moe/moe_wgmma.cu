@@ -945,6 +945,16 @@ static int wg_store_maps(typename CFG::args &a, int rows_bound)
 	return 0;
 }
 
+/* The launch attribute of clusters of cl CTAs along x. */
+static cudaLaunchAttribute wg_cluster_attr(int cl)
+{
+	cudaLaunchAttribute at;
+	memset(&at, 0, sizeof at);
+	at.id = cudaLaunchAttributeClusterDimension;
+	at.val.clusterDim.x = (unsigned)cl, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+	return at;
+}
+
 /* The kernel on grid CTAs, in clusters of cl (1: none), with tier_launch's dependent launch. */
 template <typename KERN, typename ARGS>
 static cudaError_t wg_start(KERN kernel, int grid, int cl, size_t smem, cudaStream_t st, const ARGS &a)
@@ -953,8 +963,7 @@ static cudaError_t wg_start(KERN kernel, int grid, int cl, size_t smem, cudaStre
 		return tier_launch(kernel, grid, WG_THREADS, smem, st, a);
 	cudaLaunchAttribute at[2];
 	memset(at, 0, sizeof at);
-	at[0].id = cudaLaunchAttributeClusterDimension;
-	at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+	at[0] = wg_cluster_attr(cl);
 	at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
 	at[1].val.programmaticStreamSerializationAllowed = tier_pdl_on();
 	cudaLaunchConfig_t cfg;
@@ -973,10 +982,7 @@ static int wg_max_clusters(KERN kernel, int ord, int cl, size_t smem, int *n)
 	static int fits[WG_MAX_DEVICES];
 	int unknown = 0, *known = ord >= 0 && ord < WG_MAX_DEVICES ? &fits[ord] : &unknown;
 	if (!*known) {
-		cudaLaunchAttribute at;
-		memset(&at, 0, sizeof at);
-		at.id = cudaLaunchAttributeClusterDimension;
-		at.val.clusterDim.x = (unsigned)cl, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+		cudaLaunchAttribute at = wg_cluster_attr(cl);
 		cudaLaunchConfig_t cfg;
 		memset(&cfg, 0, sizeof cfg);
 		cfg.gridDim = dim3((unsigned)cl), cfg.blockDim = dim3(WG_THREADS), cfg.dynamicSmemBytes = smem;

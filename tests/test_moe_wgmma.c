@@ -164,6 +164,12 @@ static void form_off(size_t f)
 	unsetenv(forms[f].knob);
 }
 
+/* Form f's launches since n0: one where the call launched in it (want), else none. */
+static void form_ran(size_t f, unsigned long long n0, int want)
+{
+	assert_int_equal(forms[f].launches() - n0, want);
+}
+
 /* C's bytes before the call, rb + 1 rows (the last a guard past rows_bound): 0xff (NaN) with beta 0,
  * else bf16-rounded random values (cf: the same as floats). */
 static unsigned char *c_start(const wprob *p, int c_bf16, int beta, float *cf)
@@ -286,7 +292,7 @@ static void run_form(const wprob *p, int kn, size_t f)
 		snprintf(what, sizeof what, "%s E %d N %d K %d rows %d w_kn %d, %s c_bf16 %d alpha %g beta %d", forms[f].name,
 			 p->E, p->N, p->K, p->rows, kn, runs[r].label, runs[r].c_bf16, (double)runs[r].alpha, runs[r].beta);
 		run_one(p, kn, runs[r].c_bf16, runs[r].alpha, runs[r].beta, what);
-		assert_int_equal(forms[f].launches() - n0, p->rb > 0 && (runs[r].c_bf16 || !forms[f].bf16_only));
+		form_ran(f, n0, p->rb > 0 && (runs[r].c_bf16 || !forms[f].bf16_only));
 	}
 	form_off(f);
 	unsetenv("TIER_MOE_WGMMA_TMA");
@@ -418,7 +424,7 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 			snprintf(what, sizeof what, "gate/up %s E %d H %d I %d rows %d tile %s CTAs %s", forms[f].name, E, H, I,
 				 p.rows, fruns[i][0], fruns[i][1] ? fruns[i][1] : "all");
 			gu_one(&p, NULL, NULL, what);
-			assert_int_equal(forms[f].launches() - n0, p.rb > 0);
+			form_ran(f, n0, p.rb > 0);
 		}
 		form_off(f);
 	}
@@ -549,7 +555,7 @@ static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, in
 						 forms[f].name, E, N, kw[0], nseg > 0 ? kw[1] : 0, nseg > 0 ? kw[2] : 0,
 						 nseg > 1 ? kw[3] : 0, nseg > 1 ? kw[4] : 0, kn, all_tiles[t], v ? " 2 CTAs" : "");
 					seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
-					assert_int_equal(forms[f].launches() - n0, p.rb > 0 && (v || !forms[f].bf16_only));
+					form_ran(f, n0, p.rb > 0 && (v || !forms[f].bf16_only));
 				}
 			form_off(f);
 		}
@@ -613,7 +619,7 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 			snprintf(what, sizeof what, "gate/up + segment %s E %d H %d I %d r %d,%d rows %d tile %s CTAs %s",
 				 forms[f].name, E, H, I, r0, r1, p.rows, fruns[i][0], fruns[i][1] ? fruns[i][1] : "all");
 			gu_one(&q, &c.seg[0], c.tab, what);
-			assert_int_equal(forms[f].launches() - n0, p.rb > 0);
+			form_ran(f, n0, p.rb > 0);
 		}
 		form_off(f);
 	}
