@@ -497,6 +497,18 @@ __device__ __forceinline__ void wg_release(const wg_shared &sh, int s, int lane)
 	bar_arrive(sh.empty + 8 * s);
 }
 
+/* n stages handed back as each fills, their products skipped. */
+template <class CFG>
+__device__ __forceinline__ void wg_pass(const wg_shared &sh, int &s, uint32_t &ph, int n, int lane)
+{
+	for (; n > 0; n--) {
+		bar_wait(sh.full + 8 * s, ph);
+		__syncwarp();
+		wg_release<CFG>(sh, s, lane);
+		wg_ring_next(s, ph, CFG::STAGES);
+	}
+}
+
 /* The ring stages of one tile: its main segment's and each extra segment's. */
 __device__ __forceinline__ int wg_tile_stages(int K, int nseg, const wg_seg_dev *seg)
 {
@@ -509,17 +521,23 @@ __device__ __forceinline__ int wg_tile_stages(int K, int nseg, const wg_seg_dev 
 /* One tile's products into d: per stage one group of 4 k-steps (k past a segment's end are zeros)
  * on each of the MT 64-row blocks is issued while the previous stage's group may still run; that
  * stage goes back to the producer once its group is complete. The main segment's stages, then each
- * extra segment's, all summed into one accumulator. */
+ * extra segment's, all summed into one accumulator.
+ * idle: the consumer's rows all lie past the group's end (the lower half of a group's last 128-row
+ * tile, or a pair's second CTA on an odd last tile): it multiplies nothing and hands every stage
+ * back as it fills, so the other consumer's products have the tensor cores alone (on seed-896's
+ * groups of ~146 rows, half of each group's second tile). The products are skipped by running their
+ * loops zero times, not by a branch around them: ptxas serialises every wgmma of a kernel that has
+ * such a branch (C7515), and zeroing d on the idle path does the same. */
 template <class CFG>
 __device__ __forceinline__ void wg_mainloop(float (&d)[CFG::MT][CFG::WN / 2], const typename CFG::args &a,
 					    const wg_shared &sh, int &s, uint32_t &ph, uint32_t aoff, uint32_t boff,
-					    uint32_t turn, int lane)
+					    uint32_t turn, int lane, bool idle)
 {
 	constexpr int TB = CFG::MODE == WG_KN;        /* B is MN-major */
 	constexpr int BSTEP = TB ? 2048 >> 4 : 32 >> 4; /* k + 16 in B's start address: 2 8-k groups, or 32 bytes */
 	int first = 1, prev = 0;
 	for (int q = -1; q < a.nseg; q++) {
-		int K = q < 0 ? a.K : a.seg[q].K0 + a.seg[q].K1;
+		int K = idle ? 0 : q < 0 ? a.K : a.seg[q].K0 + a.seg[q].K1;
 		for (int k0 = 0; k0 < K; k0 += WG_BK) {
 			bar_wait(sh.full + 8 * s, ph);
 			__syncwarp(); /* the .aligned instructions below want the warp converged */
@@ -557,7 +575,10 @@ __device__ __forceinline__ void wg_mainloop(float (&d)[CFG::MT][CFG::WN / 2], co
 #pragma unroll
 	for (int m = 0; m < CFG::MT; m++)
 		acc_fence(d[m]);
-	wg_release<CFG>(sh, prev, lane);
+	if (!idle)
+		wg_release<CFG>(sh, prev, lane);
+	else
+		wg_pass<CFG>(sh, s, ph, wg_tile_stages(a.K, a.nseg, a.seg), lane);
 }
 
 /* WG_DBG_NOMMA's mainloop: every stage of the tile handed back as soon as it is full. */
@@ -565,12 +586,7 @@ template <class CFG>
 __device__ __forceinline__ void wg_drain(const typename CFG::args &a, const wg_shared &sh, int &s, uint32_t &ph,
 					 uint32_t turn, int lane)
 {
-	for (int n = wg_tile_stages(a.K, a.nseg, a.seg); n > 0; n--) {
-		bar_wait(sh.full + 8 * s, ph);
-		__syncwarp();
-		wg_release<CFG>(sh, s, lane);
-		wg_ring_next(s, ph, CFG::STAGES);
-	}
+	wg_pass<CFG>(sh, s, ph, wg_tile_stages(a.K, a.nseg, a.seg), lane);
 	if (CFG::PP && lane == 0)
 		bar_arrive(turn);
 }
@@ -591,6 +607,8 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 	uint32_t boff = CFG::A_BYTES + (!CFG::PP && CFG::BM == 64 ? CFG::WN * WG_ROW * g : 0);
 	int roff = !CFG::PP && CFG::BM == 128 ? 64 * g : 0;
 	int coff = !CFG::PP && CFG::BM == 64 ? (CFG::MODE == WG_GU ? CFG::WN / 2 : CFG::WN) * g : 0;
+	/* a consumer can find no rows of its group in its tile only where it takes the lower 64 of 128 */
+	constexpr bool CAN_IDLE = !CFG::PP && (CFG::BM == 128 || CFG::CL > 1);
 	long long t = wg_first_tile<CFG>(), step = wg_tile_step<CFG>();
 	uint32_t tph = 0; /* the parity of the other's next turn */
 	int nst = 0;      /* the TMA-store epilogue's subtiles so far (wg_st_sub) */
@@ -611,15 +629,12 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 				for (int j = 0; j < CFG::WN / 2; j++)
 					d[m][j] = 0.0f;
 		}
-		wg_tile tl;
-		if constexpr (wg_is_swb<OUT>::v) { /* g and u on their way to L2 while the products run */
-			tl = wg_find_own<CFG>(sh, a.E, t, ncol);
+		wg_tile tl = wg_find_own<CFG>(sh, a.E, t, ncol);
+		if constexpr (wg_is_swb<OUT>::v) /* g and u on their way to L2 while the products run */
 			wg_swb_prefetch<CFG>(a, tl, roff, coff, tid);
-		}
 		if constexpr (CFG::DBG != WG_DBG_NOMMA)
-			wg_mainloop<CFG>(d, a, sh, s, ph, aoff, boff, sh.turn + 8 * g, lane);
-		if constexpr (!wg_is_swb<OUT>::v)
-			tl = wg_find_own<CFG>(sh, a.E, t, ncol);
+			wg_mainloop<CFG>(d, a, sh, s, ph, aoff, boff, sh.turn + 8 * g, lane,
+					 CAN_IDLE && a.idle && tl.row0 + roff >= tl.rend);
 		/* WG_DBG_NOSTORE stores only under a NaN alpha, which no caller passes: the products stay
 		 * in the code (ptxas drops products whose results are never stored) and the time is theirs
 		 * and the loads' */
@@ -720,7 +735,7 @@ enum { WG_128x256, WG_128x128, WG_64x256, WG_PP64x256, WG_PP128x128, WG_NSHAPES 
 /* A call's plan, each knob read once (wg_plan): tile shape, CTAs, the measurement kernel
  * (TIER_MOE_WGMMA_DEBUG, WG_DBG_*) and the TMA knob (wg_tma_wanted's values). */
 struct wg_plan_t {
-	int shape, ctas, dbg, tma, cl, st;
+	int shape, ctas, dbg, tma, cl, st, idle;
 };
 static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 
@@ -1132,6 +1147,7 @@ template <int MODE, typename OUT>
 static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, const wg_plan_t &pl, int rows_bound, const moe_wg_seg *hseg)
 {
 	int shape = pl.shape, ctas = pl.ctas, dbg = pl.dbg, tma = pl.tma;
+	a.idle = pl.idle;
 	/* gate/up with a segment takes TMA only under tma 3 (all, the default): its TMA form hung in
 	 * session 9 before the producers' named barrier moved off the consumers' staging barrier, and
 	 * passed test_moe_wgmma, test_moe_cuda and the trainer in sessions 10 and 24 (bench/RESULTS.md);
@@ -1189,6 +1205,11 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 	pl->st = !epi || !*epi || !strcmp(epi, "copy") ? 0 : !strcmp(epi, "tma") ? 1 : -1;
 	if (pl->st < 0)
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_EPI=%s; use tma (TMA stores) or copy, or unset it", fn, epi);
+	const char *idle = getenv("TIER_MOE_WGMMA_IDLE");
+	pl->idle = !idle || !*idle || !strcmp(idle, "1") ? 1 : !strcmp(idle, "0") ? 0 : -1;
+	if (pl->idle < 0)
+		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_IDLE=%s; use 1 (consumers without rows skip their "
+				 "products, the default) or 0, or unset it", fn, idle);
 	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, &pl->ctas)))
 		return rc;

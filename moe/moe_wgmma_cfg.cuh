@@ -57,6 +57,7 @@ struct wg_args {
 	float alpha;
 	int E, N, K, beta; /* N: the output columns (gate/up: I) */
 	int rt_bound;      /* row tiles at or past it are never computed: rows_bound's bound on them */
+	int idle;          /* consumers whose rows all lie past their group's end skip the products (wg_mainloop) */
 	bf16 *u;           /* gate/up: u, bf16 */
 	bf16 *h;           /* gate/up: h, bf16 */
 	const bf16 *up[MODE == WG_GU ? TIER_MOE_MAX_EXPERTS : 1]; /* gate/up: up_e */

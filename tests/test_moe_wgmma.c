@@ -299,6 +299,26 @@ static void run_form(const wprob *p, int kn, size_t f)
 	knobs(NULL, NULL);
 }
 
+/* Under TIER_MOE_WGMMA_IDLE=0 (the products before session 30): every consumer multiplies its 64
+ * rows of a 128-row tile even where all of them lie past its group's end. */
+static void run_busy(const wprob *p, int kn)
+{
+	static const few_run runs[] = {
+		{ "128x256", "2", 1, 1.0f, 0, "128x256 on 2 CTAs" },
+		{ "128x128", NULL, 0, 0.37f, 1, "128x128" },
+	};
+	char what[160];
+	setenv("TIER_MOE_WGMMA_IDLE", "0", 1);
+	for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+		knobs(runs[r].tile, runs[r].ctas);
+		snprintf(what, sizeof what, "idle 0 E %d N %d K %d rows %d w_kn %d, %s", p->E, p->N, p->K, p->rows, kn,
+			 runs[r].label);
+		run_one(p, kn, runs[r].c_bf16, runs[r].alpha, runs[r].beta, what);
+	}
+	unsetenv("TIER_MOE_WGMMA_IDLE");
+	knobs(NULL, NULL);
+}
+
 static void run_all(const wprob *p)
 {
 	static const few_run cp_few[] = {
@@ -321,6 +341,7 @@ static void run_all(const wprob *p)
 		knobs(NULL, NULL);
 		for (size_t f = 0; f < NFORMS; f++)
 			run_form(p, kn, f);
+		run_busy(p, kn);
 	}
 }
 
@@ -825,6 +846,9 @@ static void test_bad_input(void **state)
 	setenv("TIER_MOE_WGMMA_EPI", "bulk", 1); /* malformed */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	unsetenv("TIER_MOE_WGMMA_EPI");
+	setenv("TIER_MOE_WGMMA_IDLE", "off", 1); /* malformed */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	unsetenv("TIER_MOE_WGMMA_IDLE");
 	if (base_tmap_ok()) { /* the TMA stores' maps: what the encoder cannot take is refused first */
 		CUtensorMap m;
 		assert_int_equal(base_tmap_bf16_store(&m, (void *)72, 4, 8), -EINVAL); /* base % 16 */
