@@ -694,12 +694,13 @@ static void test_gate_up_segment(void **state)
 
 /* ---- the cases ---- */
 /* 40 random groups of fewer than `below` rows, empty ones included (first, last, inner), sizes
- * around the tile edges. */
+ * around the tile edges (192: a last 128-row tile of exactly 64 rows, all the first consumer's,
+ * none the second's). */
 static void groups_40(int *n, int below)
 {
 	for (int e = 0; e < 40; e++)
 		n[e] = (int)tier_rng_below(&rng, (uint64_t)below);
-	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[20] = 129, n[21] = 64, n[22] = 65, n[39] = 0;
+	n[0] = 0, n[1] = 1, n[7] = 300, n[8] = 0, n[20] = 129, n[21] = 64, n[22] = 65, n[30] = 192, n[39] = 0;
 }
 
 /* The most experts: mostly 0-3 rows (3 experts per thread in the tile table's scan), one of several
