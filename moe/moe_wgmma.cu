@@ -1206,10 +1206,10 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 	if (pl->st < 0)
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_EPI=%s; use tma (TMA stores) or copy, or unset it", fn, epi);
 	const char *idle = getenv("TIER_MOE_WGMMA_IDLE");
-	pl->idle = !idle || !*idle || !strcmp(idle, "1") ? 1 : !strcmp(idle, "0") ? 0 : -1;
+	pl->idle = !idle || !*idle || !strcmp(idle, "0") ? 0 : !strcmp(idle, "1") ? 1 : -1;
 	if (pl->idle < 0)
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_IDLE=%s; use 1 (consumers without rows skip their "
-				 "products, the default) or 0, or unset it", fn, idle);
+				 "products) or 0 (the default), or unset it", fn, idle);
 	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, &pl->ctas)))
 		return rc;

@@ -90,11 +90,12 @@
  *       while the tensor cores wait; the TMA stores only add barriers); stays off.
  *       moe_cuda_wgmma_tma_store_launches counts its launches.
  *   TIER_MOE_WGMMA_IDLE=1|0
- *       1 (the default since session 30, also unset or empty): in the cooperative 128-row tiles a
- *       consumer whose 64 rows all lie past its group's end (the lower half of a group's last tile
- *       when it holds 64 rows or fewer; with CTA pairs also the second CTA's whole half) skips its
- *       products and only hands the ring's stages back, so the other consumer has the tensor cores
- *       alone. 0: every consumer multiplies its rows, in or out of the group (the form before).
+ *       1: in the cooperative 128-row tiles a consumer whose 64 rows all lie past its group's end
+ *       (the second consumer of a group's last tile when that holds 64 rows or fewer; with CTA
+ *       pairs also the second CTA's whole half) skips its products and only hands the ring's
+ *       stages back, so the other consumer has the tensor cores alone. 0 (the default, also unset
+ *       or empty): every consumer multiplies its rows, in or out of the group. Written in session
+ *       30, not yet run on a GPU (no machine started for it): off until timed.
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H

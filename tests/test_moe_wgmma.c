@@ -2,7 +2,9 @@
  * bf16-rounded inputs: both weight layouts (W_e [N, K] and [K, N]) and the fused gate/up + SwiGLU,
  * every CTA tile shape, fp32 and bf16 C, alpha and beta, empty, one-row and many-tile groups, up to
  * 1024 experts, few CTAs (many tiles through one ring), rows outside the groups untouched, bad
- * arguments refused. Skips (77) without a compute capability 9.0 GPU. */
+ * arguments refused. Skips (77) without a compute capability 9.0 GPU. It runs whole under either
+ * setting of TIER_MOE_WGMMA_IDLE (idle consumers skip their products under 1), and some products
+ * under the other. */
 #include "config.h"
 #include <errno.h>
 #include <setjmp.h>
@@ -299,23 +301,51 @@ static void run_form(const wprob *p, int kn, size_t f)
 	knobs(NULL, NULL);
 }
 
-/* Under TIER_MOE_WGMMA_IDLE=0 (the products before session 30): every consumer multiplies its 64
- * rows of a 128-row tile even where all of them lie past its group's end. */
-static void run_busy(const wprob *p, int kn)
+/* A knob set for a while: its value before (or its absence) kept, to be put back. */
+typedef struct {
+	const char *name;
+	int had;
+	char was[32];
+} env_keep;
+
+static void env_set(env_keep *k, const char *name, const char *value)
+{
+	const char *v = getenv(name);
+	k->name = name, k->had = v != NULL;
+	snprintf(k->was, sizeof k->was, "%s", v ? v : "");
+	setenv(name, value, 1);
+}
+
+static void env_back(const env_keep *k)
+{
+	if (k->had)
+		setenv(k->name, k->was, 1);
+	else
+		unsetenv(k->name);
+}
+
+/* The other setting of TIER_MOE_WGMMA_IDLE than the run's (the whole test runs under either): with
+ * 1, a consumer whose 64 rows of a 128-row tile all lie past its group's end skips its products;
+ * with 0 it multiplies them. */
+static void run_idle_other(const wprob *p, int kn)
 {
 	static const few_run runs[] = {
 		{ "128x256", "2", 1, 1.0f, 0, "128x256 on 2 CTAs" },
 		{ "128x128", NULL, 0, 0.37f, 1, "128x128" },
+		{ "128x256", NULL, 0, 0.37f, 0, "128x256" },
 	};
+	const char *cur = getenv("TIER_MOE_WGMMA_IDLE");
+	const char *other = cur && !strcmp(cur, "1") ? "0" : "1";
 	char what[160];
-	setenv("TIER_MOE_WGMMA_IDLE", "0", 1);
+	env_keep k;
+	env_set(&k, "TIER_MOE_WGMMA_IDLE", other);
 	for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
 		knobs(runs[r].tile, runs[r].ctas);
-		snprintf(what, sizeof what, "idle 0 E %d N %d K %d rows %d w_kn %d, %s", p->E, p->N, p->K, p->rows, kn,
-			 runs[r].label);
+		snprintf(what, sizeof what, "idle %s E %d N %d K %d rows %d w_kn %d, %s", other, p->E, p->N, p->K,
+			 p->rows, kn, runs[r].label);
 		run_one(p, kn, runs[r].c_bf16, runs[r].alpha, runs[r].beta, what);
 	}
-	unsetenv("TIER_MOE_WGMMA_IDLE");
+	env_back(&k);
 	knobs(NULL, NULL);
 }
 
@@ -341,7 +371,7 @@ static void run_all(const wprob *p)
 		knobs(NULL, NULL);
 		for (size_t f = 0; f < NFORMS; f++)
 			run_form(p, kn, f);
-		run_busy(p, kn);
+		run_idle_other(p, kn);
 	}
 }
 
@@ -847,9 +877,10 @@ static void test_bad_input(void **state)
 	setenv("TIER_MOE_WGMMA_EPI", "bulk", 1); /* malformed */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	unsetenv("TIER_MOE_WGMMA_EPI");
-	setenv("TIER_MOE_WGMMA_IDLE", "off", 1); /* malformed */
+	env_keep k;
+	env_set(&k, "TIER_MOE_WGMMA_IDLE", "off"); /* malformed */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
-	unsetenv("TIER_MOE_WGMMA_IDLE");
+	env_back(&k);
 	if (base_tmap_ok()) { /* the TMA stores' maps: what the encoder cannot take is refused first */
 		CUtensorMap m;
 		assert_int_equal(base_tmap_bf16_store(&m, (void *)72, 4, 8), -EINVAL); /* base % 16 */
