@@ -43,18 +43,18 @@
 # multicast (TIER_MOE_WGMMA_CLUSTER=2): tests pass, 0-4% slower on the forward products, neutral on
 # (a), seed-896's backward 28% faster; off. The tile rule now takes 128x256 for the forward's
 # products on mean groups of 65-192 rows with TMA loads (seed-896 gate_up(mm) 1.01 / 1.07 of torch
-# on an H100, was 0.94 / 0.91): the H200's figures are still to take (STAGES=moe below). Its last
-# commits add the TMA-store epilogue (TIER_MOE_WGMMA_EPI=tma, off), not yet run on a GPU: first
-# test_moe_wgmma (which runs it), then FORM=TIER_MOE_WGMMA_EPI=tma bench/pairs-check.sh .device/bin
-# $OUT/q (~110 s on an H100; the trainer's (a) follows where its gate-up wins).
-# Next, on an H200 (needs_h200), carry [".device/pack.tar.xz", ".device/lib"] (~400 s): session
-# 26's defaults as the peer, the gate in one call, then the attention and golden tests:
-#   TESTS=" " VARIANTS="TIER_PDL=0 TIER_ATTN_FWD=wg;" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
+# on an H100, was 0.94 / 0.91). Session 30 (one H200, three calls): the TMA-store epilogue
+# (TIER_MOE_WGMMA_EPI=tma) passes the tests and is 1-7% slower, off; the gate in one call, (a)
+# 19,158 at batch 3 against (c) 6,455.7: 2.968; issue 4's set with the new rule (seed-896 Zipf
+# meets 1.15, seed-896 uniform 0.95 against 1.25; bench/RESULTS.md, "session 30"). It then wrote
+# the idle consumers (TIER_MOE_WGMMA_IDLE=1, off), which no machine started for.
+# Next, carry [".device/pack.tar.xz", ".device/lib"] (~230 s with the trainer's A/B; either GPU):
+#   DEADLINE=200 bench/idle-check.sh .device/bin $OUT/i
+# and where the idle consumers win on seed-896 and do not lose on (a): make them the default, then
+# on an H200 the gate again in one call (~170 s):
+#   TESTS=" " VARIANTS=";TIER_MOE_WGMMA_IDLE=1" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
-#   for t in test_attn_cuda test_golden_cuda test_moe_dh_swiglu; do .device/bin/tests/$t; done
-# (test_moe_dh_swiglu: 7ba616c's row bound on the dot sum has not run on a GPU)
-# then (a second call) STAGES=b with B_ARGS="--hbm max" ((b)'s own job without the cap: what the
-# cap costs) and STAGES=moe (issue 4's set on the H200, with the gate-up-mm row).
+# Still to take: STAGES=b with B_ARGS="--hbm max" ((b)'s own job without the cap: what the cap costs).
 # (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
 # and attn, and (a): QUICK=1 about 60 s on an H100.)

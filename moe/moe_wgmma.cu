@@ -522,12 +522,12 @@ __device__ __forceinline__ int wg_tile_stages(int K, int nseg, const wg_seg_dev 
  * on each of the MT 64-row blocks is issued while the previous stage's group may still run; that
  * stage goes back to the producer once its group is complete. The main segment's stages, then each
  * extra segment's, all summed into one accumulator.
- * idle: the consumer's rows all lie past the group's end (the lower half of a group's last 128-row
- * tile, or a pair's second CTA on an odd last tile): it multiplies nothing and hands every stage
+ * idle: the consumer's rows all lie past the group's end (the second 64 rows of a group's last
+ * 128-row tile, or a pair's second CTA on an odd last tile; TIER_MOE_WGMMA_IDLE=1): it multiplies nothing and hands every stage
  * back as it fills, so the other consumer's products have the tensor cores alone (on seed-896's
  * groups of ~146 rows, half of each group's second tile). The products are skipped by running their
- * loops zero times, not by a branch around them: ptxas serialises every wgmma of a kernel that has
- * such a branch (C7515), and zeroing d on the idle path does the same. */
+ * loops zero times, not by a branch around them: with such a branch ptxas serialised the wgmmas
+ * (C7515) of 64 of the 104 kernels, and of 95 when d was also zeroed on the idle path. */
 template <class CFG>
 __device__ __forceinline__ void wg_mainloop(float (&d)[CFG::MT][CFG::WN / 2], const typename CFG::args &a,
 					    const wg_shared &sh, int &s, uint32_t &ph, uint32_t aoff, uint32_t boff,
@@ -607,7 +607,7 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 	uint32_t boff = CFG::A_BYTES + (!CFG::PP && CFG::BM == 64 ? CFG::WN * WG_ROW * g : 0);
 	int roff = !CFG::PP && CFG::BM == 128 ? 64 * g : 0;
 	int coff = !CFG::PP && CFG::BM == 64 ? (CFG::MODE == WG_GU ? CFG::WN / 2 : CFG::WN) * g : 0;
-	/* a consumer can find no rows of its group in its tile only where it takes the lower 64 of 128 */
+	/* a consumer can find no rows of its group in its tile only where it takes the second 64 of 128 */
 	constexpr bool CAN_IDLE = !CFG::PP && (CFG::BM == 128 || CFG::CL > 1);
 	long long t = wg_first_tile<CFG>(), step = wg_tile_step<CFG>();
 	uint32_t tph = 0; /* the parity of the other's next turn */
