@@ -131,6 +131,11 @@ grep -Eq '^# summary: announcing an operation costs at most [0-9.]+x' "$tmp/sche
 	>"$tmp/moe.out" || fail "tier-bench moe --device cpu failed"
 grep -q 'after 5 ms of warm-up' "$tmp/moe.out" || fail "tier-bench moe did not say its warm-up"
 grep -q ' experts-fwd ' "$tmp/moe.out" || fail "tier-bench moe printed no experts-fwd row"
+# 48 rows over 4 experts, so every group holds 64 rows or fewer: 128 rows multiplied for each of
+# the u experts with rows (1-4), 64 with idle consumers
+pad=$(sed -n 's/.*uniform: 128-row tiles multiply \([0-9.]*\)x the 48 rows of the groups (\([0-9.]*\)x with idle.*/\1 \2/p' "$tmp/moe.out")
+echo "$pad" | awk '{ u = $1 * 48 / 128; exit !(NF == 2 && u > 0.99 && u < 4.01 && (u - int(u + 0.5))^2 < 1e-3 && ($1 - 2 * $2)^2 < 1e-3) }' ||
+	fail "tier-bench moe's padding line is missing or wrong: '$pad'"
 if grep -q ' gate-up ' "$tmp/moe.out"; then fail "tier-bench moe timed gate-up on the CPU"; fi
 grep -q '"gate_up_ms":0.0000' "$tmp/moe.out" || fail "tier-bench moe's JSON should mark gate-up not run"
 ./tier-bench moe --device cpu --warmup-ms soon 2>/dev/null; [ $? = 1 ] || fail "tier-bench moe --warmup-ms soon should exit 1"

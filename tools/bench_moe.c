@@ -77,6 +77,9 @@ typedef struct {
 	tier_moe_experts w;
 	int rows;       /* kept rows (dropless: n) */
 	int used;       /* experts with at least one row: the weights a grouped product must read */
+	double tiled;   /* rows the 128-row tiles multiply: every group rounded up to 128 */
+	double idle;    /* the same with idle consumers (TIER_MOE_WGMMA_IDLE=1): a last tile of 64 rows or
+			 * fewer multiplies 64 */
 	int32_t *sel;   /* the sampled routing [T, k] */
 	long missed;    /* picks of the router outside the sample (should be 0) */
 } moe_case;
@@ -530,7 +533,8 @@ static const bench_col cols[] = {
 };
 #define NCOLS (sizeof cols / sizeof cols[0])
 
-/* Largest expert load over the mean: how skewed the routing came out; and c->used. */
+/* Largest expert load over the mean: how skewed the routing came out; and c->used, c->tiled and
+ * c->idle. */
 static double skew_of(moe_case *c)
 {
 	int32_t *cnt = malloc(sizeof(int32_t) * (size_t)c->E);
@@ -540,9 +544,13 @@ static double skew_of(moe_case *c)
 		free(cnt);
 		return 0;
 	}
-	c->used = 0;
-	for (int e = 0; e < c->E; e++)
+	c->used = 0, c->tiled = c->idle = 0;
+	for (int e = 0; e < c->E; e++) {
+		int tail = cnt[e] % 128;
+		double t = 128.0 * ((cnt[e] + 127) / 128);
 		mx = cnt[e] > mx ? cnt[e] : mx, sum += cnt[e], c->used += cnt[e] > 0;
+		c->tiled += t, c->idle += t - (tail > 0 && tail <= 64 ? 64 : 0);
+	}
 	free(cnt);
 	return sum > 0 ? mx / (sum / c->E) : 0;
 }
@@ -586,6 +594,10 @@ static int bench_shape(tier_dev *dev, const moe_opts *o, const moe_shape *s, int
 	if (!rc && c.missed)
 		bench_comment("%s %s: the router picked %ld of %d experts outside the sampled routing", s->name,
 			      zipf ? "zipf" : "uniform", c.missed, c.n);
+	if (!rc && c.rows > 0) /* the padding that bounds the products when groups are small */
+		bench_comment("%s %s: 128-row tiles multiply %.2fx the %d rows of the groups (%.2fx with idle "
+			      "consumers, TIER_MOE_WGMMA_IDLE=1)",
+			      s->name, zipf ? "zipf1.2" : "uniform", c.tiled / c.rows, c.rows, c.idle / c.rows);
 	for (int op = 0; op < N_OPS && !rc; op++) {
 		char cells[NCOLS][BENCH_CELL];
 		int is_flop;
