@@ -49,13 +49,6 @@ static CUresult encode_box(CUtensorMap *m, const void *base, int rank, uint64_t 
 			 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-/* The 128B-swizzle maps: boxes of 64 bf16 or 32 fp32 columns. */
-static CUresult encode_as(CUtensorMap *m, const void *base, int rank, uint64_t batch, uint64_t rows, uint64_t cols,
-			  uint32_t box_rows, int f32)
-{
-	return encode_box(m, base, rank, batch, rows, cols, box_rows, f32, 128);
-}
-
 /* The sequence maps of either type: rows of cols elements (16 bytes' worth a multiple), checked,
  * then encoded; the errors name fn. */
 static int map_seq(const char *fn, CUtensorMap *m, const void *base, uint64_t batch, uint64_t seq, uint64_t cols,
@@ -71,7 +64,7 @@ static int map_seq(const char *fn, CUtensorMap *m, const void *base, uint64_t ba
 		return tier_fail(-EINVAL, "%s: %llu sequences of %llu x %llu %s at %p with %u-row boxes cannot be mapped",
 				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, ty, base,
 				 box_rows);
-	CUresult r = encode_as(m, base, 3, batch, seq, cols, box_rows, f32);
+	CUresult r = encode_box(m, base, 3, batch, seq, cols, box_rows, f32, 128);
 	if (r != CUDA_SUCCESS)
 		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused %llu sequences of %llu x %llu %s (CUresult %d)",
 				 fn, (unsigned long long)batch, (unsigned long long)seq, (unsigned long long)cols, ty, (int)r);
@@ -90,9 +83,11 @@ extern "C" int base_tmap_f32_seq(CUtensorMap *m, const void *base, uint64_t batc
 	return map_seq("base_tmap_f32_seq", m, base, batch, seq, cols, box_rows, 1);
 }
 
-extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows)
+/* The bf16 matrix maps (rank 2): rows x cols, boxes of box_bytes of a row (128 or 64, the swizzle)
+ * x box_rows, checked. */
+static int map_bf16(const char *fn, CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows,
+		    uint32_t box_bytes)
 {
-	const char *fn = "base_tmap_bf16";
 	int rc = tmap_ready(fn);
 	if (rc)
 		return rc;
@@ -100,25 +95,19 @@ extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, u
 	    box_rows < 1 || box_rows > 256)
 		return tier_fail(-EINVAL, "%s: a %llu x %llu bf16 matrix at %p with %u-row boxes cannot be mapped", fn,
 				 (unsigned long long)rows, (unsigned long long)cols, base, box_rows);
-	CUresult r = encode_as(m, base, 2, 1, rows, cols, box_rows, 0);
+	CUresult r = encode_box(m, base, 2, 1, rows, cols, box_rows, 0, box_bytes);
 	if (r != CUDA_SUCCESS)
 		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused a %llu x %llu matrix (CUresult %d)", fn,
 				 (unsigned long long)rows, (unsigned long long)cols, (int)r);
 	return 0;
 }
 
+extern "C" int base_tmap_bf16(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols, uint32_t box_rows)
+{
+	return map_bf16("base_tmap_bf16", m, base, rows, cols, box_rows, 128);
+}
+
 extern "C" int base_tmap_bf16_store(CUtensorMap *m, const void *base, uint64_t rows, uint64_t cols)
 {
-	const char *fn = "base_tmap_bf16_store";
-	int rc = tmap_ready(fn);
-	if (rc)
-		return rc;
-	if (!m || !base || (uintptr_t)base % 16 || rows < 1 || cols < 8 || cols % 8 || rows >> 32 || cols >> 32)
-		return tier_fail(-EINVAL, "%s: a %llu x %llu bf16 matrix at %p cannot be mapped", fn, (unsigned long long)rows,
-				 (unsigned long long)cols, base);
-	CUresult r = encode_box(m, base, 2, 1, rows, cols, 64, 0, 64);
-	if (r != CUDA_SUCCESS)
-		return tier_fail(-EINVAL, "%s: cuTensorMapEncodeTiled refused a %llu x %llu matrix (CUresult %d)", fn,
-				 (unsigned long long)rows, (unsigned long long)cols, (int)r);
-	return 0;
+	return map_bf16("base_tmap_bf16_store", m, base, rows, cols, 64, 64);
 }

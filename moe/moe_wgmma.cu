@@ -577,7 +577,8 @@ __device__ __forceinline__ void wg_mainloop(float (&d)[CFG::MT][CFG::WN / 2], co
 		acc_fence(d[m]);
 	if (!idle)
 		wg_release<CFG>(sh, prev, lane);
-	else
+	else /* the count again from the parameters: holding the consumer's nk across the products
+	      * cost the 128x256 kernels 4 bytes of spill */
 		wg_pass<CFG>(sh, s, ph, wg_tile_stages(a.K, a.nseg, a.seg), lane);
 }
 
@@ -1188,6 +1189,17 @@ static int wg_check_dims(const char *fn, tier_dev *dev, int E, const char *nn, i
 	return 0;
 }
 
+/* An off-by-default form's knob: unset, empty or off 0, on 1 (*v); else -EINVAL naming both. */
+static int wg_switch(const char *fn, const char *knob, const char *off, const char *on, const char *what, int *v)
+{
+	const char *s = getenv(knob);
+	*v = !s || !*s || !strcmp(s, off) ? 0 : !strcmp(s, on) ? 1 : -1;
+	if (*v < 0)
+		return tier_fail(-EINVAL, "%s: %s=%s; use %s %s or %s (the default), or unset it", fn, knob, s, on, what,
+				 off);
+	return 0;
+}
+
 /* The tile shape and the CTA count, after the device check; the debug knob checked. */
 static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int rows_bound, int fwd, wg_plan_t *pl)
 {
@@ -1197,20 +1209,15 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 	if ((pl->tma = wg_tma_wanted()) < 0)
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TMA=%s; use all (the default), 1, 0 or require, or unset it", fn,
 				 getenv("TIER_MOE_WGMMA_TMA"));
-	const char *cl = getenv("TIER_MOE_WGMMA_CLUSTER");
-	pl->cl = !cl || !*cl || !strcmp(cl, "1") ? 1 : !strcmp(cl, "2") ? 2 : -1;
-	if (pl->cl < 0)
-		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_CLUSTER=%s; use 2 (CTA pairs) or 1, or unset it", fn, cl);
-	const char *epi = getenv("TIER_MOE_WGMMA_EPI");
-	pl->st = !epi || !*epi || !strcmp(epi, "copy") ? 0 : !strcmp(epi, "tma") ? 1 : -1;
-	if (pl->st < 0)
-		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_EPI=%s; use tma (TMA stores) or copy, or unset it", fn, epi);
-	const char *idle = getenv("TIER_MOE_WGMMA_IDLE");
-	pl->idle = !idle || !*idle || !strcmp(idle, "0") ? 0 : !strcmp(idle, "1") ? 1 : -1;
-	if (pl->idle < 0)
-		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_IDLE=%s; use 1 (consumers without rows skip their "
-				 "products) or 0 (the default), or unset it", fn, idle);
-	int sms, rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->shape);
+	int rc;
+	if ((rc = wg_switch(fn, "TIER_MOE_WGMMA_CLUSTER", "1", "2", "(CTA pairs)", &pl->cl)) ||
+	    (rc = wg_switch(fn, "TIER_MOE_WGMMA_EPI", "copy", "tma", "(TMA stores)", &pl->st)) ||
+	    (rc = wg_switch(fn, "TIER_MOE_WGMMA_IDLE", "0", "1", "(consumers without rows skip their products)",
+			    &pl->idle)))
+		return rc;
+	pl->cl += 1; /* CTAs a cluster */
+	int sms;
+	rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, &pl->ctas)))
 		return rc;
 	return 0;

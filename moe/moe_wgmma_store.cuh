@@ -138,6 +138,19 @@ __device__ __forceinline__ void wg_put(float (&d)[CFG::WN / 2], const typename C
 					     val);
 }
 
+/* Gate/up's accumulator index of g and u at output block q: interleaved 8 and 8 (cp.async), or g in
+ * the first WN / 2 columns and u after them (TMA). */
+template <class CFG>
+__device__ __forceinline__ int wg_gi(int q, int h, int b)
+{
+	return CFG::TMA ? 4 * q + 2 * h + b : 8 * q + 2 * h + b;
+}
+template <class CFG>
+__device__ __forceinline__ int wg_ui(int q, int h, int b)
+{
+	return CFG::TMA ? 4 * (q + CFG::WN / 16) + 2 * h + b : 8 * q + 4 + 2 * h + b;
+}
+
 /* The same for gate/up: g, u and h (all bf16, h from the fp32 g and u) of the block's WN / 2 output
  * columns, one array after the other through the staging (each chunk waits on the warpgroup's
  * barrier before it overwrites the staging: the last chunk's copies, of this array or the one
@@ -147,16 +160,9 @@ __device__ __forceinline__ void wg_put_gu(float (&d)[CFG::WN / 2], const typenam
 					  int row0, int rend, int col0, int g, int warp, int lane)
 {
 	unsigned char *st = sh.out + g * WG_OUT_BYTES;
-	/* the accumulator index of g and u at output block q: interleaved 8 and 8 (cp.async), or g in
-	 * the first WN / 2 columns and u after them (TMA) */
-	auto gi = [](int q, int h, int b) { return CFG::TMA ? 4 * q + 2 * h + b : 8 * q + 2 * h + b; };
-	auto ui = [](int q, int h, int b) { return CFG::TMA ? 4 * (q + CFG::WN / 16) + 2 * h + b : 8 * q + 4 + 2 * h + b; };
-	auto gv = [&](int q, int h, int b) { return d[gi(q, h, b)]; };
-	auto uv = [&](int q, int h, int b) { return d[ui(q, h, b)]; };
-	auto hv = [&](int q, int h, int b) {
-		float x = d[gi(q, h, b)];
-		return x / (1.0f + expf(-x)) * d[ui(q, h, b)];
-	};
+	auto gv = [&](int q, int h, int b) { return d[wg_gi<CFG>(q, h, b)]; };
+	auto uv = [&](int q, int h, int b) { return d[wg_ui<CFG>(q, h, b)]; };
+	auto hv = [&](int q, int h, int b) { return silu_mul(gv(q, h, b), uv(q, h, b)); };
 	wg_put_cols<bf16, 0, CFG::WN / 2>(st, (bf16 *)a.c, a.N, row0, rend, col0, g, warp, lane, gv);
 	wg_put_cols<bf16, 0, CFG::WN / 2>(st, a.u, a.N, row0, rend, col0, g, warp, lane, uv);
 	wg_put_cols<bf16, 0, CFG::WN / 2>(st, a.h, a.N, row0, rend, col0, g, warp, lane, hv);
@@ -246,14 +252,10 @@ __device__ __forceinline__ void wg_put_gu_st(float (&d)[CFG::WN / 2], const type
 					     const wg_shared &sh, int row0, int rend, int col0, int g, int warp, int lane,
 					     int &n)
 {
-	static_assert(CFG::TMA, "g in the first WN / 2 accumulator columns, u after them");
 	unsigned char *st2 = sh.out + g * 2 * WG_ST_BYTES;
-	auto gv = [&](int q, int h, int b) { return d[4 * q + 2 * h + b]; };
-	auto uv = [&](int q, int h, int b) { return d[4 * (q + CFG::WN / 16) + 2 * h + b]; };
-	auto hv = [&](int q, int h, int b) {
-		float x = d[4 * q + 2 * h + b];
-		return x / (1.0f + expf(-x)) * d[4 * (q + CFG::WN / 16) + 2 * h + b];
-	};
+	auto gv = [&](int q, int h, int b) { return d[wg_gi<CFG>(q, h, b)]; };
+	auto uv = [&](int q, int h, int b) { return d[wg_ui<CFG>(q, h, b)]; };
+	auto hv = [&](int q, int h, int b) { return silu_mul(gv(q, h, b), uv(q, h, b)); };
 	wg_st_cols<0, CFG::WN / 2>(st2, &a.omap[0], (bf16 *)a.c, a.N, row0, rend, col0, g, warp, lane, n, gv);
 	wg_st_cols<0, CFG::WN / 2>(st2, &a.omap[1], a.u, a.N, row0, rend, col0, g, warp, lane, n, uv);
 	wg_st_cols<0, CFG::WN / 2>(st2, &a.omap[2], a.h, a.N, row0, rend, col0, g, warp, lane, n, hv);
