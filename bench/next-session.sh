@@ -47,12 +47,22 @@
 # (TIER_MOE_WGMMA_EPI=tma) passes the tests and is 1-7% slower, off; the gate in one call, (a)
 # 19,158 at batch 3 against (c) 6,455.7: 2.968; issue 4's set with the new rule (seed-896 Zipf
 # meets 1.15, seed-896 uniform 0.95 against 1.25; bench/RESULTS.md, "session 30"). It then wrote
-# the idle consumers (TIER_MOE_WGMMA_IDLE=1, off), which no machine started for.
-# Next, carry [".device/pack.tar.xz", ".device/lib"] (~230 s with the trainer's A/B; either GPU):
-#   DEADLINE=200 bench/idle-check.sh .device/bin $OUT/i
-# and where the idle consumers win on seed-896 and do not lose on (a): make them the default, then
-# on an H200 the gate again in one call (~170 s):
-#   TESTS=" " VARIANTS=";TIER_MOE_WGMMA_IDLE=1" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
+# the idle consumers (TIER_MOE_WGMMA_IDLE=1, off), which no machine started for. Session 31 ran
+# them on an H100 (one call; twelve starts failed after it): correct, and slower (seed-896 uniform's
+# gate-up-mm 1.63x the time): an expert's row tiles share its weights through L2 only while the
+# CTAs keep in step, and an idling tile breaks the step (bench/RESULTS.md, "session 31").
+# It then wrote the dynamic schedule (TIER_MOE_WGMMA_SCHED=dynamic, off, no GPU run): the CTAs
+# claim tiles in turn from a counter, so the row tiles that share an expert's weights start
+# together whatever each costs.
+# Next, carry [".device/pack.tar.xz", ".device/lib"] (~200 s; an H200 first, where seed-896 is
+# bound by its padded products rather than by HBM):
+#   bench/moe-forms.sh .device/bin $OUT/f
+# test_moe_wgmma under TIER_MOE_WGMMA_IDLE=1 (the dynamic schedule's first run among its forms),
+# then ping-pong 64-row tiles, the idle consumers on CTA pairs, the dynamic schedule without and
+# with idle consumers, each against the defaults, and torch against the last. Where one wins on
+# seed-896 uniform without losing elsewhere: a tile rule for it, then the trainer's (a) under it
+# and the gate in one call (~170 s):
+#   TESTS=" " VARIANTS=";FORM" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
 # Still to take: STAGES=b with B_ARGS="--hbm max" ((b)'s own job without the cap: what the cap costs).
 # (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)

@@ -153,7 +153,108 @@ __device__ __forceinline__ wg_shared wg_carve(unsigned char *smem)
 			   : (int *)(sh.out + (CFG::STG ? 2 * WG_OUT_BYTES : 0));
 	sh.roff = sh.tile0 + TIER_MOE_MAX_EXPERTS + 1;
 	sh.wsum = sh.roff + TIER_MOE_MAX_EXPERTS + 1;
+	uintptr_t q = ((uintptr_t)(sh.wsum + WG_THREADS / 32) + 7) & ~(uintptr_t)7;
+	sh.tids = (long long *)q;
+	sh.tfull = wg_saddr(sh.tids + WG_SCHED);
+	sh.tempty = sh.tfull + 8 * WG_SCHED;
 	return sh;
+}
+
+/* ---- the CTA's tiles in turn ----
+ * Static (args::sched NULL): CTA b takes tiles b, b + step, ... Dynamic (CFG::DYN with a counter;
+ * TIER_MOE_WGMMA_SCHED=dynamic): the producer's thread 0 claims each tile from the launch's counter
+ * once it has issued the loads of the one before (its maps' lookahead) and posts it in a ring of
+ * WG_SCHED slots, which every reader warp reads in turn; a claim past the last tile, posted too,
+ * ends the sequence.
+ * Claimed in order, the row tiles of an expert's column tile (t and t + ncol) start close together
+ * whatever each costs, so the second finds the expert's weights in L2. With every CTA taking each
+ * grid-th tile that holds only while all tiles cost the same: idle consumers broke it in session
+ * 31, and seed-896's weights came from HBM twice. */
+struct wg_seq {
+	long long t; /* the tile */
+	int n;       /* dynamic: the ring's slots posted or read so far (slot n % WG_SCHED, lap n / WG_SCHED) */
+};
+static_assert((WG_SCHED & (WG_SCHED - 1)) == 0, "the ring's slot and parity from one count");
+
+template <class CFG>
+__device__ __forceinline__ bool wg_dyn(const typename CFG::args &a)
+{
+	return CFG::DYN && a.sched;
+}
+
+/* Whether the producer warpgroup's other threads load stages (segments by cp.async): then they read
+ * the ring too, else they have nothing to do under the dynamic schedule. */
+template <class CFG>
+__device__ __forceinline__ bool wg_prod_reads(const typename CFG::args &a)
+{
+	for (int q = 0; q < a.nseg; q++)
+		if (CFG::MODE == WG_GU || a.smap[q] < 0)
+			return true;
+	return false;
+}
+
+/* The poster: t into the next slot once every reader warp has read the slot's last tile. */
+__device__ __forceinline__ long long wg_seq_post(const wg_shared &sh, wg_seq &q, long long t)
+{
+	int j = q.n % WG_SCHED;
+	bar_wait(sh.tempty + 8 * j, ((q.n / WG_SCHED) & 1) ^ 1);
+	sh.tids[j] = t;
+	bar_arrive(sh.tfull + 8 * j); /* release: whoever acquires the phase sees the tile */
+	q.n++;
+	return q.t = t;
+}
+
+/* A reader: the slot's tile once posted. Lane 0 (lane 1 in warp 0, whose lane 0 posts) hands the
+ * slot back once the warp's readers all have it. */
+__device__ __forceinline__ long long wg_seq_read(const wg_shared &sh, wg_seq &q)
+{
+	int j = q.n % WG_SCHED, w0 = threadIdx.x < 32;
+	bar_wait(sh.tfull + 8 * j, (q.n / WG_SCHED) & 1);
+	long long t = *(volatile long long *)&sh.tids[j];
+	__syncwarp(w0 ? ~1u : ~0u);
+	if ((threadIdx.x & 31) == (unsigned)w0)
+		bar_arrive(sh.tempty + 8 * j);
+	q.n++;
+	return q.t = t;
+}
+
+/* The poster's claim of the tile after its current one, made once (*nxt -1: not yet): the maps'
+ * lookahead asks for it once the current tile's loads are issued. */
+template <class CFG>
+__device__ __forceinline__ long long wg_seq_claim(const typename CFG::args &a, long long *nxt)
+{
+	if (*nxt < 0)
+		*nxt = atomicAdd(a.sched, 1u);
+	return *nxt;
+}
+
+/* The first tile: first, or (dynamic) claimed and posted by the poster (nxt non-NULL), else read. */
+template <class CFG>
+__device__ __forceinline__ long long wg_seq_start(const typename CFG::args &a, const wg_shared &sh, wg_seq &q,
+						  long long *nxt, long long first)
+{
+	q.n = 0;
+	if (!wg_dyn<CFG>(a))
+		return q.t = first;
+	if (!nxt)
+		return wg_seq_read(sh, q);
+	long long t = wg_seq_claim<CFG>(a, nxt);
+	*nxt = -1; /* taken: the lookahead's next claim is a new one */
+	return wg_seq_post(sh, q, t);
+}
+
+/* The tile after the current one: step on, or the next claim posted, or the next slot read. */
+template <class CFG>
+__device__ __forceinline__ long long wg_seq_next(const typename CFG::args &a, const wg_shared &sh, wg_seq &q,
+						 long long *nxt, long long step)
+{
+	if (!wg_dyn<CFG>(a))
+		return q.t += step;
+	if (!nxt)
+		return wg_seq_read(sh, q);
+	long long t = wg_seq_claim<CFG>(a, nxt); /* the lookahead's claim, or one made now */
+	*nxt = -1;
+	return wg_seq_post(sh, q, t);
 }
 
 /* ---- the producer: warpgroup 0 ---- */
@@ -437,6 +538,19 @@ __device__ __forceinline__ void wg_maps_acquire(const typename CFG::args &a, int
 	}
 }
 
+/* The maps of tile tn's expert acquired ahead (next: the expert of the last lookahead). */
+template <class CFG>
+__device__ __forceinline__ void wg_lookahead(const typename CFG::args &a, const wg_shared &sh, long long tn,
+					     long long total, int ncol, int cur, int &next)
+{
+	if (tn >= total)
+		return;
+	int e = wg_find_own<CFG>(sh, a.E, tn, ncol).e;
+	if (e != cur && e != next)
+		wg_maps_acquire<CFG>(a, e, true);
+	next = e;
+}
+
 /* Thread 0 loads the main segment, and the extra segments with a map (smap), by TMA; the other
  * producer threads pass over those stages. Segments without a map take cp.async from the whole
  * warpgroup, which first meets (producers_sync) so that all its threads wait on the same lap of the
@@ -449,20 +563,24 @@ __device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shar
 	int tid = threadIdx.x, s = 0, cur = -1, next = -1;
 	uint32_t ph = 0;
 	wg_lane ln = wg_lane_of(tid);
-	long long step = wg_tile_step<CFG>();
-	for (long long t = wg_first_tile<CFG>(); t < total; t += step) {
+	if (wg_dyn<CFG>(a) && tid && !wg_prod_reads<CFG>(a))
+		return; /* thread 0 loads every stage by TMA */
+	wg_seq sq;
+	long long claim = -1, *nxt = tid == 0 ? &claim : NULL; /* thread 0 posts the claims */
+	for (long long t = wg_seq_start<CFG>(a, sh, sq, nxt, wg_first_tile<CFG>()); t < total;
+	     t = wg_seq_next<CFG>(a, sh, sq, nxt, wg_tile_step<CFG>())) {
 		wg_tile tl = wg_find_own<CFG>(sh, a.E, t, ncol);
 		if (tid == 0) {
 			if (tl.e != cur && tl.e != next) /* the CTA's first tile: no lookahead acquired it */
 				wg_maps_acquire<CFG>(a, tl.e, false);
 			cur = tl.e;
-			if (t + step < total) { /* the next tile's maps, while this one loads */
-				int e = wg_find_own<CFG>(sh, a.E, t + step, ncol).e;
-				if (e != cur && e != next)
-					wg_maps_acquire<CFG>(a, e, true);
-				next = e;
-			}
+			if (!wg_dyn<CFG>(a)) /* the next tile's maps, while this one loads */
+				wg_lookahead<CFG>(a, sh, t + wg_tile_step<CFG>(), total, ncol, cur, next);
 			wg_tma_stages<CFG>(&a.amap, a.bmap + tl.e, a.bmap + a.E + tl.e, a.K, sh, tl, s, ph, true);
+			/* dynamic: the next tile claimed once this one's loads are issued, as it will start
+			 * loading at once: tiles claimed in turn start in turn */
+			if (wg_dyn<CFG>(a))
+				wg_lookahead<CFG>(a, sh, wg_seq_claim<CFG>(a, nxt), total, ncol, cur, next);
 		} else {
 			wg_skip(s, ph, wg_kstages(a.K), CFG::STAGES);
 		}
@@ -610,15 +728,16 @@ __device__ static void wg_consume(const typename CFG::args &a, const wg_shared &
 	int coff = !CFG::PP && CFG::BM == 64 ? (CFG::MODE == WG_GU ? CFG::WN / 2 : CFG::WN) * g : 0;
 	/* a consumer can find no rows of its group in its tile only where it takes the second 64 of 128 */
 	constexpr bool CAN_IDLE = !CFG::PP && (CFG::BM == 128 || CFG::CL > 1);
-	long long t = wg_first_tile<CFG>(), step = wg_tile_step<CFG>();
 	uint32_t tph = 0; /* the parity of the other's next turn */
 	int nst = 0;      /* the TMA-store epilogue's subtiles so far (wg_st_sub) */
-	if (CFG::PP) {
-		t += (long long)g * gridDim.x, step *= 2;
-		if (g)
-			wg_skip(s, ph, nk, CFG::STAGES);
-	}
-	for (int i = 0; t < total; t += step, i++) {
+	if (CFG::PP && g)
+		wg_skip(s, ph, nk, CFG::STAGES);
+	/* ping-pong: the CTA's tiles g, g + 2, ... */
+	long long first = wg_first_tile<CFG>() + (CFG::PP ? (long long)g * gridDim.x : 0);
+	wg_seq q;
+	int i = 0;
+	for (long long t = wg_seq_start<CFG>(a, sh, q, NULL, first); t < total;
+	     t = wg_seq_next<CFG>(a, sh, q, NULL, wg_tile_step<CFG>() * (CFG::PP ? 2 : 1)), i++) {
 		if (CFG::PP && (g || i)) { /* the CTA's tile before this one has all its products issued */
 			bar_wait(sh.turn + 8 * (1 - g), tph);
 			tph ^= 1;
@@ -687,7 +806,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 	wg_shared sh = wg_carve<CFG>(wg_smem);
 #ifdef TIER_WG_WATCHDOG
 	if (blockIdx.x == 0 && threadIdx.x == 0) /* the same carving in every block */
-		wg_watchdog.full = sh.full, wg_watchdog.empty = sh.empty, wg_watchdog.turn = sh.turn;
+		wg_watchdog.full = sh.full, wg_watchdog.empty = sh.empty, wg_watchdog.turn = sh.turn,
+		wg_watchdog.tfull = sh.tfull, wg_watchdog.tempty = sh.tempty;
 #endif
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < CFG::STAGES; s++) {
@@ -697,6 +817,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 		}
 		bar_init(sh.turn, 4); /* one arrival per warp of the consumer */
 		bar_init(sh.turn + 8, 4);
+		if (wg_dyn<CFG>(a)) /* the claimed tiles' ring: the poster, then each reader warp */
+			for (int j = 0; j < WG_SCHED; j++) {
+				bar_init(sh.tfull + 8 * j, 1);
+				bar_init(sh.tempty + 8 * j, 8 + (wg_prod_reads<CFG>(a) ? 4 : 0));
+			}
 		fence_barrier_init();
 	}
 	wg_table<BM * CL>(a, sh); /* its barriers also publish the initialised mbarriers */
@@ -736,7 +861,7 @@ enum { WG_128x256, WG_128x128, WG_64x256, WG_PP64x256, WG_PP128x128, WG_NSHAPES 
 /* A call's plan, each knob read once (wg_plan): tile shape, CTAs, the measurement kernel
  * (TIER_MOE_WGMMA_DEBUG, WG_DBG_*) and the TMA knob (wg_tma_wanted's values). */
 struct wg_plan_t {
-	int shape, ctas, dbg, tma, cl, st, idle;
+	int shape, ctas, dbg, tma, cl, st, idle, dyn;
 };
 static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 
@@ -834,6 +959,8 @@ __global__ void wg_map_kernel(const __grid_constant__ wg_args<MODE> a, const __g
 	int i = blockIdx.x * blockDim.x + threadIdx.x;
 	if (i >= m.kinds * a.E)
 		return;
+	if (i == 0 && a.sched) /* the dynamic schedule's counter, read by the kernel after this one */
+		*a.sched = 0u;
 	int k = i / a.E, e = i % a.E;
 	const uint64_t *src = (const uint64_t *)&m.t[k];
 	uint64_t *dst = (uint64_t *)(a.bmap + i);
@@ -902,8 +1029,10 @@ static int wg_tma_maps(tier_dev *dev, typename CFG::args &a, int rows_bound, con
 	}
 	cudaStream_t st = moe_stream(dev);
 	int n = m.kinds * a.E;
-	CUDA_TRY(cudaMallocAsync(maps, sizeof(CUtensorMap) * (size_t)n, st));
+	/* and 16 bytes after them for the dynamic schedule's counter, which the map kernel zeroes */
+	CUDA_TRY(cudaMallocAsync(maps, sizeof(CUtensorMap) * (size_t)n + 16, st));
 	a.bmap = (const CUtensorMap *)*maps;
+	a.sched = CFG::DYN && a.dyn ? (unsigned int *)(a.bmap + n) : NULL;
 	tier_launch(wg_map_kernel<CFG::MODE>, (n + 127) / 128, 128, 0, st, a, m);
 	cudaError_t e = cudaGetLastError();
 	return e == cudaSuccess ? 0 : tier_fail(-EIO, "TMA maps: the map kernel did not launch: %s", cudaGetErrorString(e));
@@ -922,18 +1051,27 @@ static int wg_watch_report(tier_dev *dev, int stages)
 	wg_watch zero;
 	memset(&zero, 0, sizeof zero);
 	CUDA_TRY(cudaMemcpyToSymbol(wg_watchdog, &zero, sizeof zero));
-	const char *kind = w.bar >= w.turn ? "turn" : w.bar >= w.empty ? "empty" : "full";
-	uint32_t base = w.bar >= w.turn ? w.turn : w.bar >= w.empty ? w.empty : w.full;
+	/* the claimed tiles' ring lies past the table, after every other barrier */
+	const char *kind = w.bar >= w.tempty ? "tile-read"
+			   : w.bar >= w.tfull ? "tile-posted"
+			   : w.bar >= w.turn  ? "turn"
+			   : w.bar >= w.empty ? "empty"
+					      : "full";
+	uint32_t base = w.bar >= w.tempty ? w.tempty
+			: w.bar >= w.tfull ? w.tfull
+			: w.bar >= w.turn  ? w.turn
+			: w.bar >= w.empty ? w.empty
+					   : w.full;
 	return tier_fail(-EIO, "wgmma watchdog: block %u thread %u waited over 2 s on %s[%u] (of %d stages) for "
 			 "parity %u; barrier state 0x%016llx", w.block, w.thread, kind, (w.bar - base) / 8, stages,
 			 w.parity, w.state);
 }
 #endif
 
-/* Kernels launched on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2) and with the TMA-store epilogue
- * (TIER_MOE_WGMMA_EPI=tma), for the tests to see that the forms ran (atomic: ranks' threads may
+/* Kernels launched on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2), with the TMA-store epilogue
+ * (TIER_MOE_WGMMA_EPI=tma) and with the dynamic schedule, for the tests to see that the forms ran (atomic: ranks' threads may
  * launch at once). */
-static unsigned long long wg_pair_launches, wg_st_launches;
+static unsigned long long wg_pair_launches, wg_st_launches, wg_dyn_launches;
 
 extern "C" unsigned long long moe_cuda_wgmma_pair_launches(void)
 {
@@ -943,6 +1081,12 @@ extern "C" unsigned long long moe_cuda_wgmma_pair_launches(void)
 extern "C" unsigned long long moe_cuda_wgmma_tma_store_launches(void)
 {
 	return __atomic_load_n(&wg_st_launches, __ATOMIC_RELAXED);
+}
+
+/* ... and those that claimed their tiles from a counter (TIER_MOE_WGMMA_SCHED=dynamic) */
+extern "C" unsigned long long moe_cuda_wgmma_dynamic_launches(void)
+{
+	return __atomic_load_n(&wg_dyn_launches, __ATOMIC_RELAXED);
 }
 
 /* The TMA stores' maps (CFG::ST): gate/up's g, u and h, or the bf16 C, rows_bound x N each. */
@@ -1055,6 +1199,8 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, 
 		__atomic_fetch_add(&wg_pair_launches, 1ull, __ATOMIC_RELAXED);
 	if (e == cudaSuccess && ST)
 		__atomic_fetch_add(&wg_st_launches, 1ull, __ATOMIC_RELAXED);
+	if (e == cudaSuccess && a.sched)
+		__atomic_fetch_add(&wg_dyn_launches, 1ull, __ATOMIC_RELAXED);
 	if (maps) /* in stream order: after the kernel, or at once when it did not launch */
 		(void)cudaFreeAsync(maps, moe_stream(dev));
 	if (e != cudaSuccess)
@@ -1149,6 +1295,7 @@ static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, const wg_plan_t &pl, int
 {
 	int shape = pl.shape, ctas = pl.ctas, dbg = pl.dbg, tma = pl.tma;
 	a.idle = pl.idle;
+	a.dyn = pl.dyn, a.sched = NULL; /* the counter where the kernel takes it (wg_tma_maps) */
 	/* gate/up with a segment takes TMA only under tma 3 (all, the default): its TMA form hung in
 	 * session 9 before the producers' named barrier moved off the consumers' staging barrier, and
 	 * passed test_moe_wgmma, test_moe_cuda and the trainer in sessions 10 and 24 (bench/RESULTS.md);
@@ -1213,7 +1360,9 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 	if ((rc = wg_switch(fn, "TIER_MOE_WGMMA_CLUSTER", "1", "2", "(CTA pairs)", &pl->cl)) ||
 	    (rc = wg_switch(fn, "TIER_MOE_WGMMA_EPI", "copy", "tma", "(TMA stores)", &pl->st)) ||
 	    (rc = wg_switch(fn, "TIER_MOE_WGMMA_IDLE", "0", "1", "(consumers without rows skip their products)",
-			    &pl->idle)))
+			    &pl->idle)) ||
+	    (rc = wg_switch(fn, "TIER_MOE_WGMMA_SCHED", "static", "dynamic", "(tiles claimed from a counter)",
+			    &pl->dyn)))
 		return rc;
 	pl->cl += 1; /* CTAs a cluster */
 	int sms;

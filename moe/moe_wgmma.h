@@ -94,8 +94,21 @@
  *       (the second consumer of a group's last tile when that holds 64 rows or fewer; with CTA
  *       pairs also the second CTA's whole half) skips its products and only hands the ring's
  *       stages back, so the other consumer has the tensor cores alone. 0 (the default, also unset
- *       or empty): every consumer multiplies its rows, in or out of the group. Written in session
- *       30, not yet run on a GPU (no machine started for it): off until timed.
+ *       or empty): every consumer multiplies its rows, in or out of the group. First run in
+ *       session 31 (H100): correct, and up to 1.63x slower on seed-896 uniform (gate-up-mm 1.77
+ *       -> 2.88 ms). An expert's row tiles of one column tile share its weights through L2 only
+ *       while the CTAs run in lockstep (every tile the same cost); a tile that idles lets its CTA
+ *       run ahead, and the weights come from HBM twice. Stays off.
+ *   TIER_MOE_WGMMA_SCHED=dynamic|static
+ *       dynamic: in the cooperative one-CTA kernels with TMA loads (the defaults' kernels; not
+ *       ping-pong, CTA pairs, cp.async or the measurement kernels) the CTAs claim their tiles in
+ *       order from a counter of the launch, which the TMA map kernel zeroes, instead of CTA b
+ *       taking tiles b, b + grid, ...: the row tiles that share an expert's weights then start
+ *       close together whatever each costs, which idle consumers need (above). The producer's
+ *       TMA thread claims each tile and posts it in a ring of 8 slots in shared memory that the
+ *       consumers (and the producer's other threads where they load segments by cp.async) read.
+ *       static (the default, also unset or empty): the fixed order. Written in session 31 (no GPU
+ *       run yet): off until timed. moe_cuda_wgmma_dynamic_launches counts its launches.
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H
@@ -115,10 +128,12 @@ int moe_cuda_wgmma_supported(tier_dev *dev);
  * products on mma.sync): whether the experts take these kernels. */
 int moe_cuda_wgmma_on(tier_dev *dev);
 
-/* The launches so far (this process) that ran on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2), and with
- * the TMA-store epilogue (TIER_MOE_WGMMA_EPI=tma). */
+/* The launches so far (this process) that ran on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2), with the
+ * TMA-store epilogue (TIER_MOE_WGMMA_EPI=tma), and that claimed their tiles from a counter
+ * (TIER_MOE_WGMMA_SCHED=dynamic). */
 unsigned long long moe_cuda_wgmma_pair_launches(void);
 unsigned long long moe_cuda_wgmma_tma_store_launches(void);
+unsigned long long moe_cuda_wgmma_dynamic_launches(void);
 
 int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
 			     const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha, float beta);

@@ -16,6 +16,7 @@
 #define WG_OUT_ROW 144        /* bytes per row of a consumer's output staging: 128 and 16 of padding */
 #define WG_OUT_BYTES (64 * WG_OUT_ROW) /* a consumer's staging: 64 rows of 128 bytes */
 #define WG_ST_BYTES (64 * 64)          /* one of a consumer's two TMA-store stagings: 64 rows x 32 bf16 */
+#define WG_SCHED 8 /* slots of the ring of claimed tiles (TIER_MOE_WGMMA_SCHED=dynamic, wg_seq) */
 
 /* What B is and what the epilogue writes. */
 enum {
@@ -58,6 +59,11 @@ struct wg_args {
 	int E, N, K, beta; /* N: the output columns (gate/up: I) */
 	int rt_bound;      /* row tiles at or past it are never computed: rows_bound's bound on them */
 	int idle;          /* consumers whose rows all lie past their group's end skip the products (wg_mainloop) */
+	/* the launch's tile counter (device memory after B's maps, zeroed by the map kernel): the CTAs
+	 * claim tiles from it in turn (wg_seq; TIER_MOE_WGMMA_SCHED=dynamic). NULL: CTA b takes tiles
+	 * b, b + grid, ... */
+	unsigned int *sched;
+	int dyn; /* the host's wish for sched, where the kernel takes it (wg_cfg::DYN) */
 	bf16 *u;           /* gate/up: u, bf16 */
 	bf16 *h;           /* gate/up: h, bf16 */
 	const bf16 *up[MODE == WG_GU ? TIER_MOE_MAX_EXPERTS : 1]; /* gate/up: up_e */
@@ -118,6 +124,9 @@ struct wg_cfg {
 	 * stores drain (wg_put_st); a 64-row block that a group's end cuts goes out by the threads' own
 	 * stores, as TMA does not stop at the group's end. */
 	static constexpr int ST = ST_;
+	/* 1: the tiles may be claimed from a counter (args::sched): cooperative one-CTA TMA kernels,
+	 * whose producer thread can post each claim to the others and whose map kernel zeroes it */
+	static constexpr int DYN = TMA && !PP && CL == 1 && DBG == WG_DBG_NONE;
 	static constexpr int OBN = MODE == WG_GU ? BN / 2 : BN;
 	static constexpr int WN = PP || BM == 128 ? BN : BN / 2;
 	static constexpr int MT = PP ? BM / 64 : 1;
@@ -129,7 +138,9 @@ struct wg_cfg {
 	/* besides the stages and their two barriers each: 1024 of slack to align the ring, the two
 	 * ping-pong turn barriers, the consumers' output staging (only where used: it costs 64 x 256
 	 * tiles a ring stage), the table */
-	static constexpr int FIXED = 1024 + 16 + (ST ? 4 * WG_ST_BYTES : STG ? 2 * WG_OUT_BYTES : 0) + 4 * TABLE;
+	/* ... and the ring of claimed tiles: 8 bytes of alignment, a tile and two barriers a slot */
+	static constexpr int SCHED = DYN ? 8 + 24 * WG_SCHED : 0;
+	static constexpr int FIXED = 1024 + 16 + (ST ? 4 * WG_ST_BYTES : STG ? 2 * WG_OUT_BYTES : 0) + 4 * TABLE + SCHED;
 	static constexpr int STAGES = (WG_SMEM - FIXED) / (STAGE + 16);
 	static constexpr size_t BYTES = (size_t)FIXED + (size_t)STAGES * (STAGE + 16);
 	static_assert(BM == 64 || BM == 128, "one consumer warpgroup per 64 rows, or both on 64");
@@ -159,6 +170,9 @@ struct wg_shared {
 	int *tile0;     /* [E + 1]: the first row tile of expert e; tile0[E] = all row tiles */
 	int *roff;      /* [E + 1]: the offsets */
 	int *wsum;      /* [12]: the scan's warp totals */
+	long long *tids; /* [WG_SCHED]: the ring of claimed tiles (CFG::DYN), 8-byte aligned after wsum */
+	uint32_t tfull;  /* shared address of its "posted" barriers: tfull + 8 j */
+	uint32_t tempty; /* and of its "read by every reader warp" barriers */
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -17,6 +17,7 @@ struct wg_watch {
 	unsigned int block, thread;
 	uint32_t bar, parity;     /* the barrier's shared address and the parity waited for */
 	uint32_t full, empty, turn; /* block 0's barrier arrays, to name it */
+	uint32_t tfull, tempty;     /* and its claimed tiles' ring (the dynamic schedule) */
 	unsigned long long state; /* the mbarrier's 64 bits when it timed out */
 };
 __device__ wg_watch wg_watchdog;

@@ -4,7 +4,7 @@
  * 1024 experts, few CTAs (many tiles through one ring), rows outside the groups untouched, bad
  * arguments refused. Skips (77) without a compute capability 9.0 GPU. It runs whole under either
  * setting of TIER_MOE_WGMMA_IDLE (idle consumers skip their products under 1), and some products
- * under the other. */
+ * under the other; each off-by-default form (forms[]) runs the 128-row tiles' cases. */
 #include "config.h"
 #include <errno.h>
 #include <setjmp.h>
@@ -145,7 +145,7 @@ static void knobs(const char *tile, const char *ctas)
 }
 
 /* The off-by-default forms each run must take (TMA loads required): CTA pairs, the TMA-store
- * epilogue; their knob and launch counter. */
+ * epilogue, tiles claimed from a counter; their knob and launch counter. */
 static const struct {
 	const char *knob, *value, *name;
 	unsigned long long (*launches)(void);
@@ -153,6 +153,7 @@ static const struct {
 } forms[] = {
 	{ "TIER_MOE_WGMMA_CLUSTER", "2", "pairs", moe_cuda_wgmma_pair_launches, 0 },
 	{ "TIER_MOE_WGMMA_EPI", "tma", "TMA stores", moe_cuda_wgmma_tma_store_launches, 1 },
+	{ "TIER_MOE_WGMMA_SCHED", "dynamic", "dynamic tiles", moe_cuda_wgmma_dynamic_launches, 0 },
 };
 #define NFORMS (sizeof forms / sizeof forms[0])
 
@@ -879,6 +880,9 @@ static void test_bad_input(void **state)
 	unsetenv("TIER_MOE_WGMMA_EPI");
 	env_keep k;
 	env_set(&k, "TIER_MOE_WGMMA_IDLE", "off"); /* malformed */
+	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
+	env_back(&k);
+	env_set(&k, "TIER_MOE_WGMMA_SCHED", "claimed"); /* malformed */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	env_back(&k);
 	if (base_tmap_ok()) { /* the TMA stores' maps: what the encoder cannot take is refused first */
