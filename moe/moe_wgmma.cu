@@ -228,22 +228,8 @@ __device__ __forceinline__ long long wg_seq_claim(const typename CFG::args &a, l
 	return *nxt;
 }
 
-/* The first tile: first, or (dynamic) claimed and posted by the poster (nxt non-NULL), else read. */
-template <class CFG>
-__device__ __forceinline__ long long wg_seq_start(const typename CFG::args &a, const wg_shared &sh, wg_seq &q,
-						  long long *nxt, long long first)
-{
-	q.n = 0;
-	if (!wg_dyn<CFG>(a))
-		return q.t = first;
-	if (!nxt)
-		return wg_seq_read(sh, q);
-	long long t = wg_seq_claim<CFG>(a, nxt);
-	*nxt = -1; /* taken: the lookahead's next claim is a new one */
-	return wg_seq_post(sh, q, t);
-}
-
-/* The tile after the current one: step on, or the next claim posted, or the next slot read. */
+/* The tile after the current one: step on, or (dynamic) the poster's next claim (nxt non-NULL: the
+ * lookahead's, or one made now) posted, or the next slot read. */
 template <class CFG>
 __device__ __forceinline__ long long wg_seq_next(const typename CFG::args &a, const wg_shared &sh, wg_seq &q,
 						 long long *nxt, long long step)
@@ -252,9 +238,18 @@ __device__ __forceinline__ long long wg_seq_next(const typename CFG::args &a, co
 		return q.t += step;
 	if (!nxt)
 		return wg_seq_read(sh, q);
-	long long t = wg_seq_claim<CFG>(a, nxt); /* the lookahead's claim, or one made now */
-	*nxt = -1;
+	long long t = wg_seq_claim<CFG>(a, nxt);
+	*nxt = -1; /* taken: the lookahead's next claim is a new one */
 	return wg_seq_post(sh, q, t);
+}
+
+/* The first tile: first, or (dynamic) the first claim, posted or read. */
+template <class CFG>
+__device__ __forceinline__ long long wg_seq_start(const typename CFG::args &a, const wg_shared &sh, wg_seq &q,
+						  long long *nxt, long long first)
+{
+	q.n = 0;
+	return wg_dyn<CFG>(a) ? wg_seq_next<CFG>(a, sh, q, nxt, 0) : (q.t = first);
 }
 
 /* ---- the producer: warpgroup 0 ---- */
@@ -1051,17 +1046,17 @@ static int wg_watch_report(tier_dev *dev, int stages)
 	wg_watch zero;
 	memset(&zero, 0, sizeof zero);
 	CUDA_TRY(cudaMemcpyToSymbol(wg_watchdog, &zero, sizeof zero));
-	/* the claimed tiles' ring lies past the table, after every other barrier */
-	const char *kind = w.bar >= w.tempty ? "tile-read"
-			   : w.bar >= w.tfull ? "tile-posted"
-			   : w.bar >= w.turn  ? "turn"
-			   : w.bar >= w.empty ? "empty"
-					      : "full";
-	uint32_t base = w.bar >= w.tempty ? w.tempty
-			: w.bar >= w.tfull ? w.tfull
-			: w.bar >= w.turn  ? w.turn
-			: w.bar >= w.empty ? w.empty
-					   : w.full;
+	/* the barrier arrays by address, highest first: the claimed tiles' ring lies past the table */
+	const struct {
+		const char *kind;
+		uint32_t base;
+	} arr[] = { { "tile-read", w.tempty }, { "tile-posted", w.tfull }, { "turn", w.turn }, { "empty", w.empty },
+		    { "full", w.full } };
+	size_t i = 0;
+	while (i + 1 < sizeof arr / sizeof arr[0] && w.bar < arr[i].base)
+		i++;
+	const char *kind = arr[i].kind;
+	uint32_t base = arr[i].base;
 	return tier_fail(-EIO, "wgmma watchdog: block %u thread %u waited over 2 s on %s[%u] (of %d stages) for "
 			 "parity %u; barrier state 0x%016llx", w.block, w.thread, kind, (w.bar - base) / 8, stages,
 			 w.parity, w.state);
