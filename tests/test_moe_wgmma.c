@@ -144,6 +144,29 @@ static void knobs(const char *tile, const char *ctas)
 		unsetenv("TIER_MOE_WGMMA_CTAS");
 }
 
+/* A knob set for a while: its value before (or its absence) kept, to be put back. */
+typedef struct {
+	const char *name;
+	int had;
+	char was[32];
+} env_keep;
+
+static void env_set(env_keep *k, const char *name, const char *value)
+{
+	const char *v = getenv(name);
+	k->name = name, k->had = v != NULL;
+	snprintf(k->was, sizeof k->was, "%s", v ? v : "");
+	setenv(name, value, 1);
+}
+
+static void env_back(const env_keep *k)
+{
+	if (k->had)
+		setenv(k->name, k->was, 1);
+	else
+		unsetenv(k->name);
+}
+
 /* The off-by-default forms each run must take (TMA loads required): CTA pairs, the TMA-store
  * epilogue, tiles claimed from a counter; their knob and launch counter. */
 static const struct {
@@ -157,14 +180,16 @@ static const struct {
 };
 #define NFORMS (sizeof forms / sizeof forms[0])
 
+static env_keep form_kept[NFORMS]; /* the run's own setting of each form's knob, put back after it */
+
 static void form_on(size_t f)
 {
-	setenv(forms[f].knob, forms[f].value, 1);
+	env_set(&form_kept[f], forms[f].knob, forms[f].value);
 }
 
 static void form_off(size_t f)
 {
-	unsetenv(forms[f].knob);
+	env_back(&form_kept[f]);
 }
 
 /* Form f's launches since n0: one where the call launched in it (want), else none. */
@@ -300,29 +325,6 @@ static void run_form(const wprob *p, int kn, size_t f)
 	form_off(f);
 	unsetenv("TIER_MOE_WGMMA_TMA");
 	knobs(NULL, NULL);
-}
-
-/* A knob set for a while: its value before (or its absence) kept, to be put back. */
-typedef struct {
-	const char *name;
-	int had;
-	char was[32];
-} env_keep;
-
-static void env_set(env_keep *k, const char *name, const char *value)
-{
-	const char *v = getenv(name);
-	k->name = name, k->had = v != NULL;
-	snprintf(k->was, sizeof k->was, "%s", v ? v : "");
-	setenv(name, value, 1);
-}
-
-static void env_back(const env_keep *k)
-{
-	if (k->had)
-		setenv(k->name, k->was, 1);
-	else
-		unsetenv(k->name);
 }
 
 /* The other setting of TIER_MOE_WGMMA_IDLE than the run's (the whole test runs under either): with
@@ -868,17 +870,19 @@ static void test_bad_input(void **state)
 		assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	}
 	knobs(NULL, NULL);
-	setenv("TIER_MOE_WGMMA_DEBUG", "noproducts", 1); /* the measurement knob, malformed: refused before any launch */
+	/* each malformed knob set for one call and the run's own setting put back, so that a run under
+	 * (say) TIER_MOE_WGMMA_CLUSTER=2 keeps it for the tests after this one */
+	env_keep k;
+	env_set(&k, "TIER_MOE_WGMMA_DEBUG", "noproducts"); /* the measurement knob: refused before any launch */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 0, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
-	unsetenv("TIER_MOE_WGMMA_DEBUG");
-	setenv("TIER_MOE_WGMMA_CLUSTER", "4", 1); /* malformed: pairs only */
+	env_back(&k);
+	env_set(&k, "TIER_MOE_WGMMA_CLUSTER", "4"); /* pairs only */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
-	unsetenv("TIER_MOE_WGMMA_CLUSTER");
-	setenv("TIER_MOE_WGMMA_EPI", "bulk", 1); /* malformed */
+	env_back(&k);
+	env_set(&k, "TIER_MOE_WGMMA_EPI", "bulk");
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
-	unsetenv("TIER_MOE_WGMMA_EPI");
-	env_keep k;
+	env_back(&k);
 	env_set(&k, "TIER_MOE_WGMMA_IDLE", "off"); /* malformed */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	env_back(&k);
