@@ -14,11 +14,17 @@
 set -u
 b=${1:?bin dir}; out=${2:?out dir}; mkdir -p "$out"
 nvidia-smi --query-gpu=name --format=csv,noheader
+hung=0
 for t in ${TESTS:-test_moe_wgmma}; do
 	TIER_MOE_WGMMA_IDLE=1 timeout 200 "$b/tests/$t" > "$out/$t.log" 2>&1
-	echo "== $t (TIER_MOE_WGMMA_IDLE=1) rc=$?"; tail -3 "$out/$t.log"
+	rc=$?; [ $rc = 124 ] && hung=1
+	echo "== $t (TIER_MOE_WGMMA_IDLE=1) rc=$rc"; tail -3 "$out/$t.log"
 done
 IFS=';' read -r -a vars <<< "${VARIANTS:-;TIER_MOE_WGMMA_TILE=pp64x256;TIER_MOE_WGMMA_CLUSTER=2 TIER_MOE_WGMMA_IDLE=1;TIER_MOE_WGMMA_SCHED=dynamic;TIER_MOE_WGMMA_SCHED=dynamic TIER_MOE_WGMMA_IDLE=1}"
+if [ $hung = 1 ]; then # a test that hung: the dynamic schedule's first run is the likely cause; its variants would hang too
+	keep=(); for v in "${vars[@]}"; do case $v in *SCHED=dynamic*) echo "== skipped: $v (the test hung)";; *) keep+=("$v");; esac; done
+	vars=("${keep[@]}")
+fi
 [ ${#vars[@]} -gt 0 ] || vars=("")
 models=()
 for m in ${MODELS:-seed-896}; do models+=(--model "$m"); done
