@@ -51,19 +51,22 @@
 # them on an H100 (one call; twelve starts failed after it): correct, and slower (seed-896 uniform's
 # gate-up-mm 1.63x the time): an expert's row tiles share its weights through L2 only while the
 # CTAs keep in step, and an idling tile breaks the step (bench/RESULTS.md, "session 31").
-# It then wrote the dynamic schedule (TIER_MOE_WGMMA_SCHED=dynamic, off, no GPU run): the CTAs
-# claim tiles in turn from a counter, so the row tiles that share an expert's weights start
-# together whatever each costs.
-# Next, carry [".device/pack.tar.xz", ".device/lib"] (~200 s; an H200 first, where seed-896 is
-# bound by its padded products rather than by HBM):
-#   bench/moe-forms.sh .device/bin $OUT/f
-# test_moe_wgmma under TIER_MOE_WGMMA_IDLE=1 (the dynamic schedule's first run among its forms),
-# then ping-pong 64-row tiles, the idle consumers on CTA pairs, the dynamic schedule without and
-# with idle consumers, each against the defaults, and torch against the last. Where one wins on
-# seed-896 uniform without losing elsewhere: a tile rule for it, then the trainer's (a) under it
-# and the gate in one call (~170 s):
-#   TESTS=" " VARIANTS=";FORM" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
-#   STAGES=c bench/next-session.sh .device/bin $OUT/c
+# It then wrote the dynamic schedule (TIER_MOE_WGMMA_SCHED=dynamic, off): the CTAs claim tiles in
+# turn from a counter, so the row tiles that share an expert's weights start together whatever each
+# costs. Session 32 ran it on an H100 (one call; sixteen others got no machine): the test passes,
+# and dynamic + idle consumers is the fastest form on seed-896 in every product but uniform
+# gate-up-mm (1.04x the defaults' time); the experts' backward 27% faster (bench/RESULTS.md,
+# "session 32"). It then moved the claim STAGES stages before the tile's last load (eeee429, not
+# yet run), where the atomic and the maps' acquire no longer stand between two tiles' loads.
+# Next, carry [".device/pack.tar.xz", ".device/lib"] (~400 s; an H200 first), in one call:
+#   F="TIER_MOE_WGMMA_SCHED=dynamic TIER_MOE_WGMMA_IDLE=1"
+#   MODELS="qwen3-30b seed-896" VARIANTS=";$F" bench/moe-forms.sh .device/bin $OUT/f
+#   TESTS=" " VARIANTS=";$F" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
+#   STAGES=c bench/next-session.sh .device/bin $OUT/c   (on an H200: (c) for the gate, same call)
+# test_moe_wgmma under idle consumers (eeee429's claim point among its forms), issue 4's products
+# and torch on both shapes, the trainer's (a) under the form. Where dynamic + idle wins there, make
+# them the defaults (SCHED unset = dynamic; IDLE unset = 1 where tiles are claimed in turn, else 0;
+# the test's off form becomes SCHED=static with a launch counter of its own).
 # Still to take: STAGES=b with B_ARGS="--hbm max" ((b)'s own job without the cap: what the cap costs).
 # (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora

@@ -163,7 +163,8 @@ __device__ __forceinline__ wg_shared wg_carve(unsigned char *smem)
 /* ---- the CTA's tiles in turn ----
  * Static (args::sched NULL): CTA b takes tiles b, b + step, ... Dynamic (CFG::DYN with a counter;
  * TIER_MOE_WGMMA_SCHED=dynamic): the producer's thread 0 claims each tile from the launch's counter
- * once it has issued the loads of the one before (its maps' lookahead) and posts it in a ring of
+ * STAGES stages before the last load of the one before (its maps a stage later; wg_produce_tma)
+ * and posts it in a ring of
  * WG_SCHED slots, which every reader warp reads in turn; a claim past the last tile, posted too,
  * ends the sequence.
  * Claimed in order, the row tiles of an expert's column tile (t and t + ncol) start close together

@@ -98,17 +98,21 @@
  *       session 31 (H100): correct, and up to 1.63x slower on seed-896 uniform (gate-up-mm 1.77
  *       -> 2.88 ms). An expert's row tiles of one column tile share its weights through L2 only
  *       while the CTAs run in lockstep (every tile the same cost); a tile that idles lets its CTA
- *       run ahead, and the weights come from HBM twice. Stays off.
+ *       run ahead, and the weights come from HBM twice. Under SCHED=dynamic (below) they
+ *       keep the reuse (session 32, H100). Stays off until timed on an H200.
  *   TIER_MOE_WGMMA_SCHED=dynamic|static
  *       dynamic: in the cooperative one-CTA kernels with TMA loads (the defaults' kernels; not
  *       ping-pong, CTA pairs, cp.async or the measurement kernels) the CTAs claim their tiles in
  *       order from a counter of the launch, which the TMA map kernel zeroes, instead of CTA b
  *       taking tiles b, b + grid, ...: the row tiles that share an expert's weights then start
  *       close together whatever each costs, which idle consumers need (above). The producer's
- *       TMA thread claims each tile and posts it in a ring of 8 slots in shared memory that the
- *       consumers (and the producer's other threads where they load segments by cp.async) read.
- *       static (the default, also unset or empty): the fixed order. Written in session 31 (no GPU
- *       run yet): off until timed. moe_cuda_wgmma_dynamic_launches counts its launches.
+ *       TMA thread claims each tile STAGES stages before the previous tile's last load and posts
+ *       it in a ring of 8 slots in shared memory that the consumers (and the producer's other
+ *       threads where they load segments by cp.async) read. static (the default, also unset or
+ *       empty): the fixed order. First run in session 32 (H100, seed-896): correct; with
+ *       IDLE=1 0.92-0.96x the defaults' time in every product but uniform gate-up-mm (1.04x, with
+ *       the claim after the last load, since moved), the experts' backward 0.73x. Off until
+ *       timed on an H200 with the trainer. moe_cuda_wgmma_dynamic_launches counts its launches.
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H
