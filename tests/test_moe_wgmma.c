@@ -182,14 +182,18 @@ static const struct {
 
 static env_keep form_kept[NFORMS]; /* the run's own setting of each form's knob, put back after it */
 
+/* Form f alone: the other forms' knobs empty (their defaults) while it runs, as some do not combine
+ * (the dynamic schedule takes no CTA pairs); the run's own settings back after it. */
 static void form_on(size_t f)
 {
-	env_set(&form_kept[f], forms[f].knob, forms[f].value);
+	for (size_t g = 0; g < NFORMS; g++)
+		env_set(&form_kept[g], forms[g].knob, g == f ? forms[f].value : "");
 }
 
-static void form_off(size_t f)
+static void form_off(void)
 {
-	env_back(&form_kept[f]);
+	for (size_t g = 0; g < NFORMS; g++)
+		env_back(&form_kept[g]);
 }
 
 /* Form f's launches since n0: one where the call launched in it (want), else none. */
@@ -322,7 +326,7 @@ static void run_form(const wprob *p, int kn, size_t f)
 		run_one(p, kn, runs[r].c_bf16, runs[r].alpha, runs[r].beta, what);
 		form_ran(f, n0, p->rb > 0 && (runs[r].c_bf16 || !forms[f].bf16_only));
 	}
-	form_off(f);
+	form_off();
 	unsetenv("TIER_MOE_WGMMA_TMA");
 	knobs(NULL, NULL);
 }
@@ -480,7 +484,7 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 			gu_one(&p, NULL, NULL, what);
 			form_ran(f, n0, p.rb > 0);
 		}
-		form_off(f);
+		form_off();
 	}
 	unsetenv("TIER_MOE_WGMMA_TMA");
 	knobs(NULL, NULL);
@@ -611,7 +615,7 @@ static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, in
 					seg_one(&p, &c, nseg, kn, v, v ? 0.37f : 1.0f, v, what);
 					form_ran(f, n0, p.rb > 0 && (v || !forms[f].bf16_only));
 				}
-			form_off(f);
+			form_off();
 		}
 		unsetenv("TIER_MOE_WGMMA_TMA");
 		knobs(NULL, NULL);
@@ -675,7 +679,7 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 			gu_one(&q, &c.seg[0], c.tab, what);
 			form_ran(f, n0, p.rb > 0);
 		}
-		form_off(f);
+		form_off();
 	}
 	knobs(NULL, NULL);
 	for (int e = 0; e < E; e++)
