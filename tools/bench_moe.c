@@ -533,9 +533,10 @@ static const bench_col cols[] = {
 };
 #define NCOLS (sizeof cols / sizeof cols[0])
 
-/* Largest expert load over the mean: how skewed the routing came out; and c->used, c->tiled and
- * c->idle. */
-static double skew_of(moe_case *c)
+/* The routing's loads from its per-expert counts: the largest over the mean (returned: how skewed
+ * the routing came out), the experts with rows (c->used) and the rows that 128-row tiles multiply
+ * with and without idle consumers (c->tiled, c->idle). */
+static double routing_loads(moe_case *c)
 {
 	int32_t *cnt = malloc(sizeof(int32_t) * (size_t)c->E);
 	double mx = 0, sum = 0;
@@ -590,7 +591,7 @@ static int bench_shape(tier_dev *dev, const moe_opts *o, const moe_shape *s, int
 {
 	moe_case c = { .dev = dev, .cuda = o->run.kind == TIER_DEV_CUDA };
 	int rc = alloc_case(&c, s, zipf);
-	*skew = rc ? 0 : skew_of(&c);
+	*skew = rc ? 0 : routing_loads(&c);
 	if (!rc && c.missed)
 		bench_comment("%s %s: the router picked %ld of %d experts outside the sampled routing", s->name,
 			      zipf ? "zipf" : "uniform", c.missed, c.n);
