@@ -164,9 +164,8 @@ __device__ __forceinline__ wg_shared wg_carve(unsigned char *smem)
  * Static (args::sched NULL): CTA b takes tiles b, b + step, ... Dynamic (CFG::DYN with a counter;
  * TIER_MOE_WGMMA_SCHED=dynamic): the producer's thread 0 claims each tile from the launch's counter
  * STAGES stages before the last load of the one before (its maps a stage later; wg_produce_tma)
- * and posts it in a ring of
- * WG_SCHED slots, which every reader warp reads in turn; a claim past the last tile, posted too,
- * ends the sequence.
+ * and posts it in a ring of WG_SCHED slots, which every reader warp reads in turn; a claim past
+ * the last tile, posted too, ends the sequence.
  * Claimed in order, the row tiles of an expert's column tile (t and t + ncol) start close together
  * whatever each costs, so the second finds the expert's weights in L2. With every CTA taking each
  * grid-th tile that holds only while all tiles cost the same: idle consumers broke it in session
@@ -219,8 +218,8 @@ __device__ __forceinline__ long long wg_seq_read(const wg_shared &sh, wg_seq &q)
 	return q.t = t;
 }
 
-/* The poster's claim of the tile after its current one, made once (*nxt -1: not yet): the maps'
- * lookahead asks for it once the current tile's loads are issued. */
+/* The poster's claim of the tile after its current one, made once (*nxt -1: not yet): asked for
+ * STAGES stages before the current tile's last load, again for its maps, and when it is posted. */
 template <class CFG>
 __device__ __forceinline__ long long wg_seq_claim(const typename CFG::args &a, long long *nxt)
 {
@@ -578,14 +577,16 @@ __device__ static void wg_produce_tma(const typename CFG::args &a, const wg_shar
 			 * maps acquired a stage later; tiles claimed in turn still start nearly in turn.
 			 * Claimed after the last stage (session 32's first run), the claim and the maps stood
 			 * between two tiles' loads: seed-896's gate-up-mm 4-8% slower on an H100. */
-			const int kc = max(0, wg_kstages(a.K) - CFG::STAGES);
+			const int nk = wg_kstages(a.K), kc = max(0, nk - CFG::STAGES);
 			wg_tma_stages<CFG>(&a.amap, a.bmap + tl.e, a.bmap + a.E + tl.e, a.K, sh, tl, s, ph, true, [&](int i) {
-				if (wg_dyn<CFG>(a) && i == kc)
+				if (!wg_dyn<CFG>(a))
+					return;
+				if (i == kc)
 					wg_seq_claim<CFG>(a, nxt);
-				else if (wg_dyn<CFG>(a) && i == kc + 1)
+				else if (i == kc + 1)
 					wg_lookahead<CFG>(a, sh, wg_seq_claim<CFG>(a, nxt), total, ncol, cur, next);
 			});
-			if (wg_dyn<CFG>(a)) /* a tile of one stage: its maps after it (else acquired: a no-op) */
+			if (wg_dyn<CFG>(a) && nk == 1) /* a tile of one stage: its claim's maps after it */
 				wg_lookahead<CFG>(a, sh, wg_seq_claim<CFG>(a, nxt), total, ncol, cur, next);
 		} else {
 			wg_skip(s, ph, wg_kstages(a.K), CFG::STAGES);
@@ -1076,8 +1077,8 @@ static int wg_watch_report(tier_dev *dev, int stages)
 #endif
 
 /* Kernels launched on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2), with the TMA-store epilogue
- * (TIER_MOE_WGMMA_EPI=tma) and with the dynamic schedule, for the tests to see that the forms ran (atomic: ranks' threads may
- * launch at once). */
+ * (TIER_MOE_WGMMA_EPI=tma) and with the dynamic schedule, for the tests to see that the forms ran
+ * (atomic: ranks' threads may launch at once). */
 static unsigned long long wg_pair_launches, wg_st_launches, wg_dyn_launches;
 
 extern "C" unsigned long long moe_cuda_wgmma_pair_launches(void)
