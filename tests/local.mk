@@ -2,6 +2,8 @@
 ## the seed and CPU device of the CPU tests that draw random inputs (attn, loss, layers, train);
 ## every randomised test's seed (TIER_TEST_SEED)
 EXTRA_DIST += tests/seeded_cpu.h tests/test_seed.h
+## a knob set for a while by a test, the run's own value put back (attn, moe, ops, train)
+EXTRA_DIST += tests/env_keep.h
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_base
 TESTS += tests/test_base

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <cmocka.h>
 #include "tier/tier.h"
+#include "env_keep.h"
 #include "test_seed.h"
 
 #define TOL 2e-2
@@ -152,16 +153,6 @@ static void compare(int64_t B, int64_t S, int64_t H, int64_t KH, int64_t D, int 
 	free(o), free(lse), free(dq), free(dk), free(dv), free(got), free(cw), free(ob), free(wg_o), free(wg_lse);
 }
 
-/* The caller's TIER_ATTN_FWD / TIER_ATTN_BWD, put back after the cases (NULL: unset). */
-static void restore_env(const char *name, char *saved)
-{
-	if (saved)
-		setenv(name, saved, 1);
-	else
-		unsetenv(name);
-	free(saved);
-}
-
 static void test_shapes(void **state)
 {
 	static const int64_t cases[][6] = {
@@ -170,25 +161,21 @@ static void test_shapes(void **state)
 		{ 2, 77, 4, 1, 64, 0 },  { 1, 64, 2, 1, 128, 1 }, { 1, 513, 8, 1, 128, 1 }, { 1, 130, 4, 4, 128, 0 },
 		{ 1, 1000, 2, 1, 128, 1 }, { 1, 333, 4, 2, 128, 0 }, { 2, 257, 4, 2, 96, 1 }, { 1, 300, 2, 1, 32, 0 },
 	};
-	char *fwd = getenv("TIER_ATTN_FWD") ? strdup(getenv("TIER_ATTN_FWD")) : NULL;
-	char *bwd = getenv("TIER_ATTN_BWD") ? strdup(getenv("TIER_ATTN_BWD")) : NULL;
-	char *dqv = getenv("TIER_ATTN_BWD_DQ") ? strdup(getenv("TIER_ATTN_BWD_DQ")) : NULL;
+	env_keep fwd, bwd, dqv, dsv; /* the run's settings, put back after the cases */
+	env_save(&fwd, "TIER_ATTN_FWD"), env_save(&bwd, "TIER_ATTN_BWD"); /* compare sets both */
+	env_save(&dsv, "TIER_ATTN_BWD_DS");
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		compare(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4], (int)cases[i][5]);
 	/* the wgmma backward's other paths (head_dim 128; the default is dS by stmatrix and dQ by TMA
 	 * reductions): dQ by atomics with dS by stmatrix, then with the scalar dS stores as well */
-	char *dsv = getenv("TIER_ATTN_BWD_DS") ? strdup(getenv("TIER_ATTN_BWD_DS")) : NULL;
-	assert_int_equal(setenv("TIER_ATTN_BWD_DQ", "atomic", 1), 0);
+	env_set(&dqv, "TIER_ATTN_BWD_DQ", "atomic");
 	for (int scalar = 0; scalar < 2; scalar++) {
-		assert_int_equal(setenv("TIER_ATTN_BWD_DS", scalar ? "scalar" : "stm", 1), 0);
+		env_put("TIER_ATTN_BWD_DS", scalar ? "scalar" : "stm");
 		for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 			if (cases[i][4] == 128)
 				compare(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4], (int)cases[i][5]);
 	}
-	restore_env("TIER_ATTN_BWD_DS", dsv);
-	restore_env("TIER_ATTN_BWD_DQ", dqv);
-	restore_env("TIER_ATTN_FWD", fwd);
-	restore_env("TIER_ATTN_BWD", bwd);
+	env_back(&dsv), env_back(&dqv), env_back(&fwd), env_back(&bwd);
 }
 
 /* RoPE: the forward on bf16 against the CPU on the same rounded values; the backward (fp32) tight.
@@ -232,23 +219,26 @@ static void test_rope(void **state)
 	rope_case(36);
 }
 
-/* The backward with name=value set refuses (-EINVAL) and names the setting; name unset after. */
+/* The backward with name=value set refuses (-EINVAL) and names the setting; the run's own value
+ * of name back after. */
 static void bwd_refuses(const tier_attn_params *p, char *b, size_t bytes, const char *name, const char *value)
 {
 	char want[64];
+	env_keep k;
 	snprintf(want, sizeof want, "%s=%s", name, value);
-	assert_int_equal(setenv(name, value, 1), 0);
+	env_set(&k, name, value);
 	tier_clear_error();
 	assert_int_equal(tier_attn_bwd(gpu, p, b, b, b, b, (float *)b, b, (float *)b, (float *)b, (float *)b, b, bytes),
 			 -EINVAL);
 	assert_non_null(strstr(tier_last_error(), want));
-	unsetenv(name);
+	env_back(&k);
 }
 
 static void test_bad_input(void **state)
 {
 	tier_attn_params p;
 	size_t bytes;
+	env_keep k;
 	void *buf = dev_poisoned(1 << 16);
 	char *b = buf;
 	tier_attn_params_init(&p, 1, 8, 4, 2, 24);
@@ -261,10 +251,10 @@ static void test_bad_input(void **state)
 	assert_int_equal(tier_attn_fwd(gpu, &p, b + 2, b, b, b, (float *)b, b, bytes), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "aligned"));
 	/* An unknown kernel variant fails before any launch and names the variable. */
-	assert_int_equal(setenv("TIER_ATTN_FWD", "nope", 1), 0);
+	env_set(&k, "TIER_ATTN_FWD", "nope");
 	assert_int_equal(tier_attn_fwd(gpu, &p, b, b, b, b, (float *)b, b, bytes), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "TIER_ATTN_FWD=nope"));
-	unsetenv("TIER_ATTN_FWD");
+	env_back(&k);
 	bwd_refuses(&p, b, bytes, "TIER_ATTN_BWD", "nope");
 	tier_dev_free(gpu, buf);
 	/* unknown values of the wgmma backward's switches: refused by name before any kernel, on any
@@ -272,11 +262,11 @@ static void test_bad_input(void **state)
 	tier_attn_params_init(&p, 1, 8, 4, 2, 128);
 	assert_int_equal(tier_attn_workspace_bytes(gpu, &p, &bytes), 0);
 	buf = dev_poisoned(bytes + 8 * 4 * 128 * 4), b = buf;
-	assert_int_equal(setenv("TIER_ATTN_BWD", "wg", 1), 0);
+	env_set(&k, "TIER_ATTN_BWD", "wg");
 	bwd_refuses(&p, b, bytes, "TIER_ATTN_BWD_DQ", "nope");
 	bwd_refuses(&p, b, bytes, "TIER_ATTN_BWD_DS", "nope");
 	bwd_refuses(&p, b, bytes, "TIER_ATTN_BWD_DEBUG", "nope");
-	unsetenv("TIER_ATTN_BWD");
+	env_back(&k);
 	tier_dev_free(gpu, buf);
 }
 

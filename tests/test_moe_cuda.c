@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <cmocka.h>
+#include "env_keep.h"
 #include "moe_ref.h"
 #ifdef TIER_HAVE_CUDA
 #include "moe/moe_cuda.h"
@@ -492,14 +493,14 @@ static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const v
 	void *dsv2 = up(NULL, sb), *dout2 = up(NULL, 4 * TH);
 	int32_t cnt[TIER_MOE_MAX_EXPERTS], o2[TIER_MOE_MAX_EXPERTS + 1], o3[TIER_MOE_MAX_EXPERTS + 1];
 	tier_moe_saved s2;
+	env_keep early_kept; /* the run's own setting, back after the loop */
 	assert_int_equal(tier_moe_saved_bind(gcfg, T, dsv2, sb, &s2), 0);
-	/* early: TIER_MOE_EARLY_PERMUTE=1, the forward's route permuting too (the same results) */
+	/* early: TIER_MOE_EARLY_PERMUTE=1, the forward's route permuting too (the same results); else
+	 * unset, its default */
+	env_save(&early_kept, "TIER_MOE_EARLY_PERMUTE");
 	for (int early = 0; early < 2; early++)
 	for (int recompute = 0; recompute < 2; recompute++) {
-		if (early)
-			setenv("TIER_MOE_EARLY_PERMUTE", "1", 1);
-		else
-			unsetenv("TIER_MOE_EARLY_PERMUTE");
+		env_put("TIER_MOE_EARLY_PERMUTE", early ? "1" : NULL);
 		poison_dev(dsv2, sb), poison_dev(dout2, 4 * TH);
 		s2.aux = s2.z = -1.0f;
 		assert_int_equal(tier_moe_layer_route(gpu, gcfg, T, dx, dwr, dbias, &s2, dws, wb, recompute ? NULL : cnt), 0);
@@ -540,7 +541,7 @@ static void routed_case(const tier_moe_cfg *gcfg, int T, const void *dx, const v
 		tier_dev_free(gpu, dres);
 		free(res), free(want), free(ro3), free(ro4);
 	}
-	unsetenv("TIER_MOE_EARLY_PERMUTE");
+	env_back(&early_kept);
 	int e0 = 0, cap = tier_moe_capacity(T, k, E, gcfg->capacity_factor);
 	while (e0 < E && !cnt[e0])
 		e0++;
@@ -1185,18 +1186,19 @@ static void test_grouped_wgrad(void **state)
 	}
 	/* every tile TIER_MOE_WGRAD_TILE offers, on every shape (tiles larger than the shape included) */
 	static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64" };
+	env_keep k; /* the run's own setting of each knob, back after its cases */
 	for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
-		setenv("TIER_MOE_WGRAD_TILE", tiles[t], 1);
+		env_set(&k, "TIER_MOE_WGRAD_TILE", tiles[t]);
 		for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
 			grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
-		unsetenv("TIER_MOE_WGRAD_TILE");
+		env_back(&k);
 	}
 	/* the epilogue's read-modify-write of C (the form before the atomic add) */
-	setenv("TIER_MOE_WGRAD_ADD", "rmw", 1);
+	env_set(&k, "TIER_MOE_WGRAD_ADD", "rmw");
 	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
 		grouped_wgrad_case(40, shapes[i][0], shapes[i][1], r40, 5);
 	grouped_wgrad_case(3, 2048, 16, r3, 2);
-	unsetenv("TIER_MOE_WGRAD_ADD");
+	env_back(&k);
 }
 
 /* B's rows through a permutation, as the layer's backward reads x (moe_cuda_grouped_wgrad*_rows):
@@ -1306,11 +1308,12 @@ static void test_grouped_wgrad2(void **state)
 	grouped_wgrad2_case(3, 72, 56, r3, -1, 0);    /* both sides over 16: one product at a time */
 	/* the pair under every tile (64 x 64: one product at a time), still the single calls' bits */
 	static const char *const tiles[] = { "64x16", "128x16", "16x64", "16x128", "64x64" };
+	env_keep k; /* the run's own tile, back after each */
 	for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
-		setenv("TIER_MOE_WGRAD_TILE", tiles[t], 1);
+		env_set(&k, "TIER_MOE_WGRAD_TILE", tiles[t]);
 		grouped_wgrad2_case(40, 16, 768, r40, -1, 7);
 		grouped_wgrad2_case(3, 64, 16, r3, -1, -1);
-		unsetenv("TIER_MOE_WGRAD_TILE");
+		env_back(&k);
 	}
 }
 
@@ -1341,12 +1344,14 @@ static void test_grouped_wgrad_bad_input(void **state)
 	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, NULL, 2, p, p, 1.0f, cc), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, NULL, p, 1.0f, cc), -EINVAL);
 	static const char *const bad[] = { "32x32", "s16x64", "stream" }; /* not tiles of the list */
+	env_keep k; /* the run's own tile, back after */
+	env_save(&k, "TIER_MOE_WGRAD_TILE");
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-		setenv("TIER_MOE_WGRAD_TILE", bad[i], 1);
+		env_put("TIER_MOE_WGRAD_TILE", bad[i]);
 		assert_int_equal(moe_cuda_grouped_wgrad(gpu, 2, 16, 16, off, 2, p, p, 1.0f, cc), -EINVAL);
 		assert_int_equal(moe_cuda_grouped_wgrad2(gpu, 2, 16, 16, off, 2, p, p, p, 1.0f, 1.0f, cc, cc), -EINVAL);
 	}
-	unsetenv("TIER_MOE_WGRAD_TILE");
+	env_back(&k);
 }
 
 /* The experts through the grouped GEMMs (TIER_MOE_GROUPED=1), forward and backward, with and
@@ -1359,7 +1364,8 @@ static void test_layer_grouped(void **state)
 	tier_moe_router_cfg m = { TIER_MOE_ROUTER_TOPK_SOFTMAX, 8, 2, 0, 0, 0, 0 };
 	tier_moe_router_cfg big = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 896, 16, 1, 0, 0, 0 };
 	tier_moe_router_cfg one = { TIER_MOE_ROUTER_SOFTMAX_TOPK, 4, 1, 0, 0, 0, 0 };
-	assert_int_equal(setenv("TIER_MOE_GROUPED", "1", 1), 0);
+	env_keep k; /* the run's own setting, back after */
+	env_set(&k, "TIER_MOE_GROUPED", "1");
 	layer_case(&(gcase){ q, 200, 256, 96, 0, 0, 0.01f, 0.001f, 0, 0, 0, 0 });
 	layer_case(&(gcase){ q, 200, 256, 96, 8, 0, 0.01f, 0.001f, 0, 0, 0, 0 });   /* LoRA through the grouped path */
 	layer_case(&(gcase){ q, 77, 96, 64, 16, 0, 0.02f, 0, 0, 1, 0, 0 });        /* fused gate_up with LoRA */
@@ -1383,7 +1389,7 @@ static void test_layer_grouped(void **state)
 	layer_case(&(gcase){ m, 40, 128, 64, 8, 1.0f, 0, 0, 0, 1, 1, 0 });
 	layer_case(&(gcase){ q, 77, 96, 64, 16, 0, 0.02f, 0, 0, 1, 0, 0 });
 	keep_h_saved = 0;
-	unsetenv("TIER_MOE_GROUPED");
+	env_back(&k);
 }
 
 /* The SwiGLU backward from a bf16 dh (moe_cuda_swiglu_bwd16, the fused LoRA backward's) gives the

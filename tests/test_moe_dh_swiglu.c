@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <cmocka.h>
+#include "env_keep.h"
 #ifdef TIER_HAVE_CUDA
 #define REF_GPU_TEST "test_moe_dh_swiglu"
 #endif
@@ -170,38 +171,35 @@ static void run_one(const dprob *p, const char *what)
 	free(h), free(a0), free(b0), free(a1), free(b1), free(d0), free(d1);
 }
 
-/* Every tile shape with TMA loads (the default) and with cp.async, then few CTAs. */
+/* Every tile shape with TMA loads (the default, or the run's own setting) and with cp.async, then
+ * few CTAs; a NULL tile is the knob unset (auto). The run's own tile and CTAs back at the end. */
 static void run_all(const dprob *p)
 {
 	static const char *const tiles[] = { NULL, "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
 	static const char *const few[][2] = { { NULL, "1" }, { "pp128x128", "1" }, { "64x256", "2" } };
 	char what[200];
+	env_keep tma_kept, tile_kept, ctas_kept;
+	env_save(&tile_kept, "TIER_MOE_WGMMA_TILE"), env_save(&ctas_kept, "TIER_MOE_WGMMA_CTAS");
 	for (int tma = 0; tma < 2; tma++) {
 		if (tma)
-			setenv("TIER_MOE_WGMMA_TMA", "0", 1);
+			env_set(&tma_kept, "TIER_MOE_WGMMA_TMA", "0");
 		for (size_t t = 0; t < sizeof tiles / sizeof tiles[0]; t++) {
-			if (tiles[t])
-				setenv("TIER_MOE_WGMMA_TILE", tiles[t], 1);
-			else
-				unsetenv("TIER_MOE_WGMMA_TILE");
+			env_put("TIER_MOE_WGMMA_TILE", tiles[t]);
 			snprintf(what, sizeof what, "E %d H %d I %d r %d rows %d tile %s%s", p->E, p->H, p->I, p->r, p->rows,
 				 tiles[t] ? tiles[t] : "auto", tma ? " cp.async" : "");
 			run_one(p, what);
 		}
-		unsetenv("TIER_MOE_WGMMA_TMA");
+		if (tma)
+			env_back(&tma_kept);
 	}
 	for (size_t i = 0; i < sizeof few / sizeof few[0]; i++) {
-		if (few[i][0])
-			setenv("TIER_MOE_WGMMA_TILE", few[i][0], 1);
-		else
-			unsetenv("TIER_MOE_WGMMA_TILE");
-		setenv("TIER_MOE_WGMMA_CTAS", few[i][1], 1);
+		env_put("TIER_MOE_WGMMA_TILE", few[i][0]);
+		env_put("TIER_MOE_WGMMA_CTAS", few[i][1]);
 		snprintf(what, sizeof what, "E %d H %d I %d r %d tile %s on %s CTAs", p->E, p->H, p->I, p->r,
 			 few[i][0] ? few[i][0] : "auto", few[i][1]);
 		run_one(p, what);
 	}
-	unsetenv("TIER_MOE_WGMMA_TILE");
-	unsetenv("TIER_MOE_WGMMA_CTAS");
+	env_back(&tile_kept), env_back(&ctas_kept);
 }
 
 static void run_case(int E, int H, int I, int r, const int *nrows, int extra)

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <cmocka.h>
+#include "env_keep.h"
 #include "moe_ref.h"
 #ifdef TIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -128,14 +129,11 @@ static void prob_free(sprob *p)
 }
 
 /* ---- one call and its checks ---- */
-/* The row tile knob of moe_skinny.h; NULL unsets. */
-static void rows_knob(const char *v)
-{
-	if (v)
-		setenv("TIER_MOE_SKINNY_ROWS", v, 1);
-	else
-		unsetenv("TIER_MOE_SKINNY_ROWS");
-}
+/* The row tile knob of moe_skinny.h; NULL unsets (the group runs with it unset, the run's own
+ * setting kept in rows_kept and put back at its end). */
+static env_keep rows_kept;
+
+static void rows_knob(const char *v) { env_put("TIER_MOE_SKINNY_ROWS", v); }
 
 /* Bytes [from, to) of got still hold the poison 0xff. */
 static void untouched(const unsigned char *got, size_t from, size_t to, const char *buf, const char *what)
@@ -463,13 +461,14 @@ static int setup(void **state)
 {
 	(void)state;
 	tier_rng_seed(&rng, ref_seed("test_moe_skinny"));
-	rows_knob(NULL);
+	env_set(&rows_kept, "TIER_MOE_SKINNY_ROWS", NULL);
 	return tier_dev_open(&cpu, TIER_DEV_CPU, 0);
 }
 
 static int teardown(void **state)
 {
 	(void)state;
+	env_back(&rows_kept);
 	tier_dev_close(cpu);
 	return 0;
 }

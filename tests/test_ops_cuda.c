@@ -13,6 +13,7 @@
 #include <cmocka.h>
 #include "tier/tier.h"
 #include "core/ops_cuda.h"
+#include "env_keep.h"
 #include "test_seed.h"
 
 #define TOL_BF16 1e-2  /* bf16 outputs, and products of bf16 operands (bf16 intermediates) */
@@ -416,33 +417,16 @@ static int first_on(void)
 
 /* Each linear case under both orders of $TIER_LORA_FIRST (ops_cuda.cu), the caller's setting put
  * back after. */
-/* $TIER_LORA_FIRST set to v; the caller's value (NULL: unset) returned for first_restore. */
-static char *first_set(const char *v)
-{
-	const char *was = getenv("TIER_LORA_FIRST");
-	char *saved = was ? strdup(was) : NULL;
-	assert_int_equal(setenv("TIER_LORA_FIRST", v, 1), 0);
-	return saved;
-}
-
-static void first_restore(char *saved)
-{
-	if (saved)
-		setenv("TIER_LORA_FIRST", saved, 1);
-	else
-		unsetenv("TIER_LORA_FIRST");
-	free(saved);
-}
-
 static void both_orders(void (*cases)(void))
 {
-	char *saved = first_set("1");
+	env_keep k;
+	env_save(&k, "TIER_LORA_FIRST");
 	for (int first = 1; first >= 0; first--) {
-		assert_int_equal(setenv("TIER_LORA_FIRST", first ? "1" : "0", 1), 0);
+		env_put("TIER_LORA_FIRST", first ? "1" : "0");
 		print_message("TIER_LORA_FIRST=%d\n", first);
 		cases();
 	}
-	first_restore(saved);
+	env_back(&k);
 }
 
 static void linear_cases(void)
@@ -580,7 +564,8 @@ static void test_linear_bwd_to16(void **state)
 	/* no dx16; dropout without the fp32 scratch, with the adapter's part first (where dx32 is
 	 * otherwise not needed) */
 	tier_lora_ref drop = { .a = L_NONNULL, .b = L_NONNULL, .rank = 4, .scale = 1.0f, .dropout = 0.3f };
-	char *saved = first_set("1");
+	env_keep k;
+	env_set(&k, "TIER_LORA_FIRST", "1");
 	tier_clear_error();
 	assert_int_equal(opsc_linear_bwd_to16(gpu, 3, 4, 5, L_NONNULL, L_NONNULL, NULL, L_NONNULL, NULL, NULL, L_NONNULL),
 			 -EINVAL);
@@ -589,7 +574,7 @@ static void test_linear_bwd_to16(void **state)
 					      L_NONNULL),
 			 -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "dx32"));
-	first_restore(saved);
+	env_back(&k);
 }
 
 static void dropout_cases(void)

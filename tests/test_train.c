@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "tier/tier.h"
+#include "env_keep.h"
 #define SEEDED_CPU_TEST "test_train" /* seeded_cpu.h: cpu, rng and seed, set up for the group */
 #include "seeded_cpu.h"
 
@@ -685,9 +686,10 @@ static void test_optim_in_forward(void **state)
 	rig_lmajor = 0, rig_micro = 2, rig_opcache = "all:hbm=4M:ddr=8M";
 	assert_true(optim_fwd_case(&c, &lc, "2 micro-batches, op cache", 64u << 20, ck, &n) && n > 0);
 	rig_micro = 1, rig_opcache = NULL;
-	setenv("TIER_PIPELINE", "0", 1);
+	env_keep pipe_kept;
+	env_set(&pipe_kept, "TIER_PIPELINE", "0");
 	assert_true(optim_fwd_case(&c, &lc, "not pipelined", need * 2, ck, &n) && n > 0);
-	unsetenv("TIER_PIPELINE");
+	env_back(&pipe_kept);
 	/* resumed from the deferred run's checkpoint (after step 2): steps 3 to 5 as that run's */
 	float whole[5], part[5];
 	for (int run = 0; run < 2; run++) {
@@ -727,17 +729,13 @@ static void pipeline_case(const tier_hf_config *c, const tier_lora_cfg *lc, cons
 	int64_t counts[2][16];
 	int pp[2] = { 0, 0 }, ee[2] = { 0, 0 };
 	uint64_t hits[2][2] = { { 0, 0 }, { 0, 0 } };
-	char mode[16] = ""; /* the pipelined run's $TIER_PIPELINE (empty: unset) */
-	if (getenv("TIER_PIPELINE"))
-		snprintf(mode, sizeof mode, "%s", getenv("TIER_PIPELINE"));
+	env_keep mode; /* the pipelined run's $TIER_PIPELINE, as the caller left it */
 	for (int v = 0; v < 2; v++) {
 		rig q;
 		if (!v)
-			setenv("TIER_PIPELINE", "0", 1);
-		else if (*mode)
-			setenv("TIER_PIPELINE", mode, 1);
+			env_set(&mode, "TIER_PIPELINE", "0");
 		else
-			unsetenv("TIER_PIPELINE");
+			env_back(&mode);
 		assert_int_equal(rig_open(&q, c, lc, hbm, 2, 8, 3, 0.1), 0);
 		fill_batch(&q, 23, seed + 13, 16 * (size_t)rig_micro);
 		for (int st = 0; st < 4; st++) {
@@ -806,13 +804,14 @@ static void test_pipeline_transparent(void **state)
 			assert_int_equal(piped, 0);
 	}
 	/* forced where two operations' pins do not fit: pins refused for room finish the one before */
-	setenv("TIER_PIPELINE", "force", 1);
+	env_keep pipe_kept;
+	env_set(&pipe_kept, "TIER_PIPELINE", "force");
 	for (int k = 10; k <= 14; k += 2) {
 		snprintf(what, sizeof what, "budget %d/8 of the smallest, TIER_PIPELINE=force", k);
 		pipeline_case(&c, &lc, what, need * (uint64_t)k / 8, &piped, &early, &hh, &dh);
 		any_early |= piped > 0 && early > 0;
 	}
-	unsetenv("TIER_PIPELINE");
+	env_back(&pipe_kept);
 	assert_true(any_early);
 	rig_micro = 2, rig_opcache = "all:hbm=4M:ddr=8M";
 	pipeline_case(&c, &lc, "op cache in hbm, 2 micro-batches", 64u << 20, &piped, &early, &hh, &dh);
@@ -947,10 +946,12 @@ static void test_moe_routed_transparent(void **state)
 	for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
 		float a[4], b[4];
 		rig_opcache = runs[i].cache, rig_micro = runs[i].micro, rig_lmajor = runs[i].lmajor;
-		setenv("TIER_MOE_ROUTED", "0", 1);
+		env_keep routed; /* the run's own setting, back after; b routed by default (unset) */
+		env_set(&routed, "TIER_MOE_ROUTED", "0");
 		run_losses(&c, runs[i].hbm, 4, a);
-		unsetenv("TIER_MOE_ROUTED");
+		env_put("TIER_MOE_ROUTED", NULL);
 		uint64_t ev = run_losses(&c, runs[i].hbm, 4, b);
+		env_back(&routed);
 		printf("# routed, run %zu: losses %.7f .. %.7f, %llu evictions\n", i, b[0], b[3], (unsigned long long)ev);
 		if (i == 3)
 			assert_true(ev > 0);
@@ -1523,9 +1524,10 @@ static void test_cold_experts_not_fetched(void **state)
 	assert_int_equal(rig_open(&r, &c, &lc, 64u << 20, 1, 1, seed, 0.2), 0);
 	uint64_t small = tier_trainer_min_hbm(r.t) * 3 / 2;
 	rig_close(&r);
-	setenv("TIER_SCHED_ROUTED", "all", 1); /* the forwards too, from the latest routing */
+	env_keep sched;
+	env_set(&sched, "TIER_SCHED_ROUTED", "all"); /* the forwards too, from the latest routing */
 	assert_int_equal(rig_open(&r, &c, &lc, small, 1, 1, seed, 0.2), 0);
-	unsetenv("TIER_SCHED_ROUTED");
+	env_back(&sched);
 	uint64_t esz = 3ull * c.moe_intermediate_size * c.hidden_size * sizeof(float), moved[3];
 	tier_step_result res;
 	for (int s = 0; s < 3; s++) {
