@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <cmocka.h>
+#include "env_keep.h"
 #ifdef TIER_HAVE_CUDA
 #define REF_GPU_TEST "test_moe_wgmma"
 #endif
@@ -142,29 +143,6 @@ static void knobs(const char *tile, const char *ctas)
 		setenv("TIER_MOE_WGMMA_CTAS", ctas, 1);
 	else
 		unsetenv("TIER_MOE_WGMMA_CTAS");
-}
-
-/* A knob set for a while: its value before (or its absence) kept, to be put back. */
-typedef struct {
-	const char *name;
-	int had;
-	char was[32];
-} env_keep;
-
-static void env_set(env_keep *k, const char *name, const char *value)
-{
-	const char *v = getenv(name);
-	k->name = name, k->had = v != NULL;
-	snprintf(k->was, sizeof k->was, "%s", v ? v : "");
-	setenv(name, value, 1);
-}
-
-static void env_back(const env_keep *k)
-{
-	if (k->had)
-		setenv(k->name, k->was, 1);
-	else
-		unsetenv(k->name);
 }
 
 /* The off-by-default forms each run must take (TMA loads required): CTA pairs, the TMA-store
