@@ -58,15 +58,21 @@
 # gate-up-mm (1.04x the defaults' time); the experts' backward 27% faster (bench/RESULTS.md,
 # "session 32"). It then moved the claim STAGES stages before the tile's last load (eeee429, not
 # yet run), where the atomic and the maps' acquire no longer stand between two tiles' loads.
-# Next, carry [".device/pack.tar.xz", ".device/lib"] (~400 s; an H200 first), in one call:
-#   F="TIER_MOE_WGMMA_SCHED=dynamic TIER_MOE_WGMMA_IDLE=1"
-#   MODELS="qwen3-30b seed-896" VARIANTS=";$F" bench/moe-forms.sh .device/bin $OUT/f
-#   TESTS=" " VARIANTS=";$F" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
+# Session 33 ran nothing in twenty calls (13 starts failed, one machine was taken back mid-run, 5
+# refusals in the waits, then too little time left). It wrote the defaults
+# flip on branch dyn-default (SCHED unset = dynamic; IDLE unset = 1 where the tiles are claimed in
+# turn, else 0; the test's off form SCHED=static, counted by moe_cuda_wgmma_fixed_launches; its
+# .ci/run, ASan+UBSan and valgrind pass). Next: build and stage that branch (git worktree add
+# ../dd dyn-default; in it autogen, configure --disable-shared, make, stage-device.sh), carry
+# [".device/pack.tar.xz", ".device/lib"] (~450 s; an H200 first), in one call:
+#   V="TIER_MOE_WGMMA_SCHED=static;TIER_MOE_WGMMA_SCHED=dynamic"
+#   TEST_ENV="" MODELS="qwen3-30b seed-896" VARIANTS="$V" bench/moe-forms.sh .device/bin $OUT/f
+#   TESTS=" " VARIANTS="$V" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c   (on an H200: (c) for the gate, same call)
-# test_moe_wgmma under idle consumers (eeee429's claim point among its forms), issue 4's products
-# and torch on both shapes, the trainer's (a) under the form. Where dynamic + idle wins there, make
-# them the defaults (SCHED unset = dynamic; IDLE unset = 1 where tiles are claimed in turn, else 0;
-# the test's off form becomes SCHED=static with a launch counter of its own).
+# test_moe_wgmma under the flipped defaults (eeee429's claim point among its forms), issue 4's
+# products and torch on both shapes, the trainer's (a) in the fixed order against the dynamic one.
+# Where the dynamic one wins there, merge dyn-default. Also run test_attn_cuda, test_ops_cuda,
+# test_moe_dh_swiglu and test_moe_skinny once: 14a7397 moved their knobs onto tests/env_keep.h.
 # Still to take: STAGES=b with B_ARGS="--hbm max" ((b)'s own job without the cap: what the cap costs).
 # (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
