@@ -135,14 +135,8 @@ static void prob_free(wprob *p)
 /* The knobs of moe_wgmma.h; NULL unsets. */
 static void knobs(const char *tile, const char *ctas)
 {
-	if (tile)
-		setenv("TIER_MOE_WGMMA_TILE", tile, 1);
-	else
-		unsetenv("TIER_MOE_WGMMA_TILE");
-	if (ctas)
-		setenv("TIER_MOE_WGMMA_CTAS", ctas, 1);
-	else
-		unsetenv("TIER_MOE_WGMMA_CTAS");
+	env_put("TIER_MOE_WGMMA_TILE", tile);
+	env_put("TIER_MOE_WGMMA_CTAS", ctas);
 }
 
 /* The off-by-default forms each run must take (TMA loads required): CTA pairs, the TMA-store
