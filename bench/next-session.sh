@@ -64,7 +64,8 @@
 # turn, else 0; the test's off form SCHED=static, counted by moe_cuda_wgmma_fixed_launches; its
 # .ci/run, ASan+UBSan and valgrind pass). Next: build and stage that branch (git checkout
 # dyn-default; make -C build-dev; bench/stage-device.sh build-dev; where .device/PACK_COMMIT
-# already reads 11a0da4 the pack is that build, staged in session 33), carry
+# reads 11a0da4 the pack is its build before the rebase onto 49a0d59, the same but for
+# test_moe_wgmma's knobs() helper, staged in session 33), carry
 # [".device/pack.tar.xz", ".device/lib"] (~450 s; an H200 first), in one call:
 #   V="TIER_MOE_WGMMA_SCHED=static;TIER_MOE_WGMMA_SCHED=dynamic"
 #   TEST_ENV="" MODELS="qwen3-30b seed-896" VARIANTS="$V" bench/moe-forms.sh .device/bin $OUT/f
