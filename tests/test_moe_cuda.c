@@ -327,6 +327,14 @@ static void test_bad_input(void **state)
  * rounding that lands on the other side of a tie differ. Gradients that accumulate are compared as
  * increments over a random start. */
 #define BF16_TOL 1e-2
+/* The LoRA gradients of an expert with one or two rows: there dA is one or two outer products
+ * dZ x^T, and its max-relative error is that of dZ = R(s B^T dY) [r] alone. dY (dG, dU) comes from
+ * dh, whose fp32 sums the GPU adds in another order than the emulation, so a bf16 rounding of dh
+ * or dY now and then lands on the other side; r = 4 such sums, partly cancelling, carry those
+ * flips into dZ as a few of its own ulps (2^-7 of its largest element each). Seen: 1.28% on an
+ * H100 (test_layer, E 896, k 16, T 24, r 4, TIER_TEST_SEED=94176856234439), the same under both
+ * tile schedules. A wrong row, expert or scale is off by the gradient itself, far above this bar. */
+#define FEW_ROWS_TOL 3e-2
 
 typedef struct {
 	tier_moe_router_cfg rc;
@@ -444,8 +452,8 @@ static void check_grew(const float *got, const float *base, const double *inc, s
 	for (size_t i = 0; i < n; i++)
 		g[i] = got[i] - base[i];
 	double e = ref_relerr(g, inc, n);
-	if (!(e <= tol))
-		fprintf(stderr, "# %s: relative error %g > %g\n", what, e, tol);
+	if (!(e <= tol) || getenv("TIER_TEST_VERBOSE"))
+		fprintf(stderr, "# %s: relative error %g (tolerance %g)%s\n", what, e, tol, case_name);
 	assert_true(e <= tol);
 	free(g);
 }
@@ -821,6 +829,7 @@ static void layer_case(const gcase *c)
 		check_grew(dwrg, dwr0, dwred, EH, BF16_TOL, lbl);
 	else
 		check_grew(dwrg, dwr0, dwred, EH, 1.0, lbl);
+	static const char *const qname[3] = { "gate", "up", "down" };
 	for (int q = 0; q < 3 && r; q++)
 		for (int e = 0; A[q] && e < E; e++) {
 			float *ga = dl_f32(gdA[q][e], r * ins[q]), *gb = dl_f32(gdB[q][e], outs[q] * r);
@@ -830,8 +839,12 @@ static void layer_case(const gcase *c)
 				assert_memory_equal(ga, dA0[q][e], 4 * r * ins[q]);
 			}
 			if (oc[e + 1] > oc[e]) { /* a frozen A's increment is 0 on both sides */
-				check_grew(ga, dA0[q][e], eA[q][e], r * ins[q], BF16_TOL, "LoRA dA");
-				check_grew(gb, dB0[q][e], eB[q][e], outs[q] * r, BF16_TOL, "LoRA dB");
+				int n_e = oc[e + 1] - oc[e];
+				double tol = n_e <= 2 ? FEW_ROWS_TOL : BF16_TOL;
+				snprintf(lbl, sizeof lbl, "LoRA dA of %s, expert %d (%d rows)", qname[q], e, n_e);
+				check_grew(ga, dA0[q][e], eA[q][e], r * ins[q], tol, lbl);
+				snprintf(lbl, sizeof lbl, "LoRA dB of %s, expert %d (%d rows)", qname[q], e, n_e);
+				check_grew(gb, dB0[q][e], eB[q][e], outs[q] * r, tol, lbl);
 			}
 			free(ga), free(gb);
 		}
