@@ -1079,7 +1079,7 @@ static int wg_watch_report(tier_dev *dev, int stages)
 /* Kernels launched on CTA pairs (TIER_MOE_WGMMA_CLUSTER=2), with the TMA-store epilogue
  * (TIER_MOE_WGMMA_EPI=tma) and with the dynamic schedule, for the tests to see that the forms ran
  * (atomic: ranks' threads may launch at once). */
-static unsigned long long wg_pair_launches, wg_st_launches, wg_dyn_launches;
+static unsigned long long wg_pair_launches, wg_st_launches, wg_dyn_launches, wg_fixed_launches;
 
 extern "C" unsigned long long moe_cuda_wgmma_pair_launches(void)
 {
@@ -1095,6 +1095,12 @@ extern "C" unsigned long long moe_cuda_wgmma_tma_store_launches(void)
 extern "C" unsigned long long moe_cuda_wgmma_dynamic_launches(void)
 {
 	return __atomic_load_n(&wg_dyn_launches, __ATOMIC_RELAXED);
+}
+
+/* ... and those of the dynamic schedule's kernels that took the fixed order (SCHED=static) */
+extern "C" unsigned long long moe_cuda_wgmma_fixed_launches(void)
+{
+	return __atomic_load_n(&wg_fixed_launches, __ATOMIC_RELAXED);
 }
 
 /* The TMA stores' maps (CFG::ST): gate/up's g, u and h, or the bf16 C, rows_bound x N each. */
@@ -1201,7 +1207,13 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, 
 			return rc;
 		}
 	}
+	/* idle consumers by default only where the tiles are claimed in turn: in the fixed order an idling
+	 * tile lets its CTA run ahead of the others that read its expert's weights (session 31) */
+	int idle = a.idle;
+	if (idle == WG_IDLE_DYN)
+		a.idle = a.sched != NULL;
 	wg_start(kernel, grid, CL, CFG::BYTES, moe_stream(dev), a);
+	a.idle = idle;
 	e = cudaGetLastError();
 	if (e == cudaSuccess && CL > 1)
 		__atomic_fetch_add(&wg_pair_launches, 1ull, __ATOMIC_RELAXED);
@@ -1209,6 +1221,8 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, 
 		__atomic_fetch_add(&wg_st_launches, 1ull, __ATOMIC_RELAXED);
 	if (e == cudaSuccess && a.sched)
 		__atomic_fetch_add(&wg_dyn_launches, 1ull, __ATOMIC_RELAXED);
+	if (e == cudaSuccess && CFG::DYN && !a.sched)
+		__atomic_fetch_add(&wg_fixed_launches, 1ull, __ATOMIC_RELAXED);
 	if (maps) /* in stream order: after the kernel, or at once when it did not launch */
 		(void)cudaFreeAsync(maps, moe_stream(dev));
 	if (e != cudaSuccess)
@@ -1344,14 +1358,16 @@ static int wg_check_dims(const char *fn, tier_dev *dev, int E, const char *nn, i
 	return 0;
 }
 
-/* An off-by-default form's knob: unset, empty or off 0, on 1 (*v); else -EINVAL naming both. */
-static int wg_switch(const char *fn, const char *knob, const char *off, const char *on, const char *what, int *v)
+/* A form's knob: off 0, on 1 (*v), unset or empty dflt (whose meaning dwhat gives); else -EINVAL
+ * naming both values and the default. */
+static int wg_switch(const char *fn, const char *knob, const char *off, const char *on, const char *what, int dflt,
+		     const char *dwhat, int *v)
 {
 	const char *s = getenv(knob);
-	*v = !s || !*s || !strcmp(s, off) ? 0 : !strcmp(s, on) ? 1 : -1;
+	*v = !s || !*s ? dflt : !strcmp(s, off) ? 0 : !strcmp(s, on) ? 1 : -1;
 	if (*v < 0)
-		return tier_fail(-EINVAL, "%s: %s=%s; use %s %s or %s (the default), or unset it", fn, knob, s, on, what,
-				 off);
+		return tier_fail(-EINVAL, "%s: %s=%s; use %s %s or %s, or unset it for the default (%s)", fn, knob, s, on,
+				 what, off, dwhat);
 	return 0;
 }
 
@@ -1365,12 +1381,12 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TMA=%s; use all (the default), 1, 0 or require, or unset it", fn,
 				 getenv("TIER_MOE_WGMMA_TMA"));
 	int rc;
-	if ((rc = wg_switch(fn, "TIER_MOE_WGMMA_CLUSTER", "1", "2", "(CTA pairs)", &pl->cl)) ||
-	    (rc = wg_switch(fn, "TIER_MOE_WGMMA_EPI", "copy", "tma", "(TMA stores)", &pl->st)) ||
+	if ((rc = wg_switch(fn, "TIER_MOE_WGMMA_CLUSTER", "1", "2", "(CTA pairs)", 0, "1", &pl->cl)) ||
+	    (rc = wg_switch(fn, "TIER_MOE_WGMMA_EPI", "copy", "tma", "(TMA stores)", 0, "copy", &pl->st)) ||
 	    (rc = wg_switch(fn, "TIER_MOE_WGMMA_IDLE", "0", "1", "(consumers without rows skip their products)",
-			    &pl->idle)) ||
-	    (rc = wg_switch(fn, "TIER_MOE_WGMMA_SCHED", "static", "dynamic", "(tiles claimed from a counter)",
-			    &pl->dyn)))
+			    WG_IDLE_DYN, "1 where the tiles are claimed from a counter, else 0", &pl->idle)) ||
+	    (rc = wg_switch(fn, "TIER_MOE_WGMMA_SCHED", "static", "dynamic", "(tiles claimed from a counter)", 1,
+			    "dynamic", &pl->dyn)))
 		return rc;
 	pl->cl += 1; /* CTAs a cluster */
 	int sms;

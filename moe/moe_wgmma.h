@@ -93,13 +93,14 @@
  *       1: in the cooperative 128-row tiles a consumer whose 64 rows all lie past its group's end
  *       (the second consumer of a group's last tile when that holds 64 rows or fewer; with CTA
  *       pairs also the second CTA's whole half) skips its products and only hands the ring's
- *       stages back, so the other consumer has the tensor cores alone. 0 (the default, also unset
- *       or empty): every consumer multiplies its rows, in or out of the group. First run in
- *       session 31 (H100): correct, and up to 1.63x slower on seed-896 uniform (gate-up-mm 1.77
- *       -> 2.88 ms). An expert's row tiles of one column tile share its weights through L2 only
+ *       stages back, so the other consumer has the tensor cores alone. 0: every consumer
+ *       multiplies its rows, in or out of the group. Unset or empty (the default): 1 where the
+ *       tiles are claimed from a counter (SCHED=dynamic, below), else 0. In the fixed order it is
+ *       correct and up to 1.63x slower (session 31, H100, seed-896 uniform gate-up-mm 1.77 ->
+ *       2.88 ms): an expert's row tiles of one column tile share its weights through L2 only
  *       while the CTAs run in lockstep (every tile the same cost); a tile that idles lets its CTA
- *       run ahead, and the weights come from HBM twice. Under SCHED=dynamic (below) they
- *       keep the reuse (session 32, H100). Stays off until timed on an H200.
+ *       run ahead, and the weights come from HBM twice. Claimed in turn they keep the reuse
+ *       (session 32, H100).
  *   TIER_MOE_WGMMA_SCHED=dynamic|static
  *       dynamic: in the cooperative one-CTA kernels with TMA loads (the defaults' kernels; not
  *       ping-pong, CTA pairs, cp.async or the measurement kernels) the CTAs claim their tiles in
@@ -108,11 +109,12 @@
  *       close together whatever each costs, which idle consumers need (above). The producer's
  *       TMA thread claims each tile STAGES stages before the previous tile's last load and posts
  *       it in a ring of 8 slots in shared memory that the consumers (and the producer's other
- *       threads where they load segments by cp.async) read. static (the default, also unset or
- *       empty): the fixed order. First run in session 32 (H100, seed-896): correct; with
- *       IDLE=1 0.92-0.96x the defaults' time in every product but uniform gate-up-mm (1.04x, with
- *       the claim after the last load, since moved), the experts' backward 0.73x. Off until
- *       timed on an H200 with the trainer. moe_cuda_wgmma_dynamic_launches counts its launches.
+ *       threads where they load segments by cp.async) read. Also unset or empty (the default).
+ *       static: the fixed order (moe_cuda_wgmma_fixed_launches counts the launches that took it
+ *       where the dynamic schedule could have run). First run in session 32 (H100, seed-896):
+ *       correct; with idle consumers 0.92-0.96x the fixed order's time in every product but
+ *       uniform gate-up-mm (1.04x, with the claim after the last load, since moved), the experts'
+ *       backward 0.73x. moe_cuda_wgmma_dynamic_launches counts its launches.
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H
@@ -138,6 +140,9 @@ int moe_cuda_wgmma_on(tier_dev *dev);
 unsigned long long moe_cuda_wgmma_pair_launches(void);
 unsigned long long moe_cuda_wgmma_tma_store_launches(void);
 unsigned long long moe_cuda_wgmma_dynamic_launches(void);
+/* The launches of kernels that take the dynamic schedule but ran in the fixed order
+ * (TIER_MOE_WGMMA_SCHED=static). */
+unsigned long long moe_cuda_wgmma_fixed_launches(void);
 
 int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
 			     const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha, float beta);

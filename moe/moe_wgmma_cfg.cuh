@@ -10,6 +10,7 @@
 
 #define WG_BK 64             /* k per stage: 64 bf16, one 128-byte swizzle row */
 #define WG_ROW 128           /* bytes per shared row of either operand */
+#define WG_IDLE_DYN 2        /* args::idle unset: idle consumers only where the tiles are claimed in turn */
 #define WG_THREADS 384       /* warpgroup 0 loads, warpgroups 1 and 2 multiply */
 #define WG_PRODUCERS 128     /* warpgroup 0: each arrives on a stage's full barrier */
 #define WG_SMEM (227 * 1024) /* Hopper's shared memory per block */
@@ -58,7 +59,8 @@ struct wg_args {
 	float alpha;
 	int E, N, K, beta; /* N: the output columns (gate/up: I) */
 	int rt_bound;      /* row tiles at or past it are never computed: rows_bound's bound on them */
-	int idle;          /* consumers whose rows all lie past their group's end skip the products (wg_mainloop) */
+	int idle;          /* consumers whose rows all lie past their group's end skip the products (wg_mainloop);
+			    * on the host also WG_IDLE_DYN, resolved at launch */
 	/* the launch's tile counter (device memory after B's maps, zeroed by the map kernel): the CTAs
 	 * claim tiles from it in turn (wg_seq; TIER_MOE_WGMMA_SCHED=dynamic). NULL: CTA b takes tiles
 	 * b, b + grid, ... */

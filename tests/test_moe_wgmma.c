@@ -4,7 +4,7 @@
  * 1024 experts, few CTAs (many tiles through one ring), rows outside the groups untouched, bad
  * arguments refused. Skips (77) without a compute capability 9.0 GPU. It runs whole under either
  * setting of TIER_MOE_WGMMA_IDLE (idle consumers skip their products under 1), and some products
- * under the other; each off-by-default form (forms[]) runs the 128-row tiles' cases. */
+ * under the other; each form off by default (forms[]) runs the 128-row tiles' cases. */
 #include "config.h"
 #include <errno.h>
 #include <setjmp.h>
@@ -139,8 +139,8 @@ static void knobs(const char *tile, const char *ctas)
 	env_put("TIER_MOE_WGMMA_CTAS", ctas);
 }
 
-/* The off-by-default forms each run must take (TMA loads required): CTA pairs, the TMA-store
- * epilogue, tiles claimed from a counter; their knob and launch counter. */
+/* The forms off by default that each run must take (TMA loads required): CTA pairs, the TMA-store
+ * epilogue, the fixed order of tiles; their knob and launch counter. */
 static const struct {
 	const char *knob, *value, *name;
 	unsigned long long (*launches)(void);
@@ -148,14 +148,14 @@ static const struct {
 } forms[] = {
 	{ "TIER_MOE_WGMMA_CLUSTER", "2", "pairs", moe_cuda_wgmma_pair_launches, 0 },
 	{ "TIER_MOE_WGMMA_EPI", "tma", "TMA stores", moe_cuda_wgmma_tma_store_launches, 1 },
-	{ "TIER_MOE_WGMMA_SCHED", "dynamic", "dynamic tiles", moe_cuda_wgmma_dynamic_launches, 0 },
+	{ "TIER_MOE_WGMMA_SCHED", "static", "fixed order", moe_cuda_wgmma_fixed_launches, 0 },
 };
 #define NFORMS (sizeof forms / sizeof forms[0])
 
 static env_keep form_kept[NFORMS]; /* the run's own setting of each form's knob, put back after it */
 
 /* Form f alone: the other forms' knobs empty (their defaults) while it runs, as some do not combine
- * (the dynamic schedule takes no CTA pairs); the run's own settings back after it. */
+ * (CTA pairs take only the fixed order); the run's own settings back after it. */
 static void form_on(size_t f)
 {
 	for (size_t g = 0; g < NFORMS; g++)
@@ -314,7 +314,7 @@ static void run_idle_other(const wprob *p, int kn)
 		{ "128x256", NULL, 0, 0.37f, 0, "128x256" },
 	};
 	const char *cur = getenv("TIER_MOE_WGMMA_IDLE");
-	const char *other = cur && !strcmp(cur, "1") ? "0" : "1";
+	const char *other = cur && !strcmp(cur, "0") ? "1" : "0"; /* unset: 1 in the dynamic schedule */
 	char what[160];
 	env_keep k;
 	env_set(&k, "TIER_MOE_WGMMA_IDLE", other);
