@@ -95,7 +95,7 @@
  *       pairs also the second CTA's whole half) skips its products and only hands the ring's
  *       stages back, so the other consumer has the tensor cores alone. 0: every consumer
  *       multiplies its rows, in or out of the group. Unset or empty (the default): 1 where the
- *       tiles are claimed from a counter (SCHED=dynamic, below), else 0. In the fixed order it is
+ *       tiles are claimed from a counter (the dynamic schedule, below), else 0. In the fixed order it is
  *       correct and up to 1.63x slower (session 31, H100, seed-896 uniform gate-up-mm 1.77 ->
  *       2.88 ms): an expert's row tiles of one column tile share its weights through L2 only
  *       while the CTAs run in lockstep (every tile the same cost); a tile that idles lets its CTA
@@ -109,12 +109,16 @@
  *       close together whatever each costs, which idle consumers need (above). The producer's
  *       TMA thread claims each tile STAGES stages before the previous tile's last load and posts
  *       it in a ring of 8 slots in shared memory that the consumers (and the producer's other
- *       threads where they load segments by cp.async) read. Also unset or empty (the default).
- *       static: the fixed order (moe_cuda_wgmma_fixed_launches counts the launches that took it
- *       where the dynamic schedule could have run). First run in session 32 (H100, seed-896):
- *       correct; with idle consumers 0.92-0.96x the fixed order's time in every product but
- *       uniform gate-up-mm (1.04x, with the claim after the last load, since moved), the experts'
- *       backward 0.73x. moe_cuda_wgmma_dynamic_launches counts its launches.
+ *       threads where they load segments by cp.async) read. static: the fixed order
+ *       (moe_cuda_wgmma_fixed_launches counts the launches that took it where the dynamic
+ *       schedule could have run). Unset or empty (the default): dynamic where the mean group
+ *       (rows_bound / E) is at most 192 rows, where 128-row tiles pad most, else static. First run
+ *       in session 32 (H100, seed-896): correct; with idle consumers 0.92-0.96x the fixed order's
+ *       time in every product but uniform gate-up-mm (1.04x, with the claim after the last load,
+ *       since moved), the experts' backward 0.73x. Session 34 (H100): seed-896's block
+ *       forward+backward 0.87x (uniform) and 0.94x (Zipf 1.2); qwen3-30b's (1024 rows a group)
+ *       1.00x and 0.98x; the trainer's (a) (768 rows a group) 0.99x the tokens/s.
+ *       moe_cuda_wgmma_dynamic_launches counts its launches.
  * A malformed value is -EINVAL. */
 #ifndef TIER_MOE_WGMMA_H
 #define TIER_MOE_WGMMA_H

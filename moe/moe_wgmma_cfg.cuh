@@ -11,6 +11,7 @@
 #define WG_BK 64             /* k per stage: 64 bf16, one 128-byte swizzle row */
 #define WG_ROW 128           /* bytes per shared row of either operand */
 #define WG_IDLE_DYN 2        /* args::idle unset: idle consumers only where the tiles are claimed in turn */
+#define WG_SCHED_AUTO 2      /* TIER_MOE_WGMMA_SCHED unset: dynamic for small groups (wg_plan) */
 #define WG_THREADS 384       /* warpgroup 0 loads, warpgroups 1 and 2 multiply */
 #define WG_PRODUCERS 128     /* warpgroup 0: each arrives on a stage's full barrier */
 #define WG_SMEM (227 * 1024) /* Hopper's shared memory per block */

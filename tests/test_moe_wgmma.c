@@ -2,9 +2,10 @@
  * bf16-rounded inputs: both weight layouts (W_e [N, K] and [K, N]) and the fused gate/up + SwiGLU,
  * every CTA tile shape, fp32 and bf16 C, alpha and beta, empty, one-row and many-tile groups, up to
  * 1024 experts, few CTAs (many tiles through one ring), rows outside the groups untouched, bad
- * arguments refused. Skips (77) without a compute capability 9.0 GPU. It runs whole under either
+ * arguments refused. Skips (77) without a compute capability 9.0 GPU. It runs whole under any
  * setting of TIER_MOE_WGMMA_IDLE (idle consumers skip their products under 1), and some products
- * under the other; each form off by default (forms[]) runs the 128-row tiles' cases. */
+ * under the others; each form (forms[]: CTA pairs, TMA stores, either tile schedule) runs the
+ * 128-row tiles' cases. */
 #include "config.h"
 #include <errno.h>
 #include <setjmp.h>
@@ -139,8 +140,9 @@ static void knobs(const char *tile, const char *ctas)
 	env_put("TIER_MOE_WGMMA_CTAS", ctas);
 }
 
-/* The forms off by default that each run must take (TMA loads required): CTA pairs, the TMA-store
- * epilogue, the fixed order of tiles; their knob and launch counter. */
+/* The forms that each run must take whatever the defaults pick (TMA loads required): CTA pairs, the
+ * TMA-store epilogue, and both tile schedules (unset, the schedule follows the groups' mean size);
+ * their knob and launch counter. */
 static const struct {
 	const char *knob, *value, *name;
 	unsigned long long (*launches)(void);
@@ -149,23 +151,30 @@ static const struct {
 	{ "TIER_MOE_WGMMA_CLUSTER", "2", "pairs", moe_cuda_wgmma_pair_launches, 0 },
 	{ "TIER_MOE_WGMMA_EPI", "tma", "TMA stores", moe_cuda_wgmma_tma_store_launches, 1 },
 	{ "TIER_MOE_WGMMA_SCHED", "static", "fixed order", moe_cuda_wgmma_fixed_launches, 0 },
+	{ "TIER_MOE_WGMMA_SCHED", "dynamic", "claimed tiles", moe_cuda_wgmma_dynamic_launches, 0 },
 };
 #define NFORMS (sizeof forms / sizeof forms[0])
 
-static env_keep form_kept[NFORMS]; /* the run's own setting of each form's knob, put back after it */
+/* the run's own setting of each knob that form_on set, in the order it set them */
+static env_keep form_kept[NFORMS];
+static size_t form_nkept;
 
 /* Form f alone: the other forms' knobs empty (their defaults) while it runs, as some do not combine
- * (CTA pairs take only the fixed order); the run's own settings back after it. */
+ * (CTA pairs take only the fixed order), f's own set last (two forms share the schedule's knob);
+ * the run's own settings back after it, in the reverse order. */
 static void form_on(size_t f)
 {
+	form_nkept = 0;
 	for (size_t g = 0; g < NFORMS; g++)
-		env_set(&form_kept[g], forms[g].knob, g == f ? forms[f].value : "");
+		if (g != f)
+			env_set(&form_kept[form_nkept++], forms[g].knob, "");
+	env_set(&form_kept[form_nkept++], forms[f].knob, forms[f].value);
 }
 
 static void form_off(void)
 {
-	for (size_t g = 0; g < NFORMS; g++)
-		env_back(&form_kept[g]);
+	while (form_nkept)
+		env_back(&form_kept[--form_nkept]);
 }
 
 /* Form f's launches since n0: one where the call launched in it (want), else none. */
@@ -303,18 +312,16 @@ static void run_form(const wprob *p, int kn, size_t f)
 	knobs(NULL, NULL);
 }
 
-/* The other setting of TIER_MOE_WGMMA_IDLE than the run's (the whole test runs under either): with
- * 1, a consumer whose 64 rows of a 128-row tile all lie past its group's end skips its products;
- * with 0 it multiplies them. */
-static void run_idle_other(const wprob *p, int kn)
+/* TIER_MOE_WGMMA_IDLE=other on the 128-row tiles, in the schedule the run's settings pick: with 1,
+ * a consumer whose 64 rows of a 128-row tile all lie past its group's end skips its products; with
+ * 0 it multiplies them. */
+static void run_idle(const wprob *p, int kn, const char *other)
 {
 	static const few_run runs[] = {
 		{ "128x256", "2", 1, 1.0f, 0, "128x256 on 2 CTAs" },
 		{ "128x128", NULL, 0, 0.37f, 1, "128x128" },
 		{ "128x256", NULL, 0, 0.37f, 0, "128x256" },
 	};
-	const char *cur = getenv("TIER_MOE_WGMMA_IDLE");
-	const char *other = cur && !strcmp(cur, "0") ? "1" : "0"; /* unset: 1 in the dynamic schedule */
 	char what[160];
 	env_keep k;
 	env_set(&k, "TIER_MOE_WGMMA_IDLE", other);
@@ -326,6 +333,17 @@ static void run_idle_other(const wprob *p, int kn)
 	}
 	env_back(&k);
 	knobs(NULL, NULL);
+}
+
+/* The settings of TIER_MOE_WGMMA_IDLE other than the run's (the whole test runs under any). Unset,
+ * the launch picks by the schedule, which follows the groups' size: then both 0 and 1 run. */
+static void run_idle_other(const wprob *p, int kn)
+{
+	const char *cur = getenv("TIER_MOE_WGMMA_IDLE");
+	if (!cur || !*cur)
+		run_idle(p, kn, "0"), run_idle(p, kn, "1");
+	else
+		run_idle(p, kn, strcmp(cur, "0") ? "0" : "1");
 }
 
 static void run_all(const wprob *p)
