@@ -1389,9 +1389,9 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 			    WG_SCHED_AUTO, "dynamic where the mean group is at most 192 rows, else static", &pl->dyn)))
 		return rc;
 	/* The dynamic schedule pays where 128-row tiles pad the groups most: on seed-896 (146 rows a
-	 * group) the block's forward+backward took 0.87x (uniform) and 0.94x (Zipf 1.2) the fixed order's
-	 * time; on qwen3-30b's 1024-row groups 1.00 and 0.98; the trainer's (a) (qwen3-30b at batch 3: 768 rows a
-	 * group) ran 0.99x as many tokens/s (session 34, H100). */
+	 * group) the block's forward+backward took 0.87x (uniform) and 0.94x (Zipf 1.2) the fixed
+	 * order's time; on qwen3-30b's 1024-row groups 1.00 and 0.98; the trainer's (a) (qwen3-30b
+	 * at batch 3: 768 rows a group) ran 0.99x as many tokens/s (session 34, H100). */
 	if (pl->dyn == WG_SCHED_AUTO)
 		pl->dyn = (double)rows_bound / E <= 192;
 	pl->cl += 1; /* CTAs a cluster */
