@@ -133,6 +133,24 @@ static void prob_free(wprob *p)
 }
 
 /* ---- one call and its checks ---- */
+/* TIER_MOE_WGMMA_TMA for a sweep (tma_put), then the run's own value back (tma_back): the parts
+ * that do not set it run under the run's setting, as bench/validate-forms.sh means them to. */
+static env_keep tma_run;
+static int tma_kept;
+
+static void tma_put(const char *value)
+{
+	if (!tma_kept)
+		env_save(&tma_run, "TIER_MOE_WGMMA_TMA"), tma_kept = 1;
+	env_put("TIER_MOE_WGMMA_TMA", value);
+}
+
+static void tma_back(void)
+{
+	if (tma_kept)
+		env_back(&tma_run);
+}
+
 /* The knobs of moe_wgmma.h; NULL unsets. */
 static void knobs(const char *tile, const char *ctas)
 {
@@ -297,7 +315,7 @@ static void run_form(const wprob *p, int kn, size_t f)
 		{ "128x256", "4", 0, 0.37f, 1, "128x256 on 4 CTAs" },
 	};
 	char what[160];
-	setenv("TIER_MOE_WGMMA_TMA", "require", 1);
+	tma_put("require");
 	form_on(f);
 	for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
 		unsigned long long n0 = forms[f].launches();
@@ -308,7 +326,7 @@ static void run_form(const wprob *p, int kn, size_t f)
 		form_ran(f, n0, p->rb > 0 && (runs[r].c_bf16 || !forms[f].bf16_only));
 	}
 	form_off();
-	unsetenv("TIER_MOE_WGMMA_TMA");
+	tma_back();
 	knobs(NULL, NULL);
 }
 
@@ -360,11 +378,11 @@ static void run_all(const wprob *p)
 		{ "64x256", "1", 1, 1.0f, 1, "64x256 on 1 CTA" },
 	};
 	for (int kn = 0; kn < 2; kn++) {
-		setenv("TIER_MOE_WGMMA_TMA", "0", 1);
+		tma_put("0");
 		run_pass(p, kn, "", 0, 1, cp_few, sizeof cp_few / sizeof cp_few[0]);
-		setenv("TIER_MOE_WGMMA_TMA", "require", 1);
+		tma_put("require");
 		run_pass(p, kn, "TMA ", (size_t)kn, 2, tma_few, sizeof tma_few / sizeof tma_few[0]);
-		unsetenv("TIER_MOE_WGMMA_TMA");
+		tma_back();
 		knobs(NULL, NULL);
 		for (size_t f = 0; f < NFORMS; f++)
 			run_form(p, kn, f);
@@ -453,17 +471,17 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 	for (int tma = 0; tma < 2; tma++) { /* cp.async, then the TMA loads (required but where 64x256 may run) */
 		for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
 			int may_64 = !runs[i][0] || !strcmp(runs[i][0], "64x256");
-			setenv("TIER_MOE_WGMMA_TMA", !tma ? "0" : may_64 ? "1" : "require", 1);
+			tma_put(!tma ? "0" : may_64 ? "1" : "require");
 			knobs(runs[i][0], runs[i][1]);
 			snprintf(what, sizeof what, "gate/up%s E %d H %d I %d rows %d tile %s CTAs %s", tma ? " TMA" : "", E,
 				 H, I, p.rows, runs[i][0] ? runs[i][0] : "auto", runs[i][1] ? runs[i][1] : "all");
 			gu_one(&p, NULL, NULL, what);
 		}
-		unsetenv("TIER_MOE_WGMMA_TMA");
+		tma_back();
 	}
 	/* each form (TMA required): both 128-row tiles, then few CTAs on many tiles */
 	static const char *fruns[][2] = { { "128x256", NULL }, { "128x128", NULL }, { "128x256", "2" }, { "128x128", "4" } };
-	setenv("TIER_MOE_WGMMA_TMA", "require", 1);
+	tma_put("require");
 	for (size_t f = 0; f < NFORMS; f++) {
 		form_on(f);
 		for (size_t i = 0; i < sizeof fruns / sizeof fruns[0]; i++) {
@@ -476,7 +494,7 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 		}
 		form_off();
 	}
-	unsetenv("TIER_MOE_WGMMA_TMA");
+	tma_back();
 	knobs(NULL, NULL);
 	prob_free(&p);
 }
@@ -581,7 +599,7 @@ static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, in
 		/* cp.async, then TMA for the main part and the one-half segments with cp.async for the others
 		 * (required) */
 		for (int tma = 0; tma < 2; tma++) {
-			setenv("TIER_MOE_WGMMA_TMA", tma ? "require" : "0", 1);
+			tma_put(tma ? "require" : "0");
 			for (size_t t = 0; t < sizeof all_tiles / sizeof all_tiles[0]; t++)
 				for (int v = 0; v < 2; v++) {
 					knobs(all_tiles[t], v ? "2" : NULL);
@@ -607,7 +625,7 @@ static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, in
 				}
 			form_off();
 		}
-		unsetenv("TIER_MOE_WGMMA_TMA");
+		tma_back();
 		knobs(NULL, NULL);
 		cut_free(&c, E);
 	}
@@ -646,8 +664,7 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 	 * form that hung in session 9 before its barrier fix (a watchdog build, bench/wgmma-watchdog.sh,
 	 * reports a hang as an error) */
 	for (int tma = 0; tma < 2; tma++) {
-		if (!tma)
-			setenv("TIER_MOE_WGMMA_TMA", "1", 1);
+		tma_put(tma ? "all" : "1");
 		for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
 			knobs(runs[i][0], runs[i][1]);
 			snprintf(what, sizeof what, "gate/up + segment%s E %d H %d I %d r %d,%d rows %d tile %s CTAs %s",
@@ -655,9 +672,8 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 				 runs[i][1] ? runs[i][1] : "all");
 			gu_one(&q, &c.seg[0], c.tab, what);
 		}
-		unsetenv("TIER_MOE_WGMMA_TMA");
 	}
-	/* each form (TMA all, the default; pairs: gate_e's and up_e's boxes shared, the segment whole) */
+	/* each form (TMA all, still set; pairs: gate_e's and up_e's boxes shared, the segment whole) */
 	static const char *fruns[][2] = { { "128x256", NULL }, { "128x128", "2" } };
 	for (size_t f = 0; f < NFORMS; f++) {
 		form_on(f);
@@ -671,6 +687,7 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 		}
 		form_off();
 	}
+	tma_back();
 	knobs(NULL, NULL);
 	for (int e = 0; e < E; e++)
 		tier_dev_free(gpu, upw[e]);
@@ -891,15 +908,15 @@ static void test_bad_input(void **state)
 		assert_int_equal(base_tmap_bf16_store(NULL, (void *)64, 4, 8), -EINVAL);
 		assert_int_equal(base_tmap_bf16_store(&m, (void *)64, 4, 8), 0);
 	}
-	setenv("TIER_MOE_WGMMA_TMA", "yes", 1); /* malformed */
+	tma_put("yes"); /* malformed */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 1, p, p, 0, 1.0f, 0.0f), -EINVAL);
-	unsetenv("TIER_MOE_WGMMA_TMA");
+	tma_back();
 	void *f = (void *)64, *fodd = (void *)68; /* g and u */
-	setenv("TIER_MOE_WGMMA_TMA", "require", 1); /* gate/up's 64x256 takes cp.async: refused, nothing launched */
+	tma_put("require"); /* gate/up's 64x256 takes cp.async: refused, nothing launched */
 	knobs("64x256", NULL);
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, f, f, p), -EINVAL);
 	knobs(NULL, NULL);
-	unsetenv("TIER_MOE_WGMMA_TMA");
+	tma_back();
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 12, 8, off, 2, w, w, p, f, f, p), -EINVAL);  /* H % 8 */
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 12, off, 2, w, w, p, f, f, p), -EINVAL);  /* I % 8 */
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 0, off, 2, w, w, p, f, f, p), -EINVAL);   /* I */
