@@ -327,14 +327,22 @@ static void test_bad_input(void **state)
  * rounding that lands on the other side of a tie differ. Gradients that accumulate are compared as
  * increments over a random start. */
 #define BF16_TOL 1e-2
-/* The LoRA gradients of an expert with one or two rows: there dA is one or two outer products
- * dZ x^T, and its max-relative error is that of dZ = R(s B^T dY) [r] alone. dY (dG, dU) comes from
- * dh, whose fp32 sums the GPU adds in another order than the emulation, so a bf16 rounding of dh
- * or dY now and then lands on the other side; r = 4 such sums, partly cancelling, carry those
- * flips into dZ as a few of its own ulps (2^-7 of its largest element each). Seen: 1.28% on an
- * H100 (test_layer, E 896, k 16, T 24, r 4, TIER_TEST_SEED=94176856234439), the same under both
- * tile schedules. A wrong row, expert or scale is off by the gradient itself, far above this bar. */
-#define FEW_ROWS_TOL 3e-2
+/* The LoRA gradients of an expert with few rows. dA is a sum of n outer products dZ x^T, one a
+ * row, and dZ = R(s B^T dY) [r] takes dY (dG, dU) from dh, whose fp32 sums the GPU adds in another
+ * order than the emulation: now and then a bf16 rounding of dh or dY lands on the other side, and
+ * r such sums, partly cancelling, carry it into dZ as a few of dZ's own ulps (2^-7 of its largest
+ * element each). One row shows that whole; over n rows the flips are independent and the error
+ * falls as 1/sqrt(n). So the bar is ROW_TOL / sqrt(n), at least BF16_TOL. Seen on an H100
+ * (session 34): 1.28% with 1 row (test_layer, E 896, k 16, T 24, r 4, TIER_TEST_SEED=
+ * 94176856234439, the same under both tile schedules), 1.09% with 3 rows (test_layer_grouped, E
+ * 128, k 8, T 77, seed 94211702983140), 0.80% with 8 rows. A wrong row, expert or scale is off by
+ * the gradient itself, far above this bar. */
+#define ROW_TOL 3e-2
+static double rows_tol(int n)
+{
+	double t = ROW_TOL / sqrt((double)n);
+	return t > BF16_TOL ? t : BF16_TOL;
+}
 
 typedef struct {
 	tier_moe_router_cfg rc;
@@ -840,7 +848,7 @@ static void layer_case(const gcase *c)
 			}
 			if (oc[e + 1] > oc[e]) { /* a frozen A's increment is 0 on both sides */
 				int n_e = oc[e + 1] - oc[e];
-				double tol = n_e <= 2 ? FEW_ROWS_TOL : BF16_TOL;
+				double tol = rows_tol(n_e);
 				snprintf(lbl, sizeof lbl, "LoRA dA of %s, expert %d (%d rows)", qname[q], e, n_e);
 				check_grew(ga, dA0[q][e], eA[q][e], r * ins[q], tol, lbl);
 				snprintf(lbl, sizeof lbl, "LoRA dB of %s, expert %d (%d rows)", qname[q], e, n_e);
