@@ -1097,7 +1097,8 @@ extern "C" unsigned long long moe_cuda_wgmma_dynamic_launches(void)
 	return __atomic_load_n(&wg_dyn_launches, __ATOMIC_RELAXED);
 }
 
-/* ... and those of the dynamic schedule's kernels that took the fixed order (SCHED=static) */
+/* ... and those of the dynamic schedule's kernels that took the fixed order (SCHED=static, or the
+ * unset default's pick for groups of more than 192 rows on average) */
 extern "C" unsigned long long moe_cuda_wgmma_fixed_launches(void)
 {
 	return __atomic_load_n(&wg_fixed_launches, __ATOMIC_RELAXED);

@@ -145,7 +145,7 @@ unsigned long long moe_cuda_wgmma_pair_launches(void);
 unsigned long long moe_cuda_wgmma_tma_store_launches(void);
 unsigned long long moe_cuda_wgmma_dynamic_launches(void);
 /* The launches of kernels that take the dynamic schedule but ran in the fixed order
- * (TIER_MOE_WGMMA_SCHED=static). */
+ * (TIER_MOE_WGMMA_SCHED=static, or unset where the mean group exceeds 192 rows). */
 unsigned long long moe_cuda_wgmma_fixed_launches(void);
 
 int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,

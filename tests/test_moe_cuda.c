@@ -327,11 +327,12 @@ static void test_bad_input(void **state)
  * rounding that lands on the other side of a tie differ. Gradients that accumulate are compared as
  * increments over a random start. */
 #define BF16_TOL 1e-2
-/* The LoRA gradients of an expert with few rows. dA is a sum of n outer products dZ x^T, one a
- * row, with dZ = R(s B^T dY) [r] in bf16: where the GPU's fp32 sums (Z, g, u, dZ_down, dh, dG, dZ)
- * round a value to the other side of a bf16 tie than the emulation, r short sums, partly
- * cancelling, carry it into dZ, and with one row dA shows it whole; over n rows the error falls
- * about as 1/sqrt(n). So the bar is ROW_TOL / sqrt(n), at least BF16_TOL. Seen on an H100
+/* LoRA dA of an expert with few rows. dA is a sum of n outer products dZ x^T, one a row, with
+ * dZ = R(s B^T dY) [r] in bf16: where the GPU's fp32 sums (Z, g, u, dZ_down, dh, dG, dZ) round a
+ * value to the other side of a bf16 tie than the emulation, r short sums, partly cancelling, carry
+ * it into dZ, and with one row dA shows it whole; where such a flip is rare (one row's in n), the
+ * error stays while max |dA| grows about as sqrt(n). So the bar is ROW_TOL / sqrt(n), at least
+ * BF16_TOL; dB, where no failure was seen, keeps BF16_TOL. Seen on an H100
  * (session 34): 1.28% with 1 row (test_layer, E 896, k 16, T 24, r 4, TIER_TEST_SEED=
  * 94176856234439, the same under both tile schedules), 1.09% with 3 rows (test_layer_grouped, E
  * 128, k 8, T 77, seed 94211702983140), 0.80% with 8 rows. A CPU model of that chain with fp32
@@ -855,11 +856,10 @@ static void layer_case(const gcase *c)
 			}
 			if (oc[e + 1] > oc[e]) { /* a frozen A's increment is 0 on both sides */
 				int n_e = oc[e + 1] - oc[e];
-				double tol = rows_tol(n_e);
 				snprintf(lbl, sizeof lbl, "LoRA dA of %s, expert %d (%d rows)", qname[q], e, n_e);
-				check_grew(ga, dA0[q][e], eA[q][e], r * ins[q], tol, lbl);
+				check_grew(ga, dA0[q][e], eA[q][e], r * ins[q], rows_tol(n_e), lbl);
 				snprintf(lbl, sizeof lbl, "LoRA dB of %s, expert %d (%d rows)", qname[q], e, n_e);
-				check_grew(gb, dB0[q][e], eB[q][e], outs[q] * r, tol, lbl);
+				check_grew(gb, dB0[q][e], eB[q][e], outs[q] * r, BF16_TOL, lbl);
 			}
 			free(ga), free(gb);
 		}
