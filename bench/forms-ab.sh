@@ -27,9 +27,7 @@ b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
 grep "^== " "$out/tests.txt"
 read -r -a extra <<< "${A_ARGS:---batch 3 --ddr 4G --op-cache all:hbm=56G}"
 a=("${job_args[@]}" --config bench/configs/qwen3-30b-a3b.json "${extra[@]}" --steps "${STEPS:-6}")
-IFS=';' read -r -a vars <<< "${VARIANTS:-}"
-[[ ${VARIANTS:-} == *';' ]] && vars+=("") # read drops a trailing empty field: the defaults last
-[ ${#vars[@]} -gt 0 ] || vars=("")
+read_variants ""
 for r in $(seq 1 "${ROUNDS:-2}"); do
 	for i in "${!vars[@]}"; do
 		v=${vars[$i]} envs=() more=()

@@ -13,7 +13,7 @@
 # usage: bench/moe-forms.sh BIN_DIR OUT_DIR
 set -u
 b=${1:?bin dir}; out=${2:?out dir}; mkdir -p "$out"
-nvidia-smi --query-gpu=name --format=csv,noheader
+. "$(dirname "$0")/session-lib.sh" # prints the GPU; read_variants
 hung=0 test_env=${TEST_ENV-} # the test's settings ("": its defaults)
 for t in ${TESTS:-test_moe_wgmma}; do
 	# shellcheck disable=SC2086 # the settings are separate words
@@ -21,9 +21,7 @@ for t in ${TESTS:-test_moe_wgmma}; do
 	rc=$?; [ $rc = 124 ] && hung=1
 	echo "== $t (${test_env:-defaults}) rc=$rc"; tail -3 "$out/$t.log"
 done
-IFS=';' read -r -a vars <<< "${VARIANTS:-TIER_MOE_WGMMA_SCHED=static;;TIER_MOE_WGMMA_TILE=pp64x256;TIER_MOE_WGMMA_CLUSTER=2 TIER_MOE_WGMMA_IDLE=1;TIER_MOE_WGMMA_SCHED=dynamic}"
-[[ ${VARIANTS:-} == *';' ]] && vars+=("") # read drops a trailing empty field: the defaults last
-[ ${#vars[@]} -gt 0 ] || vars=("")
+read_variants "TIER_MOE_WGMMA_SCHED=static;;TIER_MOE_WGMMA_TILE=pp64x256;TIER_MOE_WGMMA_CLUSTER=2 TIER_MOE_WGMMA_IDLE=1;TIER_MOE_WGMMA_SCHED=dynamic"
 if [ $hung = 1 ]; then # a test that hung: the dynamic schedule (the default for small groups) is the likely cause
 	for i in "${!vars[@]}"; do # the fixed order for every variant (env takes the last setting)
 		case ${vars[$i]} in *SCHED=static*) ;; *) vars[i]="${vars[$i]:+${vars[$i]} }TIER_MOE_WGMMA_SCHED=static"

@@ -16,6 +16,14 @@ step() { # limit name command...
 	printf '%-22s rc=%-3d %4ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$sum"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+# read_variants DEFAULT: the array vars from VARIANTS (else DEFAULT), split at ';', each element
+# one form's settings; "" is the defaults, also where the list ends in ';' (read drops that field)
+read_variants() {
+	local v=${VARIANTS:-$1}
+	IFS=';' read -r -a vars <<< "$v"
+	[[ $v == *';' ]] && vars+=("")
+	[ ${#vars[@]} -gt 0 ] || vars=("")
+}
 # The trainer issue's benchmark job on the GPU (synthetic bf16 weights, sequence 4096, LoRA r 16 on
 # attention and experts); scripts add --config, batch, steps and budgets.
 job_args=(--device cuda --init random --init-range 0.02 --seq 4096 --warmup 1 --lr 1e-4
