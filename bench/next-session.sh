@@ -68,7 +68,7 @@
 # test_moe_cuda's LoRA dA of experts with 1-3 rows failed twice (1.28%, 1.09% against 1%): the bar
 # is now 3e-2 / sqrt(rows), at least 1e-2 (1e4bdfc, not yet run on a GPU). Next, on an H200
 # (needs_h200: (c)'s 102 GB peak does not fit an H100), stage HEAD (where .device/PACK_COMMIT
-# reads b4bf77a the pack is already staged) and in one call (~400 s):
+# reads d45a3b3 the pack is already staged) and in one call (~400 s):
 #   V="TIER_MOE_WGMMA_SCHED=static;"
 #   TESTS=" " MODELS="qwen3-30b seed-896" VARIANTS="$V" bench/moe-forms.sh .device/bin $OUT/f
 #   TESTS=" " VARIANTS="" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
