@@ -151,11 +151,23 @@ static void tma_back(void)
 		env_back(&tma_run);
 }
 
-/* The knobs of moe_wgmma.h; NULL unsets. */
+/* The tile and CTA knobs of moe_wgmma.h for a sweep (knobs; NULL unsets: the default), then the
+ * run's own values back (knobs_back), as tma_put and tma_back do for the loads. */
+static env_keep knob_run[2];
+static int knob_kept;
+
 static void knobs(const char *tile, const char *ctas)
 {
+	if (!knob_kept)
+		env_save(&knob_run[0], "TIER_MOE_WGMMA_TILE"), env_save(&knob_run[1], "TIER_MOE_WGMMA_CTAS"), knob_kept = 1;
 	env_put("TIER_MOE_WGMMA_TILE", tile);
 	env_put("TIER_MOE_WGMMA_CTAS", ctas);
+}
+
+static void knobs_back(void)
+{
+	if (knob_kept)
+		env_back(&knob_run[0]), env_back(&knob_run[1]);
 }
 
 /* The forms that each run must take whatever the defaults pick (TMA loads required): CTA pairs, the
@@ -327,7 +339,7 @@ static void run_form(const wprob *p, int kn, size_t f)
 	}
 	form_off();
 	tma_back();
-	knobs(NULL, NULL);
+	knobs_back();
 }
 
 /* TIER_MOE_WGMMA_IDLE=other on the 128-row tiles, in the schedule the run's settings pick: with 1,
@@ -350,7 +362,7 @@ static void run_idle(const wprob *p, int kn, const char *other)
 		run_one(p, kn, runs[r].c_bf16, runs[r].alpha, runs[r].beta, what);
 	}
 	env_back(&k);
-	knobs(NULL, NULL);
+	knobs_back();
 }
 
 /* The settings of TIER_MOE_WGMMA_IDLE other than the run's (the whole test runs under any). Unset,
@@ -383,7 +395,7 @@ static void run_all(const wprob *p)
 		tma_put("require");
 		run_pass(p, kn, "TMA ", (size_t)kn, 2, tma_few, sizeof tma_few / sizeof tma_few[0]);
 		tma_back();
-		knobs(NULL, NULL);
+		knobs_back();
 		for (size_t f = 0; f < NFORMS; f++)
 			run_form(p, kn, f);
 		run_idle_other(p, kn);
@@ -495,7 +507,7 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 		form_off();
 	}
 	tma_back();
-	knobs(NULL, NULL);
+	knobs_back();
 	prob_free(&p);
 }
 
@@ -626,7 +638,7 @@ static void seg_case(int E, int N, const int *kw, int nseg, const int *nrows, in
 			form_off();
 		}
 		tma_back();
-		knobs(NULL, NULL);
+		knobs_back();
 		cut_free(&c, E);
 	}
 	prob_free(&p);
@@ -688,7 +700,7 @@ static void gu_seg_case(int E, int H, int I, int r0, int r1, const int *nrows, i
 		form_off();
 	}
 	tma_back();
-	knobs(NULL, NULL);
+	knobs_back();
 	for (int e = 0; e < E; e++)
 		tier_dev_free(gpu, upw[e]);
 	free(upw);
@@ -855,7 +867,7 @@ static void test_bad_input(void **state)
 	int32_t *off = (int32_t *)64;
 	const void *w[2] = { (void *)64, (void *)64 }, *wodd[2] = { (void *)64, (void *)72 };
 	void *p = (void *)64;
-	knobs(NULL, NULL);
+	knobs_back();
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 12, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);  /* K % 8 */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 12, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);  /* N % 8 */
 	assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 0, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);   /* N */
@@ -880,7 +892,7 @@ static void test_bad_input(void **state)
 		knobs(bad[i][0], bad[i][1]);
 		assert_int_equal(moe_cuda_grouped_mm_sm90(gpu, 2, 8, 8, off, 2, w, 0, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	}
-	knobs(NULL, NULL);
+	knobs_back();
 	/* each malformed knob set for one call and the run's own setting put back, so that a run under
 	 * (say) TIER_MOE_WGMMA_CLUSTER=2 keeps it for the tests after this one */
 	env_keep k;
@@ -915,7 +927,7 @@ static void test_bad_input(void **state)
 	tma_put("require"); /* gate/up's 64x256 takes cp.async: refused, nothing launched */
 	knobs("64x256", NULL);
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, f, f, p), -EINVAL);
-	knobs(NULL, NULL);
+	knobs_back();
 	tma_back();
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 12, 8, off, 2, w, w, p, f, f, p), -EINVAL);  /* H % 8 */
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 12, off, 2, w, w, p, f, f, p), -EINVAL);  /* I % 8 */
@@ -939,7 +951,7 @@ static void test_bad_input(void **state)
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(NULL, 2, 8, 8, off, 2, w, w, p, f, f, p), -EINVAL);
 	knobs("96x96", NULL);
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90(gpu, 2, 8, 8, off, 2, w, w, p, f, f, p), -EINVAL);
-	knobs(NULL, NULL);
+	knobs_back();
 	/* segments: K0 % 8, both halves empty, a NULL or odd x or table, no or odd table space, too many */
 	moe_wg_seg sg[3] = { { p, p, w, w, 8, 8 }, { p, p, w, w, 8, 8 }, { p, p, w, w, 8, 8 } };
 	const moe_wg_seg bad_seg[] = { { p, p, w, w, 12, 8 }, { p, p, w, w, 0, 0 },     { NULL, p, w, w, 8, 8 },
@@ -959,7 +971,7 @@ static void test_bad_input(void **state)
 	assert_int_equal(moe_cuda_grouped_mm_sm90_segs(gpu, 2, 8, 8, off, 2, w, 0, p, -1, sg, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_mm_sm90_segs(gpu, 2, 8, 8, off, 2, w, 0, p, 1, NULL, p, p, 0, 1.0f, 0.0f), -EINVAL);
 	assert_int_equal(moe_cuda_grouped_gate_up_sm90_lora(gpu, 2, 8, 8, off, 2, w, w, p, sg, NULL, f, f, p), -EINVAL);
-	knobs(NULL, NULL);
+	knobs_back();
 	assert_int_equal(moe_cuda_wgmma_supported(cpu), 0);
 	assert_int_equal(moe_cuda_wgmma_supported(NULL), 0);
 }
