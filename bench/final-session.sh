@@ -8,6 +8,7 @@
 # trainer runs fall back to v1. usage: bench/final-session.sh BUILD_DIR OUT_DIR
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
+# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 . "$(dirname "$0")/session-lib.sh"
 for t in test_attn_cuda test_ops_cuda test_golden_cuda test_moe_cuda test_moe_skinny test_moe_wgmma test_offload_cuda; do
 	step 120 "$t" "$b/tests/$t"

@@ -12,6 +12,7 @@
 # usage: bench/forms-ab.sh BUILD_DIR OUT_DIR
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
+# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 . "$(dirname "$0")/session-lib.sh"
 {
 	for t in ${TESTS:-test_ops_cuda test_golden_cuda}; do

@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 summary="$out/summary.txt"; : > "$summary"
 run() { # name, command...
 	local name=$1; shift
-	local t0=$(date +%s.%N)
+	local t0; t0=$(date +%s.%N)
 	"$@" > "$out/$name.log" 2>&1; local rc=$?
 	printf '%-28s rc=%-3d %6.1fs\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$summary"
 }

@@ -4,6 +4,7 @@
 # one hang cannot eat the lease. usage: bench/gpu-session.sh BUILD_DIR OUT_DIR
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
+# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 . "$(dirname "$0")/session-lib.sh"
 d=$(mktemp -d /tmp/tier-nvme.XXXXXX)
 for t in test_base test_backend test_offload test_offload_cuda test_loss_cuda test_attn_cuda \

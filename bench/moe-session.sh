@@ -9,6 +9,7 @@
 set -u
 b=${1:?build dir}; out=${2:?out dir}; shift 2; mkdir -p "$out"
 models=("$@"); [ ${#models[@]} -gt 0 ] || models=(qwen3-30b seed-896 mixtral)
+# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 . "$(dirname "$0")/session-lib.sh"
 step 120 test_moe_cuda "$b/tests/test_moe_cuda"
 TIER_MOE_GROUPED=0 step 120 test_moe_cuda-loop "$b/tests/test_moe_cuda"

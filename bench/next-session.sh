@@ -98,6 +98,7 @@ b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
 # LOGS_TAR=0 keeps them loose in $out)
 [ "${LOGS_TAR:-1}" = 1 ] && LOGS_DIR=$(mktemp -d)
 stages=${STAGES:-tests,moe,a,b,c}
+# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 . "$(dirname "$0")/session-lib.sh"
 has() { case ",$stages," in *",$1,"*) return 0;; esac; return 1; }
 if has tests; then
@@ -143,7 +144,7 @@ fi
 cfg=bench/configs/qwen3-30b-a3b.json
 run=("$b/tier-run" "${job_args[@]}" --config "$cfg")
 old=("${RUN_OLD:-}" "${job_args[@]}" --config "$cfg")
-am=(--batch 1 --steps ${A_STEPS:-6} --ddr 4G --op-cache all:hbm=48G)
+am=(--batch 1 --steps "${A_STEPS:-6}" --ddr 4G --op-cache all:hbm=48G)
 has a && step 150 train-a "${run[@]}" "${am[@]}"
 # STAGES=kprof: (a) for 3 steps under the CUPTI kernel profiler, its table in kprof-a.txt. KPROF_LIB
 # (default: where stage-device.sh puts it) is tools/libtier-kprof.so, which needs libcupti.so.13 there.
@@ -175,7 +176,7 @@ for i in "${!a_sets[@]}"; do
 	# shellcheck disable=SC2086
 	has a && [ -n "${RUN_OLD:-}" ] && step 200 "train-a-args$i-old" "${old[@]}" "${am[@]}" ${a_sets[$i]}
 done
-lm=(--batch 8 --micro-batches 4 --layer-major --steps ${B_STEPS:-3} --hbm 24G --ddr 110G)
+lm=(--batch 8 --micro-batches 4 --layer-major --steps "${B_STEPS:-3}" --hbm 24G --ddr 110G)
 # B_CACHE: op-cache rules for (b) (e.g. attention:hbm=3G:ddr=16G, the attention's output kept in
 # DDR); (b) then runs with them and, as their peer in the same call, without (train-b-nocache)
 has b && step 300 train-b "${run[@]}" "${lm[@]}" ${B_CACHE:+--op-cache "$B_CACHE"}

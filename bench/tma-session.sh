@@ -6,6 +6,7 @@
 # usage: bench/tma-session.sh BUILD_DIR OUT_DIR
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
+# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 . "$(dirname "$0")/session-lib.sh"
 step 150 test_moe_wgmma "$b/tests/test_moe_wgmma"
 args=(--model qwen3-30b --model seed-896 --warmup-ms 200)

@@ -5,6 +5,7 @@
 # usage: bench/train-batch.sh BUILD_DIR OUT_DIR [STEPS [BATCH]]   (CACHE_HBM, default 40G)
 set -u
 b=${1:?build dir}; out=${2:?out dir}; steps=${3:-4}; batch=${4:-4}; mkdir -p "$out"
+# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 . "$(dirname "$0")/session-lib.sh"
 cfg=bench/configs/qwen3-30b-a3b.json
 run=("$b/tier-run" "${job_args[@]}" --config "$cfg")

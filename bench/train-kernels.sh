@@ -7,6 +7,7 @@
 # here. usage: bench/train-kernels.sh BUILD_DIR OUT_DIR [STEP]   (default 3)
 set -u
 b=${1:?build dir}; out=${2:?out dir}; pstep=${3:-3}; mkdir -p "$out"
+# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 . "$(dirname "$0")/session-lib.sh"
 TIER_PROFILE_STEP=$pstep step 400 ncu ncu --csv --metrics gpu__time_duration.sum --profile-from-start off \
 	"$b/tier-run" "${job_args[@]}" --config bench/configs/qwen3-30b-a3b-2l.json --batch 1 --steps 4 --ddr 4G

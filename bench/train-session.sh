@@ -7,6 +7,7 @@
 set -u
 b=${1:?build dir}; out=${2:?out dir}; steps=${3:-6}; batch=${4:-1}; mkdir -p "$out"
 stages=${STAGES:-tests,a,b,c}
+# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 . "$(dirname "$0")/session-lib.sh"
 has() { case ",$stages," in *",$1,"*) return 0;; esac; return 1; }
 if has tests; then

@@ -7,6 +7,7 @@
 # usage: bench/trainer-set.sh BUILD_DIR OUT_DIR
 set -u
 b=${1:?build dir}; out=${2:?out dir}; mkdir -p "$out"
+# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 . "$(dirname "$0")/session-lib.sh"
 run=("$b/tier-run" "${job_args[@]}" --config bench/configs/qwen3-30b-a3b.json)
 step 170 train-b8x4lm "${run[@]}" --batch 8 --micro-batches 4 --layer-major --steps 5 --hbm 24G --ddr 110G

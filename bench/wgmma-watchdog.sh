@@ -21,6 +21,7 @@ build)
 	;;
 run)
 	bin=${2:?binary}; out=${3:?out dir}; mkdir -p "$out"
+	# shellcheck source-path=SCRIPTDIR source=session-lib.sh
 	. "$(dirname "$0")/session-lib.sh"
 	step 300 watchdog stdbuf -oL "$bin"
 	grep -E "watchdog|FAILED|PASSED|relative error" "$out/watchdog.log" | head -20

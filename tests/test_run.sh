@@ -149,6 +149,7 @@ rc=$?
 rc=$?
 [ $rc != 0 ] && grep -q "writing $tmp/full/checkpoint.safetensors.*the disk is full or a file size limit" "$tmp/err" ||
 	fail "a full disk: exit $rc, '$(cat "$tmp/err")'"
+# shellcheck disable=SC2010 # the names are tier-run's own (no newlines)
 ! ls "$tmp/full" | grep -q "\.tmp\." || fail "a temporary file left behind: $(ls "$tmp/full")"
 ./tier-run --help | grep -q -- '--lora-targets' || fail "--help does not document --lora-targets"
 ./tier-run --store-demo --help | grep -q 'store demonstration' || fail "tier-run --store-demo is not reachable"

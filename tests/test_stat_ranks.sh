@@ -5,7 +5,7 @@
 # Run from the build directory (make check does); CPU only, about 10 s.
 set -u
 tmp=$(mktemp -d) || exit 99
-a= b= w= other=
+a='' b='' w='' other=''
 cleanup() {
 	for p in $w $a $b $other; do kill "$p" 2>/dev/null; done
 	rm -f "/dev/shm/tier-stats.$other"
@@ -38,6 +38,7 @@ for r in 0 1; do
 		--out "$tmp/run/rank$r" >"$tmp/run$r.out" 2>&1 &
 	eval "p$r=\$!"
 done
+# shellcheck disable=SC2154 # p0, p1: set by the eval above
 a=$p0 b=$p1
 wait_published $a
 wait_published $b
