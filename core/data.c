@@ -15,6 +15,20 @@
 /* The rule every vocabulary meets: 2..VOCAB_MAX, the separator below it. */
 static int vocab_bad(uint32_t vocab, uint32_t sep) { return vocab < 2 || vocab > VOCAB_MAX || sep >= vocab; }
 
+/* The vocabulary and separator in range, and every token below the vocabulary: the checks of
+ * tokens handed in (tier_data_from_tokens, tier_data_write). */
+static int tokens_check(const uint32_t *tokens, uint64_t count, uint32_t vocab, uint32_t sep)
+{
+	if (vocab_bad(vocab, sep))
+		return tier_fail(-EINVAL, "vocab size %u must be in 2..%u and the separator %u below it", vocab, VOCAB_MAX,
+				 sep);
+	for (uint64_t i = 0; i < count; i++)
+		if (tokens[i] >= vocab)
+			return tier_fail(-EINVAL, "token %llu is %u, not below the vocab size %u", (unsigned long long)i,
+					 tokens[i], vocab);
+	return 0;
+}
+
 struct tier_data {
 	uint32_t *tok;
 	uint64_t n;
@@ -131,13 +145,9 @@ int tier_data_from_tokens(const uint32_t *tokens, uint64_t count, uint32_t vocab
 	if (!out || (!tokens && count))
 		return tier_fail(-EINVAL, "tier_data_from_tokens: tokens and out are required");
 	*out = NULL;
-	if (vocab_bad(vocab, sep))
-		return tier_fail(-EINVAL, "vocab size %u must be in 2..%u and the separator %u below it", vocab, VOCAB_MAX,
-				 sep);
-	for (uint64_t i = 0; i < count; i++)
-		if (tokens[i] >= vocab)
-			return tier_fail(-EINVAL, "token %llu is %u, not below the vocab size %u", (unsigned long long)i,
-					 tokens[i], vocab);
+	int rc = tokens_check(tokens, count, vocab, sep);
+	if (rc)
+		return rc;
 	tier_data *d = calloc(1, sizeof *d);
 	if (!d || !(d->tok = malloc(sizeof(uint32_t) * (count ? count : 1)))) {
 		free(d);
@@ -164,19 +174,14 @@ int tier_data_write(const char *path, const uint32_t *tokens, uint64_t count, ui
 {
 	if (!path || (!tokens && count))
 		return tier_fail(-EINVAL, "tier_data_write: path and tokens are required");
-	if (vocab_bad(vocab, sep))
-		return tier_fail(-EINVAL, "vocab size %u must be in 2..%u and the separator %u below it", vocab, VOCAB_MAX,
-				 sep);
-	for (uint64_t i = 0; i < count; i++)
-		if (tokens[i] >= vocab)
-			return tier_fail(-EINVAL, "token %llu is %u, not below the vocab size %u", (unsigned long long)i,
-					 tokens[i], vocab);
+	int rc = tokens_check(tokens, count, vocab, sep);
+	if (rc)
+		return rc;
 	unsigned char h[HEADER], buf[4096];
 	memcpy(h, MAGIC, 8);
 	wr32(h + 8, vocab), wr32(h + 12, sep), wr32(h + 16, (uint32_t)count), wr32(h + 20, (uint32_t)(count >> 32));
 	tier_atomic_file *f;
-	int rc = tier_atomic_write_begin(path, &f);
-	if (rc)
+	if ((rc = tier_atomic_write_begin(path, &f)))
 		return rc;
 	rc = tier_atomic_write(f, h, HEADER);
 	for (uint64_t i = 0; i < count && !rc; i += sizeof buf / 4) {

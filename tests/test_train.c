@@ -1043,6 +1043,10 @@ static void test_data(void **state)
 	/* a token beyond the vocabulary and a truncated file are refused */
 	tk[3] = 30;
 	assert_int_equal(tier_data_write(path, tk, 50, 30, 29), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "token 3 is 30, not below the vocab size 30"));
+	assert_int_equal(tier_data_from_tokens(tk, 50, 30, 29, &d), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "token 3 is 30"));
+	assert_null(d);
 	FILE *f = fopen(path, "r+b");
 	assert_non_null(f);
 	assert_int_equal(ftruncate(fileno(f), 30), 0);
