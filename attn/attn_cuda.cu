@@ -246,12 +246,8 @@ __global__ void __launch_bounds__(128) fwd_kernel(fwd_args a)
 			for (int kt = 0; kt < BK / 16; kt++) {
 				uint32_t pa[MT][4];
 #pragma unroll
-				for (int mi = 0; mi < MT; mi++) {
-					pa[mi][0] = pack(s[mi][2 * kt][0], s[mi][2 * kt][1]);
-					pa[mi][1] = pack(s[mi][2 * kt][2], s[mi][2 * kt][3]);
-					pa[mi][2] = pack(s[mi][2 * kt + 1][0], s[mi][2 * kt + 1][1]);
-					pa[mi][3] = pack(s[mi][2 * kt + 1][2], s[mi][2 * kt + 1][3]);
-				}
+				for (int mi = 0; mi < MT; mi++)
+					pack_a(pa[mi], s[mi][2 * kt], s[mi][2 * kt + 1]);
 #pragma unroll
 				for (int dt = 0; dt < DT; dt += 2) {
 					uint32_t b[4];
@@ -725,12 +721,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB) fwd2_kernel(fwd_args a)
 		for (int kt = 0; kt < BK / 16; kt++) {
 			uint32_t pa[TM][4];
 #pragma unroll
-			for (int mi = 0; mi < TM; mi++) {
-				pa[mi][0] = pack(s[mi][2 * kt][0], s[mi][2 * kt][1]);
-				pa[mi][1] = pack(s[mi][2 * kt][2], s[mi][2 * kt][3]);
-				pa[mi][2] = pack(s[mi][2 * kt + 1][0], s[mi][2 * kt + 1][1]);
-				pa[mi][3] = pack(s[mi][2 * kt + 1][2], s[mi][2 * kt + 1][3]);
-			}
+			for (int mi = 0; mi < TM; mi++)
+				pack_a(pa[mi], s[mi][2 * kt], s[mi][2 * kt + 1]);
 #pragma unroll
 			for (int dt = 0; dt < DT; dt += 2) {
 				uint32_t b[4];

@@ -24,6 +24,14 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi)
 	return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* The A operand of a 16-k step from the fp32 accumulators of two adjacent m16n8 tiles (k 0-7 in
+ * c0, 8-15 in c1), rounded to bf16: a product's result fed on as the next one's A (attention's P). */
+__device__ __forceinline__ void pack_a(uint32_t (&pa)[4], const float (&c0)[4], const float (&c1)[4])
+{
+	pa[0] = pack(c0[0], c0[1]), pa[1] = pack(c0[2], c0[3]);
+	pa[2] = pack(c1[0], c1[1]), pa[3] = pack(c1[2], c1[3]);
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void *p)
 {
 	return (uint32_t)__cvta_generic_to_shared(p);
