@@ -66,22 +66,21 @@
 # trainer keeps the fixed order); test_moe_wgmma runs both schedules as forms, and its TMA sweeps
 # put the run's own TIER_MOE_WGMMA_TMA back (687b73b; passes under the defaults and TMA=0).
 # test_moe_cuda's LoRA dA of experts with 1-3 rows failed twice (1.28%, 1.09% against 1%): the bar
-# is now 3e-2 / sqrt(rows), at least 1e-2 (1e4bdfc, not yet run on a GPU). Session 35 ran nothing
-# (no machine started); it traced that tail on the CPU (cascades of summation-order flips; the
-# emulation now takes the GPU's router weights and saved g, u: f9d6eec, not yet run). Next, on an
-# H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), stage HEAD (where .device/PACK_COMMIT
-# reads f9d6eec the pack is already staged) and in one call (~400 s):
+# is now 3e-2 / sqrt(rows), at least 1e-2. Session 35 traced that tail (flips of the emulation's own
+# forward cascading through the backward): its emulation takes the GPU's router weights and saved
+# g, u (f9d6eec); on an H100 the two seeds' worst dA fell to 0.48% and 0.20%, four fresh seeds'
+# 0.28-0.32%, and test_moe_wgmma, test_attn_cuda pass (no H200 started). Next, on an H200
+# (needs_h200: (c)'s 102 GB peak does not fit an H100), stage HEAD (where .device/PACK_COMMIT reads
+# f9d6eec the pack is already staged: HEAD changed only comments since) and in one call (~400 s):
 #   V="TIER_MOE_WGMMA_SCHED=static;"
 #   TESTS=" " MODELS="qwen3-30b seed-896" VARIANTS="$V" bench/moe-forms.sh .device/bin $OUT/f
 #   TESTS=" " VARIANTS="" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
 # issue 4's products against torch under the new default (seed-896 uniform: does the dynamic
 # schedule with idle consumers reach 1.25x where the product, not HBM, bounds it?) and the gate
-# (a)/(c). Then test_moe_cuda on a few fresh seeds and with TIER_TEST_SEED=94176856234439 and
-# 94211702983140 (TIER_TEST_VERBOSE=1: each check's worst element), test_moe_wgmma and
-# test_attn_cuda (~300 s on an H100). If time is left on the H200: (a) at batch 4 with part of the
-# op cache in DDR, VARIANTS=";--batch 4 --ddr 40G --op-cache all:hbm=50G:ddr=30G" ROUNDS=1
-# bench/forms-ab.sh (batch 1 -> 3 gained 9%; batch 4 under a 44G HBM cache recomputed and lost).
+# (a)/(c). If time is left on the H200: (a) at batch 4 with part of the op cache in DDR,
+# VARIANTS=";--batch 4 --ddr 40G --op-cache all:hbm=50G:ddr=30G" ROUNDS=1 bench/forms-ab.sh
+# (batch 1 -> 3 gained 9%; batch 4 under a 44G HBM cache recomputed and lost).
 # Still to take: STAGES=b with B_ARGS="--hbm max" ((b)'s own job without the cap: what the cap costs).
 # (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
