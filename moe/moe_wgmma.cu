@@ -1209,12 +1209,11 @@ static int wg_launch(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ctas, 
 		}
 	}
 	/* idle consumers by default only where the tiles are claimed in turn: in the fixed order an idling
-	 * tile lets its CTA run ahead of the others that read its expert's weights (session 31); the
-	 * kernel gets a copy with it resolved, a keeps the unresolved setting for the caller's next launch */
-	wg_args<MODE> k = a;
-	if (k.idle == WG_IDLE_DYN)
-		k.idle = k.sched != NULL;
-	wg_start(kernel, grid, CL, CFG::BYTES, moe_stream(dev), k);
+	 * tile lets its CTA run ahead of the others that read its expert's weights (session 31). Resolved
+	 * in place, as sched is: wg_dispatch sets both from the plan before every launch. */
+	if (a.idle == WG_IDLE_DYN)
+		a.idle = a.sched != NULL;
+	wg_start(kernel, grid, CL, CFG::BYTES, moe_stream(dev), a);
 	e = cudaGetLastError();
 	if (e == cudaSuccess && CL > 1)
 		__atomic_fetch_add(&wg_pair_launches, 1ull, __ATOMIC_RELAXED);

@@ -41,10 +41,21 @@ static inline void env_set(env_keep *k, const char *name, const char *value)
 	env_put(name, value);
 }
 
-/* The value env_save kept put back, or the knob unset where the run had none. */
+/* The value env_save kept put back, or the knob unset where the run had none; nothing where k
+ * (zeroed) kept nothing yet. */
 static inline void env_back(const env_keep *k)
 {
-	env_put(k->name, k->had ? k->was : NULL);
+	if (k->name)
+		env_put(k->name, k->had ? k->was : NULL);
+}
+
+/* name set to value (NULL unsets) for one setting of a sweep: the run's own value kept in k (zeroed
+ * before the first) at the first setting only, so that env_back after any of them puts it back. */
+static inline void env_sweep(env_keep *k, const char *name, const char *value)
+{
+	if (!k->name)
+		env_save(k, name);
+	env_put(name, value);
 }
 
 #endif

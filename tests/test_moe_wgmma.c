@@ -136,39 +136,21 @@ static void prob_free(wprob *p)
 /* TIER_MOE_WGMMA_TMA for a sweep (tma_put), then the run's own value back (tma_back): the parts
  * that do not set it run under the run's setting, as bench/validate-forms.sh means them to. */
 static env_keep tma_run;
-static int tma_kept;
 
-static void tma_put(const char *value)
-{
-	if (!tma_kept)
-		env_save(&tma_run, "TIER_MOE_WGMMA_TMA"), tma_kept = 1;
-	env_put("TIER_MOE_WGMMA_TMA", value);
-}
-
-static void tma_back(void)
-{
-	if (tma_kept)
-		env_back(&tma_run);
-}
+static void tma_put(const char *value) { env_sweep(&tma_run, "TIER_MOE_WGMMA_TMA", value); }
+static void tma_back(void) { env_back(&tma_run); }
 
 /* The tile and CTA knobs of moe_wgmma.h for a sweep (knobs; NULL unsets: the default), then the
  * run's own values back (knobs_back), as tma_put and tma_back do for the loads. */
 static env_keep knob_run[2];
-static int knob_kept;
 
 static void knobs(const char *tile, const char *ctas)
 {
-	if (!knob_kept)
-		env_save(&knob_run[0], "TIER_MOE_WGMMA_TILE"), env_save(&knob_run[1], "TIER_MOE_WGMMA_CTAS"), knob_kept = 1;
-	env_put("TIER_MOE_WGMMA_TILE", tile);
-	env_put("TIER_MOE_WGMMA_CTAS", ctas);
+	env_sweep(&knob_run[0], "TIER_MOE_WGMMA_TILE", tile);
+	env_sweep(&knob_run[1], "TIER_MOE_WGMMA_CTAS", ctas);
 }
 
-static void knobs_back(void)
-{
-	if (knob_kept)
-		env_back(&knob_run[0]), env_back(&knob_run[1]);
-}
+static void knobs_back(void) { env_back(&knob_run[0]), env_back(&knob_run[1]); }
 
 /* The forms that each run must take whatever the defaults pick (TMA loads required): CTA pairs, the
  * TMA-store epilogue, and both tile schedules (unset, the schedule follows the groups' mean size);
