@@ -69,9 +69,11 @@
 # is now 3e-2 / sqrt(rows), at least 1e-2. Session 35 traced that tail (flips of the emulation's own
 # forward cascading through the backward): its emulation takes the GPU's router weights and saved
 # g, u (f9d6eec); on an H100 the two seeds' worst dA fell to 0.48% and 0.20%, four fresh seeds'
-# 0.28-0.32%, and test_moe_wgmma, test_attn_cuda pass (no H200 started). Next, on an H200
-# (needs_h200: (c)'s 102 GB peak does not fit an H100), stage HEAD (where .device/PACK_COMMIT reads
-# f9d6eec the pack is already staged: HEAD changed only comments since) and in one call (~400 s):
+# 0.28-0.32%, and test_moe_wgmma, test_attn_cuda pass (no H200 started). Its review mends
+# (d2bf6f2: wg_launch resolves the idle default in place, env_sweep in the tests) have not run on a
+# GPU: run test_moe_wgmma first. Next, on an H200 (needs_h200: (c)'s 102 GB peak does not fit an
+# H100), stage HEAD (where .device/PACK_COMMIT reads d2bf6f2 the pack is already staged) and in one
+# call (~400 s):
 #   V="TIER_MOE_WGMMA_SCHED=static;"
 #   TESTS=" " MODELS="qwen3-30b seed-896" VARIANTS="$V" bench/moe-forms.sh .device/bin $OUT/f
 #   TESTS=" " VARIANTS="" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
