@@ -4,10 +4,10 @@ libtier_la_SOURCES += moe/gemm.c moe/router.c moe/permute.c moe/experts.c moe/co
 tierinclude_HEADERS += include/tier/moe.h
 if HAVE_CUDA
 libtier_la_SOURCES += moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
-	moe/moe_wgmma.cu moe/moe_skinny.cu moe/moe_wgrad.cu
+	moe/moe_wgmma.cu moe/moe_wgmma_swap.cu moe/moe_skinny.cu moe/moe_wgrad.cu
 endif
 EXTRA_DIST += moe/moe_cu.cuh moe/moe_swiglu.cuh moe/moe_wgmma_cfg.cuh moe/moe_wgmma_ptx.cuh moe/moe_wgmma_store.cuh moe/moe.cu moe/moe_bwd.cu moe/moe_experts.cu moe/moe_experts_grouped.cu moe/moe_grouped.cu moe/moe_layer.cu \
-	moe/moe_wgmma.cu moe/moe_skinny.cu moe/moe_wgrad.cu
+	moe/moe_wgmma.cu moe/moe_wgmma_swap.cu moe/moe_skinny.cu moe/moe_wgrad.cu
 
 if HAVE_CMOCKA
 check_PROGRAMS += tests/test_moe_router tests/test_moe_permute tests/test_moe_experts tests/test_moe_layer \

@@ -864,14 +864,16 @@ __global__ void __launch_bounds__(WG_THREADS, 1) wg_kernel(const __grid_constant
 }
 
 /* ---- host side ---- */
-enum { WG_128x256, WG_128x128, WG_64x256, WG_PP64x256, WG_PP128x128, WG_NSHAPES };
+enum { WG_128x256, WG_128x128, WG_64x256, WG_PP64x256, WG_PP128x128, WG_SWAP, WG_NSHAPES };
 
 /* A call's plan, each knob read once (wg_plan): tile shape, CTAs, the measurement kernel
  * (TIER_MOE_WGMMA_DEBUG, WG_DBG_*) and the TMA knob (wg_tma_wanted's values). */
 struct wg_plan_t {
 	int shape, ctas, dbg, tma, cl, st, idle, dyn;
+	int alt; /* the default pick, where shape is WG_SWAP and the product not one it runs */
 };
-static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128" };
+static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128",
+							 "swap" };
 
 /* TIER_MOE_WGMMA_TILE, else 64 rows when a group of the mean size fits one 64-row tile, else 128 x
  * 256 (128 x 128 when N fits it). Above 64 rows the 128-row tiles win even with more padding: every
@@ -895,6 +897,7 @@ static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "6
  * against 2,269 / 2,728 on pp64x256, gate/up alone 1,774-1,776 / 1,949-1,970 against 2,012 / 2,386
  * (session 28: 1,742 against 1,933), the experts' forward 3,108-3,117 / 3,301-3,316 against 3,217
  * / 3,916. So with TMA loads the forward takes 128x256 too; ping-pong stays for cp.async. */
+static int wg_default_shape(int E, int N, int K, int rows_bound, int fwd, int tma, int *shape);
 static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, int fwd, int tma, int *shape)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TILE");
@@ -904,9 +907,15 @@ static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, in
 				*shape = i;
 				return 0;
 			}
-		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TILE=%s; use 128x256, 128x128, 64x256, pp64x256 or "
-				 "pp128x128, or unset it", fn, v);
+		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TILE=%s; use 128x256, 128x128, 64x256, pp64x256, "
+				 "pp128x128 or swap, or unset it", fn, v);
 	}
+	return wg_default_shape(E, N, K, rows_bound, fwd, tma, shape);
+}
+
+/* wg_pick_shape's choice where TIER_MOE_WGMMA_TILE is unset (the rule above). */
+static int wg_default_shape(int E, int N, int K, int rows_bound, int fwd, int tma, int *shape)
+{
 	double m = (double)rows_bound / E;
 	if (m <= 64)
 		*shape = WG_64x256;
@@ -1315,7 +1324,8 @@ static int wg_launch_dbg(tier_dev *dev, wg_args<MODE> &a, int rows_bound, int ct
 template <int MODE, typename OUT>
 static int wg_dispatch(tier_dev *dev, wg_args<MODE> &a, const wg_plan_t &pl, int rows_bound, const moe_wg_seg *hseg)
 {
-	int shape = pl.shape, ctas = pl.ctas, dbg = pl.dbg, tma = pl.tma;
+	/* the swapped operands run only the plain forward product (moe_cuda_grouped_mm_sm90_segs) */
+	int shape = pl.shape == WG_SWAP ? pl.alt : pl.shape, ctas = pl.ctas, dbg = pl.dbg, tma = pl.tma;
 	a.idle = pl.idle;
 	a.dyn = pl.dyn, a.sched = NULL; /* the counter where the kernel takes it (wg_tma_maps) */
 	/* gate/up with a segment takes TMA only under tma 3 (all, the default): its TMA form hung in
@@ -1397,6 +1407,8 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 	pl->cl += 1; /* CTAs a cluster */
 	int sms;
 	rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->shape);
+	if (!rc)
+		rc = wg_default_shape(E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->alt);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, &pl->ctas)))
 		return rc;
 	return 0;
@@ -1566,6 +1578,9 @@ extern "C" int moe_cuda_grouped_mm_sm90_segs(tier_dev *dev, int E, int N, int K,
 		return rc;
 	if (rows_bound == 0)
 		return 0;
+	/* TIER_MOE_WGMMA_TILE=swap: the plain forward product with the operands swapped, on TMA loads */
+	if (pl.shape == WG_SWAP && !w_kn && !nseg && !pl.dbg && pl.tma && base_tmap_ok())
+		return moe_wg_swap_mm(dev, E, N, K, d_off, rows_bound, w, x, c, c_bf16, alpha, beta, pl.ctas);
 	if ((rc = wg_put_tables(dev, E, nseg, seg, tab, sd)))
 		return rc;
 	if (w_kn)

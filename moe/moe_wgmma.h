@@ -38,7 +38,7 @@
  * launched, the outputs untouched); -EIO for a CUDA error (its text in the message).
  *
  * Tuning and testing knobs (environment, read at each call):
- *   TIER_MOE_WGMMA_TILE=128x256|128x128|64x256|pp64x256|pp128x128
+ *   TIER_MOE_WGMMA_TILE=128x256|128x128|64x256|pp64x256|pp128x128|swap
  *       the tile (rows x columns of the product; gate/up: of g and u together, half of it each).
  *       The first three are one tile a CTA, both consumer warpgroups on it; the pp ones are one
  *       tile a consumer warpgroup, the two taking turns (ping-pong: one stores while the other
@@ -47,6 +47,11 @@
  *       and K >= 256 with cp.async loads (TIER_MOE_WGMMA_TMA=0), pp64x256 up to a mean of 192
  *       rows (with the TMA loads 128x256 won there since session 29); else
  *       128x256 (128x128 when N <= 128, gate/up: I <= 64).
+ *       swap (written in session 36, not yet run on a GPU): moe_cuda_grouped_mm_sm90 with w_kn 0
+ *       and no extra segment computes C^T = W_e X^T per group (moe_wgmma_swap.cu), the group's rows
+ *       as wgmma's N in multiples of 32 (up to 256 a tile) instead of its M in blocks of 64: a group
+ *       of 146 rows multiplies 160 instead of 192 or 256. It needs the TMA loads (not under
+ *       TIER_MOE_WGMMA_TMA=0 or TIER_MOE_WGMMA_DEBUG); every other product takes its default tile.
  *   TIER_MOE_WGMMA_CTAS=n       at most n CTAs (default one per SM; on CTA pairs n / 2 pairs, at
  *                               least one); small values push many tiles through each CTA's ring.
  *   TIER_MOE_WGMMA_DEBUG=nostore|nomma|noload
@@ -147,6 +152,8 @@ unsigned long long moe_cuda_wgmma_dynamic_launches(void);
 /* The launches of kernels that take the dynamic schedule but ran in the fixed order
  * (TIER_MOE_WGMMA_SCHED=static, or unset where the mean group exceeds 192 rows). */
 unsigned long long moe_cuda_wgmma_fixed_launches(void);
+/* The launches of the plain forward product on swapped operands (TIER_MOE_WGMMA_TILE=swap). */
+unsigned long long moe_cuda_wgmma_swap_launches(void);
 
 int moe_cuda_grouped_mm_sm90(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
 			     const void *const *w, int w_kn, const void *x, void *c, int c_bf16, float alpha, float beta);

@@ -178,6 +178,12 @@ struct wg_shared {
 	uint32_t tempty; /* and of its "read by every reader warp" barriers */
 };
 
+/* The plain forward product on swapped operands (moe_wgmma_swap.cu: TIER_MOE_WGMMA_TILE=swap), its
+ * arguments checked by moe_cuda_grouped_mm_sm90_segs, rows_bound > 0, the driver's TMA encoder there. */
+extern "C" int moe_wg_swap_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,
+			      const void *const *w, const void *x, void *c, int c_bf16, float alpha, float beta,
+			      int ctas);
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_SM90A 1
 #endif

@@ -358,6 +358,28 @@ static void run_idle_other(const wprob *p, int kn)
 		run_idle(p, kn, strcmp(cur, "0") ? "0" : "1");
 }
 
+/* TIER_MOE_WGMMA_TILE=swap (TMA loads required): every output kind on all CTAs, on 1 and on 3 (a
+ * CTA's ring over many tiles); in layout 0 each call is one launch of the swapped kernel, in layout 1
+ * the knob leaves the product on its default tile (no swapped launch). */
+static void run_swap(const wprob *p, int kn)
+{
+	static const char *const ctas[] = { NULL, "1", "3" };
+	char what[160];
+	tma_put("require");
+	for (size_t c = 0; c < sizeof ctas / sizeof ctas[0]; c++)
+		for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+			unsigned long long n0 = moe_cuda_wgmma_swap_launches();
+			knobs("swap", ctas[c]);
+			snprintf(what, sizeof what, "swap E %d N %d K %d rows %d w_kn %d CTAs %s c_bf16 %d alpha %g beta %d",
+				 p->E, p->N, p->K, p->rows, kn, ctas[c] ? ctas[c] : "all", kinds[i].c_bf16,
+				 (double)kinds[i].alpha, kinds[i].beta);
+			run_one(p, kn, kinds[i].c_bf16, kinds[i].alpha, kinds[i].beta, what);
+			assert_int_equal(moe_cuda_wgmma_swap_launches() - n0, !kn && p->rb > 0);
+		}
+	tma_back();
+	knobs_back();
+}
+
 static void run_all(const wprob *p)
 {
 	static const few_run cp_few[] = {
@@ -381,6 +403,7 @@ static void run_all(const wprob *p)
 		for (size_t f = 0; f < NFORMS; f++)
 			run_form(p, kn, f);
 		run_idle_other(p, kn);
+		run_swap(p, kn);
 	}
 }
 
@@ -458,13 +481,14 @@ static void gu_case(int E, int H, int I, const int *nrows, int extra)
 	static const char *runs[][2] = { { NULL, NULL },	{ "128x256", NULL },  { "128x128", NULL },
 					 { "64x256", NULL },	{ "pp64x256", NULL }, { "pp128x128", NULL },
 					 { NULL, "2" },		{ "64x256", "1" },    { "pp64x256", "1" },
-					 { "pp128x128", "2" } };
+					 { "pp128x128", "2" },	{ "swap", NULL } };
 	wprob p;
 	char what[160];
 	prob_make(&p, E, 2 * I, H, nrows, extra, 1);
 	for (int tma = 0; tma < 2; tma++) { /* cp.async, then the TMA loads (required but where 64x256 may run) */
 		for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-			int may_64 = !runs[i][0] || !strcmp(runs[i][0], "64x256");
+			/* swap: gate/up takes its default tile */
+			int may_64 = !runs[i][0] || !strcmp(runs[i][0], "64x256") || !strcmp(runs[i][0], "swap");
 			tma_put(!tma ? "0" : may_64 ? "1" : "require");
 			knobs(runs[i][0], runs[i][1]);
 			snprintf(what, sizeof what, "gate/up%s E %d H %d I %d rows %d tile %s CTAs %s", tma ? " TMA" : "", E,
