@@ -45,11 +45,17 @@
 #define SW_W_BYTES (SW_BN * 128) /* a stage's W box: 128 rows of 64 k (128 bytes, the swizzle's row) */
 #define SW_X_BYTES (SW_MAXR * 128)
 #define SW_STAGE (SW_W_BYTES + SW_X_BYTES)
-#define SW_STAGES 4
+#define SW_STAGES 3
 #define SW_RING (SW_STAGES * SW_STAGE)
-/* the ring, its barriers, the chunk table (TIER_MOE_MAX_EXPERTS + 1 ints), the scan's 12 warp sums,
- * and the alignment's slack */
-#define SW_SMEM (SW_RING + 16 * SW_STAGES + 4 * (TIER_MOE_MAX_EXPERTS + 1) + 4 * 12 + 1024)
+/* a consumer's staging of a bf16 tile: its 64 columns of each chunk row, 128 bytes and 16 of padding
+ * (a warp's 2-byte writes then fall in distinct banks or share a word) */
+#define SW_OUT_ROW 144
+#define SW_OUT_BYTES (SW_MAXR * SW_OUT_ROW)
+/* the ring, the two stagings, the barriers, the chunk table (TIER_MOE_MAX_EXPERTS + 1 ints), the
+ * scan's 12 warp sums, and the alignment's slack */
+#define SW_OUT_AT SW_RING
+#define SW_BARS_AT (SW_OUT_AT + 2 * SW_OUT_BYTES)
+#define SW_SMEM (SW_BARS_AT + 16 * SW_STAGES + 4 * (TIER_MOE_MAX_EXPERTS + 1) + 4 * 12 + 1024)
 static_assert(SW_SMEM <= 227 * 1024, "one CTA an SM: the ring and the table fit 227 KiB");
 static_assert(TIER_MOE_MAX_EXPERTS <= 3 * SW_THREADS, "the chunk table's scan takes 3 experts a thread");
 
@@ -281,12 +287,52 @@ __device__ __forceinline__ void sw_put(const sw_args &a, int row, int col, float
 	*p = (OUT)v;
 }
 
+/* Consumer g's named barrier (1 or 2; 0 is the CTA's): its 128 threads. */
+__device__ __forceinline__ void sw_consumer_sync(int g)
+{
+	if (g)
+		asm volatile("bar.sync 2, 128;\n" ::: "memory");
+	else
+		asm volatile("bar.sync 1, 128;\n" ::: "memory");
+}
+
+/* A bf16 C without beta: the consumer's 64 columns of the chunk's rows rounded into its staging
+ * (stg: [row][64 columns], SW_OUT_ROW bytes a row), then copied out a row's 128 bytes by 8 threads
+ * in 16-byte stores, so that each warp store writes whole lines instead of 16 bytes of each of 4
+ * rows (the direct stores made the down product, whose output is 4 times its weights' bytes on
+ * seed-896, 10% slower than the 128-row tiles on an H100). The first barrier keeps the staging
+ * until every thread has copied the last tile out of it. */
+template <int NR>
+__device__ __forceinline__ void sw_put_staged(const sw_args &a, const sw_tile &tl, const float (&d)[NR / 2],
+					      unsigned char *stg, int g)
+{
+	int t = threadIdx.x & 127, lane = t & 31, warp = t >> 5, rows = tl.rend - tl.row0;
+	int m = 16 * warp + (lane >> 2);
+	sw_consumer_sync(g);
+#pragma unroll
+	for (int j = 0; j < NR / 8; j++)
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+#pragma unroll
+			for (int i = 0; i < 2; i++) {
+				int n = 8 * j + 2 * (lane & 3) + i;
+				*(bf16 *)(stg + n * SW_OUT_ROW + 2 * (m + 8 * h)) = __float2bfloat16_rn(a.alpha * d[4 * j + 2 * h + i]);
+			}
+	sw_consumer_sync(g);
+	int col = tl.col0 + 64 * g + 8 * (t & 7); /* N is a multiple of 8: a 16-byte piece is in or out whole */
+	if (col >= a.N)
+		return;
+	bf16 *c = (bf16 *)a.c + (size_t)tl.row0 * a.N + col;
+	for (int r = t >> 3; r < rows; r += 16)
+		*(uint4 *)(c + (size_t)r * a.N) = *(const uint4 *)(stg + r * SW_OUT_ROW + 16 * (t & 7));
+}
+
 /* One tile's products for consumer g (its 64 weight rows at aoff in each stage) and their store:
  * accumulator element (feature m, chunk row n) is d[4 j + 2 h + i] for m = 16 warp + lane / 4 + 8 h,
  * n = 8 j + 2 (lane % 4) + i (wgmma's D layout). */
 template <int NR, typename OUT>
 __device__ __forceinline__ void sw_tile_run(const sw_args &a, const sw_tile &tl, uint32_t ring, uint32_t full,
-					  uint32_t empty, int &s, uint32_t &ph, int g)
+					  uint32_t empty, int &s, uint32_t &ph, int g, unsigned char *stg)
 {
 	/* defined before the products: an undefined accumulator is read by acc_fence from the kernel's
 	 * start, and the eight functions' accumulators together then spill (ptxas serialised the wgmmas) */
@@ -320,6 +366,10 @@ __device__ __forceinline__ void sw_tile_run(const sw_args &a, const sw_tile &tl,
 	acc_fence(d);
 	if (lane == 0)
 		bar_arrive(empty + 8 * prev);
+	if (sizeof(OUT) == 2 && !a.beta) {
+		sw_put_staged<NR>(a, tl, d, stg, g);
+		return;
+	}
 	int rows = tl.rend - tl.row0, m0 = tl.col0 + 64 * g + 16 * warp + (lane >> 2);
 #pragma unroll
 	for (int j = 0; j < NR / 8; j++)
@@ -336,21 +386,21 @@ __device__ __forceinline__ void sw_tile_run(const sw_args &a, const sw_tile &tl,
 /* Consumer g (0 or 1): the CTA's tiles, each by the function of its row count. */
 template <typename OUT>
 __device__ void sw_consume(const sw_args &a, const int *cpre, uint32_t ring, uint32_t full, uint32_t empty,
-			   long long total, int ncol, int g)
+			   long long total, int ncol, int g, unsigned char *stg)
 {
 	int s = 0;
 	uint32_t ph = 0;
 	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
 		sw_tile tl = sw_find(a, cpre, t, ncol);
 		switch (tl.nr) {
-		case 32: sw_tile_run<32, OUT>(a, tl, ring, full, empty, s, ph, g); break;
-		case 64: sw_tile_run<64, OUT>(a, tl, ring, full, empty, s, ph, g); break;
-		case 96: sw_tile_run<96, OUT>(a, tl, ring, full, empty, s, ph, g); break;
-		case 128: sw_tile_run<128, OUT>(a, tl, ring, full, empty, s, ph, g); break;
-		case 160: sw_tile_run<160, OUT>(a, tl, ring, full, empty, s, ph, g); break;
-		case 192: sw_tile_run<192, OUT>(a, tl, ring, full, empty, s, ph, g); break;
-		case 224: sw_tile_run<224, OUT>(a, tl, ring, full, empty, s, ph, g); break;
-		default: sw_tile_run<256, OUT>(a, tl, ring, full, empty, s, ph, g); break;
+		case 32: sw_tile_run<32, OUT>(a, tl, ring, full, empty, s, ph, g, stg); break;
+		case 64: sw_tile_run<64, OUT>(a, tl, ring, full, empty, s, ph, g, stg); break;
+		case 96: sw_tile_run<96, OUT>(a, tl, ring, full, empty, s, ph, g, stg); break;
+		case 128: sw_tile_run<128, OUT>(a, tl, ring, full, empty, s, ph, g, stg); break;
+		case 160: sw_tile_run<160, OUT>(a, tl, ring, full, empty, s, ph, g, stg); break;
+		case 192: sw_tile_run<192, OUT>(a, tl, ring, full, empty, s, ph, g, stg); break;
+		case 224: sw_tile_run<224, OUT>(a, tl, ring, full, empty, s, ph, g, stg); break;
+		default: sw_tile_run<256, OUT>(a, tl, ring, full, empty, s, ph, g, stg); break;
 		}
 	}
 }
@@ -364,8 +414,8 @@ __global__ void __launch_bounds__(SW_THREADS, 1) sw_kernel(const __grid_constant
 	extern __shared__ __align__(16) unsigned char sw_smem[];
 	uint32_t base = (wg_saddr(sw_smem) + 1023) & ~1023u; /* the 128B swizzle's 1024-byte rows */
 	unsigned char *p = sw_smem + (base - wg_saddr(sw_smem));
-	uint32_t ring = base, full = base + SW_RING, empty = full + 8 * SW_STAGES;
-	int *cpre = (int *)(p + SW_RING + 16 * SW_STAGES), *wsum = cpre + TIER_MOE_MAX_EXPERTS + 1;
+	uint32_t ring = base, full = base + SW_BARS_AT, empty = full + 8 * SW_STAGES;
+	int *cpre = (int *)(p + SW_BARS_AT + 16 * SW_STAGES), *wsum = cpre + TIER_MOE_MAX_EXPERTS + 1;
 	if (threadIdx.x == 0) {
 		for (int s = 0; s < SW_STAGES; s++) {
 			bar_init(full + 8 * s, 1);  /* the TMA thread's arrival, and the bytes */
@@ -380,7 +430,7 @@ __global__ void __launch_bounds__(SW_THREADS, 1) sw_kernel(const __grid_constant
 		if (threadIdx.x == 0)
 			sw_produce(a, cpre, ring, full, empty, total, ncol);
 	} else {
-		sw_consume<OUT>(a, cpre, ring, full, empty, total, ncol, g - 1);
+		sw_consume<OUT>(a, cpre, ring, full, empty, total, ncol, g - 1, p + SW_OUT_AT + (g - 1) * SW_OUT_BYTES);
 	}
 #elif defined(__CUDA_ARCH__)
 	__trap(); /* the compute_90 PTX, JIT-compiled for a later GPU: no wgmma there (the host refuses it) */
