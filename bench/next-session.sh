@@ -71,18 +71,24 @@
 # g, u (f9d6eec); on an H100 the two seeds' worst dA fell to 0.48% and 0.20%, four fresh seeds'
 # 0.28-0.32%, and test_moe_wgmma, test_attn_cuda pass (no H200 started). Its review mends
 # (d2bf6f2: wg_launch resolves the idle default in place, env_sweep in the tests) have not run on a
-# GPU: run test_moe_wgmma first. Next, on an H200 (needs_h200: (c)'s 102 GB peak does not fit an
-# H100), stage HEAD (where .device/PACK_COMMIT reads d2bf6f2 the pack is already staged) and in one
-# call (~400 s):
-#   V="TIER_MOE_WGMMA_SCHED=static;"
-#   TESTS=" " MODELS="qwen3-30b seed-896" VARIANTS="$V" bench/moe-forms.sh .device/bin $OUT/f
-#   TESTS=" " VARIANTS="" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
+# GPU: run test_moe_wgmma first. Session 36 (no H200 started: six starts failed) wrote the plain
+# forward product on swapped operands (TIER_MOE_WGMMA_TILE=swap, moe/moe_wgmma_swap.cu: a group's
+# rows as wgmma's N in multiples of 32): on an H100 (0e3bcf0) test_moe_wgmma passes with it, and
+# seed-896 uniform gate-up-mm ran 0.95x the default's time (1.08x torch; the H100's HBM floor
+# bounds it), down 1.06-1.33x slower (direct stores); 9668f7d stages a bf16 C for whole-line stores,
+# not yet run. Next, on an H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), stage HEAD
+# and in one call (~510 s):
+#   TESTS=" " VARIANTS=";--batch 4 --ddr 40G --op-cache all:hbm=50G:ddr=30G" ROUNDS=2 \
+#     bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
-# issue 4's products against torch under the new default (seed-896 uniform: does the dynamic
-# schedule with idle consumers reach 1.25x where the product, not HBM, bounds it?) and the gate
-# (a)/(c). If time is left on the H200: (a) at batch 4 with part of the op cache in DDR,
-# VARIANTS=";--batch 4 --ddr 40G --op-cache all:hbm=50G:ddr=30G" ROUNDS=1 bench/forms-ab.sh
-# (batch 1 -> 3 gained 9%; batch 4 under a 44G HBM cache recomputed and lost).
+#   .device/bin/tests/test_moe_wgmma
+#   TESTS=" " MODELS="seed-896" VARIANTS="TIER_MOE_WGMMA_SCHED=static;;TIER_MOE_WGMMA_TILE=swap" \
+#     bench/moe-forms.sh .device/bin $OUT/f
+# the gate (a)/(c) with (a) at batch 3 and at batch 4 with part of the op cache in DDR (batch 1 ->
+# 3 gained 9%; batch 4 under a 44G HBM cache recomputed and lost), then issue 4's seed-896 products
+# against torch under the default and the swapped form (does either reach 1.25x on seed-896
+# uniform where the product, not HBM, bounds the 128-row tiles?). qwen3-30b's products under the
+# default are session 30's kernels (1,024-row groups keep the fixed order).
 # Still to take: STAGES=b with B_ARGS="--hbm max" ((b)'s own job without the cap: what the cap costs).
 # (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
