@@ -21,12 +21,16 @@
  * One CTA an SM, 384 threads: thread 0 of warpgroup 0 loads each stage by TMA (W_e's 128 x 64 box
  * from the expert's map, x's rows in 32-row boxes from one map of [rows_bound, K]; rows past
  * rows_bound read as zeros, rows of the next group are multiplied and never stored); warpgroups 1
- * and 2 multiply, each its 64 weight rows against the chunk's rows, and store their part of C from
- * the registers (each store instruction of a warp writes 8 adjacent columns of 4 rows). The chunk
- * table (each expert's first chunk, a prefix sum over the offsets) is built by every CTA at its start.
+ * and 2 multiply, each its 64 weight rows against the chunk's rows, and store their part of C: a
+ * bf16 C without beta through a staging in shared memory, whole rows in 16-byte stores; an fp32 C
+ * or beta 1 (one rounding of the sum) from the registers, each store instruction of a warp writing 8
+ * adjacent columns of 4 rows. The staging takes the room of a fourth stage in every kernel. The
+ * chunk table (each expert's first chunk, a prefix sum over the offsets) is built by every CTA at
+ * its start. The other knobs of moe_wgmma.h (CTA pairs, TMA stores, the schedule, idle consumers)
+ * do not apply here; TIER_MOE_WGMMA_CTAS does.
  *
- * The products of each row count are a function of their own (sw_tile<NR>), the switch between them
- * outside: a branch around wgmma within one function made ptxas serialise them (moe_wgmma.cu). */
+ * The products of each row count are a function of their own (sw_tile_run<NR>), the switch between
+ * them outside: a branch around wgmma within one function made ptxas serialise them (moe_wgmma.cu). */
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -56,7 +60,7 @@
 #define SW_OUT_AT SW_RING
 #define SW_BARS_AT (SW_OUT_AT + 2 * SW_OUT_BYTES)
 #define SW_SMEM (SW_BARS_AT + 16 * SW_STAGES + 4 * (TIER_MOE_MAX_EXPERTS + 1) + 4 * 12 + 1024)
-static_assert(SW_SMEM <= 227 * 1024, "one CTA an SM: the ring and the table fit 227 KiB");
+static_assert(SW_SMEM <= 227 * 1024, "one CTA an SM: the ring, the stagings and the table fit 227 KiB");
 static_assert(TIER_MOE_MAX_EXPERTS <= 3 * SW_THREADS, "the chunk table's scan takes 3 experts a thread");
 
 namespace {
@@ -327,7 +331,8 @@ __device__ __forceinline__ void sw_put_staged(const sw_args &a, const sw_tile &t
 		*(uint4 *)(c + (size_t)r * a.N) = *(const uint4 *)(stg + r * SW_OUT_ROW + 16 * (t & 7));
 }
 
-/* One tile's products for consumer g (its 64 weight rows at aoff in each stage) and their store:
+/* One tile's products for consumer g (its 64 weight rows at g * 64 rows of each stage's W box) and
+ * their store:
  * accumulator element (feature m, chunk row n) is d[4 j + 2 h + i] for m = 16 warp + lane / 4 + 8 h,
  * n = 8 j + 2 (lane % 4) + i (wgmma's D layout). */
 template <int NR, typename OUT>
@@ -426,7 +431,7 @@ __global__ void __launch_bounds__(SW_THREADS, 1) sw_kernel(const __grid_constant
 	sw_chunk_table(a, cpre, wsum); /* its barriers also publish the initialised mbarriers */
 	int ncol = (a.N + SW_BN - 1) / SW_BN, g = threadIdx.x >> 7;
 	long long total = (long long)cpre[a.E] * ncol;
-	if (g == 0) { /* the even share of registers fits all (ptxas: 168, no spill) */
+	if (g == 0) { /* the even share of registers (168): the bf16 kernel spills 4 bytes in NR 256's staging */
 		if (threadIdx.x == 0)
 			sw_produce(a, cpre, ring, full, empty, total, ncol);
 	} else {
@@ -488,8 +493,10 @@ static int sw_maps(tier_dev *dev, int E, int N, int K, const void *const *w, con
 			m.w[e] = e < E ? w[e] : NULL;
 		m.dst = *maps, m.E = E;
 		cudaError_t er = tier_launch(sw_map_kernel, (E + 127) / 128, 128, 0, st, m);
-		if (er != cudaSuccess)
+		if (er != cudaSuccess) {
+			(void)cudaGetLastError(); /* leave no error behind for a later launch check to report */
 			rc = tier_fail(-EIO, "swapped grouped GEMM: the map kernel did not launch: %s", cudaGetErrorString(er));
+		}
 	}
 	return rc;
 }
@@ -500,8 +507,10 @@ static int sw_launch(tier_dev *dev, const sw_args &a, int ctas)
 	cudaError_t e = cudaFuncSetAttribute(sw_kernel<OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SW_SMEM);
 	if (e == cudaSuccess)
 		e = tier_launch(sw_kernel<OUT>, ctas, SW_THREADS, SW_SMEM, moe_stream(dev), a);
-	if (e != cudaSuccess)
+	if (e != cudaSuccess) {
+		(void)cudaGetLastError(); /* leave no error behind for a later launch check to report */
 		return tier_fail(-EIO, "swapped grouped GEMM: %s", cudaGetErrorString(e));
+	}
 	return 0;
 }
 
@@ -523,6 +532,11 @@ extern "C" int moe_wg_swap_mm(tier_dev *dev, int E, int N, int K, const int32_t 
 	}
 	a.wmap = maps, a.off = d_off, a.c = c, a.alpha = alpha;
 	a.E = E, a.N = N, a.K = K, a.beta = beta != 0.0f, a.rows_bound = rows_bound;
+	/* no more CTAs than tiles can be: a chunk is a nonempty group's, or 256 more of its rows */
+	long long chunks = (long long)(E < rows_bound ? E : rows_bound) + rows_bound / SW_MAXR;
+	long long tiles = chunks * ((N + SW_BN - 1) / SW_BN);
+	if (tiles < ctas)
+		ctas = (int)tiles;
 	rc = c_bf16 ? sw_launch<bf16>(dev, a, ctas) : sw_launch<float>(dev, a, ctas);
 	(void)cudaFreeAsync(maps, moe_stream(dev)); /* in stream order: after the kernel */
 	if (!rc)

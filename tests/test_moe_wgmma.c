@@ -360,7 +360,7 @@ static void run_idle_other(const wprob *p, int kn)
 
 /* TIER_MOE_WGMMA_TILE=swap (TMA loads required): every output kind on all CTAs, on 1 and on 3 (a
  * CTA's ring over many tiles); in layout 0 each call is one launch of the swapped kernel, in layout 1
- * the knob leaves the product on its default tile (no swapped launch). */
+ * the knob leaves the product on its default tile (no swapped launch), as it does without TMA. */
 static void run_swap(const wprob *p, int kn)
 {
 	static const char *const ctas[] = { NULL, "1", "3" };
@@ -376,6 +376,13 @@ static void run_swap(const wprob *p, int kn)
 			run_one(p, kn, kinds[i].c_bf16, kinds[i].alpha, kinds[i].beta, what);
 			assert_int_equal(moe_cuda_wgmma_swap_launches() - n0, !kn && p->rb > 0);
 		}
+	/* without the TMA loads the knob leaves the product on its default tile */
+	unsigned long long n0 = moe_cuda_wgmma_swap_launches();
+	tma_put("0");
+	knobs("swap", NULL);
+	snprintf(what, sizeof what, "swap without TMA E %d N %d K %d rows %d w_kn %d", p->E, p->N, p->K, p->rows, kn);
+	run_one(p, kn, 1, 0.37f, 0, what);
+	assert_int_equal(moe_cuda_wgmma_swap_launches() - n0, 0);
 	tma_back();
 	knobs_back();
 }
