@@ -47,7 +47,7 @@
  *       and K >= 256 with cp.async loads (TIER_MOE_WGMMA_TMA=0), pp64x256 up to a mean of 192
  *       rows (with the TMA loads 128x256 won there since session 29); else
  *       128x256 (128x128 when N <= 128, gate/up: I <= 64).
- *       swap (session 36, off; its first H100 run passed test_moe_wgmma): moe_cuda_grouped_mm_sm90
+ *       swap (session 36, off; passes test_moe_wgmma on an H100): moe_cuda_grouped_mm_sm90
  *       with w_kn 0 and no extra segment computes C^T = W_e X^T per group (moe_wgmma_swap.cu), the
  *       group's rows as wgmma's N in multiples of 32 (up to 256 a tile) instead of its M in blocks
  *       of 64: a group of 146 rows multiplies 160 instead of 192 or 256. It needs the TMA loads (not
