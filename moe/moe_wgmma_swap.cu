@@ -175,27 +175,16 @@ __device__ __forceinline__ int sw_rows(const sw_args &a, int e, int *start)
 }
 
 /* cpre[e] = the chunks of the experts before e (cpre[E]: all of them), by every thread: 3 experts a
- * thread, then a scan of the thread sums (warp shuffles, then the 12 warp sums). */
+ * thread, then the block's scan of the thread sums (base/cuda_reduce.cuh). */
 __device__ void sw_chunk_table(const sw_args &a, int *cpre, int *wsum)
 {
-	int t = threadIdx.x, lane = t & 31, warp = t >> 5, n[3], s = 0, start;
+	int t = threadIdx.x, n[3], s = 0, start;
 	for (int i = 0; i < 3; i++) {
 		int e = 3 * t + i;
 		n[i] = e < a.E ? (sw_rows(a, e, &start) + SW_MAXR - 1) / SW_MAXR : 0;
 		s += n[i];
 	}
-	int incl = s;
-	for (int o = 1; o < 32; o <<= 1) {
-		int v = __shfl_up_sync(~0u, incl, o);
-		if (lane >= o)
-			incl += v;
-	}
-	if (lane == 31)
-		wsum[warp] = incl;
-	__syncthreads();
-	int before = incl - s;
-	for (int w = 0; w < warp; w++)
-		before += wsum[w];
+	int before = block_exclusive_scan(s, wsum);
 	for (int i = 0; i < 3; i++) {
 		int e = 3 * t + i;
 		if (e < a.E)
