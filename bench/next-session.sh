@@ -70,14 +70,15 @@
 # forward cascading through the backward): its emulation takes the GPU's router weights and saved
 # g, u (f9d6eec); on an H100 the two seeds' worst dA fell to 0.48% and 0.20%, four fresh seeds'
 # 0.28-0.32%, and test_moe_wgmma, test_attn_cuda pass (no H200 started). Its review mends
-# (d2bf6f2: wg_launch resolves the idle default in place, env_sweep in the tests) have not run on a
-# GPU: run test_moe_wgmma first. Session 36 (no H200 started: seven starts failed) wrote the plain
+# (d2bf6f2: wg_launch resolves the idle default in place, env_sweep in the tests) passed
+# test_moe_wgmma in session 36 (H100). Session 36 (no H200 started: seven starts failed) wrote the plain
 # forward product on swapped operands (TIER_MOE_WGMMA_TILE=swap, moe/moe_wgmma_swap.cu: a group's
 # rows as wgmma's N in multiples of 32): on an H100 (a640103) test_moe_wgmma, test_moe_cuda,
 # test_golden_cuda pass, seed-896 uniform gate-up-mm ran 0.95x the default's time (1.06x torch; the
 # H100's HBM floor bounds it), down even with the default after its bf16 staging, large groups
-# 1.05-1.12x slower. Next, on an H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), stage
-# HEAD and in one call (~510 s):
+# 1.05-1.12x slower; cb8f60a (the chunk table's scan from base/cuda_reduce.cuh) is staged and has
+# not run. Next, on an H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), stage HEAD (where
+# .device/PACK_COMMIT reads cb8f60a it is staged) and in one call (~510 s):
 #   TESTS=" " VARIANTS=";--batch 4 --ddr 40G --op-cache all:hbm=50G:ddr=30G" ROUNDS=2 \
 #     bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
