@@ -308,5 +308,102 @@ __device__ __forceinline__ void wgmma_op(float (&d)[128], uint64_t da, uint64_t 
 		     : WG_D64(0), WG_D64(64)
 		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
 }
+/* The other column counts of the same product, 32 to 224 in steps of 32 but 64 and 128 (N / 2
+ * registers a thread; moe/moe_wgmma_swap.cu, whose products take a group's rows as N). */
+template <int TB>
+__device__ __forceinline__ void wgmma_op(float (&d)[16], uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+		     "}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+		     : WG_D16(0)
+		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void wgmma_op(float (&d)[48], uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+		     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+		     "%40, %41, %42, %43, %44, %45, %46, %47"
+		     "}, %48, %49, p, 1, 1, 0, %51;\n}\n"
+		     : WG_D32(0), WG_D16(32)
+		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void wgmma_op(float (&d)[80], uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+		     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+		     "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
+		     "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
+		     "%78, %79"
+		     "}, %80, %81, p, 1, 1, 0, %83;\n}\n"
+		     : WG_D64(0), WG_D16(64)
+		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void wgmma_op(float (&d)[96], uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+		     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+		     "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
+		     "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
+		     "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+		     "}, %96, %97, p, 1, 1, 0, %99;\n}\n"
+		     : WG_D64(0), WG_D32(64)
+		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void wgmma_op(float (&d)[112], uint64_t da, uint64_t db, int acc)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %114, 0;\n"
+		     "wgmma.mma_async.sync.aligned.m64n224k16.f32.bf16.bf16 {"
+		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+		     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+		     "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
+		     "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
+		     "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, "
+		     "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111"
+		     "}, %112, %113, p, 1, 1, 0, %115;\n}\n"
+		     : WG_D64(0), WG_D32(64), WG_D16(96)
+		     : "l"(da), "l"(db), "r"(acc), "n"(TB));
+}
+
+/* Tensor maps in global memory, written on the device (tensormap.replace): dst gets the template's
+ * 128 bytes with base as its global address (base NULL keeps the template's), then a release for
+ * the tensor-map proxy; the kernel that loads through the map acquires it first (tmap_acquire), as
+ * the map's memory may have held another launch's map, which that proxy could still cache, and
+ * may prefetch it (pf) so that its first copy need not wait for it. */
+__device__ __forceinline__ void tmap_put(CUtensorMap *dst, const CUtensorMap *tmpl, const void *base)
+{
+	const uint64_t *src = (const uint64_t *)tmpl;
+	uint64_t *d = (uint64_t *)dst;
+#pragma unroll
+	for (int j = 0; j < 16; j++)
+		d[j] = src[j];
+	if (base)
+		asm volatile("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"((uint64_t)d),
+			     "l"((uint64_t)base)
+			     : "memory");
+	asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void tmap_acquire(const CUtensorMap *m, bool pf)
+{
+	asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)m) : "memory");
+	if (pf)
+		asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)m) : "memory");
+}
 #endif /* TIER_SM90A */
 #endif

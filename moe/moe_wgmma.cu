@@ -527,10 +527,7 @@ __device__ __forceinline__ void wg_maps_acquire(const typename CFG::args &a, int
 		int base = i < MAIN ? i * a.E : a.smap[i - MAIN];
 		if (base < 0)
 			continue;
-		uint64_t m = (uint64_t)(a.bmap + base + e);
-		asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(m) : "memory");
-		if (pf)
-			asm volatile("prefetch.tensormap [%0];\n" ::"l"(m) : "memory");
+		tmap_acquire(a.bmap + base + e, pf);
 	}
 }
 
@@ -870,7 +867,8 @@ enum { WG_128x256, WG_128x128, WG_64x256, WG_PP64x256, WG_PP128x128, WG_SWAP, WG
  * (TIER_MOE_WGMMA_DEBUG, WG_DBG_*) and the TMA knob (wg_tma_wanted's values). */
 struct wg_plan_t {
 	int shape, ctas, dbg, tma, cl, st, idle, dyn;
-	int alt; /* the default pick, where shape is WG_SWAP and the product not one it runs */
+	int alt; /* the default pick (wg_default_shape): the tile where shape is WG_SWAP and the product
+		  * not one it runs */
 };
 static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "64x256", "pp64x256", "pp128x128",
 							 "swap" };
@@ -897,8 +895,7 @@ static const char *const wg_shape_names[WG_NSHAPES] = { "128x256", "128x128", "6
  * against 2,269 / 2,728 on pp64x256, gate/up alone 1,774-1,776 / 1,949-1,970 against 2,012 / 2,386
  * (session 28: 1,742 against 1,933), the experts' forward 3,108-3,117 / 3,301-3,316 against 3,217
  * / 3,916. So with TMA loads the forward takes 128x256 too; ping-pong stays for cp.async. */
-static int wg_default_shape(int E, int N, int K, int rows_bound, int fwd, int tma, int *shape);
-static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, int fwd, int tma, int *shape)
+static int wg_pick_shape(const char *fn, int dflt, int *shape)
 {
 	const char *v = getenv("TIER_MOE_WGMMA_TILE");
 	if (v && *v) {
@@ -910,20 +907,19 @@ static int wg_pick_shape(const char *fn, int E, int N, int K, int rows_bound, in
 		return tier_fail(-EINVAL, "%s: TIER_MOE_WGMMA_TILE=%s; use 128x256, 128x128, 64x256, pp64x256, "
 				 "pp128x128 or swap, or unset it", fn, v);
 	}
-	return wg_default_shape(E, N, K, rows_bound, fwd, tma, shape);
+	*shape = dflt;
+	return 0;
 }
 
-/* wg_pick_shape's choice where TIER_MOE_WGMMA_TILE is unset (the rule above). */
-static int wg_default_shape(int E, int N, int K, int rows_bound, int fwd, int tma, int *shape)
+/* The default tile, dflt of wg_pick_shape: the rule above. */
+static int wg_default_shape(int E, int N, int K, int rows_bound, int fwd, int tma)
 {
 	double m = (double)rows_bound / E;
 	if (m <= 64)
-		*shape = WG_64x256;
-	else if (fwd && !tma && m <= 192 && N > 128 && K >= 256)
-		*shape = WG_PP64x256;
-	else
-		*shape = N <= 128 ? WG_128x128 : WG_128x256;
-	return 0;
+		return WG_64x256;
+	if (fwd && !tma && m <= 192 && N > 128 && K >= 256)
+		return WG_PP64x256;
+	return N <= 128 ? WG_128x128 : WG_128x256;
 }
 
 /* One CTA per SM, or TIER_MOE_WGMMA_CTAS when smaller. */
@@ -979,28 +975,9 @@ __global__ void wg_map_kernel(const __grid_constant__ wg_args<MODE> a, const __g
 	if (i == 0 && a.sched) /* the dynamic schedule's counter, read by the kernel after this one */
 		*a.sched = 0u;
 	int k = i / a.E, e = i % a.E;
-	const uint64_t *src = (const uint64_t *)&m.t[k];
-	uint64_t *dst = (uint64_t *)(a.bmap + i);
-#pragma unroll
-	for (int j = 0; j < 16; j++)
-		dst[j] = src[j];
 	const bf16 *w = k == 0 ? a.w[e] : m.tab[k] ? m.tab[k][e] : a.up[MODE == WG_GU ? e : 0];
-	if (w)
-		asm volatile("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"((uint64_t)dst),
-			     "l"((uint64_t)w)
-			     : "memory");
-	/* written through the generic proxy, read by TMA through the tensor-map proxy */
-	asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
+	tmap_put((CUtensorMap *)(a.bmap + i), &m.t[k], w);
 #endif
-}
-
-/* The first non-NULL of E device pointers, else alt (a template needs some 16-byte aligned base). */
-static const void *wg_first(const void *const *w, int E, const void *alt)
-{
-	for (int e = 0; e < E; e++)
-		if (w[e])
-			return w[e];
-	return alt;
 }
 
 /* B's map template for a K x N product in the launch's layout: W_e [N, K] in BN-row boxes (gate/up
@@ -1406,9 +1383,8 @@ static int wg_plan(const char *fn, tier_dev *dev, int E, int bn_cols, int K, int
 		pl->dyn = (double)rows_bound / E <= 192;
 	pl->cl += 1; /* CTAs a cluster */
 	int sms;
-	rc = wg_pick_shape(fn, E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->shape);
-	if (!rc)
-		rc = wg_default_shape(E, bn_cols, K, rows_bound, fwd, pl->tma > 0, &pl->alt);
+	pl->alt = wg_default_shape(E, bn_cols, K, rows_bound, fwd, pl->tma > 0);
+	rc = wg_pick_shape(fn, pl->alt, &pl->shape);
 	if (rc || (rc = wg_device(dev, fn, &sms)) || (rc = wg_pick_ctas(fn, sms, &pl->ctas)))
 		return rc;
 	return 0;

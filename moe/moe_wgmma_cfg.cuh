@@ -178,6 +178,16 @@ struct wg_shared {
 	uint32_t tempty; /* and of its "read by every reader warp" barriers */
 };
 
+/* The first non-NULL of E device pointers, else alt (a tensor map's template needs some 16-byte
+ * aligned base). */
+static inline const void *wg_first(const void *const *w, int E, const void *alt)
+{
+	for (int e = 0; e < E; e++)
+		if (w[e])
+			return w[e];
+	return alt;
+}
+
 /* The plain forward product on swapped operands (moe_wgmma_swap.cu: TIER_MOE_WGMMA_TILE=swap), its
  * arguments checked by moe_cuda_grouped_mm_sm90_segs, rows_bound > 0, the driver's TMA encoder there. */
 extern "C" int moe_wg_swap_mm(tier_dev *dev, int E, int N, int K, const int32_t *d_off, int rows_bound,

@@ -88,84 +88,6 @@ struct sw_tile {
 };
 
 #ifdef TIER_SM90A
-/* D (64 x NR fp32: NR / 2 registers a thread) += A (64 x 16) B (16 x NR), both K-major in shared
- * memory; acc 0 drops D's old value. 64, 128 and 256 columns are base/sm90.cuh's wgmma_op. */
-template <int NR>
-__device__ __forceinline__ void sw_mma(float (&d)[NR / 2], uint64_t da, uint64_t db, int acc)
-{
-	wgmma_op<0>(d, da, db, acc);
-}
-
-template <>
-__device__ __forceinline__ void sw_mma<32>(float (&d)[16], uint64_t da, uint64_t db, int acc)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-		     "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-		     : WG_D16(0)
-		     : "l"(da), "l"(db), "r"(acc));
-}
-
-template <>
-__device__ __forceinline__ void sw_mma<96>(float (&d)[48], uint64_t da, uint64_t db, int acc)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {"
-		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-		     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-		     "%40, %41, %42, %43, %44, %45, %46, %47"
-		     "}, %48, %49, p, 1, 1, 0, 0;\n}\n"
-		     : WG_D32(0), WG_D16(32)
-		     : "l"(da), "l"(db), "r"(acc));
-}
-
-template <>
-__device__ __forceinline__ void sw_mma<160>(float (&d)[80], uint64_t da, uint64_t db, int acc)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16 {"
-		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-		     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-		     "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
-		     "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
-		     "%78, %79"
-		     "}, %80, %81, p, 1, 1, 0, 0;\n}\n"
-		     : WG_D64(0), WG_D16(64)
-		     : "l"(da), "l"(db), "r"(acc));
-}
-
-template <>
-__device__ __forceinline__ void sw_mma<192>(float (&d)[96], uint64_t da, uint64_t db, int acc)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
-		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-		     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-		     "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
-		     "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
-		     "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-		     "}, %96, %97, p, 1, 1, 0, 0;\n}\n"
-		     : WG_D64(0), WG_D32(64)
-		     : "l"(da), "l"(db), "r"(acc));
-}
-
-template <>
-__device__ __forceinline__ void sw_mma<224>(float (&d)[112], uint64_t da, uint64_t db, int acc)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %114, 0;\n"
-		     "wgmma.mma_async.sync.aligned.m64n224k16.f32.bf16.bf16 {"
-		     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-		     "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
-		     "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
-		     "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
-		     "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, "
-		     "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111"
-		     "}, %112, %113, p, 1, 1, 0, 0;\n}\n"
-		     : WG_D64(0), WG_D32(64), WG_D16(96)
-		     : "l"(da), "l"(db), "r"(acc));
-}
-
 /* Group e's rows below rows_bound (rows past it are never computed, as in the other tiles). */
 __device__ __forceinline__ int sw_rows(const sw_args &a, int e, int *start)
 {
@@ -225,34 +147,22 @@ __device__ __forceinline__ void sw_next(int &s, uint32_t &ph)
 		s = 0, ph ^= 1;
 }
 
-/* Expert e's map, written by the map kernel (its memory may have held another launch's maps, which
- * the tensor-map proxy could still cache): acquired, and prefetched (pf) so that its first copy
- * need not wait for it. */
-__device__ __forceinline__ void sw_map_acquire(const sw_args &a, int e, bool pf)
-{
-	uint64_t m = (uint64_t)(a.wmap + e);
-	asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(m) : "memory");
-	if (pf)
-		asm volatile("prefetch.tensormap [%0];\n" ::"l"(m) : "memory");
-}
-
 /* Thread 0: every stage of the CTA's tiles, once the consumers have handed it back; the next tile's
  * map acquired while this one loads. */
 __device__ void sw_produce(const sw_args &a, const int *cpre, uint32_t ring, uint32_t full, uint32_t empty,
 			   long long total, int ncol)
 {
-	int s = 0, cur = -1, next = -1;
+	int s = 0;
 	uint32_t ph = 0;
-	for (long long t = blockIdx.x; t < total; t += gridDim.x) {
-		sw_tile tl = sw_find(a, cpre, t, ncol);
-		if (tl.e != cur && tl.e != next) /* the CTA's first tile: no lookahead acquired it */
-			sw_map_acquire(a, tl.e, false);
-		cur = tl.e;
-		if (t + gridDim.x < total) {
-			int e = sw_find(a, cpre, t + gridDim.x, ncol).e;
-			if (e != cur && e != next)
-				sw_map_acquire(a, e, true);
-			next = e;
+	if ((long long)blockIdx.x >= total)
+		return;
+	sw_tile tl = sw_find(a, cpre, blockIdx.x, ncol), nt = tl;
+	tmap_acquire(a.wmap + tl.e, false); /* the CTA's first tile: no lookahead acquired it */
+	for (long long t = blockIdx.x; t < total; t += gridDim.x, tl = nt) {
+		if (t + gridDim.x < total) { /* the next tile, its map acquired unless it is this one's */
+			nt = sw_find(a, cpre, t + gridDim.x, ncol);
+			if (nt.e != tl.e)
+				tmap_acquire(a.wmap + nt.e, true);
 		}
 		const CUtensorMap *wm = a.wmap + tl.e;
 		int nb = tl.nr / SW_RSTEP;
@@ -344,7 +254,7 @@ __device__ __forceinline__ void sw_tile_run(const sw_args &a, const sw_tile &tl,
 		wgmma_fence();
 #pragma unroll
 		for (int kk = 0; kk < 4; kk++) /* k + 16: 32 bytes, 2 in the descriptors' start address */
-			sw_mma<NR>(d, da + 2 * kk, db + 2 * kk, !(first && kk == 0));
+			wgmma_op<0>(d, da + 2 * kk, db + 2 * kk, !(first && kk == 0));
 		wgmma_commit();
 		if (!first) {
 			wgmma_wait<1>();
@@ -438,19 +348,8 @@ __global__ void sw_map_kernel(const __grid_constant__ sw_map_args m)
 	pdl_enter();
 #ifdef TIER_SM90A
 	int i = blockIdx.x * blockDim.x + threadIdx.x;
-	if (i >= m.E)
-		return;
-	const uint64_t *src = (const uint64_t *)&m.t;
-	uint64_t *dst = (uint64_t *)(m.dst + i);
-#pragma unroll
-	for (int j = 0; j < 16; j++)
-		dst[j] = src[j];
-	if (m.w[i])
-		asm volatile("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"((uint64_t)dst),
-			     "l"((uint64_t)m.w[i])
-			     : "memory");
-	/* written through the generic proxy, read by TMA through the tensor-map proxy */
-	asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
+	if (i < m.E)
+		tmap_put(m.dst + i, &m.t, m.w[i]);
 #endif
 }
 
@@ -468,12 +367,7 @@ extern "C" unsigned long long moe_cuda_wgmma_swap_launches(void)
 static int sw_maps(tier_dev *dev, int E, int N, int K, const void *const *w, const void *x, CUtensorMap **maps)
 {
 	sw_map_args m; /* 8 KiB */
-	const void *first = x;
-	for (int e = 0; e < E; e++)
-		if (w[e]) {
-			first = w[e];
-			break;
-		}
+	const void *first = wg_first(w, E, x);
 	cudaStream_t st = moe_stream(dev);
 	CUDA_TRY(cudaMallocAsync((void **)maps, sizeof(CUtensorMap) * (size_t)E, st));
 	int rc = base_tmap_bf16(&m.t, first, (uint64_t)N, (uint64_t)K, SW_BN);
