@@ -76,9 +76,9 @@
 # rows as wgmma's N in multiples of 32): on an H100 (a640103) test_moe_wgmma, test_moe_cuda,
 # test_golden_cuda pass, seed-896 uniform gate-up-mm ran 0.95x the default's time (1.06x torch; the
 # H100's HBM floor bounds it), down even with the default after its bf16 staging, large groups
-# 1.05-1.12x slower; cb8f60a (the chunk table's scan from base/cuda_reduce.cuh) is staged and has
+# 1.05-1.12x slower; cb8f60a and the review mends after it are staged (.device/PACK_COMMIT) and have
 # not run. Next, on an H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), stage HEAD (where
-# .device/PACK_COMMIT reads cb8f60a it is staged) and in one call (~510 s):
+# .device/PACK_COMMIT reads fa87a21 it is staged) and in one call (~510 s):
 #   TESTS=" " VARIANTS=";--batch 4 --ddr 40G --op-cache all:hbm=50G:ddr=30G" ROUNDS=2 \
 #     bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
