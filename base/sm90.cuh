@@ -54,6 +54,13 @@ __device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t parity)
 	}
 }
 
+/* The next stage of a ring of barriers: the parity to wait for flips at each wrap. */
+__device__ __forceinline__ void ring_next(int &s, uint32_t &ph, int stages)
+{
+	if (++s == stages)
+		s = 0, ph ^= 1;
+}
+
 __device__ __forceinline__ void bar_arrive(uint32_t b)
 {
 	asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(b) : "memory");

@@ -300,17 +300,10 @@ __device__ __forceinline__ void wg_skip(int &s, uint32_t &ph, int n, int stages)
 	s %= stages;
 }
 
-/* The next stage of the ring, its parity flipped at each wrap. */
-__device__ __forceinline__ void wg_ring_next(int &s, uint32_t &ph, int stages)
-{
-	if (++s == stages)
-		s = 0, ph ^= 1;
-}
-
 __device__ __forceinline__ void wg_stage_next(const wg_shared &sh, int &s, uint32_t &ph, int stages)
 {
 	bar_arrive_copies(sh.full + 8 * s);
-	wg_ring_next(s, ph, stages);
+	ring_next(s, ph, stages);
 }
 
 /* The main segment of tile tl. Stage row r0 + 16 i of B is
@@ -512,7 +505,7 @@ __device__ static void wg_tma_stages(const CUtensorMap *am, const CUtensorMap *b
 		}
 		bar_arrive_n(fb, WG_PRODUCERS);
 		wg_pair_arrive<CFG>(sh, s);
-		wg_ring_next(s, ph, CFG::STAGES);
+		ring_next(s, ph, CFG::STAGES);
 	}
 }
 
@@ -628,7 +621,7 @@ __device__ __forceinline__ void wg_pass(const wg_shared &sh, int &s, uint32_t &p
 		bar_wait(sh.full + 8 * s, ph);
 		__syncwarp();
 		wg_release<CFG>(sh, s, lane);
-		wg_ring_next(s, ph, CFG::STAGES);
+		ring_next(s, ph, CFG::STAGES);
 	}
 }
 
@@ -688,7 +681,7 @@ __device__ __forceinline__ void wg_mainloop(float (&d)[CFG::MT][CFG::WN / 2], co
 			for (int m = 0; m < CFG::MT; m++)
 				acc_fence(d[m]);
 			first = 0, prev = s;
-			wg_ring_next(s, ph, CFG::STAGES);
+			ring_next(s, ph, CFG::STAGES);
 		}
 	}
 	if (CFG::PP && lane == 0) /* every product of the tile issued: the other consumer's turn */

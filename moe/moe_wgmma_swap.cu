@@ -141,12 +141,6 @@ __device__ __forceinline__ sw_tile sw_find(const sw_args &a, const int *cpre, lo
 	return tl;
 }
 
-__device__ __forceinline__ void sw_next(int &s, uint32_t &ph)
-{
-	if (++s == SW_STAGES)
-		s = 0, ph ^= 1;
-}
-
 /* Thread 0: every stage of the CTA's tiles, once the consumers have handed it back; the next tile's
  * map acquired while this one loads. */
 __device__ void sw_produce(const sw_args &a, const int *cpre, uint32_t ring, uint32_t full, uint32_t empty,
@@ -174,7 +168,7 @@ __device__ void sw_produce(const sw_args &a, const int *cpre, uint32_t ring, uin
 			for (int b = 0; b < nb; b++)
 				tma_load(st + SW_W_BYTES + b * SW_RSTEP * 128, &a.xmap, k0, tl.row0 + b * SW_RSTEP, full + 8 * s);
 			bar_arrive(full + 8 * s);
-			sw_next(s, ph);
+			ring_next(s, ph, SW_STAGES);
 		}
 	}
 }
@@ -263,7 +257,7 @@ __device__ __forceinline__ void sw_tile_run(const sw_args &a, const sw_tile &tl,
 		}
 		acc_fence(d);
 		first = 0, prev = s;
-		sw_next(s, ph);
+		ring_next(s, ph, SW_STAGES);
 	}
 	__syncwarp();
 	wgmma_wait<0>();
