@@ -196,9 +196,7 @@ __device__ __forceinline__ void ab_store_ds_stm(uint32_t ds, const uint32_t (&f)
 	for (int kt = 0; kt < 4; kt++) {
 		const int q = 16 * kt + 8 * (j >> 1) + rr;
 		const uint32_t at = ds + q * 128 + (((2 * wi + (j & 1)) ^ rr) << 4);
-		asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at),
-			     "r"(f[kt][0]), "r"(f[kt][1]), "r"(f[kt][2]), "r"(f[kt][3])
-			     : "memory");
+		stsm4t(at, f[kt][0], f[kt][1], f[kt][2], f[kt][3]);
 	}
 }
 

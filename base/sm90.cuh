@@ -54,6 +54,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t parity)
 	}
 }
 
+/* Four 8 x 8 bf16 blocks stored transposed (stmatrix .trans): register j holds this thread's pair
+ * of block j as an mma fragment (row lane / 4, columns 2 (lane % 4) and + 1); lane l names the
+ * address of stored row l & 7 of block l >> 3, which receives the block's column l & 7 as 16
+ * contiguous bytes. */
+__device__ __forceinline__ void stsm4t(uint32_t at, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3)
+{
+	asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(r0),
+		     "r"(r1), "r"(r2), "r"(r3)
+		     : "memory");
+}
+
 /* The next stage of a ring of barriers: the parity to wait for flips at each wrap. */
 __device__ __forceinline__ void ring_next(int &s, uint32_t &ph, int stages)
 {

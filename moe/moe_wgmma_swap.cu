@@ -38,6 +38,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "moe/moe_wgmma_cfg.cuh"
+#include "base/mma_sm80.cuh"
 #include "base/sm90.cuh"
 #include "base/tmap_cuda.h"
 #include "base/pdl.cuh"
@@ -197,24 +198,28 @@ __device__ __forceinline__ void sw_consumer_sync(int g)
  * (stg: [row][64 columns], SW_OUT_ROW bytes a row), then copied out a row's 128 bytes by 8 threads
  * in 16-byte stores, so that each warp store writes whole lines instead of 16 bytes of each of 4
  * rows (the direct stores made the down product, whose output is 4 times its weights' bytes on
- * seed-896, 10% slower than the 128-row tiles on an H100). The first barrier keeps the staging
- * until every thread has copied the last tile out of it. */
+ * seed-896, 10% slower than the 128-row tiles on an H100). Into the staging by stmatrix .trans:
+ * the accumulator's 8 x 8 block (j, h) (features 16 warp + 8 h.., chunk rows 8 j..) is an mma
+ * fragment, stored transposed as 8 chunk rows of 8 features, 16 bytes each; one instruction takes
+ * blocks (j, 0), (j, 1), (j + 1, 0), (j + 1, 1), where 64 two-byte stores took them before. The
+ * 144-byte rows put the 8 rows of a block in 8 different 16-byte bank groups. The first barrier
+ * keeps the staging until every thread has copied the last tile out of it. */
 template <int NR>
 __device__ __forceinline__ void sw_put_staged(const sw_args &a, const sw_tile &tl, const float (&d)[NR / 2],
 					      unsigned char *stg, int g)
 {
 	int t = threadIdx.x & 127, lane = t & 31, warp = t >> 5, rows = tl.rend - tl.row0;
-	int m = 16 * warp + (lane >> 2);
+	int q = lane >> 3; /* the block whose row lane & 7 this lane names: (j + q / 2, q % 2) */
+	uint32_t at = wg_saddr(stg) + (8 * (q >> 1) + (lane & 7)) * SW_OUT_ROW + 2 * (16 * warp + 8 * (q & 1));
+	const float al = a.alpha;
+	uint32_t pk[NR / 4]; /* rounded before the barrier: half the registers of d */
+#pragma unroll
+	for (int i = 0; i < NR / 4; i++)
+		pk[i] = pack(al * d[2 * i], al * d[2 * i + 1]);
 	sw_consumer_sync(g);
 #pragma unroll
-	for (int j = 0; j < NR / 8; j++)
-#pragma unroll
-		for (int h = 0; h < 2; h++)
-#pragma unroll
-			for (int i = 0; i < 2; i++) {
-				int n = 8 * j + 2 * (lane & 3) + i;
-				*(bf16 *)(stg + n * SW_OUT_ROW + 2 * (m + 8 * h)) = __float2bfloat16_rn(a.alpha * d[4 * j + 2 * h + i]);
-			}
+	for (int j = 0; j < NR / 8; j += 2)
+		stsm4t(at + 8 * j * SW_OUT_ROW, pk[2 * j], pk[2 * j + 1], pk[2 * j + 2], pk[2 * j + 3]);
 	sw_consumer_sync(g);
 	int col = tl.col0 + 64 * g + 8 * (t & 7); /* N is a multiple of 8: a 16-byte piece is in or out whole */
 	if (col >= a.N)
@@ -324,7 +329,7 @@ __global__ void __launch_bounds__(SW_THREADS, 1) sw_kernel(const __grid_constant
 	sw_chunk_table(a, cpre, wsum); /* its barriers also publish the initialised mbarriers */
 	int ncol = (a.N + SW_BN - 1) / SW_BN, g = threadIdx.x >> 7;
 	long long total = (long long)cpre[a.E] * ncol;
-	if (g == 0) { /* the even share of registers (168): the bf16 kernel spills 4 bytes in NR 256's staging */
+	if (g == 0) { /* the even share of registers (168), no spill (ptxas) */
 		if (threadIdx.x == 0)
 			sw_produce(a, cpre, ring, full, empty, total, ncol);
 	} else {
