@@ -76,15 +76,16 @@
 # rows as wgmma's N in multiples of 32): on an H100 (a640103) test_moe_wgmma, test_moe_cuda,
 # test_golden_cuda pass, seed-896 uniform gate-up-mm ran 0.95x the default's time (1.06x torch; the
 # H100's HBM floor bounds it), down even with the default after its bf16 staging, large groups
-# 1.05-1.12x slower; cb8f60a and the review mends after it are staged (.device/PACK_COMMIT) and have
-# not run. Next, on an H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), stage HEAD (where
-# .device/PACK_COMMIT reads fa87a21 it is staged) and in one call (~510 s):
+# 1.05-1.12x slower. Session 37 ran fa87a21 (the review mends) on an H100: test_moe_wgmma,
+# test_moe_cuda, test_golden_cuda, test_attn_cuda, test_ops_cuda pass; no H200 started (ten starts
+# failed). 8ddf41a (the swap staging by stmatrix, not yet run) is staged (.device/PACK_COMMIT;
+# the commits after it change comments and docs only). Next, on an H200 (needs_h200: (c)'s 102 GB
+# peak does not fit an H100), with that pack (else stage HEAD) in one call (~460 s):
 #   TESTS=" " VARIANTS=";--batch 4 --ddr 40G --op-cache all:hbm=50G:ddr=30G" ROUNDS=2 \
 #     bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
-#   .device/bin/tests/test_moe_wgmma
-#   TESTS=" " MODELS="seed-896" VARIANTS="TIER_MOE_WGMMA_SCHED=static;;TIER_MOE_WGMMA_TILE=swap" \
-#     bench/moe-forms.sh .device/bin $OUT/f
+#   MODELS="seed-896" ROUTING=uniform VARIANTS="TIER_MOE_WGMMA_SCHED=static;;TIER_MOE_WGMMA_TILE=swap" \
+#     bench/moe-forms.sh .device/bin $OUT/f   (test_moe_wgmma first: the stmatrix staging's first run)
 # the gate (a)/(c) with (a) at batch 3 and at batch 4 with part of the op cache in DDR (batch 1 ->
 # 3 gained 9%; batch 4 under a 44G HBM cache recomputed and lost), then issue 4's seed-896 products
 # against torch under the default and the swapped form (does either reach 1.25x on seed-896

@@ -201,9 +201,9 @@ __device__ __forceinline__ void sw_consumer_sync(int g)
  * seed-896, 10% slower than the 128-row tiles on an H100). Into the staging by stmatrix .trans:
  * the accumulator's 8 x 8 block (j, h) (features 16 warp + 8 h.., chunk rows 8 j..) is an mma
  * fragment, stored transposed as 8 chunk rows of 8 features, 16 bytes each; one instruction takes
- * blocks (j, 0), (j, 1), (j + 1, 0), (j + 1, 1), where 64 two-byte stores took them before. The
- * 144-byte rows put the 8 rows of a block in 8 different 16-byte bank groups. The first barrier
- * keeps the staging until every thread has copied the last tile out of it. */
+ * blocks (j, 0), (j, 1), (j + 1, 0), (j + 1, 1), where eight two-byte stores a thread took them
+ * before. The 144-byte rows put the 8 rows of a block in 8 different 16-byte bank groups. The first
+ * barrier keeps the staging until every thread has copied the last tile out of it. */
 template <int NR>
 __device__ __forceinline__ void sw_put_staged(const sw_args &a, const sw_tile &tl, const float (&d)[NR / 2],
 					      unsigned char *stg, int g)
