@@ -10,12 +10,16 @@
 #include "moe/moe_internal.h"
 #include "base/cuda_reduce.cuh"
 
+/* A failed call returns -EIO naming it, and leaves no error behind in the runtime (a launch's
+ * error would stay there until a later launch check reported it as that launch's). */
 #define CUDA_TRY(call)                                                                             \
 	do {                                                                                       \
 		cudaError_t e_ = (call);                                                           \
-		if (e_ != cudaSuccess)                                                             \
+		if (e_ != cudaSuccess) {                                                           \
+			(void)cudaGetLastError();                                                  \
 			return tier_fail(-EIO, "%s:%d: %s: %s", __FILE__, __LINE__, #call,         \
 					 cudaGetErrorString(e_));                                  \
+		}                                                                                  \
 	} while (0)
 
 /* After a launch: the launch error, if any. */

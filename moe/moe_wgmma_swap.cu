@@ -53,7 +53,7 @@
 #define SW_STAGES 3
 #define SW_RING (SW_STAGES * SW_STAGE)
 /* a consumer's staging of a bf16 tile: its 64 columns of each chunk row, 128 bytes and 16 of padding
- * (a warp's 2-byte writes then fall in distinct banks or share a word) */
+ * (the 8 rows of one stmatrix block then fall in distinct 16-byte bank groups) */
 #define SW_OUT_ROW 144
 #define SW_OUT_BYTES (SW_MAXR * SW_OUT_ROW)
 /* the ring, the two stagings, the barriers, the chunk table (TIER_MOE_MAX_EXPERTS + 1 ints), the
@@ -366,33 +366,24 @@ extern "C" unsigned long long moe_cuda_wgmma_swap_launches(void)
 static int sw_maps(tier_dev *dev, int E, int N, int K, const void *const *w, const void *x, CUtensorMap **maps)
 {
 	sw_map_args m; /* 8 KiB */
-	const void *first = wg_first(w, E, x);
 	cudaStream_t st = moe_stream(dev);
+	int rc = base_tmap_bf16(&m.t, wg_first(w, E, x), (uint64_t)N, (uint64_t)K, SW_BN);
+	if (rc)
+		return rc;
+	for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
+		m.w[e] = e < E ? w[e] : NULL;
+	m.E = E;
 	CUDA_TRY(cudaMallocAsync((void **)maps, sizeof(CUtensorMap) * (size_t)E, st));
-	int rc = base_tmap_bf16(&m.t, first, (uint64_t)N, (uint64_t)K, SW_BN);
-	if (!rc) {
-		for (int e = 0; e < TIER_MOE_MAX_EXPERTS; e++)
-			m.w[e] = e < E ? w[e] : NULL;
-		m.dst = *maps, m.E = E;
-		cudaError_t er = tier_launch(sw_map_kernel, (E + 127) / 128, 128, 0, st, m);
-		if (er != cudaSuccess) {
-			(void)cudaGetLastError(); /* leave no error behind for a later launch check to report */
-			rc = tier_fail(-EIO, "swapped grouped GEMM: the map kernel did not launch: %s", cudaGetErrorString(er));
-		}
-	}
-	return rc;
+	m.dst = *maps;
+	CUDA_TRY(tier_launch(sw_map_kernel, (E + 127) / 128, 128, 0, st, m));
+	return 0;
 }
 
 template <typename OUT>
 static int sw_launch(tier_dev *dev, const sw_args &a, int ctas)
 {
-	cudaError_t e = cudaFuncSetAttribute(sw_kernel<OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SW_SMEM);
-	if (e == cudaSuccess)
-		e = tier_launch(sw_kernel<OUT>, ctas, SW_THREADS, SW_SMEM, moe_stream(dev), a);
-	if (e != cudaSuccess) {
-		(void)cudaGetLastError(); /* leave no error behind for a later launch check to report */
-		return tier_fail(-EIO, "swapped grouped GEMM: %s", cudaGetErrorString(e));
-	}
+	CUDA_TRY(cudaFuncSetAttribute(sw_kernel<OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, SW_SMEM));
+	CUDA_TRY(tier_launch(sw_kernel<OUT>, ctas, SW_THREADS, SW_SMEM, moe_stream(dev), a));
 	return 0;
 }
 
