@@ -78,9 +78,9 @@
 # H100's HBM floor bounds it), down even with the default after its bf16 staging, large groups
 # 1.05-1.12x slower. Session 37 ran fa87a21 (the review mends) on an H100: test_moe_wgmma,
 # test_moe_cuda, test_golden_cuda, test_attn_cuda, test_ops_cuda pass; no H200 started (ten starts
-# failed). 8ddf41a (the swap staging by stmatrix, not yet run) is staged (.device/PACK_COMMIT;
-# the commits after it change comments and docs only). Next, on an H200 (needs_h200: (c)'s 102 GB
-# peak does not fit an H100), with that pack (else stage HEAD) in one call (~460 s):
+# failed). df4e6d1 (8ddf41a's swap staging by stmatrix and the review mends after it, not yet run)
+# is staged (.device/PACK_COMMIT). Next, on an H200 (needs_h200: (c)'s 102 GB peak does not fit an
+# H100), with that pack (else stage HEAD) in one call (~460 s):
 #   TESTS=" " VARIANTS=";--batch 4 --ddr 40G --op-cache all:hbm=50G:ddr=30G" ROUNDS=2 \
 #     bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
