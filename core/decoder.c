@@ -125,9 +125,9 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 {
 	size_t T = (size_t)sh->T, H = m->H, qd = (size_t)m->nh * m->hd, kvd = (size_t)m->nkv * m->hd;
 	size_t I = any_dense(m) ? (size_t)m->I : 0, off = 0, cu = m->cuda ? 1 : 0;
-	size_t A = dop_act_size(m);
+	size_t A = dop_act_size(m), P = sh->qkv16 ? A : 0; /* qp, kp: the projections' type */
 	const piece fa[] = {
-		{ &b->a, T * H, A }, { &b->r1, T, 0 }, { &b->qp, T * qd, 0 }, { &b->kp, T * kvd, 0 }, { &b->v, T * kvd, A },
+		{ &b->a, T * H, A }, { &b->r1, T, 0 }, { &b->qp, T * qd, P }, { &b->kp, T * kvd, P }, { &b->v, T * kvd, A },
 		{ &b->rq, T * m->nh, 0 }, { &b->rk, T * m->nkv, 0 }, { &b->q, T * qd, A }, { &b->k, T * kvd, A },
 		{ &b->o, T * qd, A }, { &b->lse, T * m->nh, 0 }, { &b->h1, T * H, 0 }, { &b->b, T * H, A }, { &b->r2, T, 0 },
 	};
@@ -136,7 +136,7 @@ static size_t layout(const tier_model *m, const dec_shape *sh, char *buf, dec_bu
 		{ &b->mo, T * H, 0 }, { &b->dh1, T * H, 0 }, { &b->dtmp, T * H, 0 }, { &b->db, T * H, 0 },
 		{ &b->dq, T * qd, 0 }, { &b->dk, T * kvd, 0 }, { &b->dv, T * kvd, 0 }, { &b->dO, T * qd, 0 },
 		{ &b->dkp, T * kvd, 0 }, { &b->dact, T * I, 0 }, { &b->dg, T * I, 0 }, { &b->du, T * I, 0 },
-		{ &b->v32, cu * T * kvd, 0 }, { &b->dO16, cu * T * qd, A },
+		{ &b->v32, (sh->qkv16 ? 0 : cu) * T * kvd, 0 }, { &b->dO16, cu * T * qd, A },
 		{ &b->o2, sh->core2 ? T * qd : 0, A }, { &b->lse2, sh->core2 ? T * m->nh : 0, 0 }, /* as o, lse */
 	};
 	carve(fa, sizeof fa / sizeof fa[0], buf, &off, at[0], 0);
@@ -225,8 +225,23 @@ void dec_bufs_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, int h
 static int qk_fwd(const tier_model *m, const dec_shape *sh, dec_bufs *b, const dec_weights *w)
 {
 	const void *wq = m->mixtral ? NULL : w->w[W_QN], *wk = m->mixtral ? NULL : w->w[W_KN];
+	if (sh->qkv16) {
+		int rc = opsc_qk_fwd16(m->dev, &sh->rq, (const opsc_bf16 *)b->qp, wq, m->eps, (opsc_bf16 *)b->q, b->rq);
+		return rc ? rc
+			  : opsc_qk_fwd16(m->dev, &sh->rk, (const opsc_bf16 *)b->kp, wk, m->eps, (opsc_bf16 *)b->k, b->rk);
+	}
 	int rc = dop_qk_fwd(m, &sh->rq, b->qp, wq, b->q, b->rq, sh->qk_fused);
 	return rc ? rc : dop_qk_fwd(m, &sh->rk, b->kp, wk, b->k, b->rk, sh->qk_fused);
+}
+
+/* The fused q or k gradient (opsc_qk_grad) into out at row stride ld, from the projection x in
+ * its type (dec_shape.qkv16: bf16). */
+static int qk_grad(const tier_model *m, const dec_shape *sh, const tier_rope_params *r, const float *dq,
+		   const float *x, const void *w, const float *rstd, void *out, int64_t ld)
+{
+	if (sh->qkv16)
+		return opsc_qk_grad16_ld(m->dev, r, dq, (const opsc_bf16 *)x, w, rstd, out, ld);
+	return opsc_qk_grad_ld(m->dev, r, dq, x, w, rstd, out, ld);
 }
 
 /* The gradients of the q, k, v projections' outputs from the attention's (dq, dk, dv), back
@@ -242,8 +257,11 @@ static int qkv_grads(const tier_model *m, const dec_shape *sh, dec_bufs *b, cons
 	*gq = m->cuda ? (void *)b->dO16 : (void *)b->dO;
 	*gk = b->dkp;
 	*gv = m->cuda ? (void *)((uint16_t *)b->dkp + nkv) : (void *)b->dv;
-	int rc = dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq, b->dO, sh->qk_fused);
-	if (!rc)
+	int rc, qd = m->nh * m->hd, kvd = m->nkv * m->hd;
+	if (sh->qkv16) {
+		if (!(rc = qk_grad(m, sh, &sh->rq, b->dq, b->qp, wq, b->rq, *gq, qd)))
+			rc = qk_grad(m, sh, &sh->rk, b->dk, b->kp, wk, b->rk, *gk, kvd);
+	} else if (!(rc = dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq, b->dO, sh->qk_fused)))
 		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk, m->cuda ? b->dq : b->dkp, sh->qk_fused);
 	return rc ? rc : dop_to_act(m, nkv, b->dv, *gv);
 }
@@ -262,8 +280,8 @@ static int qkv_bwd_cat(const tier_model *m, const dec_shape *sh, dec_bufs *b, co
 	opsc_bf16 *dy = b->ws;
 	void *cws = (char *)b->ws + al((size_t)T * ld * 2);
 	const void *wq = m->mixtral ? NULL : w->w[W_QN], *wk = m->mixtral ? NULL : w->w[W_KN];
-	if ((rc = opsc_qk_grad_ld(m->dev, &sh->rq, b->dq, b->qp, wq, b->rq, dy, ld)) ||
-	    (rc = opsc_qk_grad_ld(m->dev, &sh->rk, b->dk, b->kp, wk, b->rk, dy + qd, ld)) ||
+	if ((rc = qk_grad(m, sh, &sh->rq, b->dq, b->qp, wq, b->rq, dy, ld)) ||
+	    (rc = qk_grad(m, sh, &sh->rk, b->dk, b->kp, wk, b->rk, dy + qd, ld)) ||
 	    (rc = opsc_to_bf16_rows(m->dev, T, kvd, b->dv, dy + qd + kvd, ld)))
 		return rc;
 	return opsc_linear_bwd_cat(m->dev, T, m->H, (const opsc_bf16 *)b->a, 3, s, dy, ld, b->db, 0, cws);
@@ -273,10 +291,20 @@ int dec_attn_fwd_in(const tier_model *m, const dec_shape *sh, const float *x, co
 {
 	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
 	void *ws = b->ws;
-	/* the v projection is fp32; attention reads bf16 on CUDA (v32 -> v), fp32 in place on the CPU */
-	float *v32 = m->cuda ? b->v32 : b->v;
+	/* the v projection is fp32 but under qkv16; attention reads bf16 on CUDA (v32 -> v), fp32 in
+	 * place on the CPU */
+	float *v32 = m->cuda && !sh->qkv16 ? b->v32 : b->v;
 	if ((rc = dop_norm(m, T, H, x, w->w[W_LN1], b->a, b->r1)))
 		return rc;
+	if (sh->qkv16) { /* bf16 from the products: q and k for their kernels, v for the attention */
+		const opsc_bf16 *a = (const opsc_bf16 *)b->a, *wq = (const opsc_bf16 *)w->w[W_Q],
+				*wk = (const opsc_bf16 *)w->w[W_K], *wv = (const opsc_bf16 *)w->w[W_V];
+		if ((rc = opsc_linear_fwd16(m->dev, T, H, qd, a, wq, &w->lora[P_Q], (opsc_bf16 *)b->qp, ws)) ||
+		    (rc = opsc_linear_fwd16(m->dev, T, H, kvd, a, wk, &w->lora[P_K], (opsc_bf16 *)b->kp, ws)) ||
+		    (rc = opsc_linear_fwd16(m->dev, T, H, kvd, a, wv, &w->lora[P_V], (opsc_bf16 *)b->v, ws)))
+			return rc;
+		return qk_fwd(m, sh, b, w);
+	}
 	if (sh->qkv_fwd_cat) { /* every adapter's x A^T in one product */
 		opsc_lin_seg s[3];
 		tier_lora_ref lo[3];

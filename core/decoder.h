@@ -52,6 +52,9 @@ typedef struct {
 				 * into one buffer; 0: a product each */
 	int qkv_fwd_cat;        /* with qkv_cat: their forward's adapters' x A^T in one product
 				 * (opsc_linear_fwd_cat); 0: opsc_linear_fwd each */
+	int qkv16;              /* CUDA with qk_fused, not qkv_fwd_cat: the q, k and v projections
+				 * write bf16 (opsc_linear_fwd16): qp and kp are bf16, v the product's
+				 * own output (no v32); 0: fp32, v rounded after */
 	int attn_res;           /* the o projection adds the residual x in its epilogue (dop_linear_res);
 				 * 0: an add of its own after it */
 	int moe_res;            /* routed: the MoE block adds the residual h1 in its combine (its output

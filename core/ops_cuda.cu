@@ -946,6 +946,29 @@ int opsc_linear_fwd_res(tier_dev *d, int T, int in, int out, const opsc_bf16 *x,
 	return lora_y(d, T, in, out, x, lora, ws, 1.0f, NULL, y);
 }
 
+int opsc_linear_fwd16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+		      const tier_lora_ref *lora, opsc_bf16 *y, void *ws)
+{
+	const char *op = "opsc_linear_fwd16";
+	int rc = linear_check(op, d, T, in, out, x, w, lora, ws, 0), lo = lora_on(lora);
+	if (rc || T == 0)
+		return rc;
+	if (!y)
+		return tier_fail(-EINVAL, "%s: y is NULL (T=%d in=%d out=%d)", op, T, in, out);
+	if (lo) {
+		lin_ws s = ws_split(ws, T, out, lora->rank);
+		const opsc_bf16 *xl;
+		/* y^T [out, T] = scale B (stored [r, out], transposed) xa^T (stored [r, T]), rounded */
+		if ((rc = lora_input(d, T, in, x, lora, &s, &xl)) || (rc = lora_xa(d, T, in, xl, lora, &s)) ||
+		    (rc = tier_cuda_gemm(d, -1, "opsc_linear_fwd16 (LoRA)", out, T, lora->rank, lora->scale,
+					 bf(1, lora->b, lora->rank), bf(0, s.xa16, lora->rank), 0.0f, y, CUDA_R_16BF, out)))
+			return rc;
+	}
+	/* y^T (+)= W (stored [in, out], transposed) x^T (stored [in, T]) */
+	return tier_cuda_gemm(d, -1, op, out, T, in, 1.0f, bf(1, w, in), bf(0, x, in), lo ? 1.0f : 0.0f, y, CUDA_R_16BF,
+			      out);
+}
+
 /* dx (+)= the adapter's part, A^T dxa^T (written when not accumulate). With dropout it goes through
  * the fp32 piece over xd (the da product that last reads xd is queued before on the same stream) and
  * back through the mask, which adds it to dx whatever accumulate says. */

@@ -68,6 +68,12 @@ int opsc_to_bf16_many(tier_dev *d, int n_seg, const float *const *src, opsc_bf16
 size_t opsc_linear_ws_bytes(int T, int in, int out, int rank, float dropout);
 int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 		    const tier_lora_ref *lora, float *y, void *ws);
+/* The same with y in bf16 [T, out]: the adapter's part rounded into y, then the main product added
+ * to it by cuBLASLt's beta and the sum rounded (the q, k and v projections, whose outputs are read
+ * as bf16 or rounded to it after: no fp32 [T, out] written or read). Always the adapter's part
+ * first, whatever $TIER_LORA_FIRST says. */
+int opsc_linear_fwd16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+		      const tier_lora_ref *lora, opsc_bf16 *y, void *ws);
 /* The same plus a residual: y = res + x W^T + the adapter's part, res fp32 [T, out] added in the
  * first product's epilogue (cuBLASLt's C read from res): a decoder's h1 = x + o_proj(o) without a
  * pass of its own. y may be res; res NULL: opsc_linear_fwd. */
@@ -145,6 +151,12 @@ int opsc_qk_grad(tier_dev *d, const tier_rope_params *r, const float *dq, const 
  * buffer (opsc_linear_bwd_cat's dy). */
 int opsc_qk_grad_ld(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x, const opsc_bf16 *w,
 		    const float *rstd, opsc_bf16 *out, int64_t ld);
+/* Both from a projection written in bf16 (opsc_linear_fwd16): x bf16, read as its fp32 value; the
+ * arithmetic is the fp32 entries' on those values, bit for bit. */
+int opsc_qk_fwd16(tier_dev *d, const tier_rope_params *r, const opsc_bf16 *x, const opsc_bf16 *w, float eps,
+		  opsc_bf16 *out, float *rstd);
+int opsc_qk_grad16_ld(tier_dev *d, const tier_rope_params *r, const float *dq, const opsc_bf16 *x, const opsc_bf16 *w,
+		      const float *rstd, opsc_bf16 *out, int64_t ld);
 
 /* *acc (device double) += sum x[i]^2 (fp32 x, summed in fp64 per block). */
 int opsc_sumsq(tier_dev *d, size_t n, const float *x, double *acc);

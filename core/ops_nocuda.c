@@ -74,6 +74,12 @@ int opsc_linear_fwd(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, con
 	return NOCUDA("opsc_linear_fwd");
 }
 
+int opsc_linear_fwd16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
+		      const tier_lora_ref *lora, opsc_bf16 *y, void *ws)
+{
+	return NOCUDA("opsc_linear_fwd16");
+}
+
 int opsc_linear_fwd_res(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const opsc_bf16 *w,
 			const tier_lora_ref *lora, const float *res, float *y, void *ws)
 {
@@ -159,6 +165,18 @@ int opsc_qk_grad_ld(tier_dev *d, const tier_rope_params *r, const float *dq, con
 		    const float *rstd, opsc_bf16 *out, int64_t ld)
 {
 	return NOCUDA("opsc_qk_grad_ld");
+}
+
+int opsc_qk_fwd16(tier_dev *d, const tier_rope_params *r, const opsc_bf16 *x, const opsc_bf16 *w, float eps,
+		  opsc_bf16 *out, float *rstd)
+{
+	return NOCUDA("opsc_qk_fwd16");
+}
+
+int opsc_qk_grad16_ld(tier_dev *d, const tier_rope_params *r, const float *dq, const opsc_bf16 *x, const opsc_bf16 *w,
+		      const float *rstd, opsc_bf16 *out, int64_t ld)
+{
+	return NOCUDA("opsc_qk_grad16_ld");
 }
 
 int opsc_linear_fwd_cat(tier_dev *d, int T, int in, const opsc_bf16 *x, int n, const opsc_lin_seg *s, float *const *y,

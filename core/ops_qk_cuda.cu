@@ -25,7 +25,8 @@ typedef __nv_bfloat16 bf16;
 
 struct qk_args {
 	float inv[QK_MAX_HALF]; /* RoPE's inverse frequencies, computed on the host as attn_cuda_rope does */
-	const float *dq, *x;
+	const float *dq;
+	const void *x;      /* the projection: fp32, or bf16 where the projection wrote bf16 (TX) */
 	float *rstd;        /* read by the backward, written by the forward */
 	const bf16 *w;
 	bf16 *out;
@@ -49,9 +50,14 @@ __device__ __forceinline__ void qk_angles(const qk_args &a, int64_t tok, float s
 	__syncthreads();
 }
 
+/* An element of the projection as fp32, whichever type it was stored in. */
+__device__ __forceinline__ float qk_f(float v) { return v; }
+__device__ __forceinline__ float qk_f(bf16 v) { return __bfloat162float(v); }
+
 /* One block per token (grid-stride): its angles once into shared memory, then a warp per head row:
  * lane j holds the pairs (i, i + half) for i = j, j + 32, ..., inverse-rotates them, and with a
- * norm takes the row's sum of w d x by lanes then the warp. */
+ * norm takes the row's sum of w d x by lanes then the warp. TX: the projection's type. */
+template <typename TX>
 __global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_constant__ qk_args a)
 {
 	pdl_enter();
@@ -82,14 +88,16 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_con
 				}
 				continue;
 			}
-			const float *xr = a.x + row * dim, r = a.rstd[row];
-			float s = 0.0f;
+			const TX *xr = (const TX *)a.x + row * dim;
+			const float r = a.rstd[row];
+			float s = 0.0f, x0[QK_PER], x1[QK_PER];
 #pragma unroll
 			for (int p = 0; p < QK_PER; p++) {
 				const int i = lane + 32 * p;
-				if (i < a.half)
-					s += __bfloat162float(a.w[i]) * d0[p] * xr[i] +
-					     __bfloat162float(a.w[i + a.half]) * d1[p] * xr[i + a.half];
+				if (i < a.half) {
+					x0[p] = qk_f(xr[i]), x1[p] = qk_f(xr[i + a.half]);
+					s += __bfloat162float(a.w[i]) * d0[p] * x0[p] + __bfloat162float(a.w[i + a.half]) * d1[p] * x1[p];
+				}
 			}
 			const float c = warp_sum(s) * r * r * r / (float)dim;
 #pragma unroll
@@ -97,8 +105,8 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_con
 				const int i = lane + 32 * p;
 				if (i < a.half) {
 					const float g0 = __bfloat162float(a.w[i]), g1 = __bfloat162float(a.w[i + a.half]);
-					o[i] = __float2bfloat16_rn(r * g0 * d0[p] - xr[i] * c);
-					o[i + a.half] = __float2bfloat16_rn(r * g1 * d1[p] - xr[i + a.half] * c);
+					o[i] = __float2bfloat16_rn(r * g0 * d0[p] - x0[p] * c);
+					o[i + a.half] = __float2bfloat16_rn(r * g1 * d1[p] - x1[p] * c);
 				}
 			}
 		}
@@ -108,6 +116,7 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_con
 /* The forward's counterpart (opsc_qk_fwd): a warp per head row normalises it (the sum of squares by
  * lanes then the warp), rounds to bf16 as the separate norm did, and rotates the rounded pairs;
  * x is read once and the result written once. */
+template <typename TX>
 __global__ void __launch_bounds__(32 * QK_WARPS) qk_fwd_kernel(const __grid_constant__ qk_args a, float eps)
 {
 	pdl_enter();
@@ -117,13 +126,13 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_fwd_kernel(const __grid_cons
 		qk_angles(a, tok, 1.0f, cs, sn);
 		for (int hh = warp; hh < a.heads; hh += QK_WARPS) {
 			const int64_t row = tok * a.heads + hh;
-			const float *xr = a.x + row * dim;
+			const TX *xr = (const TX *)a.x + row * dim;
 			float x0[QK_PER], x1[QK_PER], ss = 0.0f;
 #pragma unroll
 			for (int p = 0; p < QK_PER; p++) {
 				const int i = lane + 32 * p;
 				if (i < a.half)
-					x0[p] = xr[i], x1[p] = xr[i + a.half], ss += x0[p] * x0[p] + x1[p] * x1[p];
+					x0[p] = qk_f(xr[i]), x1[p] = qk_f(xr[i + a.half]), ss += x0[p] * x0[p] + x1[p] * x1[p];
 			}
 			float r = 1.0f;
 			if (a.w) {
@@ -181,31 +190,59 @@ static int qk_launched(const char *op, const tier_rope_params *r)
 
 static unsigned qk_grid(const tier_rope_params *r) { return (unsigned)(r->tokens < 65536 ? r->tokens : 65536); }
 
-extern "C" int opsc_qk_fwd(tier_dev *d, const tier_rope_params *r, const float *x, const opsc_bf16 *w, float eps,
-			   opsc_bf16 *out, float *rstd)
+/* The forward from a projection of type TX. */
+template <typename TX>
+static int qk_fwd(const char *op, tier_dev *d, const tier_rope_params *r, const TX *x, const opsc_bf16 *w, float eps,
+		  opsc_bf16 *out, float *rstd)
 {
 	qk_args a;
-	int rc = qk_setup("opsc_qk_fwd", d, r, x, out, w != NULL, x, rstd, &a);
+	int rc = qk_setup(op, d, r, x, out, w != NULL, x, rstd, &a);
 	if (rc || r->tokens == 0)
 		return rc;
 	a.dq = NULL, a.x = x, a.rstd = rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out;
-	tier_launch(qk_fwd_kernel, qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d), a, eps);
-	return qk_launched("opsc_qk_fwd", r);
+	tier_launch(qk_fwd_kernel<TX>, qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d), a, eps);
+	return qk_launched(op, r);
+}
+
+extern "C" int opsc_qk_fwd(tier_dev *d, const tier_rope_params *r, const float *x, const opsc_bf16 *w, float eps,
+			   opsc_bf16 *out, float *rstd)
+{
+	return qk_fwd("opsc_qk_fwd", d, r, x, w, eps, out, rstd);
+}
+
+extern "C" int opsc_qk_fwd16(tier_dev *d, const tier_rope_params *r, const opsc_bf16 *x, const opsc_bf16 *w, float eps,
+			     opsc_bf16 *out, float *rstd)
+{
+	return qk_fwd("opsc_qk_fwd16", d, r, (const bf16 *)x, w, eps, out, rstd);
+}
+
+/* The gradient, the projection of type TX. */
+template <typename TX>
+static int qk_grad(const char *op, tier_dev *d, const tier_rope_params *r, const float *dq, const TX *x,
+		   const opsc_bf16 *w, const float *rstd, opsc_bf16 *out, int64_t ld)
+{
+	qk_args a;
+	int rc = qk_setup(op, d, r, dq, out, w != NULL, x, rstd, &a);
+	if (rc || r->tokens == 0)
+		return rc;
+	if (ld < a.ld)
+		return tier_fail(-EINVAL, "%s: out's row stride %lld is below a token's %lld elements (%lld heads of %lld)", op,
+				 (long long)ld, (long long)a.ld, (long long)r->n_heads, (long long)r->head_dim);
+	a.dq = dq, a.x = x, a.rstd = (float *)rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out, a.ld = ld;
+	tier_launch(qk_grad_kernel<TX>, qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d), a);
+	return qk_launched(op, r);
 }
 
 extern "C" int opsc_qk_grad_ld(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x,
 			       const opsc_bf16 *w, const float *rstd, opsc_bf16 *out, int64_t ld)
 {
-	qk_args a;
-	int rc = qk_setup("opsc_qk_grad", d, r, dq, out, w != NULL, x, rstd, &a);
-	if (rc || r->tokens == 0)
-		return rc;
-	if (ld < a.ld)
-		return tier_fail(-EINVAL, "opsc_qk_grad: out's row stride %lld is below a token's %lld elements (%lld heads "
-				 "of %lld)", (long long)ld, (long long)a.ld, (long long)r->n_heads, (long long)r->head_dim);
-	a.dq = dq, a.x = x, a.rstd = (float *)rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out, a.ld = ld;
-	tier_launch(qk_grad_kernel, qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d), a);
-	return qk_launched("opsc_qk_grad", r);
+	return qk_grad("opsc_qk_grad", d, r, dq, x, w, rstd, out, ld);
+}
+
+extern "C" int opsc_qk_grad16_ld(tier_dev *d, const tier_rope_params *r, const float *dq, const opsc_bf16 *x,
+				 const opsc_bf16 *w, const float *rstd, opsc_bf16 *out, int64_t ld)
+{
+	return qk_grad("opsc_qk_grad16", d, r, dq, (const bf16 *)x, w, rstd, out, ld);
 }
 
 extern "C" int opsc_qk_grad(tier_dev *d, const tier_rope_params *r, const float *dq, const float *x,

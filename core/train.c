@@ -149,7 +149,8 @@ static uint64_t dev_extra(tier_trainer *t, char *c)
  * steps (dec_shape.qk_fused); $TIER_QKV_CAT=0 takes the q, k and v projections' backward a product
  * each (dec_shape.qkv_cat); $TIER_QKV_FWD_CAT=1 makes their forward's adapters' x A^T one product
  * (dec_shape.qkv_fwd_cat: its tests pass, and on an H100 in session 25 it gained nothing
- * measurable, so it is off by default); $TIER_MOE_KEEP_H=0 leaves h out of the MoE states the op
+ * measurable, so it is off by default); $TIER_QKV16=0 has the q, k and v projections write fp32
+ * as before session 38 (dec_shape.qkv16); $TIER_MOE_KEEP_H=0 leaves h out of the MoE states the op
  * cache keeps (dec_shape.keep_h): their backward makes it again, as before session 26;
  * $TIER_MOE_RES=0 adds the residual after the MoE block in a pass of its own (dec_shape.moe_res),
  * $TIER_ATTN_RES=0 after the o projection (dec_shape.attn_res). */
@@ -174,6 +175,7 @@ static void trainer_env(tier_trainer *t)
 	t->qk_fused = !env_is("TIER_QK_FUSED", "0");
 	t->qkv_cat = !env_is("TIER_QKV_CAT", "0");
 	t->qkv_fwd_cat = env_is("TIER_QKV_FWD_CAT", "1"); /* off: no gain measured */
+	t->qkv16 = !env_is("TIER_QKV16", "0");
 	t->attn_res = !env_is("TIER_ATTN_RES", "0");
 	t->keep_h = !env_is("TIER_MOE_KEEP_H", "0");
 	t->moe_res = !env_is("TIER_MOE_RES", "0");
@@ -332,6 +334,8 @@ int tier_trainer_create(tier_model *m, const tier_train_cfg *c, tier_trainer **o
 	 * and no LoRA dropout (whose dx goes back through the mask in fp32) */
 	t->sh.qkv_cat = t->qkv_cat && m->cuda && t->qk_fused && !(m->lora.dropout > 0);
 	t->sh.qkv_fwd_cat = t->sh.qkv_cat && t->qkv_fwd_cat;
+	/* bf16 projections feed the fused q/k kernels only, and opsc_linear_fwd_cat writes fp32 */
+	t->sh.qkv16 = t->qkv16 && m->cuda && t->qk_fused && !t->sh.qkv_fwd_cat;
 	t->sh.moe_res = t->moe_res;
 	t->sh.attn_res = t->attn_res;
 	uint64_t cache_hbm = t->keep_h && m->cuda && t->sh.mchunks == 1 ? cache_moe_hbm(t) : 0;

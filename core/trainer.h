@@ -82,6 +82,7 @@ struct tier_trainer {
 	int qk_fused;          /* $TIER_QK_FUSED (default 1; 0 off): dec_shape.qk_fused */
 	int qkv_cat;           /* $TIER_QKV_CAT (default 1; 0 off): dec_shape.qkv_cat where it applies */
 	int qkv_fwd_cat;       /* $TIER_QKV_FWD_CAT (default 0; 1 on): dec_shape.qkv_fwd_cat */
+	int qkv16;             /* $TIER_QKV16 (default 1; 0 off): dec_shape.qkv16 where it applies */
 	int attn_res;          /* $TIER_ATTN_RES (default 1; 0 off): dec_shape.attn_res */
 	int moe_res;           /* $TIER_MOE_RES (default 1; 0 off): dec_shape.moe_res */
 	int keep_h;            /* $TIER_MOE_KEEP_H (default 1; 0 off): dec_shape.keep_h where the op

@@ -314,6 +314,14 @@ static void lin_fwd(const lin *L, const tier_lora_ref *lr, void *ws)
 	down(yg, dy, 4 * Tout);
 	check(!lr ? "linear fwd y" : lr->dropout > 0 ? "linear fwd y (LoRA, dropout)" : "linear fwd y (LoRA)",
 	      err_f32(yg, y, Tout, 0), TOL_BF16);
+	/* in bf16 (opsc_linear_fwd16): the adapter's part rounded, then the main product added */
+	void *dy16 = poisoned(2 * Tout);
+	uint16_t *y16 = malloc(2 * Tout);
+	assert_int_equal(opsc_linear_fwd16(gpu, L->T, L->in, L->out, L->dx_, L->dw_, lr, dy16, ws), 0);
+	down(y16, dy16, 2 * Tout);
+	check(!lr ? "linear fwd16 y" : lr->dropout > 0 ? "linear fwd16 y (LoRA, dropout)" : "linear fwd16 y (LoRA)",
+	      err_bf16(y16, y, Tout), TOL_BF16);
+	tier_dev_free(gpu, dy16), free(y16);
 	/* with a residual (opsc_linear_fwd_res): y + res, into fresh poison and in place over res */
 	float *res = rand_f32(NULL, Tout, 2.0f);
 	for (size_t i = 0; i < Tout; i++)
@@ -823,6 +831,60 @@ static void test_qk_grad(void **state)
 	tier_rope_params bad = { .tokens = 4, .seq = 4, .n_heads = 1, .head_dim = 512, .theta = 1e4f };
 	assert_int_equal(opsc_qk_grad(gpu, &bad, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL), -EINVAL);
 	assert_int_equal(opsc_qk_grad(cpu, &bad, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL), -EINVAL);
+}
+
+/* opsc_qk_fwd16 and opsc_qk_grad16_ld from a bf16 projection: the bits of opsc_qk_fwd and
+ * opsc_qk_grad_ld from the same values in fp32 (the fp64 checks above hold for those), out's gaps
+ * at stride ld untouched. */
+static void qk16_case(int tokens, int seq, int heads, int hd, int with_norm, int pad)
+{
+	size_t rows = (size_t)tokens * heads, n = rows * hd, ld = (size_t)heads * hd + pad, nw = (size_t)tokens * ld;
+	double *x = malloc(8 * n), *w = malloc(8 * hd);
+	uint16_t *xb = rand_bf16(x, n, 2.0f, 0.0f), *wb = rand_bf16(w, hd, 0.1f, 1.0f);
+	float *xf = malloc(4 * n), *dqf = rand_f32(NULL, n, 1.0f), *r32 = malloc(4 * rows), *r16 = malloc(4 * rows);
+	for (size_t i = 0; i < n; i++)
+		xf[i] = (float)x[i];
+	uint16_t *o32 = malloc(2 * nw), *o16 = malloc(2 * nw);
+	void *dXf = up(xf, 4 * n), *dXb = up(xb, 2 * n), *dW = up(wb, 2 * hd), *dDQ = up(dqf, 4 * n);
+	void *dR32 = poisoned(4 * rows), *dR16 = poisoned(4 * rows), *dO32 = poisoned(2 * nw), *dO16 = poisoned(2 * nw);
+	const void *wn = with_norm ? dW : NULL;
+	tier_rope_params rp = { .tokens = tokens, .seq = seq, .n_heads = heads, .head_dim = hd, .theta = 1e6f };
+	assert_int_equal(opsc_qk_fwd(gpu, &rp, dXf, wn, 1e-6f, dO32, dR32), 0);
+	assert_int_equal(opsc_qk_fwd16(gpu, &rp, dXb, wn, 1e-6f, dO16, dR16), 0);
+	down(o32, dO32, 2 * n), down(o16, dO16, 2 * n), down(r32, dR32, 4 * rows), down(r16, dR16, 4 * rows);
+	assert_memory_equal(o16, o32, 2 * n);
+	if (with_norm)
+		assert_memory_equal(r16, r32, 4 * rows);
+	tier_dev_free(gpu, dO32), tier_dev_free(gpu, dO16);
+	dO32 = poisoned(2 * nw), dO16 = poisoned(2 * nw);
+	assert_int_equal(opsc_qk_grad_ld(gpu, &rp, dDQ, dXf, wn, dR32, dO32, (int64_t)ld), 0);
+	assert_int_equal(opsc_qk_grad16_ld(gpu, &rp, dDQ, dXb, wn, dR32, dO16, (int64_t)ld), 0);
+	down(o32, dO32, 2 * nw), down(o16, dO16, 2 * nw);
+	assert_memory_equal(o16, o32, 2 * nw);
+	for (int t = 0; t < tokens; t++)
+		for (size_t c = (size_t)heads * hd; c < ld; c++)
+			assert_int_equal(o16[t * ld + c], 0xffff);
+	print_message("qk fwd16 and grad16 tokens=%d heads=%d head_dim=%d %s, stride %zu: the fp32 entries' bits\n", tokens,
+		      heads, hd, with_norm ? "with norm" : "no norm", ld);
+	void *dp[] = { dXf, dXb, dW, dDQ, dR32, dR16, dO32, dO16 };
+	for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+		tier_dev_free(gpu, dp[i]);
+	free(x), free(w), free(xb), free(wb), free(xf), free(dqf), free(r32), free(r16), free(o32), free(o16);
+}
+
+static void test_qk16(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < QK_SHAPES; i++)
+		qk16_case(qk_shapes[i].tokens, qk_shapes[i].seq, qk_shapes[i].heads, qk_shapes[i].hd, qk_shapes[i].norm,
+			  (int)(i % 3) * 5);
+	tier_rope_params bad = { .tokens = 4, .seq = 4, .n_heads = 1, .head_dim = 7, .theta = 1e4f };
+	assert_int_equal(opsc_qk_fwd16(gpu, &bad, L_NONNULL, NULL, 1e-6f, L_NONNULL, NULL), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "opsc_qk_fwd16"));
+	tier_rope_params ok = { .tokens = 4, .seq = 4, .n_heads = 2, .head_dim = 8, .theta = 1e4f };
+	assert_int_equal(opsc_qk_grad16_ld(gpu, &ok, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL, 15), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "opsc_qk_grad16: out's row stride 15"));
+	assert_int_equal(opsc_qk_grad16_ld(cpu, &ok, L_NONNULL, L_NONNULL, NULL, NULL, L_NONNULL, 16), -EINVAL);
 }
 
 /* ---- Projections of one input in one backward product (opsc_linear_bwd_cat) ------------------ */
@@ -1371,6 +1433,10 @@ static void test_bad_args(void **state)
 	assert_int_equal(opsc_rmsnorm_bwd(gpu, 2, 8, p, p, NULL, p, p), -EINVAL);
 	assert_int_equal(opsc_linear_fwd(gpu, 4, 8, 8, p, p, &half, p, p), -EINVAL);
 	assert_non_null(strstr(tier_last_error(), "opsc_linear_fwd"));
+	assert_int_equal(opsc_linear_fwd16(gpu, 4, 8, 8, p, p, &half, p, p), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "opsc_linear_fwd16"));
+	assert_int_equal(opsc_linear_fwd16(gpu, 4, 8, 8, p, p, NULL, NULL, p), -EINVAL);
+	assert_non_null(strstr(tier_last_error(), "opsc_linear_fwd16: y is NULL"));
 	assert_int_equal(opsc_linear_bwd(gpu, 4, 8, 8, p, p, &all, p, p, 0, p), -EINVAL);  /* dropout 1 */
 	assert_non_null(strstr(tier_last_error(), "dropout"));
 	assert_int_equal(opsc_gemm(gpu, 8, 2, 2, 1.0f, A, B, 0.0f, p, 8), -EINVAL);  /* lda 4 < m 8 */
@@ -1529,6 +1595,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_gemm),        cmocka_unit_test(test_linear),   cmocka_unit_test(test_linear_dropout),
 		cmocka_unit_test(test_rmsnorm),     cmocka_unit_test(test_qk_fwd),   cmocka_unit_test(test_qk_grad),
+		cmocka_unit_test(test_qk16),
 		cmocka_unit_test(test_linear_bwd_bf16),
 		cmocka_unit_test(test_linear_bwd_to16), cmocka_unit_test(test_linear_cat),
 		cmocka_unit_test(test_swiglu),      cmocka_unit_test(test_embed),    cmocka_unit_test(test_add),
