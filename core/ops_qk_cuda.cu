@@ -1,6 +1,7 @@
 /* ops_qk_cuda.cu - the q and k paths between their projections and the attention, one kernel each
- * way (core/ops_cuda.h). Forward (opsc_qk_fwd): the q/k RMSNorm of the fp32 projection, the bf16
- * rounding, RoPE. Backward (opsc_qk_grad): the inverse RoPE of the attention's fp32 gradient, the
+ * way (core/ops_cuda.h). Forward (opsc_qk_fwd): the q/k RMSNorm of the projection (fp32, or bf16
+ * in the *16 entries: the trainer's projections write bf16 since session 38), the bf16 rounding,
+ * RoPE. Backward (opsc_qk_grad): the inverse RoPE of the attention's fp32 gradient, the
  * norm's backward, the bf16 rounding the projection's products read.
  *
  * Separately the backward was three passes over [T, heads, head_dim] (RoPE in place on fp32, the
