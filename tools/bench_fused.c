@@ -5,6 +5,9 @@
  *   qk-grad  opsc_qk_grad              vs tier_attn_rope_bwd + opsc_rmsnorm_bwd + opsc_to_bf16
  *   norm+res opsc_rmsnorm_bwd_add      vs opsc_rmsnorm_bwd + opsc_add
  *   dA pair  moe_cuda_grouped_wgrad2   vs moe_cuda_grouped_wgrad twice
+ *   qk-fwd16 opsc_qk_fwd16 (bf16 q)    vs opsc_qk_fwd (fp32 q): the projections in bf16 (session 38)
+ *   qk-grad16 opsc_qk_grad16_ld        vs opsc_qk_grad
+ * and each fused form's bytes over its time (GB/s: what it must read and write once).
  * on the trainer's shapes (Qwen3-30B-A3B by default: 4,096 tokens, 32 / 4 heads of 128, H 2048,
  * 128 experts of 8 a token, LoRA rank 16). CUDA only. */
 #include "config.h"
@@ -30,7 +33,8 @@ static void usage(FILE *f)
 		"Each fused CUDA step of the trainer against the separate steps it replaced, same run, same\n"
 		"data: qk-fwd (q/k RMSNorm + RoPE), qk-grad (inverse RoPE + the norm's backward + bf16),\n"
 		"norm+res (the RMSNorm backward with a residual's add), dA pair (the gate and up adapters'\n"
-		"dA in one pass over X). Shapes of Qwen3-30B-A3B at T tokens (default 4096). Each time is\n"
+		"dA in one pass over X), and qk-fwd16, qk-grad16 (the q/k kernels from a bf16 projection\n"
+		"against the same from fp32). Shapes of Qwen3-30B-A3B at T tokens (default 4096). Each time is\n"
 		"the median of N timed runs (default 20) after two warm-ups, timed with CUDA events on the\n"
 		"compute stream; the ratio is separate / fused (above 1: the fusion is faster).\n"
 		"\n"
@@ -46,7 +50,7 @@ typedef struct {
 	int T, heads, kvh, hd, H, E, k, r;
 	tier_rope_params rq;
 	float *qp, *rstd, *dq, *tmp, *dy, *res, *dx;
-	void *w_qn, *q16, *w_ln, *x16, *dz0, *dz1, *da0[128], *da1[128];
+	void *qp16, *w_qn, *q16, *w_ln, *x16, *dz0, *dz1, *da0[128], *da1[128];
 	int32_t *off;
 	void *scratch;
 	int row; /* the row being timed, and whether the fused (1) or the separate (0) form */
@@ -78,6 +82,14 @@ static int fz_calls(void *arg)
 			return opsc_rmsnorm_bwd_add(d, rows_h, z->H, z->res, z->w_ln, z->rstd, z->dy, z->res, z->dx);
 		rc = opsc_rmsnorm_bwd(d, rows_h, z->H, z->res, z->w_ln, z->rstd, z->dy, z->tmp);
 		return rc ? rc : opsc_add(d, (size_t)rows_h * z->H, z->res, z->tmp, z->dx);
+	case 4:
+		if (z->fused)
+			return opsc_qk_fwd16(d, &z->rq, z->qp16, z->w_qn, 1e-6f, z->q16, z->rstd);
+		return opsc_qk_fwd(d, &z->rq, z->qp, z->w_qn, 1e-6f, z->q16, z->rstd);
+	case 5:
+		if (z->fused)
+			return opsc_qk_grad16_ld(d, &z->rq, z->dq, z->qp16, z->w_qn, z->rstd, z->q16, (int64_t)z->heads * z->hd);
+		return opsc_qk_grad(d, &z->rq, z->dq, z->qp, z->w_qn, z->rstd, z->q16);
 	default: {
 		const int rows_e = z->T * z->k;
 		if (z->fused)
@@ -100,6 +112,7 @@ static int fz_alloc(fz *z)
 	if ((rc = bench_dev_buf(d, (void **)&z->qp, 4 * nq, 4)) || (rc = bench_dev_buf(d, (void **)&z->dq, 4 * nq, 4)) ||
 	    (rc = bench_dev_buf(d, (void **)&z->tmp, 4 * (nq > nh ? nq : nh), 4)) || (rc = bench_dev_buf(d, (void **)&z->dx, 4 * (nq > nh ? nq : nh), 4)) ||
 	    (rc = bench_dev_buf(d, (void **)&z->rstd, 4 * (size_t)z->T * z->heads, 4)) || (rc = bench_dev_buf(d, &z->q16, 2 * nq, 2)) ||
+	    (rc = bench_dev_buf(d, &z->qp16, 2 * nq, 2)) ||
 	    (rc = bench_dev_buf(d, &z->w_qn, 2 * (size_t)z->hd, 2)) || (rc = bench_dev_buf(d, &z->w_ln, 2 * (size_t)z->H, 2)) ||
 	    (rc = bench_dev_buf(d, (void **)&z->dy, 4 * nh, 4)) || (rc = bench_dev_buf(d, (void **)&z->res, 4 * nh, 4)) ||
 	    (rc = bench_dev_buf(d, &z->x16, 2 * rows_e * z->H, 2)) || (rc = bench_dev_buf(d, &z->dz0, 2 * rows_e * z->r, 2)) ||
@@ -120,7 +133,7 @@ static int fz_alloc(fz *z)
 
 static void fz_free(fz *z)
 {
-	void *p[] = { z->qp, z->dq, z->tmp, z->dx, z->rstd, z->q16, z->w_qn, z->w_ln, z->dy, z->res, z->x16, z->dz0,
+	void *p[] = { z->qp, z->qp16, z->dq, z->tmp, z->dx, z->rstd, z->q16, z->w_qn, z->w_ln, z->dy, z->res, z->x16, z->dz0,
 		      z->dz1, z->off };
 	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
 		if (p[i])
@@ -135,15 +148,32 @@ static void fz_free(fz *z)
 
 static const bench_col cols[] = {
 	{ "step", "", 9 }, { "separate", "median", 11 }, { "fused", "median", 11 }, { "ratio", "sep/fused", 10 },
+	{ "fused", "GB/s", 9 },
 };
+
+/* The bytes a row's fused form must read and write once (its GB/s). */
+static double fz_bytes(const fz *z, int row)
+{
+	double nq = (double)z->T * z->heads * z->hd, rows = (double)z->T * z->heads, nh = (double)z->T * z->H;
+	double rows_e = (double)z->T * z->k;
+	switch (row) {
+	case 0: return 4 * nq + 2 * nq + 4 * rows;         /* qp fp32 in, q bf16 and rstd out */
+	case 1: return 4 * nq + 4 * nq + 4 * rows + 2 * nq; /* dq, qp, rstd in; the bf16 gradient out */
+	case 2: return 4 * nh * 3 + 4 * (double)z->T;       /* x, dy, res in; dx out; rstd */
+	case 4: return 2 * nq + 2 * nq + 4 * rows;
+	case 5: return 4 * nq + 2 * nq + 4 * rows + 2 * nq;
+	default: return 2 * rows_e * z->H + 2 * 2 * rows_e * z->r + 2 * 4.0 * z->E * z->r * z->H; /* X, dZ; dA += */
+	}
+}
+
 #define NCOLS (sizeof cols / sizeof cols[0])
 
 static int fz_rows(fz *z, unsigned iters)
 {
-	static const char *const names[] = { "qk-fwd", "qk-grad", "norm+res", "dA pair" };
+	static const char *const names[] = { "qk-fwd", "qk-grad", "norm+res", "dA pair", "qk-fwd16", "qk-grad16" };
 	double geo = 1.0;
 	bench_table_header(cols, NCOLS);
-	for (int row = 0; row < 4; row++) {
+	for (int row = 0; row < 6; row++) {
 		double t[2];
 		for (int f = 0; f < 2; f++) {
 			int rc;
@@ -151,13 +181,14 @@ static int fz_rows(fz *z, unsigned iters)
 			if ((t[f] = bench_measure_ms(z->dev, fz_calls, z, 0, iters, &rc) * 1e6) < 0)
 				return rc;
 		}
-		char a[32], b[32], c[32];
+		char a[32], b[32], c[32], g[32];
 		const char *cells[] = { names[row], bench_fmt_time(t[0], a, sizeof a), bench_fmt_time(t[1], b, sizeof b),
-					bench_fmt_num(t[0] / t[1], 2, c, sizeof c) };
+					bench_fmt_num(t[0] / t[1], 2, c, sizeof c),
+					bench_fmt_num(fz_bytes(z, row) / t[1], 0, g, sizeof g) };
 		bench_table_row(cols, NCOLS, cells);
 		geo *= t[0] / t[1];
 	}
-	bench_summary("the four fusions' time ratios multiply to %.2f (above 1: the fused steps are faster)", geo);
+	bench_summary("the six rows' time ratios multiply to %.2f (above 1: the fused or bf16 forms are faster)", geo);
 	return 0;
 }
 #endif
