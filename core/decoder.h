@@ -18,8 +18,9 @@ typedef struct {
 } dec_weights;
 
 /* Per-layer activations the backward reads (recomputed from the layer input) and its scratch.
- * On CUDA a, v, q, k, o, b, act and dO16 are bf16 (they feed products); the rest fp32. v32 and
- * dO16 exist only on CUDA (the fp32 v projection and the bf16 gradient of o). */
+ * On CUDA a, v, q, k, o, b, act and dO16 are bf16 (they feed products), and qp, kp under
+ * dec_shape.qkv16 (the projections' bf16 outputs); the rest fp32. dO16 exists only on CUDA (the
+ * bf16 gradient of o), v32 only on CUDA without qkv16 (the fp32 v projection). */
 typedef struct {
 	float *a, *r1, *qp, *kp, *v, *rq, *rk, *q, *k, *o, *lse, *h1, *b, *r2, *g, *u, *act, *mo, *v32;
 	tier_moe_saved ms;
