@@ -14,8 +14,6 @@
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 #include "core/ops_cuda.h"
 #include "base/cuda_reduce.cuh"
 #include "base/pdl.cuh"
@@ -24,7 +22,7 @@ typedef __nv_bfloat16 bf16;
 
 #define QK_MAX_HALF 128 /* head_dim up to 256 */
 #define QK_WARPS 8      /* rows (heads) of one token per block, in turn */
-#define QK_PER (QK_MAX_HALF / 32) /* pairs a lane holds at the largest head_dim; PER: at this one */
+#define QK_PER (QK_MAX_HALF / 32)
 
 struct qk_args {
 	float inv[QK_MAX_HALF]; /* RoPE's inverse frequencies, computed on the host as attn_cuda_rope does */
@@ -57,144 +55,69 @@ __device__ __forceinline__ void qk_angles(const qk_args &a, int64_t tok, float s
 __device__ __forceinline__ float qk_f(float v) { return v; }
 __device__ __forceinline__ float qk_f(bf16 v) { return __bfloat162float(v); }
 
-/* A warp's rows in flight (qk_rows): RU rows' loads are issued before any of them is used, so that
- * a warp waits on memory once for its RU rows (q: 32 heads over 8 warps, 4 a warp) rather than
- * once a row with its reduction and stores between (TIER_QK_RU=1: a row at a time, the form
- * before session 38). Per row the arithmetic is the same, so the bits are too. */
-#define QK_RU 4
-
-/* Lane j's pairs (i, i + half), i = j, j + 32, ..., of row row of a [rows, dim] tensor, as fp32. */
-template <int PER, typename T>
-__device__ __forceinline__ void qk_pairs(const T *t, int64_t row, int dim, int half, int lane, float (&v0)[PER],
-					 float (&v1)[PER])
-{
-	const T *tr = t + row * dim;
-#pragma unroll
-	for (int p = 0; p < PER; p++) {
-		const int i = lane + 32 * p;
-		if (i < half)
-			v0[p] = qk_f(tr[i]), v1[p] = qk_f(tr[i + half]);
-	}
-}
-
-/* The gradient of one head row from its loaded dq pairs (q0, q1), x pairs and rstd r: inverse
- * RoPE, then with a norm the row's sum of w d x by lanes then the warp, into o. */
-template <int PER>
-__device__ __forceinline__ void qk_grad_row(const qk_args &a, const float *cs, const float *sn, int lane,
-					    const float (&q0)[PER], const float (&q1)[PER], const float (&x0)[PER],
-					    const float (&x1)[PER], float r, bf16 *o)
-{
-	const int dim = 2 * a.half;
-	float d0[PER], d1[PER];
-#pragma unroll
-	for (int p = 0; p < PER; p++) {
-		const int i = lane + 32 * p;
-		if (i < a.half) {
-			const float c = cs[i], sv = sn[i];
-			d0[p] = q0[p] * c - q1[p] * sv;
-			d1[p] = q1[p] * c + q0[p] * sv;
-		}
-	}
-	if (!a.w) { /* no norm (Mixtral): the rotated gradient, rounded */
-#pragma unroll
-		for (int p = 0; p < PER; p++) {
-			const int i = lane + 32 * p;
-			if (i < a.half)
-				o[i] = __float2bfloat16_rn(d0[p]), o[i + a.half] = __float2bfloat16_rn(d1[p]);
-		}
-		return;
-	}
-	float s = 0.0f;
-#pragma unroll
-	for (int p = 0; p < PER; p++) {
-		const int i = lane + 32 * p;
-		if (i < a.half)
-			s += __bfloat162float(a.w[i]) * d0[p] * x0[p] + __bfloat162float(a.w[i + a.half]) * d1[p] * x1[p];
-	}
-	const float c = warp_sum(s) * r * r * r / (float)dim;
-#pragma unroll
-	for (int p = 0; p < PER; p++) {
-		const int i = lane + 32 * p;
-		if (i < a.half) {
-			const float g0 = __bfloat162float(a.w[i]), g1 = __bfloat162float(a.w[i + a.half]);
-			o[i] = __float2bfloat16_rn(r * g0 * d0[p] - x0[p] * c);
-			o[i + a.half] = __float2bfloat16_rn(r * g1 * d1[p] - x1[p] * c);
-		}
-	}
-}
-
-/* One block per token (grid-stride): its angles once into shared memory (the inverse rotation),
- * then a warp per head row, RU rows of a warp loaded before any is worked (QK_RU). TX: the
- * projection's type. */
-template <typename TX, int RU, int PER>
+/* One block per token (grid-stride): its angles once into shared memory, then a warp per head row:
+ * lane j holds the pairs (i, i + half) for i = j, j + 32, ..., inverse-rotates them, and with a
+ * norm takes the row's sum of w d x by lanes then the warp. TX: the projection's type. */
+template <typename TX>
 __global__ void __launch_bounds__(32 * QK_WARPS) qk_grad_kernel(const __grid_constant__ qk_args a)
 {
 	pdl_enter();
 	__shared__ float cs[QK_MAX_HALF], sn[QK_MAX_HALF];
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
 	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
-		qk_angles(a, tok, -1.0f, cs, sn);
-		for (int h0 = warp; h0 < a.heads; h0 += RU * QK_WARPS) {
-			float q0[RU][PER], q1[RU][PER], x0[RU][PER], x1[RU][PER], r[RU];
+		qk_angles(a, tok, -1.0f, cs, sn); /* the inverse rotation */
+		for (int hh = warp; hh < a.heads; hh += QK_WARPS) {
+			const int64_t row = tok * a.heads + hh;
+			const float *dr = a.dq + row * dim;
+			float d0[QK_PER], d1[QK_PER];
 #pragma unroll
-			for (int j = 0; j < RU; j++) {
-				const int hh = h0 + j * QK_WARPS;
-				if (hh >= a.heads)
-					break;
-				const int64_t row = tok * a.heads + hh;
-				qk_pairs(a.dq, row, dim, a.half, lane, q0[j], q1[j]);
-				if (a.w)
-					qk_pairs((const TX *)a.x, row, dim, a.half, lane, x0[j], x1[j]), r[j] = a.rstd[row];
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i < a.half) {
+					const float x0 = dr[i], x1 = dr[i + a.half], c = cs[i], sv = sn[i];
+					d0[p] = x0 * c - x1 * sv;
+					d1[p] = x1 * c + x0 * sv;
+				}
 			}
+			bf16 *o = a.out + tok * a.ld + hh * dim;
+			if (!a.w) { /* no norm (Mixtral): the rotated gradient, rounded */
 #pragma unroll
-			for (int j = 0; j < RU; j++) {
-				const int hh = h0 + j * QK_WARPS;
-				if (hh >= a.heads)
-					break;
-				qk_grad_row(a, cs, sn, lane, q0[j], q1[j], x0[j], x1[j], r[j], a.out + tok * a.ld + hh * dim);
+				for (int p = 0; p < QK_PER; p++) {
+					const int i = lane + 32 * p;
+					if (i < a.half)
+						o[i] = __float2bfloat16_rn(d0[p]), o[i + a.half] = __float2bfloat16_rn(d1[p]);
+				}
+				continue;
+			}
+			const TX *xr = (const TX *)a.x + row * dim;
+			const float r = a.rstd[row];
+			float s = 0.0f, x0[QK_PER], x1[QK_PER];
+#pragma unroll
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i < a.half) {
+					x0[p] = qk_f(xr[i]), x1[p] = qk_f(xr[i + a.half]);
+					s += __bfloat162float(a.w[i]) * d0[p] * x0[p] + __bfloat162float(a.w[i + a.half]) * d1[p] * x1[p];
+				}
+			}
+			const float c = warp_sum(s) * r * r * r / (float)dim;
+#pragma unroll
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i < a.half) {
+					const float g0 = __bfloat162float(a.w[i]), g1 = __bfloat162float(a.w[i + a.half]);
+					o[i] = __float2bfloat16_rn(r * g0 * d0[p] - x0[p] * c);
+					o[i + a.half] = __float2bfloat16_rn(r * g1 * d1[p] - x1[p] * c);
+				}
 			}
 		}
 	}
 }
 
-/* The forward of one head row from its loaded pairs (x0, x1): the norm (the sum of squares by lanes
- * then the warp; rstd written), the bf16 rounding the separate norm made, RoPE of the rounded pairs. */
-template <int PER>
-__device__ __forceinline__ void qk_fwd_row(const qk_args &a, float eps, const float *cs, const float *sn, int lane,
-					   const float (&x0)[PER], const float (&x1)[PER], int64_t row)
-{
-	const int dim = 2 * a.half;
-	float ss = 0.0f;
-#pragma unroll
-	for (int p = 0; p < PER; p++)
-		if (lane + 32 * p < a.half)
-			ss += x0[p] * x0[p] + x1[p] * x1[p];
-	float r = 1.0f;
-	if (a.w) {
-		r = rsqrtf(warp_sum(ss) / (float)dim + eps);
-		if (lane == 0)
-			a.rstd[row] = r;
-	}
-	bf16 *o = a.out + row * dim;
-#pragma unroll
-	for (int p = 0; p < PER; p++) {
-		const int i = lane + 32 * p;
-		if (i >= a.half)
-			continue;
-		/* HF: (x * rstd) times the weight, in bf16 (the separate norm's output), then RoPE */
-		float y0 = x0[p], y1 = x1[p];
-		if (a.w)
-			y0 = x0[p] * r * __bfloat162float(a.w[i]), y1 = x1[p] * r * __bfloat162float(a.w[i + a.half]);
-		y0 = __bfloat162float(__float2bfloat16_rn(y0)), y1 = __bfloat162float(__float2bfloat16_rn(y1));
-		const float c = cs[i], sv = sn[i];
-		o[i] = __float2bfloat16_rn(y0 * c - y1 * sv);
-		o[i + a.half] = __float2bfloat16_rn(y1 * c + y0 * sv);
-	}
-}
-
-/* The forward's counterpart (opsc_qk_fwd): x is read once and the result written once, RU rows of
- * a warp loaded before any is worked. */
-template <typename TX, int RU, int PER>
+/* The forward's counterpart (opsc_qk_fwd): a warp per head row normalises it (the sum of squares by
+ * lanes then the warp), rounds to bf16 as the separate norm did, and rotates the rounded pairs;
+ * x is read once and the result written once. */
+template <typename TX>
 __global__ void __launch_bounds__(32 * QK_WARPS) qk_fwd_kernel(const __grid_constant__ qk_args a, float eps)
 {
 	pdl_enter();
@@ -202,29 +125,39 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_fwd_kernel(const __grid_cons
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dim = 2 * a.half;
 	for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
 		qk_angles(a, tok, 1.0f, cs, sn);
-		for (int h0 = warp; h0 < a.heads; h0 += RU * QK_WARPS) {
-			float x0[RU][PER], x1[RU][PER];
+		for (int hh = warp; hh < a.heads; hh += QK_WARPS) {
+			const int64_t row = tok * a.heads + hh;
+			const TX *xr = (const TX *)a.x + row * dim;
+			float x0[QK_PER], x1[QK_PER], ss = 0.0f;
 #pragma unroll
-			for (int j = 0; j < RU; j++) {
-				if (h0 + j * QK_WARPS >= a.heads)
-					break;
-				qk_pairs((const TX *)a.x, tok * a.heads + h0 + j * QK_WARPS, dim, a.half, lane, x0[j], x1[j]);
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i < a.half)
+					x0[p] = qk_f(xr[i]), x1[p] = qk_f(xr[i + a.half]), ss += x0[p] * x0[p] + x1[p] * x1[p];
 			}
+			float r = 1.0f;
+			if (a.w) {
+				r = rsqrtf(warp_sum(ss) / (float)dim + eps);
+				if (lane == 0)
+					a.rstd[row] = r;
+			}
+			bf16 *o = a.out + row * dim;
 #pragma unroll
-			for (int j = 0; j < RU; j++) {
-				if (h0 + j * QK_WARPS >= a.heads)
-					break;
-				qk_fwd_row(a, eps, cs, sn, lane, x0[j], x1[j], tok * a.heads + h0 + j * QK_WARPS);
+			for (int p = 0; p < QK_PER; p++) {
+				const int i = lane + 32 * p;
+				if (i >= a.half)
+					continue;
+				/* HF: (x * rstd) times the weight, in bf16 (the separate norm's output), then RoPE */
+				float y0 = x0[p], y1 = x1[p];
+				if (a.w)
+					y0 = x0[p] * r * __bfloat162float(a.w[i]), y1 = x1[p] * r * __bfloat162float(a.w[i + a.half]);
+				y0 = __bfloat162float(__float2bfloat16_rn(y0)), y1 = __bfloat162float(__float2bfloat16_rn(y1));
+				const float c = cs[i], sv = sn[i];
+				o[i] = __float2bfloat16_rn(y0 * c - y1 * sv);
+				o[i + a.half] = __float2bfloat16_rn(y1 * c + y0 * sv);
 			}
 		}
 	}
-}
-
-/* TIER_QK_RU=1: a row of a warp at a time (comparisons); else QK_RU rows in flight. */
-static int qk_ru(void)
-{
-	const char *v = getenv("TIER_QK_RU");
-	return v && !strcmp(v, "1") ? 1 : QK_RU;
 }
 
 /* The arguments both kernels take; the checks of both entries. */
@@ -268,13 +201,7 @@ static int qk_fwd(const char *op, tier_dev *d, const tier_rope_params *r, const 
 	if (rc || r->tokens == 0)
 		return rc;
 	a.dq = NULL, a.x = x, a.rstd = rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out;
-	cudaStream_t st = (cudaStream_t)tier_dev_stream(d);
-	const unsigned g = qk_grid(r), n = 32 * QK_WARPS;
-	const int ru = qk_ru(), wide = a.half > 64;
-	if (ru == 1)
-		tier_launch(wide ? qk_fwd_kernel<TX, 1, QK_PER> : qk_fwd_kernel<TX, 1, 2>, g, n, 0, st, a, eps);
-	else
-		tier_launch(wide ? qk_fwd_kernel<TX, QK_RU, QK_PER> : qk_fwd_kernel<TX, QK_RU, 2>, g, n, 0, st, a, eps);
+	tier_launch(qk_fwd_kernel<TX>, qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d), a, eps);
 	return qk_launched(op, r);
 }
 
@@ -303,13 +230,7 @@ static int qk_grad(const char *op, tier_dev *d, const tier_rope_params *r, const
 		return tier_fail(-EINVAL, "%s: out's row stride %lld is below a token's %lld elements (%lld heads of %lld)", op,
 				 (long long)ld, (long long)a.ld, (long long)r->n_heads, (long long)r->head_dim);
 	a.dq = dq, a.x = x, a.rstd = (float *)rstd, a.w = (const bf16 *)w, a.out = (bf16 *)out, a.ld = ld;
-	cudaStream_t st = (cudaStream_t)tier_dev_stream(d);
-	const unsigned g = qk_grid(r), n = 32 * QK_WARPS;
-	const int ru = qk_ru(), wide = a.half > 64;
-	if (ru == 1)
-		tier_launch(wide ? qk_grad_kernel<TX, 1, QK_PER> : qk_grad_kernel<TX, 1, 2>, g, n, 0, st, a);
-	else
-		tier_launch(wide ? qk_grad_kernel<TX, QK_RU, QK_PER> : qk_grad_kernel<TX, QK_RU, 2>, g, n, 0, st, a);
+	tier_launch(qk_grad_kernel<TX>, qk_grid(r), 32 * QK_WARPS, 0, (cudaStream_t)tier_dev_stream(d), a);
 	return qk_launched(op, r);
 }
 

@@ -835,8 +835,7 @@ static void test_qk_grad(void **state)
 
 /* opsc_qk_fwd16 and opsc_qk_grad16_ld from a bf16 projection: the bits of opsc_qk_fwd and
  * opsc_qk_grad_ld from the same values in fp32 (the fp64 checks above hold for those), out's gaps
- * at stride ld untouched; and the fp32 entries' bits again with a warp's rows one at a time
- * (TIER_QK_RU=1) where the default loads several before working any. */
+ * at stride ld untouched. */
 static void qk16_case(int tokens, int seq, int heads, int hd, int with_norm, int pad)
 {
 	size_t rows = (size_t)tokens * heads, n = rows * hd, ld = (size_t)heads * hd + pad, nw = (size_t)tokens * ld;
@@ -850,36 +849,21 @@ static void qk16_case(int tokens, int seq, int heads, int hd, int with_norm, int
 	void *dR32 = poisoned(4 * rows), *dR16 = poisoned(4 * rows), *dO32 = poisoned(2 * nw), *dO16 = poisoned(2 * nw);
 	const void *wn = with_norm ? dW : NULL;
 	tier_rope_params rp = { .tokens = tokens, .seq = seq, .n_heads = heads, .head_dim = hd, .theta = 1e6f };
-	env_keep k;
+	assert_int_equal(opsc_qk_fwd(gpu, &rp, dXf, wn, 1e-6f, dO32, dR32), 0);
 	assert_int_equal(opsc_qk_fwd16(gpu, &rp, dXb, wn, 1e-6f, dO16, dR16), 0);
-	down(o16, dO16, 2 * n), down(r16, dR16, 4 * rows);
-	for (int ru1 = 0; ru1 < 2; ru1++) {
-		env_set(&k, "TIER_QK_RU", ru1 ? "1" : NULL);
-		tier_dev_free(gpu, dO32), tier_dev_free(gpu, dR32);
-		dO32 = poisoned(2 * nw), dR32 = poisoned(4 * rows);
-		assert_int_equal(opsc_qk_fwd(gpu, &rp, dXf, wn, 1e-6f, dO32, dR32), 0);
-		down(o32, dO32, 2 * n), down(r32, dR32, 4 * rows);
-		env_back(&k);
-		assert_memory_equal(o16, o32, 2 * n);
-		if (with_norm)
-			assert_memory_equal(r16, r32, 4 * rows);
-	}
-	tier_dev_free(gpu, dO16);
-	dO16 = poisoned(2 * nw);
+	down(o32, dO32, 2 * n), down(o16, dO16, 2 * n), down(r32, dR32, 4 * rows), down(r16, dR16, 4 * rows);
+	assert_memory_equal(o16, o32, 2 * n);
+	if (with_norm)
+		assert_memory_equal(r16, r32, 4 * rows);
+	tier_dev_free(gpu, dO32), tier_dev_free(gpu, dO16);
+	dO32 = poisoned(2 * nw), dO16 = poisoned(2 * nw);
+	assert_int_equal(opsc_qk_grad_ld(gpu, &rp, dDQ, dXf, wn, dR32, dO32, (int64_t)ld), 0);
 	assert_int_equal(opsc_qk_grad16_ld(gpu, &rp, dDQ, dXb, wn, dR32, dO16, (int64_t)ld), 0);
-	down(o16, dO16, 2 * nw);
+	down(o32, dO32, 2 * nw), down(o16, dO16, 2 * nw);
+	assert_memory_equal(o16, o32, 2 * nw);
 	for (int t = 0; t < tokens; t++)
 		for (size_t c = (size_t)heads * hd; c < ld; c++)
 			assert_int_equal(o16[t * ld + c], 0xffff);
-	for (int ru1 = 0; ru1 < 2; ru1++) {
-		env_set(&k, "TIER_QK_RU", ru1 ? "1" : NULL);
-		tier_dev_free(gpu, dO32);
-		dO32 = poisoned(2 * nw);
-		assert_int_equal(opsc_qk_grad_ld(gpu, &rp, dDQ, dXf, wn, dR32, dO32, (int64_t)ld), 0);
-		down(o32, dO32, 2 * nw);
-		env_back(&k);
-		assert_memory_equal(o16, o32, 2 * nw);
-	}
 	print_message("qk fwd16 and grad16 tokens=%d heads=%d head_dim=%d %s, stride %zu: the fp32 entries' bits\n", tokens,
 		      heads, hd, with_norm ? "with norm" : "no norm", ld);
 	void *dp[] = { dXf, dXb, dW, dDQ, dR32, dR16, dO32, dO16 };
