@@ -78,19 +78,25 @@
 # H100's HBM floor bounds it), down even with the default after its bf16 staging, large groups
 # 1.05-1.12x slower. Session 37 ran fa87a21 (the review mends) on an H100: test_moe_wgmma,
 # test_moe_cuda, test_golden_cuda, test_attn_cuda, test_ops_cuda pass; no H200 started (ten starts
-# failed). df4e6d1 (8ddf41a's swap staging by stmatrix and the review mends after it, not yet run)
-# is staged (.device/PACK_COMMIT). Next, on an H200 (needs_h200: (c)'s 102 GB peak does not fit an
-# H100), with that pack (else stage HEAD) in one call (~460 s):
-#   TESTS=" " VARIANTS=";--batch 4 --ddr 40G --op-cache all:hbm=50G:ddr=30G" ROUNDS=2 \
+# failed). Session 38 (one H100 call; H200 starts failed, then no device was lent) ran e9c3975
+# (the q, k and v projections in bf16, TIER_QKV16): test_ops_cuda, test_golden_cuda,
+# test_attn_cuda and test_moe_wgmma (the swap staging by stmatrix, first run) pass; (a) at batch 1
+# +3.0% against TIER_QKV16=0. Branch qk-rows (9714472: the q/k kernels load a warp's 4 head rows
+# before working any, TIER_QK_RU) has not run. HEAD is staged (.device/PACK_COMMIT). Next, on an
+# H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), in one call (~560 s):
+#   .device/bin/tests/test_ops_cuda; .device/bin/tier-bench fused --tokens 12288
+#   TESTS="test_golden_cuda" VARIANTS=";TIER_QKV16=0;--batch 4 --op-cache all:hbm=52G" ROUNDS=2 \
 #     bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
 #   MODELS="seed-896" ROUTING=uniform VARIANTS="TIER_MOE_WGMMA_SCHED=static;;TIER_MOE_WGMMA_TILE=swap" \
-#     bench/moe-forms.sh .device/bin $OUT/f   (test_moe_wgmma first: the stmatrix staging's first run)
-# the gate (a)/(c) with (a) at batch 3 and at batch 4 with part of the op cache in DDR (batch 1 ->
-# 3 gained 9%; batch 4 under a 44G HBM cache recomputed and lost), then issue 4's seed-896 products
-# against torch under the default and the swapped form (does either reach 1.25x on seed-896
-# uniform where the product, not HBM, bounds the 128-row tiles?). qwen3-30b's products under the
-# default are session 30's kernels (1,024-row groups keep the fixed order).
+#     TESTS=" " bench/moe-forms.sh .device/bin $OUT/f
+# the gate (a)/(c) with (a) at batch 3 under the bf16 projections (against TIER_QKV16=0 in the
+# same call) and at batch 4 (the op cache 5.4 GiB smaller at batch 3: does batch 4's fit 52G?),
+# then issue 4's seed-896 products against torch under the default and the swapped form (does
+# either reach 1.25x on seed-896 uniform where the product, not HBM, bounds the 128-row tiles?).
+# Then qk-rows' pack: test_ops_cuda (test_qk16 checks TIER_QK_RU=1 against the default bit for
+# bit), `tier-bench fused` and `TIER_QK_RU=1 tier-bench fused` (qk rows' GB/s), and if it gains,
+# merge it. qwen3-30b's products under the default are session 30's kernels.
 # Still to take: STAGES=b with B_ARGS="--hbm max" ((b)'s own job without the cap: what the cap costs).
 # (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
