@@ -159,7 +159,7 @@ static double fz_bytes(const fz *z, int row)
 	switch (row) {
 	case 0: return 4 * nq + 2 * nq + 4 * rows;         /* qp fp32 in, q bf16 and rstd out */
 	case 1: return 4 * nq + 4 * nq + 4 * rows + 2 * nq; /* dq, qp, rstd in; the bf16 gradient out */
-	case 2: return 4 * nh * 3 + 4 * (double)z->T;       /* x, dy, res in; dx out; rstd */
+	case 2: return 4 * nh * 4 + 4 * (double)z->T;       /* x, dy, res in; dx out; rstd */
 	case 4: return 2 * nq + 2 * nq + 4 * rows;
 	case 5: return 4 * nq + 2 * nq + 4 * rows + 2 * nq;
 	default: return 2 * rows_e * z->H + 2 * 2 * rows_e * z->r + 2 * 4.0 * z->E * z->r * z->H; /* X, dZ; dA += */
