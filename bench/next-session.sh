@@ -82,7 +82,7 @@
 # (the q, k and v projections in bf16, TIER_QKV16): test_ops_cuda, test_golden_cuda,
 # test_attn_cuda and test_moe_wgmma (the swap staging by stmatrix, first run) pass; (a) at batch 1
 # +3.0% against TIER_QKV16=0. Branch qk-rows (9714472: the q/k kernels load a warp's 4 head rows
-# before working any, TIER_QK_RU) has not run. HEAD is staged (.device/PACK_COMMIT). Next, on an
+# before working any, TIER_QK_RU) has not run. afdf4f2 is staged (.device/PACK_COMMIT). Next, on an
 # H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), in one call (~560 s):
 #   .device/bin/tests/test_ops_cuda; .device/bin/tier-bench fused --tokens 12288
 #   TESTS="test_golden_cuda" VARIANTS=";TIER_QKV16=0;--batch 4 --op-cache all:hbm=52G" ROUNDS=2 \
