@@ -83,15 +83,18 @@
 # test_attn_cuda and test_moe_wgmma (the swap staging by stmatrix, first run) pass; (a) at batch 1
 # +3.0% against TIER_QKV16=0. Branch qk-rows (9714472: the q/k kernels load a warp's 4 head rows
 # before working any, TIER_QK_RU) has not run. afdf4f2 is staged (.device/PACK_COMMIT). Next, on an
-# H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), in one call (~560 s):
+# H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), in two calls on one machine (~450 s,
+# then ~180 s; the machine is given back 30 s after a call, so queue the second at once):
 #   .device/bin/tests/test_ops_cuda; .device/bin/tier-bench fused --tokens 12288
-#   TESTS="test_golden_cuda" VARIANTS=";TIER_QKV16=0;--batch 4 --op-cache all:hbm=52G" ROUNDS=2 \
-#     bench/forms-ab.sh .device/bin $OUT/ab
+#   V=";TIER_QKV16=0;--batch 4 --op-cache all:hbm=52G;TIER_MOE_KEEP_H=0 --batch 4 --op-cache all:hbm=52G"
+#   TESTS="test_golden_cuda" VARIANTS="$V" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
 #   MODELS="seed-896" ROUTING=uniform VARIANTS="TIER_MOE_WGMMA_SCHED=static;;TIER_MOE_WGMMA_TILE=swap" \
 #     TESTS=" " bench/moe-forms.sh .device/bin $OUT/f
 # the gate (a)/(c) with (a) at batch 3 under the bf16 projections (against TIER_QKV16=0 in the
-# same call) and at batch 4 (the op cache 5.4 GiB smaller at batch 3: does batch 4's fit 52G?),
+# same call) and at batch 4: at batch 3 the entries took 50.4 GiB with h kept, now about 45; at
+# batch 4 about 60 with h (52G keeps most) or 51 without (TIER_MOE_KEEP_H=0: all fit, h made
+# again in the backward),
 # then issue 4's seed-896 products against torch under the default and the swapped form (does
 # either reach 1.25x on seed-896 uniform where the product, not HBM, bounds the 128-row tiles?).
 # Then qk-rows' pack: test_ops_cuda (test_qk16 checks TIER_QK_RU=1 against the default bit for
