@@ -47,6 +47,16 @@ int dop_linear(const tier_model *m, int T, int in, int out, const void *x, const
 	return tier_linear_fwd(m->dev, T, in, out, x, w, l, y, ws);
 }
 
+int dop_linear_to(const tier_model *m, int T, int in, int out, const void *x, const void *w, const tier_lora_ref *l,
+		  void *y, int y16, void *ws)
+{
+	if (!y16)
+		return dop_linear(m, T, in, out, x, w, l, y, ws);
+	if (!m->cuda)
+		return tier_fail(-EINVAL, "dop_linear_to: bf16 outputs are the CUDA path's (T=%d in=%d out=%d)", T, in, out);
+	return opsc_linear_fwd16(m->dev, T, in, out, x, w, l, y, ws);
+}
+
 int dop_linear_res(const tier_model *m, int T, int in, int out, const void *x, const void *w,
 		   const tier_lora_ref *l, const float *res, float *y, void *ws)
 {
@@ -83,13 +93,26 @@ int dop_linear_bwd_to_act(const tier_model *m, int T, int in, int out, const voi
 	return rc ? rc : dop_to_act(m, (size_t)T * in, dx32, dx_act);
 }
 
-int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
-		const float *rstd, void *out, float *tmp, int fused)
+/* A bf16 projection has only the fused CUDA kernels to read it. */
+static int x16_check(const char *op, const tier_model *m, int fused, int x16)
 {
+	if (x16 && !(m->cuda && fused))
+		return tier_fail(-EINVAL, "%s: a bf16 projection needs the fused CUDA kernel", op);
+	return 0;
+}
+
+int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
+		const float *rstd, void *out, float *tmp, int fused, int x16)
+{
+	int rc = x16_check("dop_qk_grad", m, fused, x16);
+	if (rc)
+		return rc;
+	if (x16)
+		return opsc_qk_grad16_ld(m->dev, r, dq, (const opsc_bf16 *)x, w, rstd, out, r->n_heads * r->head_dim);
 	if (m->cuda && fused)
 		return opsc_qk_grad(m->dev, r, dq, x, w, rstd, out);
 	int rows = (int)(r->tokens * r->n_heads), dim = (int)r->head_dim;
-	int rc = tier_attn_rope_bwd(m->dev, r, NULL, dq);
+	rc = tier_attn_rope_bwd(m->dev, r, NULL, dq);
 	const float *g = dq;
 	if (!rc && w && !(rc = dop_norm_bwd(m, rows, dim, x, w, rstd, dq, tmp)))
 		g = tmp;
@@ -97,12 +120,17 @@ int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const
 }
 
 int dop_qk_fwd(const tier_model *m, const tier_rope_params *r, const float *x, const void *w, void *out,
-	       float *rstd, int fused)
+	       float *rstd, int fused, int x16)
 {
+	int rc = x16_check("dop_qk_fwd", m, fused, x16);
+	if (rc)
+		return rc;
+	if (x16)
+		return opsc_qk_fwd16(m->dev, r, (const opsc_bf16 *)x, w, m->eps, out, rstd);
 	if (m->cuda && fused)
 		return opsc_qk_fwd(m->dev, r, x, w, m->eps, out, rstd);
 	int rows = (int)(r->tokens * r->n_heads), dim = (int)r->head_dim;
-	int rc = w ? dop_norm(m, rows, dim, x, w, out, rstd) : dop_to_act(m, (size_t)rows * dim, x, out);
+	rc = w ? dop_norm(m, rows, dim, x, w, out, rstd) : dop_to_act(m, (size_t)rows * dim, x, out);
 	return rc ? rc : tier_attn_rope_fwd(m->dev, r, NULL, out);
 }
 

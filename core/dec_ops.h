@@ -23,6 +23,10 @@ int dop_norm_bwd_add(const tier_model *m, int rows, int dim, const float *x, con
 size_t dop_linear_ws(const tier_model *m, int T, int in, int out, int r);
 int dop_linear(const tier_model *m, int T, int in, int out, const void *x, const void *w, const tier_lora_ref *l,
 	       float *y, void *ws);
+/* dop_linear with y in the activations' type where y16 (CUDA only: opsc_linear_fwd16, the adapter's
+ * part and the product rounded into bf16), else fp32 as dop_linear. */
+int dop_linear_to(const tier_model *m, int T, int in, int out, const void *x, const void *w, const tier_lora_ref *l,
+		  void *y, int y16, void *ws);
 /* y = dop_linear's + res (y may be res): on CUDA in the first product's epilogue
  * (opsc_linear_fwd_res), on the CPU an add after it (the bits of dop_linear then dop_add). */
 int dop_linear_res(const tier_model *m, int T, int in, int out, const void *x, const void *w,
@@ -41,13 +45,15 @@ int dop_linear_bwd_to_act(const tier_model *m, int T, int in, int out, const voi
  * through RoPE (r: the forward's parameters) and the q/k RMSNorm (x its input, w, rstd; w NULL:
  * no norm) into out, in the activations' type. fused on CUDA: one kernel (opsc_qk_grad), dq left
  * as it is; otherwise the separate steps: RoPE's backward on dq in place, the norm's into the fp32
- * scratch tmp [tokens * heads, head_dim] (on the CPU out itself), the conversion into out. */
+ * scratch tmp [tokens * heads, head_dim] (on the CPU out itself), the conversion into out. x16: x
+ * is bf16 (dec_shape.qkv16), which the fused CUDA kernels alone take (-EINVAL otherwise); the same
+ * for dop_qk_fwd. */
 int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
-		const float *rstd, void *out, float *tmp, int fused);
+		const float *rstd, void *out, float *tmp, int fused, int x16);
 /* The forward's: out = RoPE(the q/k RMSNorm of x, rstd written; w NULL: x as it is) in the
  * activations' type; fused on CUDA one kernel (opsc_qk_fwd), otherwise the separate steps. */
 int dop_qk_fwd(const tier_model *m, const tier_rope_params *r, const float *x, const void *w, void *out,
-	       float *rstd, int fused);
+	       float *rstd, int fused, int x16);
 int dop_swiglu(const tier_model *m, size_t n, const float *g, const float *u, void *h);
 int dop_swiglu_bwd(const tier_model *m, size_t n, const float *g, const float *u, const float *dh, float *dg,
 		   float *du);

@@ -225,13 +225,8 @@ void dec_bufs_place(const tier_model *m, const dec_shape *sh, dec_bufs *b, int h
 static int qk_fwd(const tier_model *m, const dec_shape *sh, dec_bufs *b, const dec_weights *w)
 {
 	const void *wq = m->mixtral ? NULL : w->w[W_QN], *wk = m->mixtral ? NULL : w->w[W_KN];
-	if (sh->qkv16) {
-		int rc = opsc_qk_fwd16(m->dev, &sh->rq, (const opsc_bf16 *)b->qp, wq, m->eps, (opsc_bf16 *)b->q, b->rq);
-		return rc ? rc
-			  : opsc_qk_fwd16(m->dev, &sh->rk, (const opsc_bf16 *)b->kp, wk, m->eps, (opsc_bf16 *)b->k, b->rk);
-	}
-	int rc = dop_qk_fwd(m, &sh->rq, b->qp, wq, b->q, b->rq, sh->qk_fused);
-	return rc ? rc : dop_qk_fwd(m, &sh->rk, b->kp, wk, b->k, b->rk, sh->qk_fused);
+	int rc = dop_qk_fwd(m, &sh->rq, b->qp, wq, b->q, b->rq, sh->qk_fused, sh->qkv16);
+	return rc ? rc : dop_qk_fwd(m, &sh->rk, b->kp, wk, b->k, b->rk, sh->qk_fused, sh->qkv16);
 }
 
 /* The fused q or k gradient (opsc_qk_grad) into out at row stride ld, from the projection x in
@@ -257,12 +252,10 @@ static int qkv_grads(const tier_model *m, const dec_shape *sh, dec_bufs *b, cons
 	*gq = m->cuda ? (void *)b->dO16 : (void *)b->dO;
 	*gk = b->dkp;
 	*gv = m->cuda ? (void *)((uint16_t *)b->dkp + nkv) : (void *)b->dv;
-	int rc, qd = m->nh * m->hd, kvd = m->nkv * m->hd;
-	if (sh->qkv16) {
-		if (!(rc = qk_grad(m, sh, &sh->rq, b->dq, b->qp, wq, b->rq, *gq, qd)))
-			rc = qk_grad(m, sh, &sh->rk, b->dk, b->kp, wk, b->rk, *gk, kvd);
-	} else if (!(rc = dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq, b->dO, sh->qk_fused)))
-		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk, m->cuda ? b->dq : b->dkp, sh->qk_fused);
+	int rc = dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq, b->dO, sh->qk_fused, sh->qkv16);
+	if (!rc)
+		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk, m->cuda ? b->dq : b->dkp, sh->qk_fused,
+				 sh->qkv16);
 	return rc ? rc : dop_to_act(m, nkv, b->dv, *gv);
 }
 
@@ -291,30 +284,22 @@ int dec_attn_fwd_in(const tier_model *m, const dec_shape *sh, const float *x, co
 {
 	int T = sh->T, H = m->H, qd = m->nh * m->hd, kvd = m->nkv * m->hd, rc;
 	void *ws = b->ws;
-	/* the v projection is fp32 but under qkv16; attention reads bf16 on CUDA (v32 -> v), fp32 in
-	 * place on the CPU */
-	float *v32 = m->cuda && !sh->qkv16 ? b->v32 : b->v;
+	/* the v projection: bf16 straight into v under qkv16; else fp32, which attention reads as bf16 on
+	 * CUDA (v32 -> v) and in place on the CPU */
+	const int y16 = sh->qkv16;
+	float *v32 = m->cuda && !y16 ? b->v32 : b->v;
 	if ((rc = dop_norm(m, T, H, x, w->w[W_LN1], b->a, b->r1)))
 		return rc;
-	if (sh->qkv16) { /* bf16 from the products: q and k for their kernels, v for the attention */
-		const opsc_bf16 *a = (const opsc_bf16 *)b->a, *wq = (const opsc_bf16 *)w->w[W_Q],
-				*wk = (const opsc_bf16 *)w->w[W_K], *wv = (const opsc_bf16 *)w->w[W_V];
-		if ((rc = opsc_linear_fwd16(m->dev, T, H, qd, a, wq, &w->lora[P_Q], (opsc_bf16 *)b->qp, ws)) ||
-		    (rc = opsc_linear_fwd16(m->dev, T, H, kvd, a, wk, &w->lora[P_K], (opsc_bf16 *)b->kp, ws)) ||
-		    (rc = opsc_linear_fwd16(m->dev, T, H, kvd, a, wv, &w->lora[P_V], (opsc_bf16 *)b->v, ws)))
-			return rc;
-		return qk_fwd(m, sh, b, w);
-	}
 	if (sh->qkv_fwd_cat) { /* every adapter's x A^T in one product */
 		opsc_lin_seg s[3];
 		tier_lora_ref lo[3];
 		float *const y[3] = { b->qp, b->kp, v32 };
 		qkv_segs(m, w, s, lo);
 		rc = opsc_linear_fwd_cat(m->dev, T, H, (const opsc_bf16 *)b->a, 3, s, y, ws);
-	} else if (!(rc = dop_linear(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->qp, ws)) &&
-		   !(rc = dop_linear(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->kp, ws)))
-		rc = dop_linear(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], v32, ws);
-	if (rc || (rc = dop_to_act(m, (size_t)T * kvd, v32, b->v)))
+	} else if (!(rc = dop_linear_to(m, T, H, qd, b->a, w->w[W_Q], &w->lora[P_Q], b->qp, y16, ws)) &&
+		   !(rc = dop_linear_to(m, T, H, kvd, b->a, w->w[W_K], &w->lora[P_K], b->kp, y16, ws)))
+		rc = dop_linear_to(m, T, H, kvd, b->a, w->w[W_V], &w->lora[P_V], v32, y16, ws);
+	if (rc || (!y16 && (rc = dop_to_act(m, (size_t)T * kvd, v32, b->v))))
 		return rc;
 	return qk_fwd(m, sh, b, w);
 }

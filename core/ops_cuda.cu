@@ -906,15 +906,25 @@ static int lora_first(void)
 	return v && *v ? strcmp(v, "0") != 0 : LORA_FIRST_DEFAULT;
 }
 
-/* The adapter's part of the forward: xa16 = x A^T (x masked under dropout), then
- * y^T (beta 0: =, 1: +=) scale B (stored [r, out], transposed) xa^T (stored [r, T]). */
+/* The forward adapter's first product: ws split into *s, then s->xa16 = x A^T (x masked under
+ * dropout). */
+static int lora_fwd_xa(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const tier_lora_ref *l, void *ws,
+		       lin_ws *s)
+{
+	const opsc_bf16 *xl;
+	*s = ws_split(ws, T, out, l->rank);
+	int rc = lora_input(d, T, in, x, l, s, &xl);
+	return rc ? rc : lora_xa(d, T, in, xl, l, s);
+}
+
+/* The adapter's part of the forward: lora_fwd_xa, then y^T (beta 0: =, 1: +=) scale B (stored
+ * [r, out], transposed) xa^T (stored [r, T]). */
 static int lora_y(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, const tier_lora_ref *l, void *ws, float beta,
 		  const float *res, float *y)
 {
 	int r = l->rank, rc;
-	lin_ws s = ws_split(ws, T, out, r);
-	const opsc_bf16 *xl;
-	if ((rc = lora_input(d, T, in, x, l, &s, &xl)) || (rc = lora_xa(d, T, in, xl, l, &s)))
+	lin_ws s;
+	if ((rc = lora_fwd_xa(d, T, in, out, x, l, ws, &s)))
 		return rc;
 	return gemm_res(d, out, T, r, l->scale, bf(1, l->b, r), bf(0, s.xa16, r), res, beta, y, out);
 }
@@ -956,10 +966,9 @@ int opsc_linear_fwd16(tier_dev *d, int T, int in, int out, const opsc_bf16 *x, c
 	if (!y)
 		return tier_fail(-EINVAL, "%s: y is NULL (T=%d in=%d out=%d)", op, T, in, out);
 	if (lo) {
-		lin_ws s = ws_split(ws, T, out, lora->rank);
-		const opsc_bf16 *xl;
+		lin_ws s;
 		/* y^T [out, T] = scale B (stored [r, out], transposed) xa^T (stored [r, T]), rounded */
-		if ((rc = lora_input(d, T, in, x, lora, &s, &xl)) || (rc = lora_xa(d, T, in, xl, lora, &s)) ||
+		if ((rc = lora_fwd_xa(d, T, in, out, x, lora, ws, &s)) ||
 		    (rc = tier_cuda_gemm(d, -1, "opsc_linear_fwd16 (LoRA)", out, T, lora->rank, lora->scale,
 					 bf(1, lora->b, lora->rank), bf(0, s.xa16, lora->rank), 0.0f, y, CUDA_R_16BF, out)))
 			return rc;
