@@ -82,8 +82,9 @@
 # (the q, k and v projections in bf16, TIER_QKV16): test_ops_cuda, test_golden_cuda,
 # test_attn_cuda and test_moe_wgmma (the swap staging by stmatrix, first run) pass; (a) at batch 1
 # +3.0% against TIER_QKV16=0. Branch qk-rows (9714472: the q/k kernels load a warp's 4 head rows
-# before working any, TIER_QK_RU) has not run. 0143219 is staged (.device/PACK_COMMIT; its review mends after e9c3975 have not run). Next, on an
-# H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), in two calls on one machine (~450 s,
+# before working any, TIER_QK_RU) has not run. 0143219 is staged (.device/PACK_COMMIT; its review
+# mends after e9c3975, host code only, have not run). Next, on an H200 (needs_h200: (c)'s 102 GB
+# peak does not fit an H100), in two calls on one machine (~450 s,
 # then ~180 s; the machine is given back 30 s after a call, so queue the second at once):
 #   .device/bin/tests/test_ops_cuda; .device/bin/tier-bench fused --tokens 12288
 #   V=";TIER_QKV16=0;--batch 4 --op-cache all:hbm=52G;TIER_MOE_KEEP_H=0 --batch 4 --op-cache all:hbm=52G"
