@@ -81,12 +81,16 @@
 # failed). Session 38 (one H100 call; H200 starts failed, then no device was lent) ran e9c3975
 # (the q, k and v projections in bf16, TIER_QKV16): test_ops_cuda, test_golden_cuda,
 # test_attn_cuda and test_moe_wgmma (the swap staging by stmatrix, first run) pass; (a) at batch 1
-# +3.0% against TIER_QKV16=0. Branch qk-rows (9714472: the q/k kernels load a warp's 4 head rows
-# before working any, TIER_QK_RU) has not run. 0143219 is staged (.device/PACK_COMMIT; its review
-# mends after e9c3975, host code only, have not run). Next, on an H200 (needs_h200: (c)'s 102 GB
-# peak does not fit an H100), in two calls on one machine (~450 s,
+# +3.0% against TIER_QKV16=0. Session 39 (one H100 call; six H200 and three H100 starts failed)
+# ran 0143219 (test_ops_cuda, test_golden_cuda pass) and qk-rows (test_ops_cuda passes): sizing
+# a lane's pairs to head_dim took the bf16 q gradient from 193 to 145 us at 12,288 tokens; rows in
+# flight help only from fp32. Branch qk-rows2 (f56d1a9: TIER_QK_RU by type; 7b33db5: dh1 rounded to
+# bf16 in the RMSNorm backward that writes it, dy16 of the o projection) has not run its tests:
+# its pack (7023684, the same tree less RESULTS.md) is staged (.device/PACK_COMMIT). Next, on an
+# H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), in two calls on one machine (~450 s,
 # then ~180 s; the machine is given back 30 s after a call, so queue the second at once):
-#   .device/bin/tests/test_ops_cuda; .device/bin/tier-bench fused --tokens 12288
+#   .device/bin/tests/test_ops_cuda (if it fails, run the rest with 0143219's pack, kept as
+#     .device/pack-old.tar.xz); .device/bin/tier-bench fused --tokens 12288
 #   V=";TIER_QKV16=0;--batch 4 --op-cache all:hbm=52G;TIER_MOE_KEEP_H=0 --batch 4 --op-cache all:hbm=52G"
 #   TESTS="test_golden_cuda" VARIANTS="$V" ROUNDS=2 bench/forms-ab.sh .device/bin $OUT/ab
 #   STAGES=c bench/next-session.sh .device/bin $OUT/c
@@ -98,9 +102,10 @@
 # again in the backward),
 # then issue 4's seed-896 products against torch under the default and the swapped form (does
 # either reach 1.25x on seed-896 uniform where the product, not HBM, bounds the 128-row tiles?).
-# Then qk-rows' pack: test_ops_cuda (test_qk16 checks TIER_QK_RU=1 against the default bit for
-# bit), `tier-bench fused` and `TIER_QK_RU=1 tier-bench fused` (qk rows' GB/s), and if it gains,
-# merge it. qwen3-30b's products under the default are session 30's kernels.
+# If test_ops_cuda and test_golden_cuda pass on qk-rows2's pack, merge it into main.
+# If only an H100 comes: test_ops_cuda (also under TIER_QK_RU=4 and TIER_LORA_FIRST=0) and
+# test_golden_cuda on qk-rows2's pack, then `tier-bench fused` of both packs (rows qk-*16, norm+res16).
+# qwen3-30b's products under the default are session 30's kernels.
 # Still to take: STAGES=b with B_ARGS="--hbm max" ((b)'s own job without the cap: what the cap costs).
 # (KPROF: under PDL a kernel's record starts before its wait, so the gaps undercount idle time.)
 # (bench/validate-forms.sh compares FORMS against the defaults with the CUDA tests, tier-bench lora
