@@ -81,10 +81,10 @@
 # failed). Session 38 (one H100 call; H200 starts failed, then no device was lent) ran e9c3975
 # (the q, k and v projections in bf16, TIER_QKV16): test_ops_cuda, test_golden_cuda,
 # test_attn_cuda and test_moe_wgmma (the swap staging by stmatrix, first run) pass; (a) at batch 1
-# +3.0% against TIER_QKV16=0. Session 39 (one H100 call; six H200 and three H100 starts failed)
+# +3.0% against TIER_QKV16=0. Session 39 (one H100 call; seven H200 and five H100 starts failed)
 # ran 0143219 (test_ops_cuda, test_golden_cuda pass) and qk-rows (test_ops_cuda passes): sizing
 # a lane's pairs to head_dim took the bf16 q gradient from 193 to 145 us at 12,288 tokens; rows in
-# flight help only from fp32. Branch qk-rows2 (f56d1a9: TIER_QK_RU by type; 7b33db5: dh1 rounded to
+# flight help only from fp32. Branch qk-rows2 (b44d0f0: TIER_QK_RU by type; add953c: dh1 rounded to
 # bf16 in the RMSNorm backward that writes it, dy16 of the o projection) has not run its tests:
 # its pack (7023684, the same tree less RESULTS.md) is staged (.device/PACK_COMMIT). Next, on an
 # H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), in two calls on one machine (~450 s,
