@@ -102,15 +102,20 @@ static int x16_check(const char *op, const tier_model *m, int fused, int x16)
 }
 
 int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
-		const float *rstd, void *out, float *tmp, int fused, int x16)
+		const float *rstd, void *out, int64_t ld, float *tmp, int fused, int x16)
 {
 	int rc = x16_check("dop_qk_grad", m, fused, x16);
 	if (rc)
 		return rc;
+	const int64_t packed = r->n_heads * r->head_dim;
+	ld = ld ? ld : packed;
 	if (x16)
-		return opsc_qk_grad16_ld(m->dev, r, dq, (const opsc_bf16 *)x, w, rstd, out, r->n_heads * r->head_dim);
+		return opsc_qk_grad16_ld(m->dev, r, dq, (const opsc_bf16 *)x, w, rstd, out, ld);
 	if (m->cuda && fused)
-		return opsc_qk_grad(m->dev, r, dq, x, w, rstd, out);
+		return opsc_qk_grad_ld(m->dev, r, dq, x, w, rstd, out, ld);
+	if (ld != packed) /* the separate steps write packed rows */
+		return tier_fail(-EINVAL, "dop_qk_grad: a row stride (%lld, not %lld) needs the fused CUDA kernel",
+				 (long long)ld, (long long)packed);
 	int rows = (int)(r->tokens * r->n_heads), dim = (int)r->head_dim;
 	rc = tier_attn_rope_bwd(m->dev, r, NULL, dq);
 	const float *g = dq;

@@ -45,11 +45,12 @@ int dop_linear_bwd_to_act(const tier_model *m, int T, int in, int out, const voi
  * through RoPE (r: the forward's parameters) and the q/k RMSNorm (x its input, w, rstd; w NULL:
  * no norm) into out, in the activations' type. fused on CUDA: one kernel (opsc_qk_grad), dq left
  * as it is; otherwise the separate steps: RoPE's backward on dq in place, the norm's into the fp32
- * scratch tmp [tokens * heads, head_dim] (on the CPU out itself), the conversion into out. x16: x
- * is bf16 (dec_shape.qkv16), which the fused CUDA kernels alone take (-EINVAL otherwise); the same
- * for dop_qk_fwd. */
+ * scratch tmp [tokens * heads, head_dim] (on the CPU out itself), the conversion into out. ld:
+ * out's row stride a token (0: packed, heads * head_dim); a wider one (dec_shape.qkv_cat's stacked
+ * gradients) the fused CUDA kernels alone write. x16: x is bf16 (dec_shape.qkv16), which the fused
+ * CUDA kernels alone take (-EINVAL otherwise); the same for dop_qk_fwd. */
 int dop_qk_grad(const tier_model *m, const tier_rope_params *r, float *dq, const float *x, const void *w,
-		const float *rstd, void *out, float *tmp, int fused, int x16);
+		const float *rstd, void *out, int64_t ld, float *tmp, int fused, int x16);
 /* The forward's: out = RoPE(the q/k RMSNorm of x, rstd written; w NULL: x as it is) in the
  * activations' type; fused on CUDA one kernel (opsc_qk_fwd), otherwise the separate steps. */
 int dop_qk_fwd(const tier_model *m, const tier_rope_params *r, const float *x, const void *w, void *out,

@@ -229,16 +229,6 @@ static int qk_fwd(const tier_model *m, const dec_shape *sh, dec_bufs *b, const d
 	return rc ? rc : dop_qk_fwd(m, &sh->rk, b->kp, wk, b->k, b->rk, sh->qk_fused, sh->qkv16);
 }
 
-/* The fused q or k gradient (opsc_qk_grad) into out at row stride ld, from the projection x in
- * its type (dec_shape.qkv16: bf16). */
-static int qk_grad(const tier_model *m, const dec_shape *sh, const tier_rope_params *r, const float *dq,
-		   const float *x, const void *w, const float *rstd, void *out, int64_t ld)
-{
-	if (sh->qkv16)
-		return opsc_qk_grad16_ld(m->dev, r, dq, (const opsc_bf16 *)x, w, rstd, out, ld);
-	return opsc_qk_grad_ld(m->dev, r, dq, x, w, rstd, out, ld);
-}
-
 /* The gradients of the q, k, v projections' outputs from the attention's (dq, dk, dv), back
  * through RoPE and the q/k norms, in the activations' type: on the CPU (fp32) d qp into b->dO
  * (free by then), d kp into b->dkp and dv as it is; on CUDA (bf16) d qp into b->dO16 (the
@@ -252,9 +242,9 @@ static int qkv_grads(const tier_model *m, const dec_shape *sh, dec_bufs *b, cons
 	*gq = m->cuda ? (void *)b->dO16 : (void *)b->dO;
 	*gk = b->dkp;
 	*gv = m->cuda ? (void *)((uint16_t *)b->dkp + nkv) : (void *)b->dv;
-	int rc = dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq, b->dO, sh->qk_fused, sh->qkv16);
+	int rc = dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, *gq, 0, b->dO, sh->qk_fused, sh->qkv16);
 	if (!rc)
-		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk, m->cuda ? b->dq : b->dkp, sh->qk_fused,
+		rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, *gk, 0, m->cuda ? b->dq : b->dkp, sh->qk_fused,
 				 sh->qkv16);
 	return rc ? rc : dop_to_act(m, nkv, b->dv, *gv);
 }
@@ -273,8 +263,8 @@ static int qkv_bwd_cat(const tier_model *m, const dec_shape *sh, dec_bufs *b, co
 	opsc_bf16 *dy = b->ws;
 	void *cws = (char *)b->ws + al((size_t)T * ld * 2);
 	const void *wq = m->mixtral ? NULL : w->w[W_QN], *wk = m->mixtral ? NULL : w->w[W_KN];
-	if ((rc = qk_grad(m, sh, &sh->rq, b->dq, b->qp, wq, b->rq, dy, ld)) ||
-	    (rc = qk_grad(m, sh, &sh->rk, b->dk, b->kp, wk, b->rk, dy + qd, ld)) ||
+	if ((rc = dop_qk_grad(m, &sh->rq, b->dq, b->qp, wq, b->rq, dy, ld, NULL, sh->qk_fused, sh->qkv16)) ||
+	    (rc = dop_qk_grad(m, &sh->rk, b->dk, b->kp, wk, b->rk, dy + qd, ld, NULL, sh->qk_fused, sh->qkv16)) ||
 	    (rc = opsc_to_bf16_rows(m->dev, T, kvd, b->dv, dy + qd + kvd, ld)))
 		return rc;
 	return opsc_linear_bwd_cat(m->dev, T, m->H, (const opsc_bf16 *)b->a, 3, s, dy, ld, b->db, 0, cws);
