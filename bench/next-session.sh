@@ -85,8 +85,8 @@
 # ran 0143219 (test_ops_cuda, test_golden_cuda pass) and qk-rows (test_ops_cuda passes): sizing
 # a lane's pairs to head_dim took the bf16 q gradient from 193 to 145 us at 12,288 tokens; rows in
 # flight help only from fp32. Branch qk-rows2 (b44d0f0: TIER_QK_RU by type; add953c: dh1 rounded to
-# bf16 in the RMSNorm backward that writes it, dy16 of the o projection) has not run its tests:
-# its pack (add953c) is staged (.device/PACK_COMMIT). Next, on an
+# bf16 in the RMSNorm backward that writes it, dy16 of the o projection; review mends fda9f88,
+# adeea7e) has not run its tests; its pack (adeea7e) is staged. Next, on an
 # H200 (needs_h200: (c)'s 102 GB peak does not fit an H100), in two calls on one machine (~450 s,
 # then ~180 s; the machine is given back 30 s after a call, so queue the second at once):
 #   .device/bin/tests/test_ops_cuda (if it fails, run the rest with 0143219's pack, kept as
